@@ -1,0 +1,1 @@
+"""GPU access: the catalog, the backend interface and its NVML implementation."""

@@ -1,0 +1,142 @@
+"""The one interface through which migd touches GPUs, and the domain objects it returns.
+
+There is exactly one implementation that talks to hardware, :class:`migd.hardware.nvml.NvmlBackend`;
+tests and the demo run that same class over the simulated NVML library (``migd.sim``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from migd.hardware.catalog import GpuModel, Placement
+
+GPU_WIDE = 0xFFFFFFFF  # gpuInstanceId of an event that is not scoped to one instance
+
+
+class HardwareError(Exception):
+    """An NVML or nvidia-smi failure, with the NVML error code when there is one."""
+
+    def __init__(self, message: str, code: int | None = None, gpu: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.gpu = gpu
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str
+    pci_device_id: int
+    architecture: int
+    memory_total_bytes: int
+    mig_current: bool
+    mig_pending: bool
+    model: GpuModel | None  # None: a GPU the catalog does not know (no offline validation)
+
+    @property
+    def model_key(self) -> str:
+        return self.model.key if self.model else self.name
+
+
+@dataclass(frozen=True)
+class ComputeInstance:
+    id: int
+    profile_id: int
+    placement: Placement  # compute slices inside the GI
+
+
+@dataclass(frozen=True)
+class GpuInstance:
+    id: int
+    profile_id: int
+    placement: Placement  # memory slices
+    compute_instances: tuple[ComputeInstance, ...] = ()
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    pid: int
+    used_memory_bytes: int | None
+    gi_id: int
+    ci_id: int
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """One MIG device (= one compute instance) as CUDA sees it."""
+
+    gpu_index: int
+    gi_id: int
+    ci_id: int
+    uuid: str
+    name: str
+    memory_total_bytes: int
+    memory_used_bytes: int
+    processes: tuple[ProcessInfo, ...] = ()
+
+
+@dataclass(frozen=True)
+class GpmMetrics:
+    """Per-GPU-instance activity from GPM, each a ratio 0..1 (None where NVML gave none)."""
+
+    gi_id: int
+    sm_active: float | None
+    sm_occupancy: float | None
+    graphics_active: float | None
+    tensor_active: float | None
+    dram_active: float | None
+
+
+@dataclass(frozen=True)
+class GpuEvent:
+    gpu_index: int
+    kind: str  # "xid" | "mig_config_change"
+    xid: int | None = None
+    gi_id: int | None = None  # None: GPU-wide
+    ci_id: int | None = None
+
+
+@dataclass(frozen=True)
+class GpuLayout:
+    """Everything migd needs to know about one GPU's MIG configuration at one moment."""
+
+    gpu: GpuInfo
+    instances: tuple[GpuInstance, ...] = field(default=())
+
+
+class GpuBackend(Protocol):
+    """Everything migd does to a GPU.  GPUs are named by their NVML index."""
+
+    def list_gpus(self) -> list[GpuInfo]: ...
+
+    def gpu(self, index: int) -> GpuInfo: ...
+
+    def set_mig_mode(self, index: int, enabled: bool) -> bool:
+        """Request a MIG mode; True if it is now current, False if it waits for a GPU reset."""
+        ...
+
+    def reset_gpu(self, index: int) -> None: ...
+
+    def list_gpu_instances(self, index: int) -> list[GpuInstance]: ...
+
+    def create_gpu_instance(self, index: int, profile_id: int, placement: Placement) -> int: ...
+
+    def create_compute_instance(self, index: int, gi_id: int, ci_profile_id: int,
+                                placement: Placement | None = None) -> int: ...
+
+    def destroy_compute_instance(self, index: int, gi_id: int, ci_id: int) -> None: ...
+
+    def destroy_gpu_instance(self, index: int, gi_id: int) -> None: ...
+
+    def list_mig_devices(self, index: int) -> list[MigDevice]: ...
+
+    def gpm_supported(self, index: int) -> bool: ...
+
+    def gpm_sample(self, index: int, gi_ids: list[int], interval_s: float = 0.1) -> dict[int, GpmMetrics]: ...
+
+    def wait_event(self, timeout_ms: int) -> GpuEvent | None: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,177 @@
+"""A fake ``nvidia-smi`` over the simulator's shared state file.
+
+It answers the subset migd and operators use, in the real tool's layout: ``-L``,
+``-r -i ID``, ``-i ID -mig 0|1``, ``mig -lgi``, ``mig -lci``, ``mig -lgip``, ``mig -lgipp``.
+The state file comes from ``--sim-state PATH`` (first argument) or ``$MIGD_SIM_STATE``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+from migd.hardware.catalog import MODELS
+from migd.sim.control import SimError, reset_gpu
+from migd.sim.nvml import remaining_capacity
+from migd.sim.state import SimGpu, SimState, StateStore
+
+GIB = 1024.0
+
+
+def _mig_uuid(g: SimGpu, gi_serial: int, ci_serial: int) -> str:
+    from migd.sim.nvml import SimNvml  # the UUID rule lives with the fake library
+    from migd.sim.state import SimCi, SimGi
+    return SimNvml.mig_uuid(g, SimGi(0, gi_serial, 0, 0, 0), SimCi(0, ci_serial, 0, 0, 0))
+
+
+def list_gpus(state: SimState) -> str:
+    lines = []
+    for g in state.gpus:
+        m = MODELS[g.model]
+        lines.append(f"GPU {g.index}: {m.nvml_name} (UUID: {g.uuid})")
+        if not g.mig_current:
+            continue
+        dev = 0
+        for gi in g.gis:
+            prof = m.profile_by_id(gi.profile_id)
+            assert prof is not None
+            for ci in gi.cis:
+                cp = prof.ci_by_id(ci.profile_id)
+                name = cp.name if cp else prof.name
+                lines.append(f"  MIG {name:<12}Device {dev:>2}: (UUID: {_mig_uuid(g, gi.serial, ci.serial)})")
+                dev += 1
+    return "\n".join(lines) + "\n"
+
+
+def _table(title: str, header: list[str], rows: list[str], width: int) -> str:
+    bar = "+" + "-" * width + "+"
+    out = [bar, f"| {title:<{width - 1}}|"] + [f"|{h:<{width}}|" for h in header] + ["|" + "=" * width + "|"]
+    if not rows:
+        out += [f"| {'No GPU instances found':<{width - 1}}|", bar]
+    for r in rows:
+        out += [f"|{line:<{width}}|" for line in r.split("\n")] + [bar]
+    return "\n".join(out) + "\n"
+
+
+def list_gis(state: SimState, gpus: list[SimGpu]) -> str:
+    rows = []
+    for g in gpus:
+        m = MODELS[g.model]
+        for gi in g.gis:
+            prof = m.profile_by_id(gi.profile_id)
+            assert prof is not None
+            rows.append(f" {g.index:>3}  MIG {prof.name:<13}{gi.profile_id:>4}{gi.id:>9}{gi.start:>11}:{gi.size:<6}")
+    return _table("GPU instances:", [" GPU   Name             Profile  Instance   Placement  ",
+                                     "                          ID       ID       Start:Size "], rows, 55)
+
+
+def list_cis(state: SimState, gpus: list[SimGpu]) -> str:
+    rows = []
+    for g in gpus:
+        m = MODELS[g.model]
+        for gi in g.gis:
+            prof = m.profile_by_id(gi.profile_id)
+            assert prof is not None
+            for ci in gi.cis:
+                cp = prof.ci_by_id(ci.profile_id)
+                rows.append(f" {g.index:>3}  {gi.id:>5}       MIG {(cp.name if cp else '?'):<14}{ci.profile_id:>4}"
+                            f"{ci.id:>10}{ci.start:>11}:{ci.size:<6}")
+    return _table("Compute instances:", [" GPU     GPU       Name             Profile   Instance   Placement  ",
+                                         "       Instance                       ID        ID       Start:Size ",
+                                         "         ID                                                         "],
+                  rows, 68)
+
+
+def list_gi_profiles(gpus: list[SimGpu]) -> str:
+    rows = []
+    for g in gpus:
+        m = MODELS[g.model]
+        for p in m.profiles:
+            free = remaining_capacity(g, p) if g.mig_current else 0
+            first = (f" {g.index:>3}  MIG {p.name:<14}{p.profile_id:>4}{free:>6}/{p.instance_count:<9}"
+                     f"{p.memory_mib / GIB:>6.2f}      No{p.sm:>7}{p.dec:>6}{p.enc:>6}")
+            rows.append(f"{first}\n{'':<58}{p.ce:>4}{p.jpeg:>6}{p.ofa:>6}")
+    header = [" GPU   Name             ID    Instances   Memory     P2P    SM    DEC   ENC",
+              "                              Free/Total   GiB              CE    JPEG  OFA"]
+    return _table("GPU instance profiles:", header, rows, 83)
+
+
+def list_gi_placements(gpus: list[SimGpu]) -> str:
+    lines = []
+    for g in gpus:
+        for p in MODELS[g.model].profiles:
+            starts = ",".join(str(s) for s in p.starts)
+            word = "Placements" if len(p.starts) > 1 else "Placement "
+            lines.append(f"GPU {g.index:>2} Profile ID {p.profile_id:>2} {word}: {{{starts}}}:{p.memory_slices}")
+    return "\n".join(lines) + "\n"
+
+
+def _select(state: SimState, ident: str | None) -> list[SimGpu]:
+    if ident is None:
+        return state.gpus
+    for g in state.gpus:
+        if ident in (str(g.index), g.uuid, g.bus_id, g.bus_id[4:]):
+            return [g]
+    raise SimError(f"No devices were found matching {ident!r}")
+
+
+def run(argv: Sequence[str], store: StateStore) -> tuple[int, str]:
+    """Run one fake nvidia-smi command; returns (exit code, output)."""
+    args = list(argv)
+    ident = None
+    if "-i" in args:
+        k = args.index("-i")
+        ident = args[k + 1] if k + 1 < len(args) else None
+        del args[k:k + 2]
+    try:
+        if args == ["-L"]:
+            return 0, list_gpus(store.read())
+        if args == ["-r"]:
+            if ident is None:
+                return 2, "nvidia-smi -r needs -i: migd never resets every GPU at once\n"
+            gpu = _select(store.read(), ident)[0]
+            reset_gpu(store, gpu.index)
+            return 0, f"GPU {gpu.bus_id} was successfully reset.\nAll done.\n"
+        if args[:1] == ["-mig"] and len(args) == 2 and args[1] in ("0", "1"):
+            from migd.sim.nvml import SimNvml
+            lib = SimNvml(store)
+            lib.nvmlInit()
+            out = []
+            for g in _select(store.read(), ident):
+                status = lib.nvmlDeviceSetMigMode(lib.nvmlDeviceGetHandleByIndex(g.index), int(args[1]))
+                word = "Enabled" if args[1] == "1" else "Disabled"
+                if status:
+                    out.append(f"Warning: MIG mode is in pending {word.lower()[:-1]} state for GPU {g.bus_id}:"
+                               " GPU requires restart\nReboot the system or try nvidia-smi --gpu-reset")
+                out.append(f"{word} MIG Mode for GPU {g.bus_id}")
+            return 0, "\n".join(out) + "\nAll done.\n"
+        if args[:1] == ["mig"] and len(args) == 2:
+            state = store.read()
+            gpus = _select(state, ident)
+            table = {"-lgi": lambda: list_gis(state, gpus), "-lci": lambda: list_cis(state, gpus),
+                     "-lgip": lambda: list_gi_profiles(gpus), "-lgipp": lambda: list_gi_placements(gpus)}
+            if args[1] in table:
+                return 0, table[args[1]]()
+    except SimError as e:
+        return 255, f"{e}\n"
+    except Exception as e:  # an NVML error from the fake library, as nvidia-smi would print it
+        return 255, f"Failed: {e}\n"
+    return 2, f"fake nvidia-smi: unsupported arguments {' '.join(argv)!r}\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    path = os.environ.get("MIGD_SIM_STATE")
+    if args[:1] == ["--sim-state"] and len(args) >= 2:
+        path, args = args[1], args[2:]
+    if not path:
+        print("fake nvidia-smi: no simulator state (pass --sim-state PATH or set MIGD_SIM_STATE)", file=sys.stderr)
+        return 2
+    code, out = run(args, StateStore(path))
+    (sys.stdout if code == 0 else sys.stderr).write(out)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

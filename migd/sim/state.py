@@ -1,0 +1,229 @@
+"""Simulated GPU state, persisted in one JSON file so several processes share it.
+
+The fake NVML library (:mod:`migd.sim.nvml`) and the fake ``nvidia-smi`` both open the
+same file under an exclusive ``flock``; every API call is one short transaction.  The
+file also carries fault-injection orders, which is how a test process arms a fault that
+fires inside a separate ``migd``/``migctl`` process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from migd.hardware.catalog import MODELS, GpuModel
+
+MAX_EVENTS = 2000
+
+# Named fleets (issue 2): model key per GPU index.
+FLEETS: dict[str, list[str]] = {
+    "dgx-a100": ["A100-SXM4-80GB"] * 8,
+    "dgx-a100-40gb": ["A100-SXM4-40GB"] * 8,
+    "dgx-h100": ["H100-SXM5-80GB"] * 8,
+    "hgx-h200": ["H200-141GB"] * 8,
+    "mixed": ["A100-SXM4-40GB"] * 2 + ["H100-SXM5-80GB"] * 2,
+    "a30": ["A30-24GB"] * 4,
+    "h100-nvl": ["H100-NVL-94GB"] * 2,
+    "single-a100": ["A100-SXM4-80GB"],
+    "single-h100": ["H100-SXM5-80GB"],
+}
+DEFAULT_FLEET = "dgx-a100"
+
+
+@dataclass
+class SimCi:
+    id: int
+    serial: int
+    profile_id: int
+    start: int
+    size: int
+
+
+@dataclass
+class SimGi:
+    id: int
+    serial: int
+    profile_id: int
+    start: int
+    size: int
+    cis: list[SimCi] = field(default_factory=list)
+    faulted: bool = False  # an Xid hit this instance; its MIG devices stop answering
+
+
+@dataclass
+class SimProcess:
+    pid: int
+    gi: int | None  # None on a GPU in non-MIG mode
+    ci: int | None
+    used_mib: int
+
+
+@dataclass
+class SimGpu:
+    index: int
+    model: str
+    uuid: str
+    bus_id: str
+    mig_current: bool = False
+    mig_pending: bool = False
+    gis: list[SimGi] = field(default_factory=list)
+    processes: list[SimProcess] = field(default_factory=list)
+    lost: bool = False
+
+    @property
+    def catalog(self) -> GpuModel:
+        return MODELS[self.model]
+
+    def gi(self, gi_id: int) -> SimGi | None:
+        return next((g for g in self.gis if g.id == gi_id), None)
+
+
+@dataclass
+class SimFault:
+    fn: str  # pynvml function name, or "nvidia-smi -r"
+    nth: int  # fail the nth call made after the fault was armed (1 = next call)
+    code: int  # NVML error code
+    calls: int = 0
+    gpu: int | None = None  # only count calls on this GPU (None: any)
+
+
+@dataclass
+class SimState:
+    fleet: str
+    gpus: list[SimGpu]
+    serial: int = 0
+    seq: int = 0
+    events: list[dict[str, int]] = field(default_factory=list)
+    faults: list[SimFault] = field(default_factory=list)
+    crash_after_mutations: int | None = None  # SIGKILL the calling process after this many more
+    mutations: int = 0
+    next_pid: int = 40000
+    touched: bool = field(default=True, repr=False, compare=False)  # not persisted: "write me back"
+
+    def next_serial(self) -> int:
+        self.serial += 1
+        return self.serial
+
+    def add_event(self, gpu: int, event_type: int, data: int, gi: int, ci: int) -> None:
+        self.seq += 1
+        self.events.append({"seq": self.seq, "gpu": gpu, "type": event_type, "data": data, "gi": gi, "ci": ci})
+        del self.events[:-MAX_EVENTS]
+
+    def to_json(self) -> dict[str, Any]:
+        raw = asdict(self)
+        raw.pop("touched")
+        return raw
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> SimState:
+        gpus = []
+        for g in raw["gpus"]:
+            gis = [SimGi(**{**gi, "cis": [SimCi(**ci) for ci in gi["cis"]]}) for gi in g["gis"]]
+            procs = [SimProcess(**p) for p in g["processes"]]
+            gpus.append(SimGpu(**{**g, "gis": gis, "processes": procs}))
+        faults = [SimFault(**f) for f in raw.get("faults", [])]
+        rest = {k: v for k, v in raw.items() if k not in ("gpus", "faults")}
+        return cls(gpus=gpus, faults=faults, **rest)
+
+
+def new_state(fleet: str = DEFAULT_FLEET, mig_enabled: bool = False) -> SimState:
+    """A freshly booted node of the named fleet: no instances, MIG mode as given."""
+    if fleet not in FLEETS:
+        raise ValueError(f"unknown simulated fleet {fleet!r}; known: {', '.join(sorted(FLEETS))}")
+    gpus = []
+    for i, key in enumerate(FLEETS[fleet]):
+        gpu_uuid = "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_URL, f"migd-sim/{fleet}/{i}"))
+        # DGX-style bus ids: 0000:07,0f,47,4e,87,90,b7,bd (any distinct values would do)
+        bus = (0x07, 0x0F, 0x47, 0x4E, 0x87, 0x90, 0xB7, 0xBD)[i % 8] + 0x100 * (i // 8)
+        gpus.append(SimGpu(index=i, model=key, uuid=gpu_uuid, bus_id=f"00000000:{bus:02X}:00.0",
+                           mig_current=mig_enabled, mig_pending=mig_enabled))
+    return SimState(fleet=fleet, gpus=gpus)
+
+
+class StateStore:
+    """Transactions over the simulated state: in memory, or in a JSON file shared by processes."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, state: SimState | None = None) -> None:
+        self.path = Path(path) if path is not None else None
+        self._lock = threading.RLock()
+        self._memory = state
+        if self.path is None and state is None:
+            raise ValueError("StateStore needs a path or an initial state")
+        if self.path is not None and state is not None:
+            self.save(state)
+
+    def save(self, state: SimState) -> None:
+        with self._lock:
+            if self.path is None:
+                self._memory = state
+                return
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self._file_lock():
+                self._write(state)
+
+    @contextlib.contextmanager
+    def _file_lock(self) -> Iterator[None]:
+        assert self.path is not None
+        lock_path = self.path.with_name(self.path.name + ".lock")
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def _read(self) -> SimState:
+        assert self.path is not None
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                return SimState.from_json(json.load(f))
+        except FileNotFoundError:
+            raise FileNotFoundError(f"simulator state {self.path} does not exist; create it with "
+                                    f"`migctl --sim FLEET --sim-state {self.path} status`") from None
+
+    def _write(self, state: SimState) -> None:
+        assert self.path is not None
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(state.to_json(), f, separators=(",", ":"))
+        os.replace(tmp, self.path)
+
+    @contextlib.contextmanager
+    def transaction(self, write: bool = True) -> Iterator[SimState]:
+        """Yield the current state; on normal exit persist it (if ``write``)."""
+        with self._lock:
+            if self.path is None:
+                assert self._memory is not None
+                yield self._memory
+                return
+            with self._file_lock():
+                state = self._read()
+                yield state
+                if write and state.touched:
+                    self._write(state)
+
+    def write_held(self, state: SimState) -> None:
+        """Persist now, from inside a transaction (the lock is already held)."""
+        if self.path is not None:
+            self._write(state)
+
+    def read(self) -> SimState:
+        with self.transaction(write=False) as s:
+            return s
+
+
+def open_store(path: str | os.PathLike[str], fleet: str = DEFAULT_FLEET, mig_enabled: bool = False) -> StateStore:
+    """Open a shared state file, creating it for ``fleet`` if it does not exist yet."""
+    p = Path(path)
+    if p.exists():
+        return StateStore(p)
+    return StateStore(p, new_state(fleet, mig_enabled))
