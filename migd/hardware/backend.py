@@ -60,8 +60,8 @@ class GpuInstance:
 class ProcessInfo:
     pid: int
     used_memory_bytes: int | None
-    gi_id: int
-    ci_id: int
+    gi_id: int | None  # None: a process on a GPU in non-MIG mode
+    ci_id: int | None
 
 
 @dataclass(frozen=True)
@@ -132,6 +132,10 @@ class GpuBackend(Protocol):
     def destroy_gpu_instance(self, index: int, gi_id: int) -> None: ...
 
     def list_mig_devices(self, index: int) -> list[MigDevice]: ...
+
+    def gpu_processes(self, index: int) -> list[ProcessInfo]:
+        """Every compute process on the GPU (in MIG mode too, with its GI/CI)."""
+        ...
 
     def gpm_supported(self, index: int) -> bool: ...
 

@@ -240,6 +240,13 @@ class NvmlBackend:
                                             gi_id=gi_id, ci_id=ci_id) for p in procs)))
         return out
 
+    def gpu_processes(self, index: int) -> list[ProcessInfo]:
+        procs = self._nvml("nvmlDeviceGetComputeRunningProcesses", self._dev(index), gpu=index)
+        return [ProcessInfo(pid=int(p.pid), used_memory_bytes=p.usedGpuMemory,
+                            gi_id=None if p.gpuInstanceId == GPU_WIDE else int(p.gpuInstanceId),
+                            ci_id=None if p.computeInstanceId == GPU_WIDE else int(p.computeInstanceId))
+                for p in procs]
+
     # -- GPM --------------------------------------------------------------------------------------
     def gpm_supported(self, index: int) -> bool:
         try:

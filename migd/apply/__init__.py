@@ -1,0 +1,1 @@
+"""Applying plans: the lock, the journal, hooks and the transactional executor."""

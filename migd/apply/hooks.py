@@ -1,0 +1,75 @@
+"""Commands run around a change, like mig-parted's hooks: argument lists, no shell, a timeout."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+PHASES = ("apply-start", "pre-apply-mode", "pre-apply-config", "apply-exit")
+
+
+class HookError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Hook:
+    argv: tuple[str, ...]
+    timeout_s: float = 60.0
+    workdir: str | None = None
+
+
+@dataclass(frozen=True)
+class Hooks:
+    phases: Mapping[str, Sequence[Hook]] = field(default_factory=dict)
+
+    def run(self, phase: str, env: Mapping[str, str]) -> None:
+        """Run a phase's hooks in order; a failing hook (except at apply-exit) stops the apply."""
+        for hook in self.phases.get(phase, ()):
+            full_env = {**os.environ, **env, "MIGD_HOOK_PHASE": phase}
+            log.info("hook %s: %s", phase, " ".join(hook.argv))
+            try:
+                proc = subprocess.run(list(hook.argv), env=full_env, cwd=hook.workdir, capture_output=True,
+                                      text=True, timeout=hook.timeout_s, check=False, shell=False)
+            except subprocess.TimeoutExpired:
+                self._fail(phase, f"hook {hook.argv[0]} timed out after {hook.timeout_s:g}s")
+                continue
+            except OSError as e:
+                self._fail(phase, f"hook {hook.argv[0]} could not run: {e}")
+                continue
+            if proc.returncode != 0:
+                tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+                self._fail(phase, f"hook {hook.argv[0]} exited {proc.returncode}: {tail[0]}")
+
+    @staticmethod
+    def _fail(phase: str, msg: str) -> None:
+        if phase == "apply-exit":
+            log.warning("%s (ignored at apply-exit)", msg)
+            return
+        raise HookError(f"{phase}: {msg}")
+
+
+def parse_hooks(node: object) -> Hooks:
+    """``{phase: [{command: [argv...], timeout: 60s, workdir: DIR}]}`` from a located YAML node."""
+    from migd.yamlsrc import Node
+
+    assert isinstance(node, Node)
+    phases: dict[str, list[Hook]] = {}
+    for phase, items in node.mapping(allowed=PHASES).items():
+        hooks = []
+        for item in items.items():
+            m = item.mapping(allowed=["command", "timeout", "workdir"], required=["command"])
+            argv = tuple(x.str() for x in m["command"].items())
+            if not argv:
+                raise m["command"].error("must list the program and its arguments")
+            if not os.path.isabs(argv[0]):
+                raise m["command"].error(f"{argv[0]!r} must be an absolute path (hooks run without a shell or PATH)")
+            timeout = m["timeout"].duration() if "timeout" in m else 60.0
+            hooks.append(Hook(argv=argv, timeout_s=timeout, workdir=m["workdir"].str() if "workdir" in m else None))
+        phases[phase] = hooks
+    return Hooks(phases)

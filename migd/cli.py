@@ -1,0 +1,187 @@
+"""``migctl``: apply, plan, check and inspect MIG layouts by hand.
+
+Exit codes: 0 ok, 1 not applied / assert failed, 2 invalid input, 3 blocked by busy
+instances, 4 hardware error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from migd.apply.executor import Applier, ApplyOptions, BusyError, GpuUnhealthy
+from migd.apply.hooks import HookError, Hooks, parse_hooks
+from migd.apply.lock import LockBusy
+from migd.hardware.backend import GpuBackend, HardwareError
+from migd.planner import PlanError
+from migd.profiles.export import export_profile
+from migd.profiles.loader import load_profile
+from migd.profiles.validate import validate_file
+from migd.report import apply_doc, dump, plan_doc, plan_table, status_doc, status_table
+from migd.yamlsrc import ValidationError, load, parse_duration
+
+EXIT_OK, EXIT_NOT_APPLIED, EXIT_INVALID, EXIT_BUSY, EXIT_HARDWARE = 0, 1, 2, 3, 4
+DEFAULT_STATE_DIR = "/var/lib/migd"
+
+
+def sim_paths(fleet: str, sim_state: str | None, state_dir: str | None) -> tuple[Path, Path]:
+    state = Path(sim_state or os.path.join(os.environ.get("TMPDIR", "/tmp"), f"migd-sim-{fleet}.json"))
+    return state, Path(state_dir) if state_dir else state.with_name(state.name + ".d")
+
+
+def open_backend(args: argparse.Namespace) -> tuple[GpuBackend, Path]:
+    """The NVML backend over real NVML, or over the simulator with --sim."""
+    if args.sim:
+        from migd.sim import sim_backend
+        state, state_dir = sim_paths(args.sim, args.sim_state, args.state_dir)
+        return sim_backend(state, args.sim), state_dir
+    from migd.hardware.nvml import NvmlBackend
+    return NvmlBackend(), Path(args.state_dir or DEFAULT_STATE_DIR)
+
+
+def _out(args: argparse.Namespace, doc: dict[str, Any], table: str) -> None:
+    sys.stdout.write(table if args.output == "table" else dump(doc, args.output))
+
+
+def cmd_status(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
+    doc = status_doc(backend, Applier(backend, state_dir).owners.load())
+    _out(args, doc, status_table(doc))
+    return EXIT_OK
+
+
+def cmd_plan(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
+    profile = load_profile(args.file, args.config)
+    plans = Applier(backend, state_dir).plan(profile)
+    _out(args, plan_doc(profile.name, plans), plan_table(plans))
+    return EXIT_OK
+
+
+def cmd_assert(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
+    profile = load_profile(args.file, args.config)
+    plans = Applier(backend, state_dir).plan(profile)
+    pending = [p for p in plans if p.changes]
+    for p in pending:
+        print(f"GPU {p.gpu.index}: not as in {profile.name} ({len(p.ops)} operation(s) needed)", file=sys.stderr)
+    if not pending:
+        print(f"{profile.name}: applied on {len(plans)} GPU(s)")
+    return EXIT_NOT_APPLIED if pending else EXIT_OK
+
+
+def _hooks(path: str | None) -> Hooks:
+    if not path:
+        return Hooks()
+    return parse_hooks(load(path).mapping(allowed=["hooks"], required=["hooks"])["hooks"])
+
+
+def cmd_apply(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
+    profile = load_profile(args.file, args.config)
+    opts = ApplyOptions(on_busy=args.on_busy, busy_timeout_s=parse_duration(args.busy_timeout),
+                        dry_run=args.dry_run, hooks=_hooks(args.hooks), lock_timeout_s=args.lock_timeout,
+                        parallel=not args.sequential)
+    result = Applier(backend, state_dir).apply(profile, opts)
+    lines = plan_table(result.plans)
+    for r in result.results:
+        if r.status in ("rolled_back", "failed"):
+            lines += f"GPU {r.index}: {r.status.upper().replace('_', ' ')}: {r.error}\n"
+    if not args.dry_run:
+        lines += f"{profile.name}: {'applied' if result.ok else 'NOT applied'} in {result.seconds:.2f}s\n"
+    _out(args, apply_doc(result, args.dry_run), lines)
+    return EXIT_OK if result.ok else (EXIT_HARDWARE if any(r.status == "failed" for r in result.results)
+                                      else EXIT_NOT_APPLIED)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    code = EXIT_OK
+    for f in args.files:
+        try:
+            for name, sections in validate_file(f):
+                models = sorted({m for ms in sections.values() for m in ms})
+                print(f"{f}: {name}: ok ({', '.join(models) or 'no catalog model to check'})")
+        except ValidationError as e:
+            print(f"error: {e}", file=sys.stderr)
+            code = EXIT_INVALID
+    return code
+
+
+def cmd_export(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
+    doc = export_profile(backend, Applier(backend, state_dir).owners.load(), args.name)
+    sys.stdout.write(json.dumps(doc, indent=2) + "\n" if args.output == "json" else
+                     yaml.safe_dump(doc, sort_keys=False, default_flow_style=None))
+    return EXIT_OK
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="migctl", description="Manage NVIDIA MIG partitions.")
+    p.add_argument("--sim", metavar="FLEET", default=os.environ.get("MIGD_SIM"),
+                   help="run against the simulator (dgx-a100, dgx-a100-40gb, dgx-h100, hgx-h200, mixed, ...)")
+    p.add_argument("--sim-state", metavar="PATH", default=os.environ.get("MIGD_SIM_STATE"),
+                   help="simulator state file (shared with migd and the fake nvidia-smi)")
+    p.add_argument("--state-dir", metavar="DIR", default=os.environ.get("MIGD_STATE_DIR"),
+                   help=f"journal, lock and owner labels (default {DEFAULT_STATE_DIR})")
+    p.add_argument("-v", "--verbose", action="store_true")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def fmt(sp: argparse.ArgumentParser, choices: Sequence[str] = ("table", "json", "yaml")) -> None:
+        sp.add_argument("-o", "--output", choices=choices, default=choices[0])
+
+    sp = sub.add_parser("status", help="GPUs, MIG mode, instances, owners, MIG UUIDs, processes")
+    fmt(sp)
+    for name, hlp in (("plan", "show the operations an apply would run"), ("assert", "exit 0 if applied"),
+                      ("apply", "apply a profile")):
+        sp = sub.add_parser(name, help=hlp)
+        sp.add_argument("file")
+        sp.add_argument("--config", help="config name in a mig-parted file")
+        fmt(sp)
+        if name == "apply":
+            sp.add_argument("--dry-run", action="store_true")
+            sp.add_argument("--on-busy", choices=["refuse", "wait", "force"], default="refuse")
+            sp.add_argument("--busy-timeout", default="5m", help="with --on-busy wait (default 5m)")
+            sp.add_argument("--hooks", help="YAML file with a hooks: mapping (phases as in mig-parted)")
+            sp.add_argument("--lock-timeout", type=float, default=0.0, help="seconds to wait for another apply")
+            sp.add_argument("--sequential", action="store_true", help="change GPUs one at a time")
+    sp = sub.add_parser("validate", help="check profile files offline")
+    sp.add_argument("files", nargs="+")
+    sp = sub.add_parser("export", help="print the current state as a migd profile")
+    sp.add_argument("--name", default="exported")
+    fmt(sp, ("yaml", "json"))
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="migctl: %(levelname)s: %(message)s")
+    try:
+        if args.command == "validate":
+            return cmd_validate(args)
+        backend, state_dir = open_backend(args)
+        try:
+            handler = {"status": cmd_status, "plan": cmd_plan, "assert": cmd_assert, "apply": cmd_apply,
+                       "export": cmd_export}[args.command]
+            return handler(args, backend, state_dir)
+        finally:
+            backend.close()
+    except (ValidationError, PlanError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    except BusyError as e:
+        print(f"blocked: {e}", file=sys.stderr)
+        return EXIT_BUSY
+    except (HardwareError, GpuUnhealthy) as e:
+        print(f"hardware error: {e}", file=sys.stderr)
+        return EXIT_HARDWARE
+    except (LockBusy, HookError) as e:
+        print(f"not applied: {e}", file=sys.stderr)
+        return EXIT_NOT_APPLIED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

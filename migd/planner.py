@@ -1,0 +1,296 @@
+"""Exact placements and a minimal ordered plan, solved before any hardware is touched.
+
+For each GPU the planner searches every non-overlapping placement of the requested
+instances in the model's placement table (8 memory slices: exhaustive search is cheap),
+scores each by the destroy/create operations it needs given what exists now, and keeps the
+cheapest.  Instances that already sit in a compatible place are kept; destroying one with
+running processes costs more than any other plan, so it happens only when unavoidable.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import KW_ONLY, dataclass, field
+
+from migd.hardware.backend import GpuInfo, GpuInstance
+from migd.hardware.catalog import CiProfile, GpuModel, Placement
+from migd.profiles.resolve import DesiredInstance, DesiredLayout
+
+Busy = dict[int, dict[int, tuple[int, ...]]]  # GI id -> CI id -> pids running there
+BUSY_COST = 1000.0  # destroying an instance with processes: only when nothing else works
+OWNER_COST = 0.001  # prefer keeping a GI for the tenant that already has it
+
+
+class PlanError(Exception):
+    """The request cannot be placed on this GPU; nothing was touched."""
+
+
+@dataclass(frozen=True)
+class Op:
+    kind: str  # destroy_ci | destroy_gi | set_mig | reset | create_gi | create_ci
+    gpu: int
+    _: KW_ONLY
+    gi_start: int | None = None  # GIs are named by placement start: ids are assigned by the driver
+    gi_id: int | None = None
+    ci_id: int | None = None
+    profile_id: int | None = None
+    placement: Placement | None = None
+    mig: bool | None = None
+    name: str = ""
+    busy_pids: tuple[int, ...] = ()
+
+    def describe(self) -> str:
+        k = self.kind
+        if k == "set_mig":
+            return f"GPU {self.gpu}: set MIG mode {'enabled' if self.mig else 'disabled'}"
+        if k == "reset":
+            return f"GPU {self.gpu}: reset (applies the pending MIG mode)"
+        what = {"destroy_ci": "destroy CI", "destroy_gi": "destroy GI", "create_gi": "create GI",
+                "create_ci": "create CI"}[k]
+        ids = f" id {self.gi_id}" + (f"/{self.ci_id}" if self.ci_id is not None else "") if self.gi_id is not None \
+            else ""
+        busy = f" [busy: pids {','.join(map(str, self.busy_pids))}]" if self.busy_pids else ""
+        at = f" at {self.placement}" if self.placement is not None else ""
+        gi = f" in GI@{self.gi_start}" if k.endswith("_ci") else ""
+        return f"GPU {self.gpu}: {what} {self.name}{ids}{at}{gi}{busy}"
+
+    @property
+    def mutating_nvml(self) -> bool:
+        return self.kind != "reset"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One instance of the solved layout."""
+
+    gi_profile_id: int
+    placement: Placement
+    ci: tuple[tuple[int, Placement], ...]  # (CI profile id, placement)
+    name: str
+    owner: str | None
+
+
+@dataclass
+class GpuPlan:
+    gpu: GpuInfo
+    desired: DesiredLayout
+    targets: list[Target]
+    ops: list[Op]
+    kept: int = 0
+    busy: Busy = field(default_factory=dict)
+    current: list[GpuInstance] = field(default_factory=list)
+
+    @property
+    def changes(self) -> bool:
+        return bool(self.ops)
+
+    @property
+    def blocked(self) -> list[Op]:
+        """Destroys (or mode changes) that would hit running processes."""
+        return [o for o in self.ops if o.busy_pids]
+
+
+def summary(instances: list[DesiredInstance] | tuple[DesiredInstance, ...]) -> str:
+    c = Counter(i.gi.name for i in instances)
+    return "+".join(f"{n}x{name}" if n > 1 else name for name, n in c.items()) or "nothing"
+
+
+def _feasibility(model: GpuModel, want: list[DesiredInstance]) -> None:
+    mem = sum(i.gi.memory_slices for i in want)
+    if mem > model.memory_slices:
+        raise PlanError(f"{summary(want)} needs {mem} memory slices, {model.key} has {model.memory_slices}")
+    comp = sum(i.gi.slices for i in want)
+    if comp > model.compute_slices:
+        raise PlanError(f"{summary(want)} needs {comp} compute slices, {model.key} has {model.compute_slices}")
+    for prof, n in Counter(i.gi for i in want).items():
+        if n > prof.instance_count:
+            raise PlanError(f"{n} x {prof.name} exceed the {prof.instance_count} instance(s) {model.key} allows")
+
+
+def _place_cis(want: tuple[CiProfile, ...], pinned: tuple[Placement, ...] | None,
+               have: tuple[tuple[int, Placement], ...]) -> tuple[tuple[int, Placement], ...] | None:
+    """CI placements inside one GI, keeping as many existing CIs as possible."""
+    if pinned is not None:
+        return tuple((c.profile_id, p) for c, p in zip(want, pinned, strict=True))
+    order = sorted(range(len(want)), key=lambda i: -want[i].slices)
+    best: list[tuple[int, list[Placement]]] = []
+
+    def go(k: int, used: list[Placement], kept: int) -> None:
+        if k == len(order):
+            if not best or kept > best[0][0]:
+                best[:] = [(kept, list(used))]
+            return
+        ci = want[order[k]]
+        for pl in ci.placements:
+            if not any(pl.overlaps(u) for u in used):
+                go(k + 1, used + [pl], kept + ((ci.profile_id, pl) in have))
+    go(0, [], 0)
+    if not best:
+        return None
+    placed = dict(zip(order, best[0][1], strict=True))
+    return tuple(sorted((want[i].profile_id, placed[i]) for i in range(len(want))))
+
+
+@dataclass
+class _Search:
+    model: GpuModel
+    want: list[DesiredInstance]
+    current: dict[tuple[int, int], GpuInstance]  # (profile id, start) -> existing GI
+    busy: Busy
+    owners: Mapping[int, str]  # GI start -> recorded owner
+    best_cost: float = float("inf")
+    best: list[Target] | None = None
+
+    def ci_cost(self, gi: GpuInstance, cis: tuple[tuple[int, Placement], ...]) -> float:
+        have = {(c.profile_id, c.placement): c for c in gi.compute_instances}
+        cost = 0.0
+        for key, c in have.items():
+            if key not in cis:
+                cost += 1 + (BUSY_COST if c.id in self.busy.get(gi.id, {}) else 0)
+        return cost + sum(1 for key in cis if key not in have)
+
+    def gi_destroy_cost(self, gi: GpuInstance) -> float:
+        return 1 + len(gi.compute_instances) + (BUSY_COST if self.busy.get(gi.id) else 0)
+
+    def score(self, chosen: list[Placement]) -> tuple[float, list[Target]]:
+        cost, targets, kept_ids = 0.0, [], set()
+        for item, pl in zip(self.want, chosen, strict=True):
+            existing = self.current.get((item.gi.profile_id, pl.start))
+            have = tuple((c.profile_id, c.placement) for c in existing.compute_instances) if existing else ()
+            cis = _place_cis(item.cis, item.ci_placements, have)
+            if cis is None:
+                return float("inf"), []
+            if existing is not None:
+                kept_ids.add(existing.id)
+                cost += self.ci_cost(existing, cis)
+                if item.owner != self.owners.get(pl.start, item.owner):
+                    cost += OWNER_COST
+            else:
+                cost += 1 + len(cis)
+            targets.append(Target(item.gi.profile_id, pl, cis, item.label, item.owner))
+        cost += sum(self.gi_destroy_cost(g) for g in self.current.values() if g.id not in kept_ids)
+        return cost, targets
+
+    def run(self) -> None:
+        order = sorted(range(len(self.want)), key=lambda i: (-self.want[i].gi.memory_slices, self._key(i)))
+        self.want = [self.want[i] for i in order]
+        chosen: list[Placement] = []
+
+        def go(k: int, used: list[Placement]) -> None:
+            if k == len(self.want):
+                cost, targets = self.score(chosen)
+                key = tuple(t.placement.start for t in targets)
+                if cost < self.best_cost or (cost == self.best_cost and self.best is not None
+                                             and key < tuple(t.placement.start for t in self.best)):
+                    self.best_cost, self.best = cost, targets
+                return
+            item = self.want[k]
+            twin = k > 0 and self._key(k - 1) == self._key(k)  # identical items: only increasing starts
+            options = (item.placement,) if item.placement is not None else item.gi.placements
+            for pl in options:
+                if twin and pl.start < chosen[k - 1].start:
+                    continue
+                if any(pl.overlaps(u) for u in used):
+                    continue
+                chosen.append(pl)
+                go(k + 1, used + [pl])
+                chosen.pop()
+        go(0, [])
+
+    def _key(self, i: int) -> tuple[object, ...]:
+        d = self.want[i]
+        return (d.gi.profile_id, tuple(c.profile_id for c in d.cis), d.owner or "", d.placement, d.ci_placements)
+
+
+def _destroy_ops(gpu: int, gi: GpuInstance, busy: Busy, name: str) -> list[Op]:
+    pids = busy.get(gi.id, {})
+    ops = [Op("destroy_ci", gpu, gi_start=gi.placement.start, gi_id=gi.id, ci_id=c.id, profile_id=c.profile_id,
+              placement=c.placement, name=name, busy_pids=pids.get(c.id, ())) for c in gi.compute_instances]
+    all_pids = tuple(sorted({p for v in pids.values() for p in v}))
+    return ops + [Op("destroy_gi", gpu, gi_start=gi.placement.start, gi_id=gi.id, profile_id=gi.profile_id,
+                     placement=gi.placement, name=name, busy_pids=all_pids)]
+
+
+def plan_gpu(gpu: GpuInfo, desired: DesiredLayout, current: list[GpuInstance],
+             busy: Busy | None = None, owners: Mapping[int, str] | None = None,
+             gpu_pids: tuple[int, ...] = ()) -> GpuPlan:
+    """Plan one GPU.  ``busy`` maps GI id -> CI id -> pids; ``gpu_pids`` are non-MIG processes."""
+    busy = busy or {}
+    model = gpu.model
+    if model is None:
+        raise PlanError(f"GPU {gpu.index}: {gpu.name} (PCI 0x{gpu.pci_device_id:08X}) is not a known MIG-capable "
+                        "model")
+    names = {p.profile_id: p.name for p in model.profiles}
+    ops: list[Op] = []
+    i = gpu.index
+    if not desired.mig:
+        if gpu.mig_current or gpu.mig_pending:
+            for gi in current:
+                ops += _destroy_ops(i, gi, busy, names.get(gi.profile_id, "?"))
+            ops.append(Op("set_mig", i, mig=False, busy_pids=gpu_pids))
+            if gpu.mig_current and model.mode_change_needs_reset:
+                ops.append(Op("reset", i, busy_pids=gpu_pids))
+        return GpuPlan(gpu, desired, [], ops, busy=busy, current=list(current))
+
+    want = list(desired.instances)
+    _feasibility(model, want)
+    existing = current if gpu.mig_current else []
+    search = _Search(model, want, {(g.profile_id, g.placement.start): g for g in existing}, busy, owners or {})
+    search.run()
+    if search.best is None:
+        raise PlanError(f"no non-overlapping placement of {summary(want)} exists on {model.key} "
+                        f"(placement table in memory slices: " + ", ".join(
+                            f"{p.name} {{{','.join(map(str, p.starts))}}}:{p.memory_slices}"
+                            for p in model.profiles if p in {d.gi for d in want}) + ")")
+    targets = sorted(search.best, key=lambda t: t.placement.start)
+    if not gpu.mig_current:
+        if not gpu.mig_pending:
+            ops.append(Op("set_mig", i, mig=True, busy_pids=gpu_pids))
+        if model.mode_change_needs_reset:
+            ops.append(Op("reset", i, busy_pids=gpu_pids))
+    by_key = {(g.profile_id, g.placement.start): g for g in existing}
+    kept_ids = set()
+    creates: list[Op] = []
+    for t in targets:
+        g = by_key.get((t.gi_profile_id, t.placement.start))
+        if g is None:
+            creates.append(Op("create_gi", i, gi_start=t.placement.start, profile_id=t.gi_profile_id,
+                              placement=t.placement, name=names[t.gi_profile_id]))
+            have: dict[tuple[int, Placement], int] = {}
+        else:
+            kept_ids.add(g.id)
+            have = {(c.profile_id, c.placement): c.id for c in g.compute_instances}
+            for c in g.compute_instances:
+                if (c.profile_id, c.placement) not in t.ci:
+                    ops.append(Op("destroy_ci", i, gi_start=g.placement.start, gi_id=g.id, ci_id=c.id,
+                                  profile_id=c.profile_id, placement=c.placement, name=names[g.profile_id],
+                                  busy_pids=busy.get(g.id, {}).get(c.id, ())))
+        gi_prof = model.profile_by_id(t.gi_profile_id)
+        assert gi_prof is not None
+        for pid, pl in t.ci:
+            if (pid, pl) not in have:
+                ci_prof = gi_prof.ci_by_id(pid)
+                creates.append(Op("create_ci", i, gi_start=t.placement.start, profile_id=pid, placement=pl,
+                                  name=ci_prof.name if ci_prof else "?"))
+    destroys = [op for g in existing if g.id not in kept_ids
+                for op in _destroy_ops(i, g, busy, names.get(g.profile_id, "?"))]
+    ci_destroys = ops[:]
+    mode_ops = [o for o in ci_destroys if o.kind in ("set_mig", "reset")]
+    ops = [o for o in ci_destroys if o.kind == "destroy_ci"] + destroys + mode_ops + creates
+    return GpuPlan(gpu, desired, targets, ops, kept=len(kept_ids), busy=busy, current=list(existing))
+
+
+def layout_of(model: GpuModel, instances: list[GpuInstance], owners: Mapping[int, str] | None = None) -> \
+        DesiredLayout:
+    """The exact (pinned) layout that exists now: what rollback restores."""
+    out = []
+    for g in instances:
+        prof = model.profile_by_id(g.profile_id)
+        if prof is None:
+            continue
+        cis = tuple(prof.ci_by_id(c.profile_id) or prof.default_ci for c in g.compute_instances)
+        out.append(DesiredInstance(gi=prof, cis=cis, owner=(owners or {}).get(g.placement.start),
+                                   placement=g.placement,
+                                   ci_placements=tuple(c.placement for c in g.compute_instances)))
+    return DesiredLayout(mig=True, instances=tuple(out))

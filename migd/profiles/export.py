@@ -1,0 +1,45 @@
+"""The current state of a node written back as a migd profile (``migctl export``)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from migd.hardware.backend import GpuBackend
+from migd.profiles.loader import API_VERSION
+
+
+def export_profile(backend: GpuBackend, owners: dict[str, dict[int, str]], name: str = "exported") -> dict[str, Any]:
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for g in backend.list_gpus():
+        if g.model is None:
+            continue
+        if not g.mig_current:
+            key: tuple[Any, ...] = ("disabled",)
+        else:
+            items: Counter[tuple[str, tuple[str, ...] | None, str | None]] = Counter()
+            for gi in backend.list_gpu_instances(g.index):
+                prof = g.model.profile_by_id(gi.profile_id)
+                if prof is None:
+                    continue
+                cps = [c for c in (prof.ci_by_id(ci.profile_id) for ci in gi.compute_instances) if c]
+                # a GI without CIs is exported with its default CI: CUDA cannot use it otherwise
+                compute = None if not cps or cps == [prof.default_ci] else tuple(f"{c.slices}c" for c in cps)
+                items[(prof.name, compute, owners.get(g.uuid, {}).get(gi.placement.start))] += 1
+            key = ("enabled", tuple(sorted(items.items(), key=lambda kv: repr(kv))))
+        groups.setdefault(key, []).append(g.index)
+    sections = []
+    for key, indexes in groups.items():
+        sec: dict[str, Any] = {"select": {"index": indexes}, "mig": key[0]}
+        if key[0] == "enabled":
+            sec["instances"] = []
+            for (prof, compute, owner), n in key[1]:
+                inst: dict[str, Any] = {"profile": prof, "count": n}
+                if owner:
+                    inst["owner"] = owner
+                if compute is not None:
+                    inst["compute"] = list(compute)
+                sec["instances"].append(inst)
+        sections.append(sec)
+    return {"apiVersion": API_VERSION, "kind": "Profile", "name": name,
+            "description": "exported from the current GPU state", "gpus": sections}

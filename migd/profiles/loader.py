@@ -1,0 +1,158 @@
+"""Read profile files: migd's own format and NVIDIA mig-parted's config format."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from migd.profiles.model import GpuSection, InstanceSpec, Loc, Profile, Selector
+from migd.yamlsrc import Node, ValidationError, load
+
+API_VERSION = "migd/v1"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_PROFILE = re.compile(r"^(?:\d+c\.)?\d+g(?:\.\d+gb)?(?:[+-][a-z.]+)?$")
+_CI = re.compile(r"^\d+c(?:\.\d+g(?:\.\d+gb)?(?:[+-][a-z.]+)?)?$")
+MAX_COUNT = 8  # no GPU has more than 7 instances; anything larger is a typo
+
+
+def _loc(n: Node) -> Loc:
+    return Loc(n.file, n.line, n.column, n.field)
+
+
+def load_profile(path: str | Path, config: str | None = None, text: str | None = None) -> Profile:
+    """Load either format; ``config`` picks the mig-configs entry of a mig-parted file."""
+    root = load(path, text)
+    top = root.mapping()
+    if "mig-configs" in top or ("version" in top and "apiVersion" not in top):
+        return _load_mig_parted(root, config)
+    if config is not None:
+        raise ValidationError(root.file, None, None, "", "--config applies to mig-parted files only; "
+                              "this is a migd profile")
+    return _load_migd(root)
+
+
+def _load_migd(root: Node) -> Profile:
+    top = root.mapping(allowed=["apiVersion", "kind", "name", "description", "gpus"],
+                       required=["apiVersion", "kind", "name", "gpus"])
+    top["apiVersion"].str(choices=[API_VERSION])
+    top["kind"].str(choices=["Profile"])
+    name = top["name"].str()
+    if not _NAME.match(name):
+        raise top["name"].error(f"{name!r} is not a valid name (letters, digits, '.', '_', '-'; max 63)")
+    description = top["description"].str() if "description" in top else ""
+    sections = [_migd_section(n) for n in top["gpus"].items()]
+    if not sections:
+        raise top["gpus"].error("must list at least one GPU selection")
+    return Profile(name=name, description=description, sections=tuple(sections), source=root.file)
+
+
+def _selector(n: Node) -> Selector:
+    if n.is_scalar():
+        n.str(choices=["all"])
+        return Selector(all=True)
+    m = n.mapping(allowed=["index", "uuid", "model", "pci_device_id"])
+    if not m:
+        raise n.error("must name at least one of index, uuid, model, pci_device_id")
+
+    def many(node: Node) -> list[Node]:
+        return list(node.items()) if node.is_sequence() else [node]
+
+    indexes = tuple(x.int(minimum=0, maximum=63) for x in many(m["index"])) if "index" in m else None
+    uuids = tuple(x.str() for x in many(m["uuid"])) if "uuid" in m else None
+    models = tuple(x.str() for x in many(m["model"])) if "model" in m else None
+    pci = tuple(_pci_id(x) for x in many(m["pci_device_id"])) if "pci_device_id" in m else None
+    return Selector(indexes=indexes, uuids=uuids, models=models, pci_device_ids=pci)
+
+
+def _pci_id(n: Node) -> int:
+    raw = n.node.value if n.is_scalar() else None
+    try:
+        return int(str(raw), 16) if str(raw).lower().startswith("0x") else int(str(n.str()), 16)
+    except ValueError:
+        raise n.error(f"{raw!r} is not a PCI device id like 0x20B010DE") from None
+
+
+def _migd_section(n: Node) -> GpuSection:
+    m = n.mapping(allowed=["select", "mig", "instances"], required=["select"])
+    mig = True
+    if "mig" in m:
+        mig = m["mig"].str(choices=["enabled", "disabled"]) == "enabled"
+    instances: list[InstanceSpec] = []
+    if "instances" in m:
+        if not mig:
+            raise m["instances"].error("instances require mig: enabled")
+        instances = [_instance(x) for x in m["instances"].items()]
+    return GpuSection(selector=_selector(m["select"]), mig=mig, instances=tuple(instances), loc=_loc(n))
+
+
+def _instance(n: Node) -> InstanceSpec:
+    m = n.mapping(allowed=["profile", "count", "owner", "compute"], required=["profile"])
+    profile = m["profile"].str()
+    if not _PROFILE.match(profile):
+        raise m["profile"].error(f"{profile!r} is not a MIG profile name (e.g. 1g, 3g.40gb, 1g.10gb+me, "
+                                 "1c.3g.40gb)")
+    count = m["count"].int(minimum=1, maximum=MAX_COUNT) if "count" in m else 1
+    owner = m["owner"].str() if "owner" in m else None
+    if owner is not None and not _NAME.match(owner):
+        raise m["owner"].error(f"{owner!r} is not a valid owner label (letters, digits, '.', '_', '-')")
+    compute = None
+    if "compute" in m:
+        items = list(m["compute"].items())
+        if not items:
+            raise m["compute"].error("must list at least one compute instance")
+        compute = tuple(x.str() for x in items)
+        for x, c in zip(items, compute, strict=True):
+            if not _CI.match(c):
+                raise x.error(f"{c!r} is not a compute-instance profile (e.g. 1c, 2c, 1c.3g.40gb)")
+    return InstanceSpec(profile=profile, count=count, owner=owner, compute=compute, loc=_loc(m["profile"]))
+
+
+# -- mig-parted ---------------------------------------------------------------------------------
+def mig_parted_configs(path: str | Path, text: str | None = None) -> list[str]:
+    root = load(path, text)
+    return list(root.mapping(allowed=["version", "mig-configs"], required=["mig-configs"])["mig-configs"]
+                .mapping())
+
+
+def _load_mig_parted(root: Node, config: str | None) -> Profile:
+    top = root.mapping(allowed=["version", "mig-configs"], required=["version", "mig-configs"])
+    top["version"].str(choices=["v1"])
+    configs = top["mig-configs"].mapping()
+    if config is None:
+        raise ValidationError(root.file, None, None, "", "this is a mig-parted file: choose a config with "
+                              "--config NAME", sorted(configs))
+    if config not in configs:
+        raise top["mig-configs"].error(f"no config named {config!r}", sorted(configs))
+    sections = [_mig_parted_section(n) for n in configs[config].items()]
+    if not sections:
+        raise configs[config].error("lists no devices")
+    return Profile(name=config, description=f"mig-parted config {config!r} from {Path(root.file).name}",
+                   sections=tuple(sections), source=root.file, kind="mig-parted")
+
+
+def _mig_parted_section(n: Node) -> GpuSection:
+    m = n.mapping(allowed=["devices", "device-filter", "mig-enabled", "mig-devices"],
+                  required=["devices", "mig-enabled"])
+    dev = m["devices"]
+    indexes = None
+    if dev.is_scalar():
+        dev.str(choices=["all"])
+    else:
+        indexes = tuple(x.int(minimum=0, maximum=63) for x in dev.items())
+    pci = None
+    if "device-filter" in m:
+        f = m["device-filter"]
+        pci = tuple(_pci_id(x) for x in (f.items() if f.is_sequence() else [f]))
+    mig = m["mig-enabled"].bool()
+    instances: list[InstanceSpec] = []
+    if "mig-devices" in m:
+        if not mig:
+            raise m["mig-devices"].error("mig-devices require mig-enabled: true")
+        for name, node in m["mig-devices"].mapping().items():
+            if not _PROFILE.match(name):
+                raise node.error(f"{name!r} is not a MIG profile name")
+            instances.append(InstanceSpec(profile=name, count=node.int(minimum=0, maximum=MAX_COUNT), owner=None,
+                                          compute=None, loc=_loc(node)))
+    selector = Selector(all=indexes is None and pci is None, indexes=indexes, pci_device_ids=pci)
+    return GpuSection(selector=selector, mig=mig, instances=tuple(i for i in instances if i.count > 0),
+                      loc=_loc(n))

@@ -1,0 +1,95 @@
+"""Partition profiles: what the user asked for, before it meets a particular GPU."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from migd.hardware.backend import GpuInfo
+from migd.yamlsrc import ValidationError
+
+
+@dataclass(frozen=True)
+class Loc:
+    """Where a value came from, so errors found later (against a GPU) still point at the file."""
+
+    file: str
+    line: int | None
+    column: int | None
+    field: str
+
+    def error(self, message: str, allowed: Iterable[str] | None = None) -> ValidationError:
+        return ValidationError(self.file, self.line, self.column, self.field, message, allowed)
+
+
+@dataclass(frozen=True)
+class Selector:
+    """Which GPUs a section applies to; every given criterion must hold."""
+
+    all: bool = False
+    indexes: tuple[int, ...] | None = None
+    uuids: tuple[str, ...] | None = None
+    models: tuple[str, ...] | None = None  # fnmatch globs on the catalog key or NVML name
+    pci_device_ids: tuple[int, ...] | None = None
+
+    def matches(self, gpu: GpuInfo) -> bool:
+        if self.indexes is not None and gpu.index not in self.indexes:
+            return False
+        if self.uuids is not None and gpu.uuid not in self.uuids:
+            return False
+        if self.pci_device_ids is not None and gpu.pci_device_id not in self.pci_device_ids:
+            return False
+        if self.models is not None:
+            names = [gpu.name, gpu.name.removeprefix("NVIDIA ")] + ([gpu.model.key] if gpu.model else [])
+            if not any(fnmatch.fnmatchcase(n, pat) for n in names for pat in self.models):
+                return False
+        return True
+
+    def describe(self) -> str:
+        parts = []
+        if self.indexes is not None:
+            parts.append("index " + ",".join(map(str, self.indexes)))
+        if self.uuids is not None:
+            parts.append("uuid " + ",".join(self.uuids))
+        if self.models is not None:
+            parts.append("model " + ",".join(self.models))
+        if self.pci_device_ids is not None:
+            parts.append("pci " + ",".join(f"0x{p:08X}" for p in self.pci_device_ids))
+        return " and ".join(parts) or "all"
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    profile: str  # short form (3g), GI name (3g.40gb) or CI name (1c.3g.40gb)
+    count: int
+    owner: str | None
+    compute: tuple[str, ...] | None  # CI split of each GI, e.g. ("1c", "1c", "1c")
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class GpuSection:
+    selector: Selector
+    mig: bool
+    instances: tuple[InstanceSpec, ...]
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    description: str
+    sections: tuple[GpuSection, ...]
+    source: str
+    kind: str = "migd"  # or "mig-parted"
+    extra: dict[str, str] = field(default_factory=dict, compare=False)
+
+    def section_for(self, gpu: GpuInfo) -> GpuSection | None:
+        """The one section that selects ``gpu`` (None: the profile leaves it alone)."""
+        hits = [s for s in self.sections if s.selector.matches(gpu)]
+        if len(hits) > 1:
+            first, second = hits[0], hits[1]
+            raise second.loc.error(f"GPU {gpu.index} ({gpu.model_key}) is also selected by the section at line "
+                                   f"{first.loc.line}; each GPU may be selected by one section only")
+        return hits[0] if hits else None

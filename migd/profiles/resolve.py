@@ -1,0 +1,101 @@
+"""Turn a profile section into concrete GI/CI profiles of one GPU model.
+
+Short forms (``1g`` .. ``7g``) resolve per model so one profile serves a mixed fleet; full
+names are checked against the GPU's own table (``1g.10gb`` is the double-memory 1-slice
+profile on A100-40GB but the plain one on A100-80GB).  A CI name such as ``1c.3g.40gb``
+asks for that many compute instances, packed into as few parent GIs as their CI caps allow.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from migd.hardware.catalog import CiProfile, GiProfile, GpuModel, Placement
+from migd.profiles.model import GpuSection, InstanceSpec
+
+ROLES = ("1g", "1g+me", "2g", "2g+me", "3g", "4g", "7g")
+_CI_NAME = re.compile(r"^(\d+)c(?:\.(.+))?$")
+
+
+@dataclass(frozen=True)
+class DesiredInstance:
+    gi: GiProfile
+    cis: tuple[CiProfile, ...]
+    owner: str | None = None
+    placement: Placement | None = None  # pinned: rollback and exact restores
+    ci_placements: tuple[Placement, ...] | None = None
+
+    @property
+    def label(self) -> str:
+        if len(self.cis) == 1 and self.cis[0].default:
+            return self.gi.name
+        if not self.cis:
+            return f"{self.gi.name}[no CI]"
+        return f"{self.gi.name}[{'+'.join(c.name.split('.')[0] for c in self.cis)}]"
+
+
+@dataclass(frozen=True)
+class DesiredLayout:
+    mig: bool
+    instances: tuple[DesiredInstance, ...] = ()
+
+
+def allowed_names(model: GpuModel) -> list[str]:
+    return [p.name for p in model.profiles] + [r for r in ROLES if model.profile_by_role(r)]
+
+
+def _gi_profile(spec: InstanceSpec, name: str, model: GpuModel) -> GiProfile | None:
+    return model.profile_by_role(name) if name in ROLES else model.profile_by_name(name)
+
+
+def _ci_profile(spec: InstanceSpec, gi: GiProfile, name: str) -> CiProfile:
+    m = _CI_NAME.match(name)
+    if m is not None and (m.group(2) is None or m.group(2) in (gi.name, gi.role)):
+        ci = next((c for c in gi.ci_profiles if c.slices == int(m.group(1))), None)
+    else:
+        ci = gi.ci_by_name(name)
+    if ci is None:
+        raise spec.loc.error(f"compute instance {name!r} does not fit a {gi.name} GPU instance",
+                             [c.name for c in gi.ci_profiles])
+    return ci
+
+
+def resolve_instances(spec: InstanceSpec, model: GpuModel) -> list[DesiredInstance]:
+    name = spec.profile
+    gi = _gi_profile(spec, name, model)
+    if gi is not None:
+        if spec.compute is None:
+            cis: tuple[CiProfile, ...] = (gi.default_ci,)
+        else:
+            cis = tuple(_ci_profile(spec, gi, c) for c in spec.compute)
+            for ci in set(cis):
+                if cis.count(ci) > ci.instance_count:
+                    raise spec.loc.error(f"{cis.count(ci)} x {ci.name} exceed the {ci.instance_count} a "
+                                         f"{gi.name} GPU instance can hold")
+            if sum(c.slices for c in cis) > gi.slices:
+                raise spec.loc.error(f"compute instances need {sum(c.slices for c in cis)} compute slices; "
+                                     f"{gi.name} has {gi.slices}")
+        return [DesiredInstance(gi=gi, cis=cis, owner=spec.owner) for _ in range(spec.count)]
+    m = _CI_NAME.match(name)
+    parent = _gi_profile(spec, m.group(2), model) if m and m.group(2) else None
+    if m is None or parent is None or spec.compute is not None:
+        raise spec.loc.error(f"unknown profile {name!r} for {model.key}", allowed_names(model))
+    ci = _ci_profile(spec, parent, name)
+    per_gi = min(ci.instance_count, parent.slices // ci.slices)
+    out = []
+    left = spec.count
+    while left > 0:
+        n = min(per_gi, left)
+        out.append(DesiredInstance(gi=parent, cis=(ci,) * n, owner=spec.owner))
+        left -= n
+    return out
+
+
+def resolve_section(section: GpuSection, model: GpuModel) -> DesiredLayout:
+    if not section.mig:
+        return DesiredLayout(mig=False)
+    out: list[DesiredInstance] = []
+    for spec in section.instances:
+        out.extend(resolve_instances(spec, model))
+    return DesiredLayout(mig=True, instances=tuple(out))

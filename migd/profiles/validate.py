@@ -1,0 +1,75 @@
+"""Offline validation: structure, names and feasibility against the catalog, no GPU needed."""
+
+from __future__ import annotations
+
+import fnmatch
+from pathlib import Path
+
+from migd.hardware.backend import GpuInfo
+from migd.hardware.catalog import MODELS, GpuModel
+from migd.planner import PlanError, plan_gpu
+from migd.profiles.loader import load_profile, mig_parted_configs
+from migd.profiles.model import GpuSection, Profile
+from migd.profiles.resolve import resolve_section
+from migd.yamlsrc import ValidationError, load
+
+
+def fake_gpu(model: GpuModel, index: int = 0, mig: bool = True) -> GpuInfo:
+    """A GPU of ``model`` as NVML would describe it, for planning without hardware."""
+    return GpuInfo(index=index, uuid=f"GPU-catalog-{model.key}", name=model.nvml_name, pci_bus_id="",
+                   pci_device_id=model.pci_device_id, architecture=model.architecture,
+                   memory_total_bytes=model.total_memory_mib << 20, mig_current=mig, mig_pending=mig, model=model)
+
+
+def _candidates(section: GpuSection) -> list[GpuModel]:
+    sel = section.selector
+    out = []
+    for m in MODELS.values():
+        if sel.pci_device_ids is not None and m.pci_device_id not in sel.pci_device_ids:
+            continue
+        if sel.models is not None and not any(fnmatch.fnmatchcase(n, pat) for pat in sel.models
+                                              for n in (m.key, m.nvml_name, m.nvml_name.removeprefix("NVIDIA "))):
+            continue
+        out.append(m)
+    return out
+
+
+def check_section(section: GpuSection) -> list[str]:
+    """Model keys this section is valid for; raises the first error if it is valid for none
+    (or, when the selector pins models, for any pinned model)."""
+    pinned = section.selector.models is not None or section.selector.pci_device_ids is not None
+    candidates = _candidates(section)
+    if pinned and not candidates:
+        if section.selector.pci_device_ids is not None:
+            return []  # a device filter naming GPUs migd has no catalog entry for: nothing to check offline
+        raise section.loc.error("the model selector matches no known GPU model", sorted(MODELS))
+    ok: list[str] = []
+    first: Exception | None = None
+    for model in candidates:
+        try:
+            plan_gpu(fake_gpu(model), resolve_section(section, model), [])
+            ok.append(model.key)
+        except (ValidationError, PlanError) as e:
+            if pinned:
+                if isinstance(e, PlanError):
+                    raise section.loc.error(f"on {model.key}: {e}") from None
+                raise
+            first = first or e
+    if not ok and first is not None:
+        if isinstance(first, PlanError):
+            raise section.loc.error(str(first)) from None
+        raise first
+    return ok
+
+
+def check_profile(profile: Profile) -> dict[int, list[str]]:
+    return {i: check_section(s) for i, s in enumerate(profile.sections)}
+
+
+def validate_file(path: str | Path) -> list[tuple[str, dict[int, list[str]]]]:
+    """Validate a migd profile, or every config of a mig-parted file.  Raises ValidationError."""
+    top = load(path).mapping()
+    if "mig-configs" in top:
+        return [(name, check_profile(load_profile(path, config=name))) for name in mig_parted_configs(path)]
+    p = load_profile(path)
+    return [(p.name, check_profile(p))]

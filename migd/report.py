@@ -1,0 +1,118 @@
+"""Stable, documented shapes of migctl's output (``-o json``/``yaml``) and their tables.
+
+Schemas (README "Output formats"): ``migd.status/v1``, ``migd.plan/v1``, ``migd.apply/v1``.
+Fields are only ever added, never renamed or removed, within a schema version.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+import yaml
+
+from migd.apply.executor import ApplyResult
+from migd.hardware.backend import GpuBackend, GpuInfo, GpuInstance
+from migd.planner import GpuPlan
+
+
+def _pl(p: Any) -> dict[str, int]:
+    return {"start": p.start, "size": p.size}
+
+
+def status_doc(backend: GpuBackend, owners: dict[str, dict[int, str]]) -> dict[str, Any]:
+    gpus = []
+    for g in backend.list_gpus():
+        entry: dict[str, Any] = {
+            "index": g.index, "uuid": g.uuid, "name": g.name, "model": g.model_key, "pci_bus_id": g.pci_bus_id,
+            "mig": {"current": g.mig_current, "pending": g.mig_pending}, "instances": []}
+        if g.mig_current:
+            devs = {(d.gi_id, d.ci_id): d for d in backend.list_mig_devices(g.index)}
+            for gi in backend.list_gpu_instances(g.index):
+                entry["instances"].append(_instance_doc(g, gi, devs, owners.get(g.uuid, {})))
+        else:
+            entry["processes"] = [{"pid": p.pid, "used_memory_bytes": p.used_memory_bytes}
+                                  for p in backend.gpu_processes(g.index)]
+        gpus.append(entry)
+    return {"schema": "migd.status/v1", "gpus": gpus}
+
+
+def _instance_doc(g: GpuInfo, gi: GpuInstance, devs: dict[tuple[int, int], Any], owners: dict[int, str]) -> \
+        dict[str, Any]:
+    prof = g.model.profile_by_id(gi.profile_id) if g.model else None
+    cis = []
+    for c in gi.compute_instances:
+        cp = prof.ci_by_id(c.profile_id) if prof else None
+        d = devs.get((gi.id, c.id))
+        cis.append({"ci_id": c.id, "profile": cp.name if cp else str(c.profile_id), "profile_id": c.profile_id,
+                    "placement": _pl(c.placement), "mig_uuid": d.uuid if d else None,
+                    "memory_total_bytes": d.memory_total_bytes if d else None,
+                    "memory_used_bytes": d.memory_used_bytes if d else None,
+                    "processes": [{"pid": p.pid, "used_memory_bytes": p.used_memory_bytes}
+                                  for p in (d.processes if d else ())]})
+    return {"gi_id": gi.id, "profile": prof.name if prof else str(gi.profile_id), "profile_id": gi.profile_id,
+            "placement": _pl(gi.placement), "owner": owners.get(gi.placement.start), "compute_instances": cis}
+
+
+def plan_doc(profile: str, plans: list[GpuPlan]) -> dict[str, Any]:
+    return {"schema": "migd.plan/v1", "profile": profile, "gpus": [{
+        "index": p.gpu.index, "uuid": p.gpu.uuid, "model": p.gpu.model_key, "changes": p.changes, "kept": p.kept,
+        "mig": p.desired.mig,
+        "operations": [{"kind": o.kind, "description": o.describe(), "busy_pids": list(o.busy_pids)}
+                       for o in p.ops],
+        "target": [{"profile": t.name, "profile_id": t.gi_profile_id, "placement": _pl(t.placement),
+                    "compute": [{"profile_id": pid, "placement": _pl(pl)} for pid, pl in t.ci],
+                    "owner": t.owner} for t in p.targets]} for p in plans]}
+
+
+def apply_doc(result: ApplyResult, dry_run: bool) -> dict[str, Any]:
+    doc = plan_doc(result.profile, result.plans)
+    doc["schema"] = "migd.apply/v1"
+    doc["dry_run"] = dry_run
+    doc["ok"] = result.ok
+    doc["seconds"] = round(result.seconds, 3)
+    doc["results"] = [{"index": r.index, "uuid": r.uuid, "status": r.status, "operations": r.ops,
+                       "error": r.error, "seconds": round(r.seconds, 3)} for r in result.results]
+    return doc
+
+
+def dump(doc: dict[str, Any], fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(doc, indent=2, sort_keys=False) + "\n"
+    return str(yaml.safe_dump(doc, sort_keys=False))
+
+
+def status_table(doc: dict[str, Any]) -> str:
+    lines = []
+    for g in doc["gpus"]:
+        mode = "enabled" if g["mig"]["current"] else "disabled"
+        if g["mig"]["pending"] != g["mig"]["current"]:
+            mode += f" (pending {'enabled' if g['mig']['pending'] else 'disabled'}: reset needed)"
+        lines.append(f"GPU {g['index']}  {g['model']}  {g['pci_bus_id']}  MIG {mode}")
+        for gi in g["instances"]:
+            for ci in gi["compute_instances"] or [None]:
+                owner = gi["owner"] or "-"
+                if ci is None:
+                    lines.append(f"  GI {gi['gi_id']:>2} {gi['profile']:<12} @{gi['placement']['start']}:"
+                                 f"{gi['placement']['size']}  owner {owner}  (no compute instance)")
+                    continue
+                mem = f"{(ci['memory_used_bytes'] or 0) >> 20}/{(ci['memory_total_bytes'] or 0) >> 20} MiB"
+                pids = ",".join(str(p["pid"]) for p in ci["processes"]) or "-"
+                lines.append(f"  GI {gi['gi_id']:>2} CI {ci['ci_id']} {ci['profile']:<14} @{gi['placement']['start']}:"
+                             f"{gi['placement']['size']}  owner {owner:<12} {ci['mig_uuid']}  {mem}  pids {pids}")
+    return "\n".join(lines) + "\n"
+
+
+def plan_table(plans: list[GpuPlan]) -> str:
+    lines = []
+    for p in plans:
+        want = Counter(t.name for t in p.targets)
+        layout = " + ".join(f"{n}x{k}" if n > 1 else k for k, n in want.items()) if p.desired.mig else "MIG disabled"
+        head = f"GPU {p.gpu.index} ({p.gpu.model_key}): {layout or 'MIG enabled, no instances'}"
+        if not p.changes:
+            lines.append(f"{head}: already applied")
+            continue
+        lines.append(f"{head}: {len(p.ops)} operation(s), {p.kept} instance(s) kept")
+        lines += [f"  {o.describe()}" for o in p.ops]
+    return "\n".join(lines) + "\n"

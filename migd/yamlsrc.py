@@ -1,0 +1,179 @@
+"""YAML with locations: every value keeps its file, line and column for error messages.
+
+PyYAML's composer already records marks on every node; this module walks nodes instead
+of plain dicts so a validation error can say ``day.yaml:7:9: gpus[0].instances[1].count:
+must be a positive integer`` and list the allowed values.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+
+class ValidationError(Exception):
+    """Bad input.  Nothing has been changed on any GPU when this is raised."""
+
+    def __init__(self, file: str, line: int | None, column: int | None, field: str, message: str,
+                 allowed: Iterable[str] | None = None) -> None:
+        self.file, self.line, self.column, self.field = file, line, column, field
+        self.message = message
+        self.allowed = list(allowed) if allowed is not None else None
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        where = self.file
+        if self.line is not None:
+            where += f":{self.line}:{self.column}"
+        text = f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
+        if self.allowed:
+            text += f" (allowed: {', '.join(self.allowed)})"
+        return text
+
+    def to_json(self) -> dict[str, object]:
+        return {"file": self.file, "line": self.line, "column": self.column, "field": self.field,
+                "message": self.message, "allowed": self.allowed}
+
+
+@dataclass(frozen=True)
+class Node:
+    """A YAML node with the path of keys that led to it."""
+
+    file: str
+    field: str
+    node: yaml.Node
+
+    @property
+    def line(self) -> int:
+        return int(self.node.start_mark.line) + 1
+
+    @property
+    def column(self) -> int:
+        return int(self.node.start_mark.column) + 1
+
+    def error(self, message: str, allowed: Iterable[str] | None = None) -> ValidationError:
+        return ValidationError(self.file, self.line, self.column, self.field, message, allowed)
+
+    def _child(self, key: str | int, node: yaml.Node) -> Node:
+        if isinstance(key, int):
+            return Node(self.file, f"{self.field}[{key}]", node)
+        return Node(self.file, f"{self.field}.{key}" if self.field else key, node)
+
+    # -- shapes -----------------------------------------------------------------------------------
+    def is_scalar(self) -> bool:
+        return isinstance(self.node, yaml.ScalarNode)
+
+    def is_mapping(self) -> bool:
+        return isinstance(self.node, yaml.MappingNode)
+
+    def is_sequence(self) -> bool:
+        return isinstance(self.node, yaml.SequenceNode)
+
+    def mapping(self, allowed: Iterable[str] | None = None, required: Iterable[str] = ()) -> dict[str, Node]:
+        if not isinstance(self.node, yaml.MappingNode):
+            raise self.error(f"must be a mapping, not {self._kind()}")
+        allowed_list = list(allowed) if allowed is not None else None
+        out: dict[str, Node] = {}
+        for k, v in self.node.value:
+            key = k.value if isinstance(k, yaml.ScalarNode) else None
+            if not isinstance(key, str):
+                raise Node(self.file, self.field, k).error("keys must be strings")
+            if key in out:
+                raise Node(self.file, self.field, k).error(f"duplicate key {key!r}")
+            if allowed_list is not None and key not in allowed_list:
+                raise self._child(key, k).error(f"unknown key {key!r}", allowed_list)
+            out[key] = self._child(key, v)
+        for key in required:
+            if key not in out:
+                raise self.error(f"missing required key {key!r}")
+        return out
+
+    def items(self) -> Iterator[Node]:
+        if not isinstance(self.node, yaml.SequenceNode):
+            raise self.error(f"must be a list, not {self._kind()}")
+        for i, v in enumerate(self.node.value):
+            yield self._child(i, v)
+
+    def _kind(self) -> str:
+        if isinstance(self.node, yaml.MappingNode):
+            return "a mapping"
+        if isinstance(self.node, yaml.SequenceNode):
+            return "a list"
+        return f"{self.node.value!r}" if self.node.value != "" else "empty"
+
+    # -- scalars ----------------------------------------------------------------------------------
+    def _scalar(self) -> tuple[str, str]:
+        if not isinstance(self.node, yaml.ScalarNode):
+            raise self.error(f"must be a single value, not {self._kind()}")
+        return str(self.node.tag), str(self.node.value)
+
+    def str(self, choices: Iterable[str] | None = None) -> str:
+        tag, value = self._scalar()
+        if tag == "tag:yaml.org,2002:null" or (tag != "tag:yaml.org,2002:str" and value == ""):
+            raise self.error("must not be empty")
+        choice_list = list(choices) if choices is not None else None
+        if choice_list is not None and value not in choice_list:
+            raise self.error(f"{value!r} is not allowed", choice_list)
+        return value
+
+    def int(self, minimum: int | None = None, maximum: int | None = None) -> int:
+        tag, value = self._scalar()
+        if tag != "tag:yaml.org,2002:int":
+            raise self.error(f"must be an integer, not {value!r}")
+        n = int(value, 0) if not value.lstrip("+-").isdigit() else int(value)
+        if minimum is not None and n < minimum:
+            raise self.error(f"must be at least {minimum}, not {n}")
+        if maximum is not None and n > maximum:
+            raise self.error(f"must be at most {maximum}, not {n}")
+        return n
+
+    def bool(self) -> bool:
+        tag, value = self._scalar()
+        if tag != "tag:yaml.org,2002:bool":
+            raise self.error(f"must be true or false, not {value!r}")
+        return value.lower() in ("true", "yes", "on", "y")
+
+    def duration(self) -> float:
+        """Seconds from ``90``, ``30s``, ``5m``, ``1h``, ``1h30m``."""
+        _, value = self._scalar()
+        return parse_duration(value, self)
+
+
+_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s?)?$")
+
+
+def parse_duration(value: str, where: Node | None = None) -> float:
+    m = _DURATION.fullmatch(value.strip())
+    if not value.strip() or not m or not any(m.groups()):
+        msg = f"{value!r} is not a duration (examples: 90, 30s, 5m, 1h30m)"
+        if where is not None:
+            raise where.error(msg)
+        raise ValueError(msg)
+    h, mi, s = m.groups()
+    return int(h or 0) * 3600 + int(mi or 0) * 60 + float(s or 0)
+
+
+def load(path: str | Path, text: str | None = None) -> Node:
+    """Parse one YAML document, keeping marks.  Syntax errors become ValidationError."""
+    name = str(path)
+    try:
+        if text is None:
+            text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValidationError(name, None, None, "", f"cannot read file: {e}") from e
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        line = mark.line + 1 if mark is not None else None
+        col = mark.column + 1 if mark is not None else None
+        raise ValidationError(name, line, col, "", f"invalid YAML: {e.problem}") from e
+    except yaml.YAMLError as e:
+        raise ValidationError(name, None, None, "", f"invalid YAML: {e}") from e
+    if node is None:
+        raise ValidationError(name, 1, 1, "", "file is empty")
+    return Node(name, "", node)
