@@ -15,13 +15,13 @@ import os
 import threading
 import uuid
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from migd.hardware.catalog import MODELS, GpuModel
 
-MAX_EVENTS = 2000
+MAX_EVENTS = 500
 
 # Named fleets (issue 2): model key per GPU index.
 FLEETS: dict[str, list[str]] = {
@@ -118,9 +118,15 @@ class SimState:
         del self.events[:-MAX_EVENTS]
 
     def to_json(self) -> dict[str, Any]:
-        raw = asdict(self)
-        raw.pop("touched")
-        return raw
+        # Hand-rolled: dataclasses.asdict deep-copies the event log on every NVML call.
+        return {
+            "fleet": self.fleet, "serial": self.serial, "seq": self.seq, "events": self.events,
+            "crash_after_mutations": self.crash_after_mutations, "mutations": self.mutations,
+            "next_pid": self.next_pid, "faults": [vars(f) for f in self.faults],
+            "gpus": [{**{k: v for k, v in vars(g).items() if k not in ("gis", "processes")},
+                      "processes": [vars(p) for p in g.processes],
+                      "gis": [{**{k: v for k, v in vars(gi).items() if k != "cis"},
+                               "cis": [vars(c) for c in gi.cis]} for gi in g.gis]} for g in self.gpus]}
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> SimState:
@@ -155,6 +161,7 @@ class StateStore:
         self.path = Path(path) if path is not None else None
         self._lock = threading.RLock()
         self._memory = state
+        self._cache: tuple[bytes, SimState] | None = None  # file bytes, parsed state
         if self.path is None and state is None:
             raise ValueError("StateStore needs a path or an initial state")
         if self.path is not None and state is not None:
@@ -184,8 +191,13 @@ class StateStore:
     def _read(self) -> SimState:
         assert self.path is not None
         try:
-            with open(self.path, encoding="utf-8") as f:
-                return SimState.from_json(json.load(f))
+            with open(self.path, "rb") as f:
+                raw = f.read()
+            if self._cache is not None and self._cache[0] == raw:
+                return self._cache[1]  # nobody wrote since we parsed it: skip the parse
+            state = SimState.from_json(json.loads(raw))
+            self._cache = (raw, state)
+            return state
         except FileNotFoundError:
             raise FileNotFoundError(f"simulator state {self.path} does not exist; create it with "
                                     f"`migctl --sim FLEET --sim-state {self.path} status`") from None
@@ -193,9 +205,11 @@ class StateStore:
     def _write(self, state: SimState) -> None:
         assert self.path is not None
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(state.to_json(), f, separators=(",", ":"))
+        raw = json.dumps(state.to_json(), separators=(",", ":")).encode()
+        with open(tmp, "wb") as f:
+            f.write(raw)
         os.replace(tmp, self.path)
+        self._cache = (raw, state)
 
     @contextlib.contextmanager
     def transaction(self, write: bool = True) -> Iterator[SimState]:
@@ -207,9 +221,16 @@ class StateStore:
                 return
             with self._file_lock():
                 state = self._read()
-                yield state
+                state.touched = True
+                try:
+                    yield state
+                except BaseException:
+                    self._cache = None  # the body may have half-changed the cached object
+                    raise
                 if write and state.touched:
                     self._write(state)
+                elif not write:
+                    state.touched = True
 
     def write_held(self, state: SimState) -> None:
         """Persist now, from inside a transaction (the lock is already held)."""
