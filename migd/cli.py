@@ -98,6 +98,15 @@ def cmd_apply(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) ->
                                       else EXIT_NOT_APPLIED)
 
 
+def cmd_recover(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
+    results = Applier(backend, state_dir).recover()
+    if not results:
+        print("no interrupted apply to recover")
+    for r in results:
+        print(f"GPU {r.index}: {r.status.replace('_', ' ')}" + (f": {r.error}" if r.status == "failed" else ""))
+    return EXIT_HARDWARE if any(r.status == "failed" for r in results) else EXIT_OK
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     code = EXIT_OK
     for f in args.files:
@@ -147,6 +156,7 @@ def parser() -> argparse.ArgumentParser:
             sp.add_argument("--hooks", help="YAML file with a hooks: mapping (phases as in mig-parted)")
             sp.add_argument("--lock-timeout", type=float, default=0.0, help="seconds to wait for another apply")
             sp.add_argument("--sequential", action="store_true", help="change GPUs one at a time")
+    sub.add_parser("recover", help="restore GPUs left half-way by an interrupted apply")
     sp = sub.add_parser("validate", help="check profile files offline")
     sp.add_argument("files", nargs="+")
     sp = sub.add_parser("export", help="print the current state as a migd profile")
@@ -165,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         backend, state_dir = open_backend(args)
         try:
             handler = {"status": cmd_status, "plan": cmd_plan, "assert": cmd_assert, "apply": cmd_apply,
-                       "export": cmd_export}[args.command]
+                       "export": cmd_export, "recover": cmd_recover}[args.command]
             return handler(args, backend, state_dir)
         finally:
             backend.close()

@@ -46,6 +46,17 @@ _GPM_SHAPE = {
 }
 
 
+ANY_MUTATION = "*mutation*"  # fault target: whichever mutating call comes next
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
 def nvml_error(code: int) -> pynvml.NVMLError:
     return pynvml.NVMLError(code)
 
@@ -117,9 +128,10 @@ class SimBase:
         Returns True when a fault counter moved (the state must be written back)."""
         if self._init <= 0:
             raise nvml_error(E.NVML_ERROR_UNINITIALIZED)
-        moved = False
+        moved = self._reap(state)
         for fault in list(state.faults):
-            if fault.fn == fn and (fault.gpu is None or fault.gpu == gpu):
+            if (fault.fn == fn or (fault.fn == ANY_MUTATION and fn in MUTATING)) and \
+                    (fault.gpu is None or fault.gpu == gpu):
                 fault.calls += 1
                 moved = True
                 if fault.calls >= fault.nth:
@@ -128,6 +140,16 @@ class SimBase:
         if gpu is not None and state.gpus[gpu].lost:
             raise nvml_error(E.NVML_ERROR_GPU_IS_LOST)
         return moved
+
+    @staticmethod
+    def _reap(state: SimState) -> bool:
+        """Like the driver, forget the contexts of processes that have exited."""
+        changed = False
+        for g in state.gpus:
+            alive = [p for p in g.processes if not p.real or _alive(p.pid)]
+            if len(alive) != len(g.processes):
+                g.processes, changed = alive, True
+        return changed
 
     def _mutated(self, state: SimState) -> None:
         state.mutations += 1

@@ -24,8 +24,12 @@ def _gpu(state: SimState, index: int) -> SimGpu:
     return state.gpus[index]
 
 
-def start_process(store: StateStore, gpu: int, gi: int | None = None, ci: int = 0, used_mib: int = 1024) -> int:
-    """Start a fake CUDA process on MIG device (gi, ci) of ``gpu`` (or on the whole non-MIG GPU)."""
+def start_process(store: StateStore, gpu: int, gi: int | None = None, ci: int = 0, used_mib: int = 1024,
+                  pid: int | None = None) -> int:
+    """Put a CUDA process on MIG device (gi, ci) of ``gpu`` (or on the whole non-MIG GPU).
+
+    With ``pid`` the entry is a real OS process (e.g. a ``sleep`` a test started) that the
+    simulated driver forgets once it exits; without, a fake pid that lives until stopped."""
     with store.transaction() as s:
         g = _gpu(s, gpu)
         if gi is not None:
@@ -34,9 +38,11 @@ def start_process(store: StateStore, gpu: int, gi: int | None = None, ci: int = 
                 raise SimError(f"GPU {gpu} has no MIG device gi={gi} ci={ci}")
         elif g.mig_current:
             raise SimError(f"GPU {gpu} is in MIG mode: name a MIG device")
-        s.next_pid += 1
-        g.processes.append(SimProcess(pid=s.next_pid, gi=gi, ci=ci if gi is not None else None, used_mib=used_mib))
-        return s.next_pid
+        if pid is None:
+            s.next_pid += 1
+        g.processes.append(SimProcess(pid=pid or s.next_pid, gi=gi, ci=ci if gi is not None else None,
+                                      used_mib=used_mib, real=pid is not None))
+        return pid or s.next_pid
 
 
 def stop_process(store: StateStore, pid: int) -> None:
@@ -46,7 +52,9 @@ def stop_process(store: StateStore, pid: int) -> None:
 
 
 def fail_call(store: StateStore, fn: str, code: int, nth: int = 1, gpu: int | None = None) -> None:
-    """Make the ``nth`` next call of pynvml function ``fn`` (optionally on one GPU) raise ``code``."""
+    """Make the ``nth`` next call of pynvml function ``fn`` (optionally on one GPU) raise ``code``.
+
+    ``fn="*mutation*"`` counts every mutating call (create/destroy/set mode) instead."""
     with store.transaction() as s:
         s.faults.append(SimFault(fn=fn, nth=nth, code=code, gpu=gpu))
 

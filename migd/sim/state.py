@@ -64,6 +64,7 @@ class SimProcess:
     gi: int | None  # None on a GPU in non-MIG mode
     ci: int | None
     used_mib: int
+    real: bool = False  # a real OS process: dropped from NVML once it exits
 
 
 @dataclass

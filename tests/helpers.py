@@ -1,0 +1,47 @@
+"""Shared test helpers: run migctl in-process against a simulated fleet."""
+
+from __future__ import annotations
+
+import io
+import json
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from migd.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+PROFILES = REPO / "profiles"
+REFERENCE = REPO.parent / "shared" / "reference"
+
+
+@dataclass
+class Run:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+class Migctl:
+    """migctl bound to one simulator state file and state dir."""
+
+    def __init__(self, tmp: Path, fleet: str) -> None:
+        self.fleet = fleet
+        self.state = tmp / f"{fleet}.json"
+        self.state_dir = tmp / f"{fleet}.d"
+
+    def __call__(self, *args: str) -> Run:
+        out, err = io.StringIO(), io.StringIO()
+        with redirect_stdout(out), redirect_stderr(err):
+            code = main(["--sim", self.fleet, "--sim-state", str(self.state), "--state-dir", str(self.state_dir),
+                         *args])
+        return Run(code, out.getvalue(), err.getvalue())
+
+    def layout(self) -> list[list[tuple[str, int, list[str]]]]:
+        doc = self("status", "-o", "json").json()
+        return [[(i["profile"], i["placement"]["start"], [c["profile"] for c in i["compute_instances"]])
+                 for i in g["instances"]] for g in doc["gpus"]]

@@ -1,0 +1,274 @@
+"""migctl against simulated fleets: round trips, exit codes, busy instances, hooks, lock, minimal plans."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from migd.apply.lock import ApplyLock
+from migd.sim import control
+from migd.sim.state import FLEETS, StateStore
+from tests.helpers import PROFILES, REFERENCE, Migctl
+
+EXAMPLES = ["day", "night", "night-two", "balanced"]
+
+
+@pytest.mark.parametrize("fleet", sorted(FLEETS))
+def test_example_profiles_round_trip(tmp_path: Path, fleet: str) -> None:
+    m = Migctl(tmp_path, fleet)
+    for name in EXAMPLES:
+        prof = str(PROFILES / f"{name}.yaml")
+        r = m("apply", prof)
+        assert r.code == 0, r.err
+        assert m("assert", prof).code == 0
+        plan = m("plan", prof, "-o", "json").json()
+        assert plan["schema"] == "migd.plan/v1" and not any(g["changes"] for g in plan["gpus"])
+    assert m("assert", str(PROFILES / "day.yaml")).code == 1
+    exported = tmp_path / "exported.yaml"
+    r = m("export")
+    assert r.code == 0
+    exported.write_text(r.out)
+    assert m("validate", str(exported)).code == 0
+    assert m("assert", str(exported)).code == 0  # the export describes exactly what is there
+    before = m.layout()
+    assert m("apply", str(exported)).code == 0
+    assert m.layout() == before
+
+
+def test_status_json_shape(tmp_path: Path) -> None:
+    m = Migctl(tmp_path, "single-h100")
+    m("apply", str(PROFILES / "balanced.yaml"))
+    doc = m("status", "-o", "json").json()
+    assert doc["schema"] == "migd.status/v1"
+    (gpu,) = doc["gpus"]
+    assert set(gpu) == {"index", "uuid", "name", "model", "pci_bus_id", "mig", "instances"}
+    owners = sorted((i["profile"], i["owner"]) for i in gpu["instances"])
+    assert owners == [("1g.10gb", "notebooks"), ("1g.10gb", "notebooks"), ("2g.20gb", "inference"),
+                      ("3g.40gb", "inference")]
+    ci = gpu["instances"][0]["compute_instances"][0]
+    assert ci["mig_uuid"].startswith("MIG-") and ci["memory_total_bytes"] > 0 and ci["processes"] == []
+    assert "GI" in m("status").out
+    assert m("status", "-o", "yaml").out.startswith("schema: migd.status/v1")
+
+
+def test_minimal_disruption_day_to_balanced(tmp_path: Path) -> None:
+    m = Migctl(tmp_path, "single-a100")
+    m("apply", str(PROFILES / "day.yaml"))
+    (gpu,) = m("plan", str(PROFILES / "balanced.yaml"), "-o", "json").json()["gpus"]
+    kinds = [o["kind"] for o in gpu["operations"]]
+    # keep two 1g, destroy five (CI + GI each), create 3g and 2g with a CI each
+    assert gpu["kept"] == 2
+    assert kinds.count("destroy_ci") == 5 and kinds.count("destroy_gi") == 5
+    assert kinds.count("create_gi") == 2 and kinds.count("create_ci") == 2
+    assert kinds.index("create_gi") > max(i for i, k in enumerate(kinds) if k.startswith("destroy"))
+    r = m("apply", str(PROFILES / "balanced.yaml"), "-o", "json")
+    assert r.code == 0 and r.json()["results"][0]["operations"] == 14
+
+
+def test_only_changed_gpus_are_touched_and_only_mode_changes_reset(tmp_path: Path) -> None:
+    m = Migctl(tmp_path, "dgx-a100")
+    prof = tmp_path / "one.yaml"
+    prof.write_text("apiVersion: migd/v1\nkind: Profile\nname: one\ngpus:\n  - select: {index: [2]}\n"
+                    "    instances: [{profile: 7g}]\n")
+    r = m("apply", str(prof), "-o", "json")
+    assert r.code == 0
+    doc = r.json()
+    assert [g["index"] for g in doc["gpus"]] == [2]
+    assert [o["kind"] for o in doc["gpus"][0]["operations"]] == ["set_mig", "reset", "create_gi", "create_ci"]
+    status = m("status", "-o", "json").json()
+    assert [g["mig"]["current"] for g in status["gpus"]] == [False, False, True, False, False, False, False, False]
+    # already in MIG mode: a layout change needs no mode change and no reset
+    prof.write_text(prof.read_text().replace("7g", "3g"))
+    kinds = [o["kind"] for o in m("plan", str(prof), "-o", "json").json()["gpus"][0]["operations"]]
+    assert "reset" not in kinds and "set_mig" not in kinds
+
+
+def test_invalid_input_changes_nothing(tmp_path: Path) -> None:
+    m = Migctl(tmp_path, "single-a100")
+    m("apply", str(PROFILES / "day.yaml"))
+    before = m.state.read_bytes()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: migd/v1\nkind: Profile\nname: bad\ngpus:\n  - select: all\n"
+                   "    instances: [{profile: 3g, count: 2}, {profile: 1g}]\n")
+    r = m("apply", str(bad))
+    assert r.code == 2
+    assert "bad.yaml" in r.err and "needs 9 memory slices" in r.err
+    bad.write_text("apiVersion: migd/v1\nkind: Profile\nname: bad\ngpus:\n  - select: all\n    instancez: []\n")
+    r = m("apply", str(bad))
+    assert r.code == 2 and "bad.yaml:6:5: gpus[0].instancez: unknown key" in r.err
+    assert m.state.read_bytes() == before
+
+
+def _busy(m: Migctl, real_pid: int | None = None) -> tuple[StateStore, int]:
+    m("apply", str(PROFILES / "day.yaml"))
+    store = StateStore(m.state)
+    gi = store.read().gpus[0].gis[0].id
+    return store, control.start_process(store, 0, gi, 0, pid=real_pid)
+
+
+def test_busy_instance_blocks_apply_by_default(tmp_path: Path) -> None:
+    m = Migctl(tmp_path, "dgx-h100")
+    store, pid = _busy(m)
+    before = m.layout()
+    r = m("apply", str(PROFILES / "night.yaml"))
+    assert r.code == 3
+    assert f"pids {pid}" in r.err and "--on-busy" in r.err
+    assert m.layout() == before  # no GPU changed, not even the idle ones
+    r = m("apply", str(PROFILES / "night.yaml"), "--on-busy", "wait", "--busy-timeout", "1s")
+    assert r.code == 3 and "still busy after 1s" in r.err
+    # a profile that keeps the busy instance applies without touching it
+    keep = tmp_path / "keep.yaml"
+    keep.write_text("apiVersion: migd/v1\nkind: Profile\nname: keep\ngpus:\n  - select: all\n"
+                    "    instances: [{profile: 1g, count: 3}, {profile: 3g}]\n")
+    assert m("apply", str(keep)).code == 0
+    assert any(p.pid == pid for p in store.read().gpus[0].processes)
+
+
+def test_on_busy_wait_proceeds_when_work_ends(tmp_path: Path) -> None:
+    m = Migctl(tmp_path, "single-a100")
+    store, pid = _busy(m)
+    threading.Timer(1.0, control.stop_process, (store, pid)).start()
+    t0 = time.monotonic()
+    r = m("apply", str(PROFILES / "night.yaml"), "--on-busy", "wait", "--busy-timeout", "30s")
+    assert r.code == 0, r.err
+    assert time.monotonic() - t0 >= 1.0
+
+
+def test_on_busy_force_stops_the_processes(tmp_path: Path) -> None:
+    m = Migctl(tmp_path, "single-a100")
+    proc = subprocess.Popen(["sleep", "300"])
+    try:
+        _busy(m, real_pid=proc.pid)
+        r = m("apply", str(PROFILES / "night.yaml"), "--on-busy", "force")
+        assert r.code == 0, r.err
+        assert proc.wait(timeout=10) == -15  # SIGTERM, not silently SIGKILL
+    finally:
+        proc.kill()
+    assert m.layout() == [[("7g.80gb", 0, ["7g.80gb"])]]
+
+
+def test_hardware_error_exit_code(tmp_path: Path) -> None:
+    m = Migctl(tmp_path, "single-a100")
+    m("apply", str(PROFILES / "day.yaml"))
+    control.set_lost(StateStore(m.state), 0)
+    r = m("apply", str(PROFILES / "night.yaml"))
+    assert r.code == 4 and "GPU_IS_LOST" in r.err
+
+
+def test_lock_prevents_two_applies(tmp_path: Path) -> None:
+    m = Migctl(tmp_path, "single-a100")
+    with ApplyLock(m.state_dir / "apply.lock"):
+        r = m("apply", str(PROFILES / "day.yaml"))
+    assert r.code == 1 and "another apply is in progress" in r.err
+    assert m("apply", str(PROFILES / "day.yaml")).code == 0
+
+
+def test_hooks_run_without_shell_and_can_refuse(tmp_path: Path) -> None:
+    m = Migctl(tmp_path, "single-a100")
+    log = tmp_path / "hooks.log"
+    script = tmp_path / "hook.py"
+    script.write_text(f"import os, sys\nopen({str(log)!r}, 'a').write(os.environ['MIGD_HOOK_PHASE'] + ' ' + "
+                      "os.environ['MIGD_PROFILE'] + ' ' + ' '.join(sys.argv[1:]) + '\\n')\n")
+    hooks = tmp_path / "hooks.yaml"
+    hooks.write_text("hooks:\n" + "".join(
+        f"  {ph}:\n    - command: [{sys.executable}, {script}, '$HOME;', '*']\n"
+        for ph in ("apply-start", "pre-apply-mode", "pre-apply-config", "apply-exit")))
+    assert m("apply", str(PROFILES / "day.yaml"), "--hooks", str(hooks)).code == 0
+    lines = log.read_text().splitlines()
+    assert lines == [f"{ph} day $HOME; *" for ph in ("apply-start", "pre-apply-mode", "pre-apply-config",
+                                                       "apply-exit")]
+    before = m.layout()
+    hooks.write_text(f"hooks:\n  pre-apply-config:\n    - command: [{sys.executable}, -c, 'raise SystemExit(3)']\n"
+                     "      timeout: 5s\n")
+    r = m("apply", str(PROFILES / "night.yaml"), "--hooks", str(hooks))
+    assert r.code == 1 and "pre-apply-config" in r.err and "exited 3" in r.err
+    assert m.layout() == before
+    assert not (m.state_dir / "journal.json").exists()
+
+
+@pytest.mark.parametrize("transition", [("day", "night"), ("night", "day"), ("balanced", "day")])
+def test_rollback_after_nvml_failure_at_every_step(tmp_path: Path, transition: tuple[str, str]) -> None:
+    old, new = transition
+    m = Migctl(tmp_path, "single-h100")
+    m("apply", str(PROFILES / f"{old}.yaml"))
+    before = m.layout()
+    steps = len(m("plan", str(PROFILES / f"{new}.yaml"), "-o", "json").json()["gpus"][0]["operations"])
+    assert steps > 2
+    store = StateStore(m.state)
+    for k in range(1, steps + 1):
+        control.fail_call(store, "*mutation*", 999, nth=k)  # NVML_ERROR_UNKNOWN on the k-th mutation
+        r = m("apply", str(PROFILES / f"{new}.yaml"), "-o", "json")
+        assert r.code == 1, (k, r.err)
+        (res,) = r.json()["results"]
+        assert res["status"] == "rolled_back" and "NVML_ERROR_UNKNOWN" in res["error"]
+        assert m.layout() == before, k
+        assert not (m.state_dir / "journal.json").exists()
+        assert m("assert", str(PROFILES / f"{old}.yaml")).code == 0
+    assert m("apply", str(PROFILES / f"{new}.yaml")).code == 0
+
+
+def test_failed_rollback_is_reported_and_recovered(tmp_path: Path) -> None:
+    m = Migctl(tmp_path, "single-a100")
+    m("apply", str(PROFILES / "day.yaml"))
+    before = m.layout()
+    store = StateStore(m.state)
+    control.fail_call(store, "*mutation*", 999, nth=3)   # the apply fails ...
+    control.fail_call(store, "*mutation*", 999, nth=4)   # ... and so does the rollback's second step
+    r = m("apply", str(PROFILES / "night.yaml"))
+    assert r.code == 4 and "ROLLBACK FAILED" in r.out
+    journal = json.loads((m.state_dir / "journal.json").read_text())
+    assert list(journal["gpus"].values())[0]["status"] == "failed"
+    r = m("recover")
+    assert r.code == 0 and "rolled back" in r.out
+    assert m.layout() == before
+
+
+def test_crash_mid_apply_is_recovered(tmp_path: Path) -> None:
+    m = Migctl(tmp_path, "single-a100")
+    m("apply", str(PROFILES / "day.yaml"))
+    before = m.layout()
+    control.crash_after_mutations(StateStore(m.state), 5)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    p = subprocess.run([sys.executable, "-m", "migd.cli", "--sim", "single-a100", "--sim-state", str(m.state),
+                        "--state-dir", str(m.state_dir), "apply", str(PROFILES / "night.yaml")],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == -9
+    assert m.layout() != before  # half-way
+    assert (m.state_dir / "journal.json").exists()
+    r = m("recover")
+    assert r.code == 0 and "GPU 0: rolled back" in r.out
+    assert m.layout() == before
+    assert m("recover").out.startswith("no interrupted apply")
+
+
+@pytest.mark.parametrize("fleet", sorted(FLEETS))
+def test_mig_parted_all_balanced_applies_on_every_fleet(tmp_path: Path, fleet: str) -> None:
+    path = REFERENCE / "mig-parted-config-default.yaml"
+    if not path.exists():
+        pytest.skip("reference file not present")
+    m = Migctl(tmp_path, fleet)
+    r = m("apply", str(path), "--config", "all-balanced")
+    assert r.code == 0, r.err
+    assert m("assert", str(path), "--config", "all-balanced").code == 0
+    counts = {tuple(sorted(p for p, _, _ in g)) for g in m.layout()}
+    assert all(len(c) in (3, 4) for c in counts)  # 2x1g + 2g (+ 3g on 7-slice boards)
+    r = m("apply", str(path), "--config", "all-disabled")
+    assert r.code == 0 and all(not g["mig"]["current"] for g in m("status", "-o", "json").json()["gpus"])
+
+
+def test_cli_entry_point_and_validate_exit_codes(tmp_path: Path) -> None:
+    ok = subprocess.run(["migctl", "validate", str(PROFILES / "day.yaml")], capture_output=True, text=True)
+    assert ok.returncode == 0 and "ok" in ok.stdout
+    bad = tmp_path / "b.yaml"
+    bad.write_text("apiVersion: migd/v2\nkind: Profile\nname: x\ngpus: []\n")
+    r = subprocess.run(["migctl", "validate", str(bad)], capture_output=True, text=True)
+    assert r.returncode == 2 and "b.yaml:1:13: apiVersion: 'migd/v2' is not allowed" in r.stderr
+    assert stat.S_ISREG(os.stat(bad).st_mode)

@@ -1,0 +1,171 @@
+"""Profile parsing and validation: every error names file, line, column and field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from migd.hardware.catalog import MODELS
+from migd.planner import PlanError
+from migd.profiles.loader import load_profile, mig_parted_configs
+from migd.profiles.resolve import resolve_section
+from migd.profiles.validate import check_section, validate_file
+from migd.yamlsrc import ValidationError
+from tests.helpers import PROFILES, REFERENCE
+
+GOOD = """\
+apiVersion: migd/v1
+kind: Profile
+name: t
+gpus:
+  - select: all
+    mig: enabled
+    instances:
+      - {profile: 1g, count: 7}
+"""
+
+
+def bad(tmp_path: Path, text: str) -> ValidationError:
+    f = tmp_path / "p.yaml"
+    f.write_text(text)
+    with pytest.raises(ValidationError) as e:
+        validate_file(f)
+    assert e.value.file == str(f)
+    return e.value
+
+
+def test_examples_validate_for_every_seven_slice_model() -> None:
+    for name in ("day", "night", "night-two", "balanced"):
+        ((_, sections),) = validate_file(PROFILES / f"{name}.yaml")
+        assert set(sections[0]) == {k for k, m in MODELS.items() if m.family == "seven_slice"}
+        assert sections[1] == ["A30-24GB"]
+
+
+@pytest.mark.parametrize("text,line,col,field,needle", [
+    (GOOD.replace("count: 7", "count: 7, colour: red"), 8, 33, "gpus[0].instances[0].colour", "unknown key"),
+    (GOOD.replace("count: 7", "count: seven"), 8, 30, "gpus[0].instances[0].count", "must be an integer"),
+    (GOOD.replace("count: 7", "count: 1000"), 8, 30, "gpus[0].instances[0].count", "at most 8"),
+    (GOOD.replace("mig: enabled", "mig: maybe"), 6, 10, "gpus[0].mig", "not allowed"),
+    (GOOD.replace("kind: Profile", "kind: Profle"), 2, 7, "kind", "not allowed"),
+    (GOOD.replace("select: all", "select: some"), 5, 13, "gpus[0].select", "not allowed"),
+    (GOOD.replace("profile: 1g", "profile: 9z"), 8, 19, "gpus[0].instances[0].profile", "not a MIG profile"),
+    (GOOD.replace("name: t", "name: 'bad name'"), 3, 7, "name", "not a valid name"),
+    (GOOD.replace("    instances:\n      - {profile: 1g, count: 7}\n", ""), None, None, "", None),
+])
+def test_structural_errors_are_located(tmp_path: Path, text: str, line: int | None, col: int | None, field: str,
+                                       needle: str | None) -> None:
+    if line is None:  # mig enabled with no instances is valid
+        validate_file(tmp_path.joinpath("ok.yaml")) if tmp_path.joinpath("ok.yaml").write_text(text) else None
+        return
+    e = bad(tmp_path, text)
+    assert (e.line, e.column, e.field) == (line, col, field), str(e)
+    assert needle in e.message
+    assert f"p.yaml:{line}:{col}: {field}:" in str(e)
+
+
+def test_unknown_key_lists_allowed_values(tmp_path: Path) -> None:
+    e = bad(tmp_path, GOOD.replace("kind: Profile", "kind: Profile\nowner: x"))
+    assert e.allowed == ["apiVersion", "kind", "name", "description", "gpus"]
+    assert "(allowed: apiVersion, kind" in str(e)
+
+
+def test_yaml_syntax_and_empty_files(tmp_path: Path) -> None:
+    e = bad(tmp_path, "apiVersion: migd/v1\ngpus: [\n")
+    assert e.line is not None and "invalid YAML" in e.message
+    e = bad(tmp_path, "")
+    assert "empty" in e.message
+    e = bad(tmp_path, "- just\n- a list\n")
+    assert "must be a mapping" in e.message
+
+
+def test_unknown_profile_for_a_pinned_model_lists_allowed(tmp_path: Path) -> None:
+    text = GOOD.replace("select: all", "select: {model: 'A100-SXM4-80GB'}").replace("profile: 1g,", "profile: 1g.5gb,")
+    e = bad(tmp_path, text)
+    assert "unknown profile '1g.5gb' for A100-SXM4-80GB" in e.message
+    assert e.allowed is not None and "1g.10gb" in e.allowed and "3g.40gb" in e.allowed
+    assert (e.line, e.field) == (8, "gpus[0].instances[0].profile")
+
+
+def test_infeasible_layout_is_refused_with_reason(tmp_path: Path) -> None:
+    text = GOOD.replace("      - {profile: 1g, count: 7}", "      - {profile: 3g, count: 2}\n      - {profile: 1g}")
+    e = bad(tmp_path, text)
+    assert "needs 9 memory slices" in e.message and "has 8" in e.message
+    text = GOOD.replace("      - {profile: 1g, count: 7}", "      - {profile: 4g}\n      - {profile: 2g, count: 2}")
+    e = bad(tmp_path, text)
+    assert "needs 8 compute slices" in e.message and "has 7" in e.message
+    text = GOOD.replace("count: 7}", "count: 2}").replace("profile: 1g,", "profile: 1g+me,")
+    e = bad(tmp_path, text)
+    assert "2 x 1g.5gb+me exceed the 1 instance(s)" in e.message
+
+
+def test_full_names_resolve_per_model() -> None:
+    text = GOOD.replace("profile: 1g, count: 7", "profile: 1g.10gb, count: 4")
+    p = load_profile("x.yaml", text=text)
+    a40 = resolve_section(p.sections[0], MODELS["A100-SXM4-40GB"]).instances
+    a80 = resolve_section(p.sections[0], MODELS["A100-SXM4-80GB"]).instances
+    assert {d.gi.profile_id for d in a40} == {15}  # double-memory REV2 profile on the 40GB part
+    assert {d.gi.profile_id for d in a80} == {19}  # plain 1-slice profile on the 80GB part
+
+
+def test_compute_instance_splits() -> None:
+    text = GOOD.replace("profile: 1g, count: 7", "profile: 1c.3g.40gb, count: 4")
+    p = load_profile("x.yaml", text=text)
+    insts = resolve_section(p.sections[0], MODELS["H100-SXM5-80GB"]).instances
+    assert [len(d.cis) for d in insts] == [3, 1]  # packed: 3 x 1c per 3g GI
+    assert all(c.name == "1c.3g.40gb" for d in insts for c in d.cis)
+    text = GOOD.replace("{profile: 1g, count: 7}", "{profile: 3g, compute: [2c, 1c]}")
+    (d,) = resolve_section(load_profile("x.yaml", text=text).sections[0], MODELS["A100-SXM4-40GB"]).instances
+    assert sorted(c.name for c in d.cis) == ["1c.3g.20gb", "2c.3g.20gb"]
+    with pytest.raises(ValidationError, match="compute slices"):
+        text = GOOD.replace("{profile: 1g, count: 7}", "{profile: 3g, compute: [2c, 1c, 1c]}")
+        resolve_section(load_profile("x.yaml", text=text).sections[0], MODELS["A100-SXM4-40GB"])
+
+
+def test_overlapping_sections_are_an_error(tmp_path: Path) -> None:
+    text = GOOD + "  - select: {index: [0]}\n    mig: disabled\n"
+    from migd.hardware.backend import GpuInfo
+    p = load_profile("x.yaml", text=text)
+    gpu = GpuInfo(0, "GPU-x", "NVIDIA A100-SXM4-80GB", "", 0x20B210DE, 7, 0, True, True, MODELS["A100-SXM4-80GB"])
+    with pytest.raises(ValidationError, match="also selected"):
+        p.section_for(gpu)
+
+
+@pytest.mark.parametrize("name", ["mig-parted-config-default.yaml", "mig-parted-example-config.yaml"])
+def test_mig_parted_files_parse(name: str) -> None:
+    path = REFERENCE / name
+    if not path.exists():
+        pytest.skip(f"{path} not present")
+    configs = mig_parted_configs(path)
+    assert "all-balanced" in configs and "all-disabled" in configs
+    for cfg in configs:
+        p = load_profile(path, config=cfg)
+        assert p.kind == "mig-parted" and p.sections
+        for s in p.sections:  # every section is valid for some catalog model, or filtered to unknown models
+            try:
+                check_section(s)
+            except ValidationError as e:
+                # RTX PRO / B200-class names: not in migd's catalog; must fail as "unknown profile", located
+                assert "unknown profile" in e.message and e.line is not None, e
+    with pytest.raises(ValidationError, match="choose a config"):
+        load_profile(path)
+    with pytest.raises(ValidationError, match="no config named"):
+        load_profile(path, config="nope")
+
+
+def test_mig_parted_all_balanced_filters_by_pci_id() -> None:
+    path = REFERENCE / "mig-parted-config-default.yaml"
+    if not path.exists():
+        pytest.skip("reference file not present")
+    p = load_profile(path, config="all-balanced")
+    for key, model in MODELS.items():
+        hits = [s for s in p.sections if s.selector.pci_device_ids and model.pci_device_id in s.selector.pci_device_ids]
+        if key in ("A100-SXM4-40GB", "A100-PCIE-40GB"):
+            assert [i.profile for i in hits[0].instances] == ["1g.5gb", "2g.10gb", "3g.20gb"]
+        if key == "A30-24GB":
+            assert [(i.profile, i.count) for i in hits[0].instances] == [("1g.6gb", 2), ("2g.12gb", 1)]
+        if key == "H100-PCIe-80GB":
+            try:
+                check_section(hits[0])
+            except (ValidationError, PlanError) as e:  # pragma: no cover - would be a real bug
+                pytest.fail(str(e))
