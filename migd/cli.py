@@ -37,6 +37,14 @@ def sim_paths(fleet: str, sim_state: str | None, state_dir: str | None) -> tuple
     return state, Path(state_dir) if state_dir else state.with_name(state.name + ".d")
 
 
+def control_socket(args: argparse.Namespace) -> Path:
+    if args.control_socket:
+        return Path(args.control_socket)
+    if args.sim:
+        return sim_paths(args.sim, args.sim_state, args.state_dir)[1] / "control.sock"
+    return Path("/run/migd/control.sock")
+
+
 def open_backend(args: argparse.Namespace) -> tuple[GpuBackend, Path]:
     """The NVML backend over real NVML, or over the simulator with --sim."""
     if args.sim:
@@ -81,7 +89,30 @@ def _hooks(path: str | None) -> Hooks:
     return parse_hooks(load(path).mapping(allowed=["hooks"], required=["hooks"])["hooks"])
 
 
+def apply_via_daemon(args: argparse.Namespace) -> int | None:
+    """Hand the apply to a running migd, so the daemon and the CLI never race.  None: no daemon."""
+    from migd.daemon.control import request
+    path = Path(args.file).resolve()
+    reply = request(control_socket(args), {"cmd": "apply", "file": str(path), "config": args.config,
+                                           "on_busy": args.on_busy, "dry_run": args.dry_run})
+    if reply is None:
+        return None
+    if "result" in reply:
+        doc = reply["result"]
+        text = "".join(f"GPU {g['index']}: {len(g['operations'])} operation(s)\n" for g in doc["gpus"])
+        text += "".join(f"GPU {r['index']}: {r['status']}" + (f": {r['error']}" if r["error"] else "") + "\n"
+                        for r in doc["results"])
+        _out(args, doc, text + f"{doc['profile']}: {'applied' if doc['ok'] else 'NOT applied'} by migd\n")
+    else:
+        print(f"error (from migd): {reply.get('error')}", file=sys.stderr)
+    return int(reply.get("exit", 1))
+
+
 def cmd_apply(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
+    if not args.local:
+        via = apply_via_daemon(args)
+        if via is not None:
+            return via
     profile = load_profile(args.file, args.config)
     opts = ApplyOptions(on_busy=args.on_busy, busy_timeout_s=parse_duration(args.busy_timeout),
                         dry_run=args.dry_run, hooks=_hooks(args.hooks), lock_timeout_s=args.lock_timeout,
@@ -135,6 +166,8 @@ def parser() -> argparse.ArgumentParser:
                    help="simulator state file (shared with migd and the fake nvidia-smi)")
     p.add_argument("--state-dir", metavar="DIR", default=os.environ.get("MIGD_STATE_DIR"),
                    help=f"journal, lock and owner labels (default {DEFAULT_STATE_DIR})")
+    p.add_argument("--control-socket", metavar="PATH", default=os.environ.get("MIGD_CONTROL_SOCKET"),
+                   help="migd's control socket (default /run/migd/control.sock)")
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -156,6 +189,8 @@ def parser() -> argparse.ArgumentParser:
             sp.add_argument("--hooks", help="YAML file with a hooks: mapping (phases as in mig-parted)")
             sp.add_argument("--lock-timeout", type=float, default=0.0, help="seconds to wait for another apply")
             sp.add_argument("--sequential", action="store_true", help="change GPUs one at a time")
+            sp.add_argument("--local", action="store_true",
+                            help="apply in this process even if migd is running (it still takes the lock)")
     sub.add_parser("recover", help="restore GPUs left half-way by an interrupted apply")
     sp = sub.add_parser("validate", help="check profile files offline")
     sp.add_argument("files", nargs="+")

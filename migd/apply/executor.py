@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -52,6 +53,7 @@ class ApplyOptions:
     poll_s: float = 1.0
     kill_grace_s: float = 10.0
     unhealthy: Callable[[], dict[str, str]] | None = None  # uuid -> reason: reconfiguration refused
+    cancel: threading.Event | None = None  # set (SIGTERM): stop waiting; roll back the GPU being changed
 
 
 @dataclass
@@ -88,6 +90,7 @@ class Applier:
         self.state_dir = Path(state_dir)
         self.journal = Journal(self.state_dir / "journal.json")
         self.owners = Owners(self.state_dir / "owners.json")
+        self._cancel: threading.Event | None = None
 
     def lock(self, timeout_s: float = 0.0) -> ApplyLock:
         return ApplyLock(self.state_dir / "apply.lock", timeout_s)
@@ -160,6 +163,8 @@ class Applier:
             blocked = [o for p in plans for o in p.blocked]
             if not blocked:
                 return plans
+            if opts.cancel is not None and opts.cancel.is_set():
+                raise BusyError(f"stopped while waiting for busy instances: {_blocked_text(blocked)}", blocked)
             if opts.on_busy == "refuse":
                 raise BusyError("instances with running processes would be destroyed (use --on-busy wait or "
                                 f"force): {_blocked_text(blocked)}", blocked)
@@ -198,6 +203,7 @@ class Applier:
             "before": layout_to_json(self._before(p)),
             "owners_before": {str(k): v for k, v in self.owners.for_gpu(p.gpu.uuid).items()}} for p in plans})
         results: list[GpuResult] = []
+        self._cancel = opts.cancel
         try:
             opts.hooks.run("apply-start", env)
             if any(o.kind == "set_mig" for p in plans for o in p.ops):
@@ -246,9 +252,12 @@ class Applier:
         return True
 
     def _execute_ops(self, plan: GpuPlan, journal_uuid: str | None = None) -> int:
+        """Run a plan's operations; ``journal_uuid`` marks a forward apply (journaled, cancellable)."""
         gi_ids = {g.placement.start: g.id for g in plan.current}
         done, mode_applied = 0, False
         for op in plan.ops:
+            if journal_uuid is not None and self._cancel is not None and self._cancel.is_set():
+                raise HardwareError(f"GPU {op.gpu}: apply cancelled (migd is stopping)", gpu=op.gpu)
             if op.kind == "reset" and mode_applied:
                 continue  # the mode change took effect without a reset (Hopper)
             applied = self._exec(op, gi_ids)

@@ -179,6 +179,8 @@ class SimBase:
             state.touched = moved
         if error is not None:
             raise error
+        if fn in MUTATING and state.mutation_delay_s > 0:
+            time.sleep(state.mutation_delay_s)  # outside the lock: other processes keep going
         return result
 
     def _gpu(self, state: SimState, handle: Any, *kinds: str) -> tuple[SimGpu, _Ref]:

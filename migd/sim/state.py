@@ -107,6 +107,7 @@ class SimState:
     crash_after_mutations: int | None = None  # SIGKILL the calling process after this many more
     mutations: int = 0
     next_pid: int = 40000
+    mutation_delay_s: float = 0.0  # how long each mutating call takes (lets tests signal mid-apply)
     touched: bool = field(default=True, repr=False, compare=False)  # not persisted: "write me back"
 
     def next_serial(self) -> int:
@@ -124,6 +125,7 @@ class SimState:
             "fleet": self.fleet, "serial": self.serial, "seq": self.seq, "events": self.events,
             "crash_after_mutations": self.crash_after_mutations, "mutations": self.mutations,
             "next_pid": self.next_pid, "faults": [vars(f) for f in self.faults],
+            "mutation_delay_s": self.mutation_delay_s,
             "gpus": [{**{k: v for k, v in vars(g).items() if k not in ("gis", "processes")},
                       "processes": [vars(p) for p in g.processes],
                       "gis": [{**{k: v for k, v in vars(gi).items() if k != "cis"},

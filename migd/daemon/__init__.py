@@ -1,0 +1,1 @@
+"""The migd daemon: config, schedule, reconcile loop, control socket, systemd integration."""

@@ -1,0 +1,131 @@
+"""``/etc/migd/migd.yaml``: validated as a whole, with file/line/field in every error.
+
+A config is only ever replaced by a config that loaded completely (profiles included),
+so a bad edit followed by SIGHUP leaves the daemon running on the old one.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from migd.apply.hooks import Hooks, parse_hooks
+from migd.daemon.schedule import Entry, Schedule, ScheduleError
+from migd.profiles.loader import load_profile
+from migd.profiles.model import Profile
+from migd.profiles.validate import check_profile
+from migd.yamlsrc import Node, ValidationError, load
+
+DEFAULT_CONFIG = "/etc/migd/migd.yaml"
+KEYS = ["timezone", "profiles_dir", "schedule", "on_busy", "busy_timeout", "reconcile_interval", "reconcile",
+        "metrics", "hooks", "control_socket", "state_dir", "strict_permissions", "sample_interval"]
+
+
+@dataclass(frozen=True)
+class Config:
+    path: str
+    timezone: ZoneInfo
+    profiles_dir: Path
+    schedule: Schedule
+    profiles: dict[str, Profile]
+    on_busy: str = "wait"
+    busy_timeout_s: float = 1800.0
+    reconcile_interval_s: float = 60.0
+    reconcile: str = "correct"  # correct | report
+    metrics_listen: str | None = "127.0.0.1:9835"
+    hooks: Hooks = field(default_factory=Hooks)
+    control_socket: str | None = None
+    state_dir: str | None = None
+    sample_interval_s: float = 15.0
+
+
+def check_permissions(path: Path, what: str, strict: bool) -> None:
+    """Like sshd's StrictModes: a file that others can rewrite could reconfigure every GPU."""
+    if not strict:
+        return
+    st = os.stat(path)
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ValidationError(str(path), None, None, "", f"{what} is writable by group or others "
+                              f"(mode {stat.S_IMODE(st.st_mode):04o}); fix with chmod go-w")
+
+
+def _schedule(node: Node, tz: ZoneInfo, profiles: dict[str, Profile]) -> Schedule:
+    entries = []
+    for item in node.items():
+        m = item.mapping(allowed=["profile", "at", "days", "cron"], required=["profile"])
+        name = m["profile"].str()
+        if name not in profiles:
+            raise m["profile"].error(f"no profile named {name!r} in the profiles directory", sorted(profiles))
+        try:
+            if "cron" in m:
+                if "at" in m or "days" in m:
+                    raise item.error("use either cron or at/days, not both")
+                entries.append(Entry.cron(name, m["cron"].str()))
+            elif "at" in m:
+                entries.append(Entry.at(name, m["at"].str(), m["days"].str() if "days" in m else "*"))
+            else:
+                raise item.error("needs at (with optional days) or cron")
+        except ScheduleError as e:
+            raise item.error(str(e)) from None
+    if not entries:
+        raise node.error("must list at least one transition")
+    return Schedule(tuple(entries), tz)
+
+
+def load_profiles(directory: Path, strict: bool) -> dict[str, Profile]:
+    """Every ``*.yaml``/``*.yml`` in the directory, each fully validated offline."""
+    if not directory.is_dir():
+        raise ValidationError(str(directory), None, None, "", "profiles directory does not exist")
+    out: dict[str, Profile] = {}
+    for f in sorted([*directory.glob("*.yaml"), *directory.glob("*.yml")]):
+        check_permissions(f, "profile", strict)
+        p = load_profile(f)
+        check_profile(p)
+        if p.name in out:
+            raise ValidationError(str(f), None, None, "name", f"profile name {p.name!r} is also used by "
+                                  f"{out[p.name].source}")
+        out[p.name] = p
+    return out
+
+
+def load_config(path: str | Path, text: str | None = None) -> Config:
+    root = load(path, text)
+    m = root.mapping(allowed=KEYS, required=["schedule"])
+    strict = m["strict_permissions"].bool() if "strict_permissions" in m else True
+    if text is None:
+        check_permissions(Path(path), "config file", strict)
+    tz_name = m["timezone"].str() if "timezone" in m else "UTC"
+    try:
+        tz = ZoneInfo(tz_name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise m["timezone"].error(f"unknown time zone {tz_name!r} (an IANA name like Asia/Seoul)") from None
+    pdir = Path(m["profiles_dir"].str()) if "profiles_dir" in m else Path(path).parent / "profiles"
+    if not pdir.is_absolute():
+        pdir = Path(path).parent / pdir
+    profiles = load_profiles(pdir, strict)
+    metrics: str | None = "127.0.0.1:9835"
+    if "metrics" in m:
+        mm = m["metrics"].mapping(allowed=["listen", "enabled"])
+        if "enabled" in mm and not mm["enabled"].bool():
+            metrics = None
+        elif "listen" in mm:
+            metrics = mm["listen"].str()
+            host, _, port = metrics.rpartition(":")
+            if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+                raise mm["listen"].error(f"{metrics!r} is not HOST:PORT")
+    return Config(
+        path=str(path), timezone=tz, profiles_dir=pdir, profiles=profiles,
+        schedule=_schedule(m["schedule"], tz, profiles),
+        on_busy=m["on_busy"].str(choices=["refuse", "wait", "force"]) if "on_busy" in m else "wait",
+        busy_timeout_s=m["busy_timeout"].duration() if "busy_timeout" in m else 1800.0,
+        reconcile_interval_s=max(1.0, m["reconcile_interval"].duration()) if "reconcile_interval" in m else 60.0,
+        reconcile=m["reconcile"].str(choices=["correct", "report"]) if "reconcile" in m else "correct",
+        metrics_listen=metrics,
+        hooks=parse_hooks(m["hooks"]) if "hooks" in m else Hooks(),
+        control_socket=m["control_socket"].str() if "control_socket" in m else None,
+        state_dir=m["state_dir"].str() if "state_dir" in m else None,
+        sample_interval_s=max(1.0, m["sample_interval"].duration()) if "sample_interval" in m else 15.0,
+    )

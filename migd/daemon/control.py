@@ -1,0 +1,119 @@
+"""The local control socket: how migctl asks the running daemon for status or hands it an apply.
+
+A Unix stream socket (mode 0600, so root only by default), one JSON request line and one
+JSON reply line per connection.  Nothing that changes a GPU is reachable over HTTP.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import socketserver
+import threading
+from pathlib import Path
+from typing import Any
+
+from migd.apply.executor import BusyError, GpuUnhealthy
+from migd.apply.hooks import HookError
+from migd.apply.lock import LockBusy
+from migd.hardware.backend import HardwareError
+from migd.planner import PlanError
+from migd.profiles.loader import load_profile
+from migd.report import apply_doc
+from migd.yamlsrc import ValidationError
+
+log = logging.getLogger("migd.control")
+MAX_REQUEST = 1 << 20
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    server: ControlServer
+
+    def handle(self) -> None:
+        line = self.rfile.readline(MAX_REQUEST)
+        try:
+            req = json.loads(line)
+            if not isinstance(req, dict):
+                raise ValueError("request must be a JSON object")
+            reply = self.server.dispatch(req)
+        except (ValueError, json.JSONDecodeError) as e:
+            reply = {"ok": False, "exit": 2, "error": f"bad request: {e}"}
+        self.wfile.write(json.dumps(reply, default=str).encode() + b"\n")
+
+
+class ControlServer(socketserver.ThreadingUnixStreamServer):
+    daemon_threads = True
+
+    def __init__(self, path: Path, daemon: Any, mode: int = 0o600) -> None:
+        self.path = path
+        self.migd = daemon
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        old = os.umask(0o177)  # never a window where the socket is world-connectable
+        try:
+            super().__init__(str(path), _Handler)
+        finally:
+            os.umask(old)
+        os.chmod(path, mode)
+
+    def dispatch(self, req: dict[str, Any]) -> dict[str, Any]:
+        cmd = req.get("cmd")
+        if cmd == "status":
+            return {"ok": True, "exit": 0, "daemon": self.migd.status.to_json()}
+        if cmd == "reload":
+            self.migd.reload_requested.set()
+            self.migd.wake.set()
+            return {"ok": True, "exit": 0}
+        if cmd == "apply":
+            return self._apply(req)
+        return {"ok": False, "exit": 2, "error": f"unknown command {cmd!r}"}
+
+    def _apply(self, req: dict[str, Any]) -> dict[str, Any]:
+        try:
+            profile = load_profile(str(req["file"]), req.get("config"), text=req.get("text"))
+            on_busy = req.get("on_busy", "refuse")
+            if on_busy not in ("refuse", "wait", "force"):
+                raise ValueError(f"on_busy {on_busy!r}")
+            result = self.migd.manual_apply(profile, on_busy, bool(req.get("dry_run")))
+        except (ValidationError, PlanError) as e:
+            return {"ok": False, "exit": 2, "error": str(e)}
+        except BusyError as e:
+            return {"ok": False, "exit": 3, "error": str(e)}
+        except (HardwareError, GpuUnhealthy) as e:
+            return {"ok": False, "exit": 4, "error": str(e)}
+        except (LockBusy, HookError) as e:
+            return {"ok": False, "exit": 1, "error": str(e)}
+        code = 0 if result.ok else 4 if any(r.status == "failed" for r in result.results) else 1
+        return {"ok": result.ok, "exit": code, "result": apply_doc(result, bool(req.get("dry_run")))}
+
+    def start(self) -> threading.Thread:
+        t = threading.Thread(target=self.serve_forever, name="migd-control", daemon=True)
+        t.start()
+        return t
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+
+def request(path: str | Path, req: dict[str, Any], timeout_s: float = 3600.0) -> dict[str, Any] | None:
+    """Send one request; None if no daemon is listening there."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout_s)
+    try:
+        s.connect(str(path))
+    except (FileNotFoundError, ConnectionRefusedError):
+        s.close()
+        return None
+    with s, s.makefile("rwb") as f:
+        f.write(json.dumps(req).encode() + b"\n")
+        f.flush()
+        line = f.readline()
+    reply: dict[str, Any] = json.loads(line)
+    return reply

@@ -1,0 +1,136 @@
+"""``migd``: the daemon's entry point (arguments, logging, signals, systemd)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from types import FrameType
+
+from migd.daemon.config import DEFAULT_CONFIG, Config, load_config
+from migd.daemon.control import ControlServer
+from migd.daemon.sdnotify import Notifier
+from migd.daemon.service import Clock, Daemon
+from migd.hardware.backend import GpuBackend, HardwareError
+from migd.metrics.sampler import NvmlErrorCounter
+from migd.yamlsrc import ValidationError
+
+log = logging.getLogger("migd")
+DEFAULT_SOCKET = "/run/migd/control.sock"
+
+
+class JournalFormatter(logging.Formatter):
+    """``<N>`` syslog priority prefixes, which journald turns into priorities (SyslogLevelPrefix)."""
+
+    LEVELS = {logging.CRITICAL: 2, logging.ERROR: 3, logging.WARNING: 4, logging.INFO: 6, logging.DEBUG: 7}
+
+    def format(self, record: logging.LogRecord) -> str:
+        msg = super().format(record).replace("\n", " | ")  # one line per event
+        return f"<{self.LEVELS.get(record.levelno, 6)}>{msg}"
+
+
+def setup_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if os.environ.get("JOURNAL_STREAM"):
+        handler.setFormatter(JournalFormatter("%(message)s"))
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler], force=True)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="migd", description="MIG partition daemon: schedules, reconcile, metrics.")
+    p.add_argument("--config", default=os.environ.get("MIGD_CONFIG", DEFAULT_CONFIG))
+    p.add_argument("--sim", metavar="FLEET", help="run against the simulator (e.g. dgx-a100)")
+    p.add_argument("--sim-state", metavar="PATH", help="simulator state file")
+    p.add_argument("--state-dir", help="journal, lock, owners (default /var/lib/migd)")
+    p.add_argument("--control-socket", help=f"control socket path (default {DEFAULT_SOCKET})")
+    p.add_argument("--metrics-listen", help="HOST:PORT for /metrics and /healthz (overrides the config)")
+    p.add_argument("--now", help="pretend the clock starts at this ISO time (demo, tests)")
+    p.add_argument("--time-scale", type=float, default=1.0, help="run the clock this many times faster")
+    p.add_argument("--check", action="store_true", help="validate the configuration and exit")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def _start_time(text: str | None, tz: timezone | None = None) -> datetime | None:
+    if not text:
+        return None
+    t = datetime.fromisoformat(text)
+    return t if t.tzinfo else t.replace(tzinfo=tz)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    setup_logging(args.log_level)
+    try:
+        cfg = load_config(args.config)
+    except (ValidationError, OSError) as e:
+        log.critical("invalid configuration, not starting: %s", e)
+        return 2
+    if args.check:
+        print(f"{args.config}: ok ({len(cfg.profiles)} profiles, {len(cfg.schedule.entries)} transitions)")
+        return 0
+    errors = NvmlErrorCounter()
+    try:
+        backend, state_dir, socket_path = _open(args, cfg, errors)
+    except HardwareError as e:
+        log.critical("cannot open NVML: %s", e)
+        return 4
+    notifier = Notifier()
+    start = _start_time(args.now)
+    if start is not None and start.tzinfo is None:
+        start = start.replace(tzinfo=cfg.timezone)
+    daemon = Daemon(cfg, backend, state_dir, Clock(start, args.time_scale), notifier,
+                    reload_config=lambda: load_config(args.config))
+    control = ControlServer(Path(socket_path), daemon)
+    control.start()
+    metrics = None
+    listen = args.metrics_listen or cfg.metrics_listen
+    if listen:
+        from migd.metrics.http import start_metrics
+        metrics = start_metrics(listen, daemon, backend, cfg.sample_interval_s, errors)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGHUP:
+            daemon.reload_requested.set()
+        else:
+            log.info("received %s: finishing the current step, then exiting", signal.Signals(signum).name)
+            daemon.cancel.set()
+            daemon.stop.set()
+        daemon.wake.set()
+
+    for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    log.info("migd starting: %d GPU(s), %d profiles, timezone %s, control socket %s", len(backend.list_gpus()),
+             len(cfg.profiles), cfg.timezone.key, socket_path)
+    try:
+        daemon.run()
+    finally:
+        control.close()
+        if metrics is not None:
+            metrics.stop()
+        backend.close()
+    log.info("migd stopped")
+    return 0
+
+
+def _open(args: argparse.Namespace, cfg: Config, errors: NvmlErrorCounter) -> tuple[GpuBackend, Path, str]:
+    if args.sim:
+        from migd.cli import sim_paths
+        from migd.sim import sim_backend
+        state, state_dir = sim_paths(args.sim, args.sim_state, args.state_dir or cfg.state_dir)
+        sock = args.control_socket or cfg.control_socket or str(state_dir / "control.sock")
+        return sim_backend(state, args.sim, on_nvml_error=errors), state_dir, sock
+    from migd.hardware.nvml import NvmlBackend
+    state_dir = Path(args.state_dir or cfg.state_dir or "/var/lib/migd")
+    return NvmlBackend(on_nvml_error=errors), state_dir, args.control_socket or cfg.control_socket or DEFAULT_SOCKET
+
+
+if __name__ == "__main__":
+    sys.exit(main())

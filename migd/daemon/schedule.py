@@ -1,0 +1,157 @@
+"""Which profile should be active at a given instant, and when the next transition is.
+
+APScheduler 3.x's ``CronTrigger`` does the cron field arithmetic, but in a DST zone it
+skips days around spring-forward (a 00:00 trigger in America/New_York jumps from
+2026-03-08 to 2026-03-10).  So triggers run in a fixed-offset zone, where they have no
+DST to get wrong, producing local wall-clock fire times; each is then placed on the real
+timeline with ``zoneinfo`` (fold=0): a wall time that does not exist (spring-forward
+gap) fires when the gap ends, an ambiguous one (fall-back) fires once, at its first
+occurrence.  Every comparison is between aware UTC datetimes.
+
+Weekdays: names (``mon-fri``) are preferred; numbers follow cron (0 and 7 are Sunday,
+so ``1-5`` is Monday to Friday), never APScheduler's Monday=0.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import date, datetime, time, timedelta, timezone
+from zoneinfo import ZoneInfo
+
+from apscheduler.triggers.cron import CronTrigger
+
+UTC = timezone.utc
+DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+_HHMM = re.compile(r"^([01]?\d|2[0-3]):([0-5]\d)$")
+SCAN_DAYS = 400  # enough for any yearly cron expression
+
+
+class ScheduleError(ValueError):
+    pass
+
+
+def _day_number(token: str) -> int:
+    t = token.strip().lower()[:3]
+    if t in DAY_NAMES:
+        return DAY_NAMES.index(t)
+    if t.isdigit() and 0 <= int(t) <= 7:
+        return int(t) % 7  # cron: 0 and 7 are Sunday
+    raise ScheduleError(f"{token!r} is not a weekday (use mon..sun, or cron numbers 0-7 with 0/7 = Sunday)")
+
+
+def normalize_days(spec: str) -> str:
+    """Cron-style weekday field -> explicit APScheduler name list (no numeric ambiguity)."""
+    spec = spec.strip().lower()
+    if spec in ("*", "", "daily", "every day"):
+        return "*"
+    days: set[int] = set()
+    for part in spec.split(","):
+        step = 1
+        if "/" in part:
+            part, s = part.split("/", 1)
+            if not s.isdigit() or int(s) < 1:
+                raise ScheduleError(f"bad step in weekday field {spec!r}")
+            step = int(s)
+        if part in ("*", ""):
+            lo, hi = 0, 6
+        elif "-" in part:
+            a, b = part.split("-", 1)
+            lo, hi = _day_number(a), _day_number(b)
+            if b.strip() == "7" or (hi < lo and b.strip()[:3] == "sun"):
+                hi = 7  # "5-7" / "fri-sun": through Sunday
+            if hi < lo:
+                raise ScheduleError(f"weekday range {part!r} runs backwards")
+        else:
+            lo = hi = _day_number(part)
+        days.update(d % 7 for d in range(lo, hi + 1, step))
+    return ",".join(DAY_NAMES[d] for d in sorted(days))
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One schedule line: ``profile`` becomes active at every fire time of the trigger."""
+
+    profile: str
+    fields: tuple[tuple[str, str], ...]  # CronTrigger keyword fields
+    text: str  # as written, for messages
+
+    @classmethod
+    def at(cls, profile: str, hhmm: str, days: str = "*") -> Entry:
+        m = _HHMM.match(hhmm.strip())
+        if not m:
+            raise ScheduleError(f"{hhmm!r} is not a time of day HH:MM")
+        fields = (("minute", str(int(m.group(2)))), ("hour", str(int(m.group(1)))),
+                  ("day_of_week", normalize_days(days)))
+        _ = CronTrigger(**dict(fields), timezone=UTC)
+        return cls(profile, fields, f"{profile} at {hhmm} on {days}")
+
+    @classmethod
+    def cron(cls, profile: str, expr: str) -> Entry:
+        parts = expr.split()
+        if len(parts) != 5:
+            raise ScheduleError(f"{expr!r}: a cron expression has 5 fields (minute hour day month weekday)")
+        fields = (("minute", parts[0]), ("hour", parts[1]), ("day", parts[2]), ("month", parts[3]),
+                  ("day_of_week", normalize_days(parts[4])))
+        try:
+            CronTrigger(**dict(fields), timezone=UTC)
+        except ValueError as e:
+            raise ScheduleError(f"{expr!r}: {e}") from None
+        return cls(profile, fields, f"{profile} at cron {expr!r}")
+
+    def fires_on(self, day: date, tz: ZoneInfo) -> list[datetime]:
+        """Real instants (UTC) this entry fires at whose local wall-clock date is ``day``."""
+        fixed = timezone(tz.utcoffset(datetime.combine(day, time(12))) or timedelta(0))
+        trig = CronTrigger(**dict(self.fields), timezone=fixed)
+        out = []
+        f = trig.get_next_fire_time(None, datetime.combine(day, time(0), fixed))
+        while f is not None and f.date() == day:
+            out.append(f.replace(tzinfo=None).replace(tzinfo=tz).astimezone(UTC))
+            f = trig.get_next_fire_time(f, f + timedelta(microseconds=1))
+        return out
+
+
+@dataclass(frozen=True)
+class Schedule:
+    entries: tuple[Entry, ...]
+    tz: ZoneInfo
+
+    def _fires(self, day: date) -> list[tuple[datetime, int]]:
+        return [(t, i) for i, e in enumerate(self.entries) for t in e.fires_on(day, self.tz)]
+
+    def last_fire(self, now: datetime) -> tuple[datetime, Entry] | None:
+        """The latest fire time <= ``now``; at equal instants the later-listed entry wins."""
+        now = now.astimezone(UTC)
+        local = now.astimezone(self.tz).date()
+        for back in range(-1, SCAN_DAYS):  # -1: a gap shift can move a wall time to the next date
+            hits = [(t, i) for t, i in self._fires(local - timedelta(days=back)) if t <= now]
+            if hits:
+                t, i = max(hits)
+                return t, self.entries[i]
+        return None
+
+    def active(self, now: datetime) -> Entry | None:
+        hit = self.last_fire(now)
+        return hit[1] if hit else None
+
+    def next_fire(self, now: datetime) -> tuple[datetime, Entry] | None:
+        """The earliest fire time strictly after ``now``."""
+        now = now.astimezone(UTC)
+        local = now.astimezone(self.tz).date()
+        for ahead in range(-1, SCAN_DAYS):
+            hits = [(t, i) for t, i in self._fires(local + timedelta(days=ahead)) if t > now]
+            if hits:
+                t, i = min(hits, key=lambda x: (x[0], -x[1]))
+                return t, self.entries[i]
+        return None
+
+    def fire_times(self, start: datetime, end: datetime) -> list[tuple[datetime, str]]:
+        """Every transition in (start, end], in order (for tests and ``migd --explain``)."""
+        out: list[tuple[datetime, str]] = []
+        t = start
+        while True:
+            hit = self.next_fire(t)
+            if hit is None or hit[0] > end:
+                return out
+            out.append((hit[0], hit[1].profile))
+            t = hit[0]

@@ -1,0 +1,49 @@
+"""systemd's notify protocol (sd_notify), written out: one datagram per message, no dependency."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+
+class Notifier:
+    """Sends READY/STATUS/RELOADING/STOPPING/WATCHDOG to ``$NOTIFY_SOCKET`` when it is set."""
+
+    def __init__(self, address: str | None = None) -> None:
+        self.address = address if address is not None else os.environ.get("NOTIFY_SOCKET")
+        usec = os.environ.get("WATCHDOG_USEC")
+        pid = os.environ.get("WATCHDOG_PID")
+        ok = usec is not None and usec.isdigit() and (pid is None or pid == str(os.getpid()))
+        self.watchdog_interval_s = int(usec) / 1e6 / 2 if ok and usec else None  # ping at half the timeout
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.address)
+
+    def send(self, *fields: str) -> None:
+        if not self.address:
+            return
+        addr = self.address
+        if addr.startswith("@"):
+            addr = "\0" + addr[1:]  # abstract namespace
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+            try:
+                s.sendto("\n".join(fields).encode(), addr)
+            except OSError:
+                pass  # the service manager went away; nothing useful to do
+
+    def ready(self, status: str) -> None:
+        self.send("READY=1", f"STATUS={status}", f"MAINPID={os.getpid()}")
+
+    def status(self, status: str) -> None:
+        self.send(f"STATUS={status}")
+
+    def reloading(self) -> None:
+        self.send("RELOADING=1", f"MONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
+
+    def stopping(self, status: str = "stopping") -> None:
+        self.send("STOPPING=1", f"STATUS={status}")
+
+    def watchdog(self) -> None:
+        self.send("WATCHDOG=1")

@@ -1,0 +1,251 @@
+"""The daemon's brain: keep every GPU in the layout the schedule says is active now.
+
+The loop is level-triggered: each pass works out the active profile from the latest past
+fire time (never from "a transition just fired"), so a transition missed while the node
+was down, blocked or asleep is applied at the next pass, and one that already holds is a
+no-op: none is skipped and none is applied twice.  Drift (a hand-made change, a reset, a
+reboot) is the same computation, corrected or only reported as configured.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from migd.apply.executor import Applier, ApplyOptions, ApplyResult, BusyError, GpuUnhealthy
+from migd.apply.hooks import HookError
+from migd.apply.lock import LockBusy
+from migd.daemon.config import Config
+from migd.daemon.sdnotify import Notifier
+from migd.hardware.backend import GpuBackend, HardwareError
+from migd.planner import PlanError
+from migd.profiles.model import Profile
+from migd.yamlsrc import ValidationError
+
+log = logging.getLogger("migd")
+UTC = timezone.utc
+
+
+class Clock:
+    """Wall clock, optionally started at ``start`` and running ``scale`` times faster (demo, tests)."""
+
+    def __init__(self, start: datetime | None = None, scale: float = 1.0) -> None:
+        self._real0 = time.time()
+        self._virt0 = (start or datetime.now(UTC)).astimezone(UTC)
+        self.scale = scale
+
+    def now(self) -> datetime:
+        return self._virt0 + timedelta(seconds=(time.time() - self._real0) * self.scale)
+
+    def real(self, virtual_s: float) -> float:
+        return virtual_s / self.scale
+
+
+@dataclass
+class Status:
+    """What the daemon knows about itself; read by the control socket and the metrics collector."""
+
+    started: float = field(default_factory=time.time)
+    config_path: str = ""
+    desired_profile: str | None = None
+    applied_profile: str | None = None
+    override: dict[str, Any] | None = None
+    next_transition: tuple[str, str] | None = None  # (UTC ISO time, profile)
+    drift_gpus: list[int] = field(default_factory=list)
+    blocked_since: float | None = None
+    blocked_reason: str | None = None
+    last_apply: dict[str, Any] | None = None
+    last_reload_error: str | None = None
+    apply_count: dict[str, int] = field(default_factory=dict)  # result -> count
+    apply_durations: list[float] = field(default_factory=list)  # drained by the metrics collector
+    unhealthy: dict[str, str] = field(default_factory=dict)  # gpu uuid -> reason (fault watch)
+
+    def to_json(self) -> dict[str, Any]:
+        d = {k: v for k, v in vars(self).items() if k != "apply_durations"}
+        d["schema"] = "migd.daemon/v1"
+        return d
+
+
+class Daemon:
+    def __init__(self, config: Config, backend: GpuBackend, state_dir: Path, clock: Clock,
+                 notifier: Notifier | None = None,
+                 reload_config: Callable[[], Config] | None = None) -> None:
+        self.config = config
+        self.backend = backend
+        self.applier = Applier(backend, state_dir)
+        self.clock = clock
+        self.notifier = notifier or Notifier("")
+        self._reload_config = reload_config
+        self.status = Status(config_path=config.path)
+        self.lock = threading.RLock()  # the reconfiguration lock: the sampler and control socket share it
+        self.wake = threading.Event()
+        self.stop = threading.Event()
+        self.reload_requested = threading.Event()
+        self.cancel = threading.Event()  # SIGTERM: stop waiting, roll back the step in progress
+        self.on_apply: list[Callable[[ApplyResult | None, str, float], None]] = []
+
+    # -- decisions --------------------------------------------------------------------------------
+    def desired(self) -> Profile | None:
+        now = self.clock.now()
+        ov = self.status.override
+        if ov is not None:
+            if ov["until"] is None or now < datetime.fromisoformat(ov["until"]):
+                return self.config.profiles.get(ov["profile"]) or ov.get("_profile")
+            log.info("manual override of %s ended at the scheduled transition", ov["profile"])
+            self.status.override = None
+        entry = self.config.schedule.active(now)
+        return self.config.profiles[entry.profile] if entry else None
+
+    def _options(self, on_busy: str) -> ApplyOptions:
+        return ApplyOptions(on_busy=on_busy, busy_timeout_s=0.0, hooks=self.config.hooks,
+                            lock_timeout_s=30.0, cancel=self.cancel,
+                            unhealthy=lambda: dict(self.status.unhealthy))
+
+    def reconcile(self, reason: str) -> None:
+        profile = self.desired()
+        nxt = self.config.schedule.next_fire(self.clock.now())
+        self.status.next_transition = (nxt[0].isoformat(), nxt[1].profile) if nxt else None
+        if profile is None:
+            log.info("no schedule entry has fired yet; leaving GPUs as they are")
+            return
+        if self.status.desired_profile != profile.name:
+            log.info("profile %s is now active (%s)", profile.name, reason)
+        self.status.desired_profile = profile.name
+        with self.lock:
+            try:
+                plans = self.applier.plan(profile)
+            except (ValidationError, PlanError, HardwareError) as e:
+                self._record(None, "error", 0.0)
+                log.error("cannot plan profile %s: %s", profile.name, e)
+                return
+            drift = [p.gpu.index for p in plans if p.changes]
+            self.status.drift_gpus = drift
+            if not drift:
+                self._settled(profile.name)
+                return
+            if reason == "reconcile" and self.config.reconcile == "report":
+                log.warning("drift from profile %s on GPU %s (reconcile: report, not corrected)",
+                            profile.name, ",".join(map(str, drift)))
+                return
+            self._apply(profile, reason)
+
+    def _apply(self, profile: Profile, reason: str) -> None:
+        on_busy = self.config.on_busy
+        waited = time.time() - self.status.blocked_since if self.status.blocked_since else 0.0
+        if on_busy == "force" and waited < self.clock.real(self.config.busy_timeout_s):
+            on_busy = "refuse"  # force only after busy_timeout: give running work its chance first
+        t0 = time.monotonic()
+        try:
+            result = self.applier.apply(profile, self._options("refuse" if on_busy == "wait" else on_busy))
+        except BusyError as e:
+            if self.status.blocked_since is None:
+                self.status.blocked_since = time.time()
+                log.warning("transition to %s waits for busy instances: %s", profile.name, e)
+            self.status.blocked_reason = str(e)
+            if waited >= self.clock.real(self.config.busy_timeout_s) and on_busy != "force":
+                log.error("transition to %s still blocked after busy_timeout %gs: %s", profile.name,
+                          self.config.busy_timeout_s, e)
+                self._record(None, "blocked", time.monotonic() - t0)
+            return
+        except (GpuUnhealthy, HookError, LockBusy, HardwareError, ValidationError, PlanError) as e:
+            log.error("apply of %s failed: %s", profile.name, e)
+            self._record(None, "error", time.monotonic() - t0)
+            return
+        self.status.blocked_since = self.status.blocked_reason = None
+        outcome = "success" if result.ok else "rolled_back" if all(
+            r.status in ("applied", "unchanged", "rolled_back") for r in result.results) else "failed"
+        self._record(result, outcome, time.monotonic() - t0)
+        for r in result.results:
+            if r.status in ("rolled_back", "failed"):
+                log.error("GPU %d: %s applying %s: %s", r.index, r.status, profile.name, r.error)
+        if result.ok:
+            self._settled(profile.name)
+            log.info("applied profile %s (%s) in %.2fs", profile.name, reason, result.seconds)
+
+    def _settled(self, name: str) -> None:
+        self.status.applied_profile = name
+        self.status.drift_gpus = []
+        self.notifier.status(f"profile {name} applied")
+
+    def _record(self, result: ApplyResult | None, outcome: str, seconds: float) -> None:
+        self.status.apply_count[outcome] = self.status.apply_count.get(outcome, 0) + 1
+        self.status.apply_durations.append(seconds)
+        self.status.last_apply = {"time": time.time(), "result": outcome, "seconds": round(seconds, 3),
+                                  "profile": result.profile if result else self.status.desired_profile}
+        for cb in self.on_apply:
+            cb(result, outcome, seconds)
+
+    # -- requests from the control socket -------------------------------------------------------
+    def manual_apply(self, profile: Profile, on_busy: str, dry_run: bool) -> ApplyResult:
+        """A hand-made apply holds until the next scheduled transition, then the schedule resumes."""
+        with self.lock:
+            opts = self._options(on_busy)
+            opts.dry_run = dry_run
+            opts.busy_timeout_s = self.config.busy_timeout_s
+            result = self.applier.apply(profile, opts)
+        if not dry_run and result.ok:
+            nxt = self.config.schedule.next_fire(self.clock.now())
+            self.status.override = {"profile": profile.name, "source": profile.source,
+                                    "until": nxt[0].isoformat() if nxt else None, "_profile": profile}
+            self._settled(profile.name)
+        return result
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def reload(self) -> None:
+        self.notifier.reloading()
+        try:
+            if self._reload_config is None:
+                raise ValidationError(self.config.path, None, None, "", "reload is not available")
+            new = self._reload_config()
+        except (ValidationError, OSError) as e:
+            self.status.last_reload_error = str(e)
+            log.error("reload rejected, keeping the running configuration: %s", e)
+            self.notifier.send("READY=1", f"STATUS=reload rejected: {e}")
+            return
+        self.config = new
+        self.status.last_reload_error = None
+        log.info("configuration reloaded from %s (%d profiles)", new.path, len(new.profiles))
+        self.notifier.send("READY=1", "STATUS=configuration reloaded")
+        self.wake.set()
+
+    def run(self) -> None:
+        for r in self.applier.recover():
+            log.warning("GPU %d: %s after an interrupted apply", r.index, r.status.replace("_", " "))
+        self.reconcile("start")
+        self.notifier.ready(f"profile {self.status.applied_profile or self.status.desired_profile or '-'}")
+        last = time.monotonic()
+        while not self.stop.is_set():
+            self.wake.wait(self._sleep_s())
+            self.wake.clear()
+            if self.notifier.watchdog_interval_s:
+                self.notifier.watchdog()
+            if self.stop.is_set():
+                break
+            if self.reload_requested.is_set():
+                self.reload_requested.clear()
+                self.reload()
+            due = time.monotonic() - last >= self.clock.real(self.config.reconcile_interval_s)
+            nxt = self.status.next_transition
+            fired = nxt is not None and self.clock.now() >= datetime.fromisoformat(nxt[0])
+            blocked = self.status.blocked_since is not None
+            if due or fired or blocked:
+                self.reconcile("transition" if fired else "reconcile")
+                last = time.monotonic()
+        self.notifier.stopping()
+
+    def _sleep_s(self) -> float:
+        waits = [self.clock.real(self.config.reconcile_interval_s)]
+        if self.notifier.watchdog_interval_s:
+            waits.append(self.notifier.watchdog_interval_s)
+        nxt = self.status.next_transition
+        if nxt is not None:
+            waits.append(self.clock.real((datetime.fromisoformat(nxt[0]) - self.clock.now()).total_seconds()))
+        if self.status.blocked_since is not None:
+            waits.append(1.0)
+        return max(0.05, min(waits))

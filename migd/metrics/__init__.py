@@ -1,0 +1,1 @@
+"""Per-instance metrics: a sampler that owns NVML reads, a collector over its snapshots, HTTP."""

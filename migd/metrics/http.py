@@ -1,0 +1,89 @@
+"""HTTP exposition: GET /metrics and GET /healthz, nothing else (and nothing that changes a GPU)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from migd.metrics.collector import EventCounters, MigdCollector
+from migd.metrics.sampler import NvmlErrorCounter, Sampler
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: MetricsServer
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            self._send(200, CONTENT_TYPE_LATEST, generate_latest(self.server.registry))
+        elif path == "/healthz":
+            ok, text = self.server.health()
+            self._send(200 if ok else 503, "text/plain; charset=utf-8", text.encode())
+        else:
+            self._send(404, "text/plain; charset=utf-8", b"not found: only /metrics and /healthz\n")
+
+    def _refuse(self) -> None:
+        self.send_response(405)
+        self.send_header("Allow", "GET")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = _refuse  # noqa: N815
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._refuse()
+
+    def _send(self, code: int, ctype: str, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # scrapes are not events worth a log line
+
+
+class MetricsServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128
+
+    def __init__(self, host: str, port: int, registry: CollectorRegistry, sampler: Sampler,
+                 stale_after_s: float) -> None:
+        self.registry = registry
+        self.sampler = sampler
+        self.stale_after_s = stale_after_s
+        super().__init__((host, port), _Handler)
+
+    def health(self) -> tuple[bool, str]:
+        last = self.sampler.last_success
+        if last is None:
+            return False, "no NVML sample yet\n"
+        age = time.time() - last
+        if age > self.stale_after_s:
+            return False, f"last NVML sample {age:.0f}s ago\n"
+        return True, "ok\n"
+
+    def stop(self) -> None:
+        self.shutdown()
+        self.server_close()
+        self.sampler.stop()
+
+
+def start_metrics(listen: str, daemon: Any, backend: Any, interval_s: float,
+                  errors: NvmlErrorCounter | None = None, events: EventCounters | None = None,
+                  audit: Any = None) -> MetricsServer:
+    """Start the sampler thread and the HTTP server for a running daemon."""
+    host, _, port = listen.rpartition(":")
+    sampler = Sampler(backend, daemon.lock, daemon.applier.owners.load, interval_s)
+    sampler.sample_once()
+    sampler.start()
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(MigdCollector(sampler, lambda: daemon.status, errors or NvmlErrorCounter(), events, audit))
+    server = MetricsServer(host.strip("[]"), int(port), registry, sampler, stale_after_s=max(60.0, 4 * interval_s))
+    threading.Thread(target=server.serve_forever, name="migd-http", daemon=True).start()
+    return server
