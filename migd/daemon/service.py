@@ -38,7 +38,13 @@ class Clock:
     def __init__(self, start: datetime | None = None, scale: float = 1.0) -> None:
         self._real0 = time.time()
         self._virt0 = (start or datetime.now(UTC)).astimezone(UTC)
+        self._start = self._virt0
         self.scale = scale
+
+    def restart(self) -> None:
+        """Count from here: with a scaled clock, start-up time must not eat virtual time."""
+        if self.scale != 1.0:
+            self._virt0, self._real0 = self._start, time.time()
 
     def now(self) -> datetime:
         return self._virt0 + timedelta(seconds=(time.time() - self._real0) * self.scale)
@@ -215,6 +221,7 @@ class Daemon:
         self.wake.set()
 
     def run(self) -> None:
+        self.clock.restart()
         for r in self.applier.recover():
             log.warning("GPU %d: %s after an interrupted apply", r.index, r.status.replace("_", " "))
         self.reconcile("start")
@@ -230,6 +237,9 @@ class Daemon:
             if self.reload_requested.is_set():
                 self.reload_requested.clear()
                 self.reload()
+                self.reconcile("reload")
+                last = time.monotonic()
+                continue
             due = time.monotonic() - last >= self.clock.real(self.config.reconcile_interval_s)
             nxt = self.status.next_transition
             fired = nxt is not None and self.clock.now() >= datetime.fromisoformat(nxt[0])

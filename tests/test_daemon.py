@@ -1,0 +1,210 @@
+"""The real migd process against the simulator: start-up profile, transitions, drift, signals, sd_notify."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from migd.sim import control, sim_backend
+from migd.sim.state import StateStore
+from tests.daemon_harness import MigdProcess
+from tests.helpers import PROFILES
+
+
+@pytest.fixture
+def migd(tmp_path: Path) -> Iterator[MigdProcess]:
+    m = MigdProcess(tmp_path)
+    yield m
+    m.close()
+
+
+# (start time in Asia/Seoul, profile that must be active): both sides of each transition
+SIDES = [
+    ("2026-11-23T08:29:30", "night-two"),  # Monday before 08:30: Saturday 00:00's profile still holds
+    ("2026-11-23T08:30:30", "day"),
+    ("2026-11-23T18:59:30", "day"),
+    ("2026-11-23T19:00:30", "night"),
+    ("2026-11-27T23:59:30", "night"),  # Friday night
+    ("2026-11-28T00:00:30", "night-two"),  # Saturday 00:00
+]
+
+
+@pytest.mark.parametrize("now,expected", SIDES)
+def test_profile_at_start(migd: MigdProcess, now: str, expected: str) -> None:
+    migd.start(now=now)
+    ready = migd.wait_ready()
+    assert f"STATUS=profile {expected}\n" in ready
+    assert migd.assert_profile(expected)
+    status = migd.control({"cmd": "status"})["daemon"]
+    assert status["desired_profile"] == status["applied_profile"] == expected
+    assert migd.stop() == 0
+    migd.wait_for(lambda m: "STOPPING=1" in m)
+
+
+def test_day_night_day_cycle(migd: MigdProcess) -> None:
+    migd.write_config(reconcile_interval="1h")
+    # Monday 18:50 in Seoul at 20000x: 19:00 comes after 30 ms, Tuesday 08:30 after ~2.5 s
+    migd.start(now="2026-11-23T18:50:00", time_scale=20000)
+    assert "profile day" in migd.wait_ready()
+    migd.wait_for(lambda m: m == "STATUS=profile night applied", timeout=20)
+    migd.wait_for(lambda m: m == "STATUS=profile day applied", timeout=20)
+    assert migd.assert_profile("day")
+    log = migd.log.read_text()
+    assert log.count("applied profile night (transition)") == 1  # not skipped, not applied twice
+    assert log.count("applied profile day (transition)") == 1
+
+
+def test_drift_is_corrected(migd: MigdProcess) -> None:
+    migd.write_config(reconcile_interval="1s")
+    migd.start(now="2026-11-23T10:00:00")
+    migd.wait_ready()
+    intruder = sim_backend(migd.migctl.state)
+    gi = intruder.list_gpu_instances(0)[0]
+    intruder.destroy_compute_instance(0, gi.id, gi.compute_instances[0].id)
+    intruder.destroy_gpu_instance(0, gi.id)
+    assert not migd.assert_profile("day")
+    migd.wait_until(lambda: migd.assert_profile("day"), timeout=15)
+    # and after a GPU reset (all instances lost)
+    r = migd.migctl("status", "-o", "json").json()
+    assert r["gpus"][0]["mig"]["current"]
+    control.reset_gpu(StateStore(migd.migctl.state), 0)
+    migd.wait_until(lambda: migd.assert_profile("day"), timeout=15)
+
+
+def test_drift_reported_only(migd: MigdProcess) -> None:
+    migd.write_config(reconcile_interval="1s", reconcile="report")
+    migd.start(now="2026-11-23T10:00:00")
+    migd.wait_ready()
+    intruder = sim_backend(migd.migctl.state)
+    gi = intruder.list_gpu_instances(0)[-1]
+    intruder.destroy_compute_instance(0, gi.id, gi.compute_instances[0].id)
+    migd.wait_until(lambda: migd.control({"cmd": "status"})["daemon"]["drift_gpus"] == [0], timeout=15)
+    assert not migd.assert_profile("day")
+    assert "not corrected" in migd.log.read_text()
+
+
+def test_sighup_with_bad_config_keeps_the_old_one(migd: MigdProcess) -> None:
+    migd.start(now="2026-11-23T10:00:00")
+    migd.wait_ready()
+    good = migd.config.read_text()
+    migd.config.write_text(good.replace("profile: night,", "profile: nightt,"))
+    migd.signal(signal.SIGHUP)
+    migd.wait_for(lambda m: m.startswith("RELOADING=1\nMONOTONIC_USEC="))
+    msg = migd.wait_for(lambda m: "reload rejected" in m)
+    assert "no profile named 'nightt'" in msg and "migd.yaml:" in msg
+    assert migd.proc is not None and migd.proc.poll() is None
+    st = migd.control({"cmd": "status"})["daemon"]
+    assert st["last_reload_error"] and st["desired_profile"] == "day"
+    migd.config.write_text(good.replace('at: "19:00"', 'at: "20:00"'))
+    migd.signal(signal.SIGHUP)
+    migd.wait_for(lambda m: "configuration reloaded" in m)
+    st = migd.control({"cmd": "status"})["daemon"]
+    assert st["last_reload_error"] is None and st["next_transition"][0].startswith("2026-11-23T11:00")
+
+
+def test_bad_config_stops_the_start(migd: MigdProcess) -> None:
+    migd.config.write_text(migd.config.read_text().replace("timezone: Asia/Seoul", "timezone: Mars/Olympus"))
+    migd.start()
+    assert migd.proc is not None and migd.proc.wait(timeout=30) == 2
+    assert "Mars/Olympus" in migd.log.read_text() and "migd.yaml:1:11: timezone" in migd.log.read_text()
+
+
+def test_group_writable_profile_is_refused(migd: MigdProcess) -> None:
+    os.chmod(migd.tmp / "profiles" / "day.yaml", 0o664)
+    migd.start()
+    assert migd.proc is not None and migd.proc.wait(timeout=30) == 2
+    assert "writable by group or others" in migd.log.read_text()
+
+
+def _slow_transition(migd: MigdProcess) -> StateStore:
+    """Start at day, let night fire 2 s later with a slow simulated driver; return once it is under way."""
+    migd.write_config(reconcile_interval="1h")
+    migd.start(now="2026-11-23T18:59:58")
+    migd.wait_ready()
+    store = StateStore(migd.migctl.state)
+    control.set_mutation_delay(store, 0.25)
+    base = store.read().mutations
+    migd.wait_until(lambda: store.read().mutations > base + 3, timeout=20)
+    return store
+
+
+def test_sigterm_mid_apply_leaves_a_consistent_gpu(migd: MigdProcess) -> None:
+    store = _slow_transition(migd)
+    assert migd.stop() == 0
+    control.set_mutation_delay(store, 0)
+    assert migd.assert_profile("day") or migd.assert_profile("night")
+    assert not (migd.migctl.state_dir / "journal.json").exists()
+    assert "cancelled" in migd.log.read_text() or "applied profile night" in migd.log.read_text()
+
+
+def test_sigkill_mid_apply_is_recovered_at_next_start(migd: MigdProcess) -> None:
+    store = _slow_transition(migd)
+    migd.signal(signal.SIGKILL)
+    assert migd.proc is not None and migd.proc.wait(timeout=10) == -9
+    control.set_mutation_delay(store, 0)
+    journal = migd.migctl.state_dir / "journal.json"
+    assert journal.exists() and json.loads(journal.read_text())["profile"] == "night"
+    assert not migd.assert_profile("day") and not migd.assert_profile("night")
+    migd.start(now="2026-11-23T19:10:00")
+    migd.wait_ready()
+    assert migd.assert_profile("night")
+    assert not journal.exists()
+    assert "after an interrupted apply" in migd.log.read_text()
+
+
+def test_sd_notify_protocol(migd: MigdProcess) -> None:
+    migd.start(now="2026-11-23T10:00:00", watchdog_usec=400_000)
+    ready = migd.wait_ready()
+    assert ready.splitlines()[0] == "READY=1" and f"MAINPID={migd.proc.pid}" in ready  # type: ignore[union-attr]
+    t0 = time.monotonic()
+    migd.wait_for(lambda m: m == "WATCHDOG=1")
+    migd.wait_for(lambda m: m == "WATCHDOG=1")
+    assert time.monotonic() - t0 < 3
+    migd.signal(signal.SIGHUP)
+    reloading = migd.wait_for(lambda m: m.startswith("RELOADING=1"))
+    usec = int(reloading.split("MONOTONIC_USEC=")[1])
+    assert abs(usec / 1e6 - time.clock_gettime(time.CLOCK_MONOTONIC)) < 10
+    migd.wait_for(lambda m: "READY=1" in m and "reloaded" in m)
+    assert migd.stop() == 0
+    migd.wait_for(lambda m: m.startswith("STOPPING=1"))
+
+
+def test_control_socket_routes_migctl_apply(migd: MigdProcess) -> None:
+    migd.start(now="2026-11-23T10:00:00")
+    migd.wait_ready()
+    mode = stat.S_IMODE(os.stat(migd.socket_path).st_mode)
+    assert mode == 0o600
+    r = migd.migctl("apply", str(PROFILES / "balanced.yaml"), "-o", "json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert doc["ok"] and doc["profile"] == "balanced"
+    st = migd.control({"cmd": "status"})["daemon"]
+    assert st["override"]["profile"] == "balanced"
+    assert st["override"]["until"].startswith("2026-11-23T10:00")  # 19:00 KST = 10:00 UTC
+    assert migd.assert_profile("balanced")  # the reconcile loop does not undo a manual apply
+    r = migd.migctl("apply", str(migd.tmp / "missing.yaml"))
+    assert r.code == 2 and "cannot read file" in r.err
+
+
+def test_busy_transition_waits_then_applies(migd: MigdProcess) -> None:
+    migd.write_config(reconcile_interval="1h", busy_timeout="2s")
+    migd.start(now="2026-11-23T18:59:59")
+    migd.wait_ready()
+    migd.wait_until(lambda: migd.assert_profile("night"), timeout=15)
+    store = StateStore(migd.migctl.state)
+    gi = store.read().gpus[0].gis[0].id
+    pid = control.start_process(store, 0, gi, 0)
+    migd.stop()
+    migd.start(now="2026-11-24T08:29:58")  # Tuesday: day fires in 2 s, but the 7g instance is busy
+    migd.wait_ready()
+    migd.wait_until(lambda: "still blocked after busy_timeout" in migd.log.read_text(), timeout=20)
+    assert migd.assert_profile("night")
+    control.stop_process(store, pid)
+    migd.wait_until(lambda: migd.assert_profile("day"), timeout=15)
