@@ -138,6 +138,39 @@ def cmd_recover(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) 
     return EXIT_HARDWARE if any(r.status == "failed" for r in results) else EXIT_OK
 
 
+def cmd_isolation(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
+    from migd.daemon.control import request
+    from migd.isolation.audit import audit
+    from migd.isolation.probe import run_probe
+    plans = {p.gpu.index: p for p in Applier(backend, state_dir).plan(load_profile(args.profile))} \
+        if args.profile else None
+    findings = audit(backend, plans)
+    daemon = request(control_socket(args), {"cmd": "isolation"}, timeout_s=10)
+    doc: dict[str, Any] = {"schema": "migd.isolation/v1", "findings": [f.to_json() for f in findings],
+                           "daemon": None if daemon is None else {k: daemon[k] for k in ("unhealthy", "breaches")}}
+    if args.probe:
+        doc["probe"] = run_probe(backend)
+    lines = [f"{f.severity.upper():7} {f.check:10} {f.message}" for f in findings] or ["audit: no findings"]
+    if daemon is not None:
+        lines += [f"UNHEALTHY {u}: {r}" for u, r in daemon["unhealthy"].items()]
+        lines += [f"BREACH  {b}" for b in daemon["breaches"]]
+    if args.probe:
+        lines.append(f"probe: {doc['probe']['status']}: {doc['probe']['detail']}")
+    _out(args, doc, "\n".join(lines) + "\n")
+    bad = any(f.severity == "error" for f in findings) or bool(daemon and (daemon["unhealthy"] or daemon["breaches"]))
+    return EXIT_NOT_APPLIED if bad else EXIT_OK
+
+
+def cmd_clear_fault(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
+    from migd.daemon.control import request
+    reply = request(control_socket(args), {"cmd": "clear-fault", "gpu": args.gpu}, timeout_s=10)
+    if reply is None:
+        print("not applied: migd is not running (fault marks live in the daemon)", file=sys.stderr)
+        return EXIT_NOT_APPLIED
+    print(f"cleared: {', '.join(reply['cleared']) or 'nothing (no fault mark on that GPU)'}")
+    return int(reply["exit"])
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     code = EXIT_OK
     for f in args.files:
@@ -192,6 +225,12 @@ def parser() -> argparse.ArgumentParser:
             sp.add_argument("--local", action="store_true",
                             help="apply in this process even if migd is running (it still takes the lock)")
     sub.add_parser("recover", help="restore GPUs left half-way by an interrupted apply")
+    sp = sub.add_parser("isolation", help="fault-isolation audit (and the daemon's fault marks and breaches)")
+    sp.add_argument("--profile", help="also report instances missing from / not in this profile")
+    sp.add_argument("--probe", action="store_true", help="run a tiny CUDA workload in each instance")
+    fmt(sp)
+    sp = sub.add_parser("clear-fault", help="clear a GPU-wide fault mark so the GPU may be reconfigured")
+    sp.add_argument("gpu", help="GPU index or UUID")
     sp = sub.add_parser("validate", help="check profile files offline")
     sp.add_argument("files", nargs="+")
     sp = sub.add_parser("export", help="print the current state as a migd profile")
@@ -210,7 +249,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         backend, state_dir = open_backend(args)
         try:
             handler = {"status": cmd_status, "plan": cmd_plan, "assert": cmd_assert, "apply": cmd_apply,
-                       "export": cmd_export, "recover": cmd_recover}[args.command]
+                       "export": cmd_export, "recover": cmd_recover, "isolation": cmd_isolation,
+                       "clear-fault": cmd_clear_fault}[args.command]
             return handler(args, backend, state_dir)
         finally:
             backend.close()

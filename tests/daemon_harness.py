@@ -55,6 +55,7 @@ class MigdProcess:
         self.notify.bind(str(self.notify_path))
         self.notify.settimeout(0.2)
         self.messages: list[str] = []
+        self.cursor = 0  # messages before this were already matched by a wait_for
         self.proc: subprocess.Popen[str] | None = None
         self.log = tmp / "migd.log"
 
@@ -78,7 +79,7 @@ class MigdProcess:
                 "--time-scale", str(time_scale)]
         if now:
             argv += ["--now", now]
-        self.messages = []
+        self.messages, self.cursor = [], 0
         with open(self.log, "a") as log:  # the child keeps its own copy of the descriptor
             self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
                                          cwd=str(Path(__file__).resolve().parents[1]))
@@ -92,13 +93,12 @@ class MigdProcess:
 
     def wait_for(self, pred: Callable[[str], bool], timeout: float = 30.0) -> str:
         deadline = time.monotonic() + timeout
-        seen = 0
         while time.monotonic() < deadline:
             self.poll_notify()
-            for m in self.messages[seen:]:
-                if pred(m):
-                    return m
-            seen = len(self.messages)
+            for k in range(self.cursor, len(self.messages)):
+                if pred(self.messages[k]):
+                    self.cursor = k + 1
+                    return self.messages[k]
             if self.proc is not None and self.proc.poll() is not None:
                 raise AssertionError(f"migd exited {self.proc.returncode}: {self.log.read_text()[-3000:]}")
         raise AssertionError(f"no matching sd_notify message in {timeout}s; got {self.messages}\n"

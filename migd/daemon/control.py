@@ -50,6 +50,7 @@ class ControlServer(socketserver.ThreadingUnixStreamServer):
     def __init__(self, path: Path, daemon: Any, mode: int = 0o600) -> None:
         self.path = path
         self.migd = daemon
+        self.watch: Any = None  # the fault watch, for its breach log
         path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
@@ -70,6 +71,16 @@ class ControlServer(socketserver.ThreadingUnixStreamServer):
             return {"ok": True, "exit": 0}
         if cmd == "apply":
             return self._apply(req)
+        if cmd == "isolation":
+            return {"ok": True, "exit": 0, "unhealthy": dict(self.migd.status.unhealthy),
+                    "breaches": list(self.watch.breaches) if self.watch else [],
+                    "findings": [f.to_json() for f in self.migd.audit_findings]}
+        if cmd == "clear-fault":
+            gpu = str(req.get("gpu", ""))
+            uuids = [g.uuid for g in self.migd.backend.list_gpus() if gpu in (str(g.index), g.uuid)]
+            cleared = [u for u in uuids if self.migd.status.unhealthy.pop(u, None) is not None]
+            log.warning("fault mark cleared on %s by an operator", ", ".join(cleared) or "nothing")
+            return {"ok": bool(cleared), "exit": 0 if cleared else 1, "cleared": cleared}
         return {"ok": False, "exit": 2, "error": f"unknown command {cmd!r}"}
 
     def _apply(self, req: dict[str, Any]) -> dict[str, Any]:

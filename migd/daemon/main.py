@@ -17,6 +17,8 @@ from migd.daemon.control import ControlServer
 from migd.daemon.sdnotify import Notifier
 from migd.daemon.service import Clock, Daemon
 from migd.hardware.backend import GpuBackend, HardwareError
+from migd.isolation.watch import FaultWatch
+from migd.metrics.collector import EventCounters
 from migd.metrics.sampler import NvmlErrorCounter
 from migd.yamlsrc import ValidationError
 
@@ -90,11 +92,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                     reload_config=lambda: load_config(args.config))
     control = ControlServer(Path(socket_path), daemon)
     control.start()
+    events = EventCounters()
+    watch = FaultWatch(backend, daemon.lock, events, daemon.status.unhealthy, on_config_change=daemon.drift_suspected)
+    control.watch = watch
+    watch.start()
     metrics = None
     listen = args.metrics_listen or cfg.metrics_listen
     if listen:
         from migd.metrics.http import start_metrics
-        metrics = start_metrics(listen, daemon, backend, cfg.sample_interval_s, errors)
+        metrics = start_metrics(listen, daemon, backend, cfg.sample_interval_s, errors, events,
+                                lambda: daemon.audit_findings)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGHUP:
@@ -112,6 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         daemon.run()
     finally:
+        watch.stop()
         control.close()
         if metrics is not None:
             metrics.stop()

@@ -24,7 +24,8 @@ from migd.apply.lock import LockBusy
 from migd.daemon.config import Config
 from migd.daemon.sdnotify import Notifier
 from migd.hardware.backend import GpuBackend, HardwareError
-from migd.planner import PlanError
+from migd.isolation.audit import Finding, audit
+from migd.planner import GpuPlan, PlanError
 from migd.profiles.model import Profile
 from migd.yamlsrc import ValidationError
 
@@ -94,6 +95,8 @@ class Daemon:
         self.stop = threading.Event()
         self.reload_requested = threading.Event()
         self.cancel = threading.Event()  # SIGTERM: stop waiting, roll back the step in progress
+        self.config_changed = threading.Event()  # NVML reported a MIG config change: look for drift now
+        self.audit_findings: list[Finding] = []
         self.on_apply: list[Callable[[ApplyResult | None, str, float], None]] = []
 
     # -- decisions --------------------------------------------------------------------------------
@@ -132,6 +135,7 @@ class Daemon:
                 return
             drift = [p.gpu.index for p in plans if p.changes]
             self.status.drift_gpus = drift
+            self._audit(plans)
             if not drift:
                 self._settled(profile.name)
                 return
@@ -173,6 +177,22 @@ class Daemon:
         if result.ok:
             self._settled(profile.name)
             log.info("applied profile %s (%s) in %.2fs", profile.name, reason, result.seconds)
+        try:
+            self._audit(self.applier.plan(profile))
+        except (ValidationError, PlanError, HardwareError) as e:
+            log.error("post-apply audit failed: %s", e)
+
+    def _audit(self, plans: list[GpuPlan]) -> None:
+        try:
+            findings = audit(self.backend, {p.gpu.index: p for p in plans})
+        except HardwareError as e:
+            log.error("isolation audit failed: %s", e)
+            return
+        old = {(f.gpu, f.check, f.message) for f in self.audit_findings}
+        for f in findings:
+            if f.severity == "error" and (f.gpu, f.check, f.message) not in old:
+                log.error("isolation audit: %s", f.message)
+        self.audit_findings = findings
 
     def _settled(self, name: str) -> None:
         self.status.applied_profile = name
@@ -186,6 +206,11 @@ class Daemon:
                                   "profile": result.profile if result else self.status.desired_profile}
         for cb in self.on_apply:
             cb(result, outcome, seconds)
+
+    def drift_suspected(self) -> None:
+        """NVML reported a MIG configuration change: check for drift now, not at the next interval."""
+        self.config_changed.set()
+        self.wake.set()
 
     # -- requests from the control socket -------------------------------------------------------
     def manual_apply(self, profile: Profile, on_busy: str, dry_run: bool) -> ApplyResult:
@@ -241,6 +266,9 @@ class Daemon:
                 last = time.monotonic()
                 continue
             due = time.monotonic() - last >= self.clock.real(self.config.reconcile_interval_s)
+            if self.config_changed.is_set():
+                self.config_changed.clear()
+                due = True
             nxt = self.status.next_transition
             fired = nxt is not None and self.clock.now() >= datetime.fromisoformat(nxt[0])
             blocked = self.status.blocked_since is not None

@@ -133,6 +133,10 @@ class GpuBackend(Protocol):
 
     def list_mig_devices(self, index: int) -> list[MigDevice]: ...
 
+    def probe_mig_devices(self, index: int) -> dict[tuple[int, int], str | None]:
+        """(GI, CI) -> None if the MIG device answers (handle, memory, processes), else the error."""
+        ...
+
     def gpu_processes(self, index: int) -> list[ProcessInfo]:
         """Every compute process on the GPU (in MIG mode too, with its GI/CI)."""
         ...

@@ -240,6 +240,24 @@ class NvmlBackend:
                                             gi_id=gi_id, ci_id=ci_id) for p in procs)))
         return out
 
+    def probe_mig_devices(self, index: int) -> dict[tuple[int, int], str | None]:
+        dev = self._dev(index)
+        out: dict[tuple[int, int], str | None] = {}
+        for i in range(int(self._nvml("nvmlDeviceGetMaxMigDeviceCount", dev, gpu=index))):
+            try:
+                mig = self._lib.nvmlDeviceGetMigDeviceHandleByIndex(dev, i)
+            except pynvml.NVMLError:
+                continue
+            key = (int(self._nvml("nvmlDeviceGetGpuInstanceId", mig, gpu=index)),
+                   int(self._nvml("nvmlDeviceGetComputeInstanceId", mig, gpu=index)))
+            try:
+                self._lib.nvmlDeviceGetMemoryInfo(mig)
+                self._lib.nvmlDeviceGetComputeRunningProcesses(mig)
+                out[key] = None
+            except pynvml.NVMLError as e:
+                out[key] = f"NVML_ERROR_{error_name(getattr(e, 'value', None))}"
+        return out
+
     def gpu_processes(self, index: int) -> list[ProcessInfo]:
         procs = self._nvml("nvmlDeviceGetComputeRunningProcesses", self._dev(index), gpu=index)
         return [ProcessInfo(pid=int(p.pid), used_memory_bytes=p.usedGpuMemory,

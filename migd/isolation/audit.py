@@ -1,0 +1,93 @@
+"""Static fault-isolation audit: the layout NVML reports must be one MIG can actually isolate.
+
+Run after every apply and on every reconcile.  It does not trust the planner: it checks
+what the driver says exists, so a hand-made instance, a firmware oddity or a bug in migd
+itself shows up as a finding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from migd.hardware.backend import GpuBackend, GpuInfo
+from migd.planner import GpuPlan
+
+MEMORY_TOLERANCE = 0.02  # MIG-device memory differs slightly by driver and placement (facts: A100-40GB notes)
+
+
+@dataclass(frozen=True)
+class Finding:
+    gpu: int
+    check: str  # overlap | placement | ci_orphan | ci_fit | ci_overlap | device_map | no_ci | memory | orphan | missing
+    severity: str  # error | warning
+    message: str
+
+    def to_json(self) -> dict[str, object]:
+        return {"gpu": self.gpu, "check": self.check, "severity": self.severity, "message": self.message}
+
+
+def audit_gpu(backend: GpuBackend, gpu: GpuInfo, plan: GpuPlan | None = None) -> list[Finding]:
+    if not gpu.mig_current or gpu.model is None:
+        return []
+    i, model = gpu.index, gpu.model
+    out: list[Finding] = []
+
+    def add(check: str, severity: str, message: str) -> None:
+        out.append(Finding(i, check, severity, f"GPU {i}: {message}"))
+
+    gis = backend.list_gpu_instances(i)
+    for a_idx, a in enumerate(gis):
+        for b in gis[a_idx + 1:]:
+            if a.placement.overlaps(b.placement):
+                add("overlap", "error", f"GI {a.id} at {a.placement} and GI {b.id} at {b.placement} share memory "
+                                        "slices: a fault in one can reach the other")
+        prof = model.profile_by_id(a.profile_id)
+        if prof is None or a.placement not in prof.placements:
+            add("placement", "error", f"GI {a.id} (profile id {a.profile_id}) sits at {a.placement}, not a legal "
+                                      f"placement for {prof.name if prof else 'an unknown profile'} on {model.key}")
+            continue
+        if not a.compute_instances:
+            add("no_ci", "warning", f"GI {a.id} ({prof.name}) has no compute instance: CUDA cannot use it")
+        for c_idx, c in enumerate(a.compute_instances):
+            if c.placement.end > prof.slices or prof.ci_by_id(c.profile_id) is None:
+                add("ci_fit", "error", f"CI {a.id}/{c.id} at {c.placement} does not fit GI {a.id} ({prof.name}, "
+                                       f"{prof.slices} compute slices)")
+            for other in a.compute_instances[c_idx + 1:]:
+                if c.placement.overlaps(other.placement):
+                    add("ci_overlap", "error", f"CIs {a.id}/{c.id} and {a.id}/{other.id} share compute slices")
+    devices = backend.list_mig_devices(i)
+    live = {(g.id, c.id) for g in gis for c in g.compute_instances}
+    seen: dict[tuple[int, int], str] = {}
+    uuids: dict[str, tuple[int, int]] = {}
+    for d in devices:
+        key = (d.gi_id, d.ci_id)
+        if key not in live:
+            add("ci_orphan", "error", f"MIG device {d.uuid} belongs to GI {d.gi_id}/CI {d.ci_id}, which does not exist")
+        if key in seen:
+            add("device_map", "error", f"GI {d.gi_id}/CI {d.ci_id} maps to two MIG devices ({seen[key]}, {d.uuid})")
+        if d.uuid in uuids and uuids[d.uuid] != key:
+            add("device_map", "error", f"MIG UUID {d.uuid} is shared by two instances")
+        seen[key], uuids[d.uuid] = d.uuid, key
+        gi = next((g for g in gis if g.id == d.gi_id), None)
+        prof = model.profile_by_id(gi.profile_id) if gi else None
+        if prof is not None:
+            want = prof.memory_mib << 20
+            if abs(d.memory_total_bytes - want) > MEMORY_TOLERANCE * want:
+                add("memory", "error", f"MIG device {d.uuid} ({prof.name}) has {d.memory_total_bytes >> 20} MiB, the "
+                                       f"profile says {prof.memory_mib} MiB")
+    for key in sorted(live - set(seen)):
+        add("device_map", "error", f"GI {key[0]}/CI {key[1]} has no MIG device (no UUID for CUDA)")
+    if plan is not None:
+        for op in plan.ops:
+            if op.kind == "destroy_gi":
+                add("orphan", "warning", f"GI {op.gi_id} ({op.name}) at {op.placement} is not in the active profile")
+            elif op.kind == "create_gi":
+                add("missing", "warning", f"{op.name} at {op.placement} from the active profile does not exist")
+    return out
+
+
+def audit(backend: GpuBackend, plans: dict[int, GpuPlan] | None = None) -> list[Finding]:
+    out: list[Finding] = []
+    for g in backend.list_gpus():
+        out += audit_gpu(backend, g, (plans or {}).get(g.index))
+    return out

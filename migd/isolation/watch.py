@@ -1,0 +1,126 @@
+"""Fault watch: NVML events on every GPU, attributed to instances, with isolation checks.
+
+An Xid with a valid gpuInstanceId belongs to that instance; 0xFFFFFFFF means GPU-wide.
+After an instance-scoped Xid the other instances of that GPU must still answer and keep
+their processes; if one does not, MIG's isolation did not hold and a breach is recorded.
+A GPU-wide fatal Xid marks the GPU unhealthy: reconfiguring it is refused until an
+operator clears it (``migctl clear-fault GPU``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from migd.hardware.backend import GpuBackend, GpuEvent, HardwareError
+from migd.metrics.collector import EventCounters
+
+log = logging.getLogger("migd.faults")
+
+# GPU-wide Xids after which the GPU needs attention (reset, drain) before anything else:
+# 48 double-bit ECC, 79 fallen off the bus, 95 uncontained ECC, 119/120 GSP errors.
+FATAL_GPU_XIDS = frozenset({48, 63, 64, 74, 79, 92, 94, 95, 119, 120})
+
+
+class FaultWatch:
+    def __init__(self, backend: GpuBackend, lock: Any, events: EventCounters, unhealthy: dict[str, str],
+                 on_config_change: Callable[[], None] | None = None) -> None:
+        self.backend = backend
+        self.lock = lock
+        self.events = events
+        self.unhealthy = unhealthy  # shared with the daemon's status: uuid -> reason
+        self.on_config_change = on_config_change
+        self._procs: dict[int, dict[int, set[int]]] = {}  # gpu -> gi -> pids, as last seen
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.breaches: list[str] = []
+
+    def remember(self) -> None:
+        """Record which processes run in which instance, to tell later whether a fault took them."""
+        with self.lock:
+            for g in self.backend.list_gpus():
+                if g.mig_current:
+                    per: dict[int, set[int]] = {}
+                    for d in self.backend.list_mig_devices(g.index):
+                        per.setdefault(d.gi_id, set()).update(p.pid for p in d.processes)
+                    self._procs[g.index] = per
+
+    def handle(self, ev: GpuEvent) -> None:
+        gpu = self.backend.gpu(ev.gpu_index)
+        now = time.time()
+        with self.events.lock:
+            self.events.last_event[(str(ev.gpu_index), ev.kind)] = now
+            if ev.kind == "xid":
+                gi = "gpu" if ev.gi_id is None else str(ev.gi_id)
+                self.events.xids[(str(ev.gpu_index), gpu.uuid, gi, str(ev.xid))] += 1
+        if ev.kind == "mig_config_change":
+            if self.on_config_change is not None:
+                self.on_config_change()
+            return
+        if ev.gi_id is None:
+            log.error("GPU %d: GPU-wide Xid %s", ev.gpu_index, ev.xid)
+            if ev.xid in FATAL_GPU_XIDS:
+                stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+                self.unhealthy[gpu.uuid] = f"Xid {ev.xid} (GPU-wide) at {stamp}"
+                log.critical("GPU %d marked unhealthy after Xid %s: reconfiguration refused until cleared",
+                             ev.gpu_index, ev.xid)
+            return
+        log.error("GPU %d: Xid %s in GPU instance %d", ev.gpu_index, ev.xid, ev.gi_id)
+        self._check_neighbours(ev)
+
+    def _check_neighbours(self, ev: GpuEvent) -> None:
+        before = self._procs.get(ev.gpu_index, {})
+        with self.lock:
+            try:
+                health = self.backend.probe_mig_devices(ev.gpu_index)
+                now_procs: dict[int, set[int]] = {}
+                for d in self.backend.list_mig_devices(ev.gpu_index) if all(
+                        v is None for v in health.values()) else []:
+                    now_procs.setdefault(d.gi_id, set()).update(p.pid for p in d.processes)
+            except HardwareError as e:
+                health, now_procs = {}, {}
+                log.error("GPU %d: cannot check instances after Xid: %s", ev.gpu_index, e)
+        hurt = []
+        for (gi, ci), err in sorted(health.items()):
+            if gi == ev.gi_id:
+                continue
+            if err is not None:
+                hurt.append(f"GI {gi}/CI {ci} stopped answering ({err})")
+            elif now_procs and before.get(gi, set()) - now_procs.get(gi, set()):
+                lost = sorted(before[gi] - now_procs.get(gi, set()))
+                hurt.append(f"GI {gi} lost processes {lost}")
+        if hurt:
+            gpu = self.backend.gpu(ev.gpu_index)
+            msg = f"GPU {ev.gpu_index}: Xid {ev.xid} in GI {ev.gi_id} affected other instances: " + "; ".join(hurt)
+            log.critical("isolation breach: %s", msg)
+            self.breaches.append(msg)
+            with self.events.lock:
+                self.events.breaches[(str(ev.gpu_index), gpu.uuid)] += 1
+        self.remember()
+
+    def run(self) -> None:
+        last_remember = 0.0
+        while not self._stop.is_set():
+            try:
+                if time.monotonic() - last_remember > 5:
+                    self.remember()
+                    last_remember = time.monotonic()
+                ev = self.backend.wait_event(500)
+                if ev is not None:
+                    self.handle(ev)
+            except HardwareError as e:
+                log.warning("fault watch: %s", e)
+                self._stop.wait(1.0)
+
+    def start(self) -> None:
+        self.remember()
+        self._thread = threading.Thread(target=self.run, name="migd-faults", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
