@@ -106,7 +106,7 @@ class SimState:
     faults: list[SimFault] = field(default_factory=list)
     crash_after_mutations: int | None = None  # SIGKILL the calling process after this many more
     mutations: int = 0
-    next_pid: int = 40000
+    next_pid: int = 5_000_000  # fake pids sit above the kernel's maximum pid_max (2**22): never a real process
     mutation_delay_s: float = 0.0  # how long each mutating call takes (lets tests signal mid-apply)
     touched: bool = field(default=True, repr=False, compare=False)  # not persisted: "write me back"
 
