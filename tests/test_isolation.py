@@ -1,0 +1,123 @@
+"""Fault isolation on the simulator: audit findings, Xid attribution, GPU-wide fault marks, breaches."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from migd.sim import control
+from migd.sim.state import SimCi, SimGi, StateStore
+from tests.daemon_harness import MigdProcess
+from tests.helpers import PROFILES, Migctl
+
+
+def scrape(m: MigdProcess) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{m.port}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+@pytest.fixture
+def migd(tmp_path: Path) -> Iterator[MigdProcess]:
+    m = MigdProcess(tmp_path, fleet="single-h100", reconcile_interval="1h")
+    m.start(now="2026-11-23T10:00:00")
+    m.wait_ready()
+    yield m
+    m.close()
+
+
+def test_clean_layout_has_no_findings(tmp_path: Path) -> None:
+    m = Migctl(tmp_path, "mixed")
+    m("apply", str(PROFILES / "balanced.yaml"))
+    r = m("isolation", "--profile", str(PROFILES / "balanced.yaml"), "-o", "json")
+    assert r.code == 0 and r.json()["findings"] == [] and r.json()["schema"] == "migd.isolation/v1"
+    assert "no findings" in m("isolation").out
+
+
+def test_audit_finds_hand_made_overlap_and_orphans(tmp_path: Path) -> None:
+    m = Migctl(tmp_path, "single-a100")
+    m("apply", str(PROFILES / "night-two.yaml"))
+    store = StateStore(m.state)
+    with store.transaction() as s:  # what no NVML call would allow: a 1g inside the 3g at 0:4
+        s.gpus[0].gis.append(SimGi(id=9, serial=s.next_serial(), profile_id=19, start=1, size=1,
+                                   cis=[SimCi(0, s.next_serial(), 0, 0, 1)]))
+    r = m("isolation", "--profile", str(PROFILES / "night-two.yaml"), "-o", "json")
+    assert r.code == 1
+    checks = {(f["check"], f["severity"]) for f in r.json()["findings"]}
+    assert ("overlap", "error") in checks and ("orphan", "warning") in checks
+    text = m("isolation").out
+    assert "share memory slices" in text
+    # an orphan against the profile, and a GI without a compute instance
+    with store.transaction() as s:
+        s.gpus[0].gis = [g for g in s.gpus[0].gis if g.id != 9]
+        s.gpus[0].gis[-1].cis = []
+    r = m("isolation", "--profile", str(PROFILES / "night-two.yaml"), "-o", "json")
+    checks = {f["check"] for f in r.json()["findings"]}
+    assert "no_ci" in checks
+
+
+def test_probe_is_skipped_without_cuda(tmp_path: Path) -> None:
+    m = Migctl(tmp_path, "single-h100")
+    m("apply", str(PROFILES / "night.yaml"))
+    r = m("isolation", "--probe", "-o", "json")
+    assert r.json()["probe"]["status"] == "skipped" and "torch" in r.json()["probe"]["detail"]
+
+
+def test_instance_scoped_xid_counts_only_that_instance(migd: MigdProcess) -> None:
+    store = StateStore(migd.migctl.state)
+    gis = store.read().gpus[0].gis
+    for gi in gis:
+        control.start_process(store, 0, gi.id, 0)
+    migd.wait_until(lambda: "migd_instance_processes" in scrape(migd))
+    time.sleep(1.5)  # let the watch record who runs where
+    control.raise_xid(store, 0, 43, gi=gis[0].id, ci=0)
+    migd.wait_until(lambda: bool(_xids(migd)))
+    assert _xids(migd) == {(str(gis[0].id), "43"): 1.0}
+    iso = migd.control({"cmd": "isolation"})
+    assert iso["breaches"] == [] and iso["unhealthy"] == {}
+    assert _samples(migd, "migd_isolation_breaches") == []
+
+
+def _samples(m: MigdProcess, family: str) -> list[Any]:
+    return [s for fam in text_string_to_metric_families(scrape(m)) if fam.name == family for s in fam.samples
+            if s.name.endswith("_total")]
+
+
+def _xids(m: MigdProcess) -> dict[tuple[str, str], float]:
+    return {(s.labels["gi"], s.labels["xid"]): s.value for s in _samples(m, "migd_xid_events")}
+
+
+def test_gpu_wide_xid_blocks_reconfiguration_until_cleared(migd: MigdProcess) -> None:
+    store = StateStore(migd.migctl.state)
+    control.raise_xid(store, 0, 79)
+    migd.wait_until(lambda: bool(migd.control({"cmd": "isolation"})["unhealthy"]))
+    assert ("gpu", "79") in _xids(migd)
+    assert "migd_gpu_unhealthy{" in scrape(migd)
+    r = migd.migctl("apply", str(PROFILES / "night.yaml"))
+    assert r.code == 4 and "unhealthy" in r.err and "Xid 79" in r.err
+    assert migd.assert_profile("day")
+    r = migd.migctl("isolation")
+    assert r.code == 1 and "UNHEALTHY" in r.out
+    r = migd.migctl("clear-fault", "0")
+    assert r.code == 0 and "GPU-" in r.out
+    assert migd.migctl("apply", str(PROFILES / "night.yaml")).code == 0
+
+
+def test_fault_leaking_into_a_neighbour_is_a_breach(migd: MigdProcess) -> None:
+    store = StateStore(migd.migctl.state)
+    gis = store.read().gpus[0].gis
+    for gi in gis:
+        control.start_process(store, 0, gi.id, 0)
+    time.sleep(1.5)
+    control.raise_xid(store, 0, 43, gi=gis[0].id, ci=0, leak_to=(gis[1].id,))
+    migd.wait_until(lambda: bool(migd.control({"cmd": "isolation"})["breaches"]))
+    (breach,) = migd.control({"cmd": "isolation"})["breaches"]
+    assert f"GI {gis[1].id}" in breach and "Xid 43" in breach
+    assert 'migd_isolation_breaches_total{gpu="0"' in scrape(migd)
+    with urllib.request.urlopen(f"http://127.0.0.1:{migd.port}/healthz", timeout=10) as r:
+        assert r.status == 200  # the daemon kept serving throughout
