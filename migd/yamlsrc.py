@@ -124,7 +124,11 @@ class Node:
         tag, value = self._scalar()
         if tag != "tag:yaml.org,2002:int":
             raise self.error(f"must be an integer, not {value!r}")
-        n = int(value, 0) if not value.lstrip("+-").isdigit() else int(value)
+        try:  # YAML 1.1 ints include 0x1F, 0o17, 1_000 and 1:30 (sexagesimal): let PyYAML read them
+            assert isinstance(self.node, yaml.ScalarNode)
+            n = int(yaml.SafeLoader("").construct_yaml_int(self.node))
+        except (ValueError, yaml.YAMLError):
+            raise self.error(f"{value!r} is not an integer") from None
         if minimum is not None and n < minimum:
             raise self.error(f"must be at least {minimum}, not {n}")
         if maximum is not None and n > maximum:
@@ -172,8 +176,12 @@ def load(path: str | Path, text: str | None = None) -> Node:
         line = mark.line + 1 if mark is not None else None
         col = mark.column + 1 if mark is not None else None
         raise ValidationError(name, line, col, "", f"invalid YAML: {e.problem}") from e
+    except yaml.reader.ReaderError as e:  # bad characters: a character offset, not a mark
+        pos = int(e.position)
+        line, col = text.count("\n", 0, pos) + 1, pos - text.rfind("\n", 0, pos)
+        raise ValidationError(name, line, col, "", f"invalid YAML: {e.reason} (character {e.character!r})") from e
     except yaml.YAMLError as e:
-        raise ValidationError(name, None, None, "", f"invalid YAML: {e}") from e
+        raise ValidationError(name, 1, 1, "", f"invalid YAML: {e}") from e
     if node is None:
         raise ValidationError(name, 1, 1, "", "file is empty")
     return Node(name, "", node)

@@ -199,7 +199,7 @@ class Applier:
     def _run(self, profile: Profile, plans: list[GpuPlan], opts: ApplyOptions) -> list[GpuResult]:
         env = {"MIGD_PROFILE": profile.name, "MIGD_GPUS": ",".join(str(p.gpu.index) for p in plans)}
         self.journal.begin(profile.name, {p.gpu.uuid: {
-            "index": p.gpu.index, "status": "pending", "done": 0, "ops": [o.describe() for o in p.ops],
+            "index": p.gpu.index, "status": "pending", "done": 0, "ops": len(p.ops),
             "before": layout_to_json(self._before(p)),
             "owners_before": {str(k): v for k, v in self.owners.for_gpu(p.gpu.uuid).items()}} for p in plans})
         results: list[GpuResult] = []

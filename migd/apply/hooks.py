@@ -54,8 +54,11 @@ class Hooks:
         raise HookError(f"{phase}: {msg}")
 
 
-def parse_hooks(node: object) -> Hooks:
-    """``{phase: [{command: [argv...], timeout: 60s, workdir: DIR}]}`` from a located YAML node."""
+def parse_hooks(node: object, strict: bool = True) -> Hooks:
+    """``{phase: [{command: [argv...], timeout: 60s, workdir: DIR}]}`` from a located YAML node.
+
+    With ``strict`` (like sshd's StrictModes) a hook program that group or others may rewrite
+    is refused: it runs as root whenever the GPUs are reconfigured."""
     from migd.yamlsrc import Node
 
     assert isinstance(node, Node)
@@ -69,6 +72,8 @@ def parse_hooks(node: object) -> Hooks:
                 raise m["command"].error("must list the program and its arguments")
             if not os.path.isabs(argv[0]):
                 raise m["command"].error(f"{argv[0]!r} must be an absolute path (hooks run without a shell or PATH)")
+            if strict and os.path.exists(argv[0]) and os.stat(argv[0]).st_mode & 0o022:
+                raise m["command"].error(f"hook program {argv[0]} is writable by group or others; fix with chmod go-w")
             timeout = m["timeout"].duration() if "timeout" in m else 60.0
             hooks.append(Hook(argv=argv, timeout_s=timeout, workdir=m["workdir"].str() if "workdir" in m else None))
         phases[phase] = hooks

@@ -23,7 +23,7 @@ def atomic_write_json(path: Path, data: Any, mode: int = 0o600) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
+        f.write(json.dumps(data, separators=(",", ":")))
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

@@ -124,7 +124,7 @@ def load_config(path: str | Path, text: str | None = None) -> Config:
         reconcile_interval_s=max(1.0, m["reconcile_interval"].duration()) if "reconcile_interval" in m else 60.0,
         reconcile=m["reconcile"].str(choices=["correct", "report"]) if "reconcile" in m else "correct",
         metrics_listen=metrics,
-        hooks=parse_hooks(m["hooks"]) if "hooks" in m else Hooks(),
+        hooks=parse_hooks(m["hooks"], strict) if "hooks" in m else Hooks(),
         control_socket=m["control_socket"].str() if "control_socket" in m else None,
         state_dir=m["state_dir"].str() if "state_dir" in m else None,
         sample_interval_s=max(1.0, m["sample_interval"].duration()) if "sample_interval" in m else 15.0,

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from migd.profiles.model import GpuSection, InstanceSpec, Loc, Profile, Selector
-from migd.yamlsrc import Node, ValidationError, load
+from migd.yamlsrc import Node, load
 
 API_VERSION = "migd/v1"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -26,8 +26,7 @@ def load_profile(path: str | Path, config: str | None = None, text: str | None =
     if "mig-configs" in top or ("version" in top and "apiVersion" not in top):
         return _load_mig_parted(root, config)
     if config is not None:
-        raise ValidationError(root.file, None, None, "", "--config applies to mig-parted files only; "
-                              "this is a migd profile")
+        raise root.error("--config applies to mig-parted files only; this is a migd profile")
     return _load_migd(root)
 
 
@@ -119,8 +118,7 @@ def _load_mig_parted(root: Node, config: str | None) -> Profile:
     top["version"].str(choices=["v1"])
     configs = top["mig-configs"].mapping()
     if config is None:
-        raise ValidationError(root.file, None, None, "", "this is a mig-parted file: choose a config with "
-                              "--config NAME", sorted(configs))
+        raise root.error("this is a mig-parted file: choose a config with --config NAME", sorted(configs))
     if config not in configs:
         raise top["mig-configs"].error(f"no config named {config!r}", sorted(configs))
     sections = [_mig_parted_section(n) for n in configs[config].items()]

@@ -122,24 +122,24 @@ class SimBase:
             raise nvml_error(E.NVML_ERROR_INVALID_ARGUMENT)
         return ref
 
-    def _enter(self, fn: str, state: SimState, gpu: int | None = None) -> bool:
+    def _enter(self, fn: str, state: SimState, gpu: int | None = None) -> None:
         """Common checks for every call: initialised, injected faults, lost GPUs.
 
-        Returns True when a fault counter moved (the state must be written back)."""
+        Sets ``state.touched`` when fault bookkeeping changed (the state must be written back)."""
         if self._init <= 0:
             raise nvml_error(E.NVML_ERROR_UNINITIALIZED)
-        moved = self._reap(state)
+        if self._reap(state):
+            state.touched = True
         for fault in list(state.faults):
             if (fault.fn == fn or (fault.fn == ANY_MUTATION and fn in MUTATING)) and \
                     (fault.gpu is None or fault.gpu == gpu):
                 fault.calls += 1
-                moved = True
+                state.touched = True
                 if fault.calls >= fault.nth:
                     state.faults.remove(fault)
                     raise nvml_error(fault.code)
         if gpu is not None and state.gpus[gpu].lost:
             raise nvml_error(E.NVML_ERROR_GPU_IS_LOST)
-        return moved
 
     @staticmethod
     def _reap(state: SimState) -> bool:
@@ -165,18 +165,16 @@ class SimBase:
         ref = self._ref(gpu_handle, *kinds) if gpu_handle is not None else None
         error: pynvml.NVMLError | None = None
         with self._store.transaction() as state:
-            moved = False
+            state.touched = False
             try:
-                moved = self._enter(fn, state, ref.gpu if ref else None)
+                self._enter(fn, state, ref.gpu if ref else None)
                 result = body(state)
             except pynvml.NVMLError as e:
-                # Bodies validate before they change anything: only fault bookkeeping is persisted.
-                error, moved = e, True
+                error = e  # bodies validate before they change anything: nothing else to persist
             else:
                 if fn in MUTATING:
                     self._mutated(state)
-                    moved = True
-            state.touched = moved
+                    state.touched = True
         if error is not None:
             raise error
         if fn in MUTATING and state.mutation_delay_s > 0:

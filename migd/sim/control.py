@@ -87,6 +87,7 @@ def set_lost(store: StateStore, gpu: int, lost: bool = True) -> None:
 
 def reset_gpu(store: StateStore, gpu: int) -> None:
     """``nvidia-smi -r``: applies a pending MIG mode and loses every GI/CI (facts: rules.mig_mode)."""
+    failure = None
     with store.transaction() as s:
         g = _gpu(s, gpu)
         for f in list(s.faults):
@@ -94,16 +95,14 @@ def reset_gpu(store: StateStore, gpu: int) -> None:
                 f.calls += 1
                 if f.calls >= f.nth:
                     s.faults.remove(f)
-                    raise SimError(f"GPU {g.bus_id}: {pynvml.NVMLError(f.code)}")
-        if g.processes:
-            raise SimError(f"GPU {g.bus_id} is currently in use by another process.")
-        g.mig_current = g.mig_pending
-        g.gis = []
-        g.lost = False
-        s.add_event(gpu, pynvml.nvmlEventMigConfigChange, 0, GPU_WIDE, GPU_WIDE)
-
-
-def set_mutation_delay(store: StateStore, seconds: float) -> None:
-    """Make every mutating NVML call take ``seconds`` (a slow driver), to signal a process mid-apply."""
-    with store.transaction() as s:
-        s.mutation_delay_s = seconds
+                    failure = f"GPU {g.bus_id}: {pynvml.NVMLError(f.code)}"  # persisted with the fault's removal
+                break
+        if failure is None:
+            if g.processes:
+                raise SimError(f"GPU {g.bus_id} is currently in use by another process.")
+            g.mig_current = g.mig_pending
+            g.gis = []
+            g.lost = False
+            s.add_event(gpu, pynvml.nvmlEventMigConfigChange, 0, GPU_WIDE, GPU_WIDE)
+    if failure is not None:
+        raise SimError(failure)

@@ -21,7 +21,8 @@ from typing import Any
 
 from migd.hardware.catalog import MODELS, GpuModel
 
-MAX_EVENTS = 500
+MAX_EVENTS = 200
+MAX_CONFIG_EVENTS = 32  # MIG-config-change events are a hint to re-read; Xids are kept longer
 
 # Named fleets (issue 2): model key per GPU index.
 FLEETS: dict[str, list[str]] = {
@@ -117,6 +118,10 @@ class SimState:
     def add_event(self, gpu: int, event_type: int, data: int, gi: int, ci: int) -> None:
         self.seq += 1
         self.events.append({"seq": self.seq, "gpu": gpu, "type": event_type, "data": data, "gi": gi, "ci": ci})
+        config = [e for e in self.events if e["type"] == 0x100]  # nvmlEventMigConfigChange
+        if len(config) > MAX_CONFIG_EVENTS:
+            drop = {id(e) for e in config[:-MAX_CONFIG_EVENTS]}
+            self.events = [e for e in self.events if id(e) not in drop]
         del self.events[:-MAX_EVENTS]
 
     def to_json(self) -> dict[str, Any]:

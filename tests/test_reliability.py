@@ -1,0 +1,152 @@
+"""Issue 7: crashes at every step, every NVML error on every mutating call, load, security."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from migd.apply.executor import Applier, ApplyOptions
+from migd.metrics.sampler import NvmlErrorCounter
+from migd.profiles.loader import load_profile
+from migd.sim import control, sim_backend
+from migd.sim.state import StateStore
+from tests.daemon_harness import MigdProcess
+from tests.helpers import PROFILES, REPO, Migctl
+
+E_INSUFFICIENT_RESOURCES, E_IN_USE, E_NO_PERMISSION, E_GPU_IS_LOST, E_TIMEOUT, E_UNKNOWN = 23, 19, 4, 15, 10, 999
+ERRORS = {"INSUFFICIENT_RESOURCES": E_INSUFFICIENT_RESOURCES, "IN_USE": E_IN_USE, "NO_PERMISSION": E_NO_PERMISSION,
+          "GPU_IS_LOST": E_GPU_IS_LOST, "TIMEOUT": E_TIMEOUT, "UNKNOWN": E_UNKNOWN}
+MUTATING = ["nvmlDeviceSetMigMode", "nvmlDeviceCreateGpuInstanceWithPlacement",
+            "nvmlGpuInstanceCreateComputeInstanceWithPlacement", "nvmlComputeInstanceDestroy", "nvmlGpuInstanceDestroy"]
+
+
+def test_crash_at_sampled_steps() -> None:
+    """A sample of the crash matrix; .ci/run runs every step (bench/crash_matrix.py)."""
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "crash_matrix.py"), "--sample", "64", "--json"],
+                       capture_output=True, text=True, timeout=600)
+    doc = json.loads(p.stdout.strip().splitlines()[-1])
+    assert p.returncode == 0 and doc["failures"] == [], doc["failures"]
+    assert doc["scenarios"] >= 18
+    assert {r["transition"] for r in doc["rows"]} == {"day->night", "night->day", "balanced->day"}
+    assert all(r["mutations"] >= 100 for r in doc["rows"])  # 8 GPUs each
+
+
+@pytest.mark.parametrize("fn", MUTATING)
+@pytest.mark.parametrize("err", sorted(ERRORS))
+def test_every_nvml_error_on_every_mutating_call(tmp_path: Path, fn: str, err: str) -> None:
+    errors = NvmlErrorCounter()
+    state = tmp_path / "s.json"
+    backend = sim_backend(state, "single-a100" if fn != "nvmlDeviceSetMigMode" else "single-h100",
+                          on_nvml_error=errors)
+    applier = Applier(backend, tmp_path / "d")
+    old, new = ("night", "day") if fn != "nvmlDeviceSetMigMode" else ("day", "night")
+    if fn == "nvmlDeviceSetMigMode":
+        old_profile = tmp_path / "off.yaml"  # MIG off -> on is the transition that sets the mode
+        old_profile.write_text("apiVersion: migd/v1\nkind: Profile\nname: off\ngpus:\n  - select: all\n"
+                               "    mig: disabled\n")
+        old_path = old_profile
+    else:
+        old_path = PROFILES / f"{old}.yaml"
+    applier.apply(load_profile(old_path))
+    before = applier.plan(load_profile(old_path))
+    assert not any(p.changes for p in before)
+    store = StateStore(state)
+    control.fail_call(store, fn, ERRORS[err])
+    result = applier.apply(load_profile(PROFILES / f"{new}.yaml"), ApplyOptions())
+    (r,) = result.results
+    assert r.status == "rolled_back", r
+    assert f"{fn} failed: NVML_ERROR_{err}" in (r.error or "")
+    assert not any(p.changes for p in applier.plan(load_profile(old_path)))  # back to the old layout
+    assert errors.snapshot()[(fn, err)] == 1
+    assert not (tmp_path / "d" / "journal.json").exists()
+    assert applier.apply(load_profile(PROFILES / f"{new}.yaml")).ok  # and the next try succeeds
+    backend.close()
+
+
+def test_reset_failure_rolls_back(tmp_path: Path) -> None:
+    m = Migctl(tmp_path, "single-a100")
+    control.fail_call(StateStore(m.state) if m.state.exists() else _init(m), "nvidia-smi -r", E_UNKNOWN)
+    r = m("apply", str(PROFILES / "day.yaml"), "-o", "json")
+    assert r.code == 1 and "nvidia-smi -r exited" in r.json()["results"][0]["error"]
+    st = m("status", "-o", "json").json()["gpus"][0]["mig"]
+    assert st == {"current": False, "pending": False}  # the pending enable was withdrawn
+    assert m("apply", str(PROFILES / "day.yaml")).code == 0
+
+
+def _init(m: Migctl) -> StateStore:
+    m("status")
+    return StateStore(m.state)
+
+
+def test_1000_scrapes_from_50_clients_during_an_apply(tmp_path: Path) -> None:
+    migd = MigdProcess(tmp_path, fleet="dgx-h100", reconcile_interval="1h")
+    try:
+        migd.start(now="2026-11-23T10:00:00")
+        migd.wait_ready()
+        control.set_mutation_delay(StateStore(migd.migctl.state), 0.01)
+        url = f"http://127.0.0.1:{migd.port}/metrics"
+        failures: list[str] = []
+        latencies: list[float] = []
+        lock = threading.Lock()
+
+        def client() -> None:
+            for _ in range(20):
+                t0 = time.monotonic()
+                try:
+                    with urllib.request.urlopen(url, timeout=30) as r:
+                        ok = r.status == 200 and b"migd_instance_info" in r.read()
+                except OSError as e:
+                    ok, msg = False, str(e)
+                else:
+                    msg = "bad response"
+                with lock:
+                    latencies.append(time.monotonic() - t0)
+                    if not ok:
+                        failures.append(msg)
+        apply_result: dict[str, object] = {}
+
+        def apply() -> None:
+            apply_result["r"] = migd.migctl("apply", str(PROFILES / "night.yaml"))
+        threads = [threading.Thread(target=client) for _ in range(50)] + [threading.Thread(target=apply)]
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        assert len(latencies) == 1000 and failures == []
+        r = apply_result["r"]
+        assert r.code == 0, r.err  # type: ignore[attr-defined]
+        assert time.monotonic() - t0 < 120
+    finally:
+        migd.close()
+
+
+def test_files_others_can_rewrite_are_refused(tmp_path: Path) -> None:
+    m = Migctl(tmp_path, "single-a100")
+    prof = tmp_path / "p.yaml"
+    prof.write_text((PROFILES / "day.yaml").read_text())
+    os.chmod(prof, 0o666)
+    if os.geteuid() != 0:
+        pytest.skip("StrictModes applies to root")
+    r = m("apply", str(prof))
+    assert r.code == 2 and "writable by group or others" in r.err
+    os.chmod(prof, 0o644)
+    hook = tmp_path / "hook.sh"
+    hook.write_text("#!/bin/sh\nexit 0\n")
+    os.chmod(hook, 0o777)
+    hooks = tmp_path / "hooks.yaml"
+    hooks.write_text(f"hooks:\n  apply-start:\n    - command: [{hook}]\n")
+    r = m("apply", str(prof), "--hooks", str(hooks))
+    assert r.code == 2 and "hook program" in r.err and "writable" in r.err
+    os.chmod(hook, 0o755)
+    assert m("apply", str(prof), "--hooks", str(hooks)).code == 0
+    assert stat.S_IMODE(os.stat(prof).st_mode) == 0o644
