@@ -147,8 +147,9 @@ class MigdCollector(Collector):
         snap = self.sampler.snapshot
         yield GaugeMetricFamily("migd_sampler_duration_seconds", "Wall time of the last sampling cycle",
                                 value=snap.duration_s if snap else 0)
-        yield GaugeMetricFamily("migd_sampler_cpu_seconds", "CPU time of the last sampling cycle",
+        yield GaugeMetricFamily("migd_sampler_cpu_seconds", "Process CPU time during the last sampling cycle",
                                 value=self.sampler.cpu_seconds_last)
+        yield CounterMetricFamily("migd_sampler_cycles", "Completed NVML sampling cycles", value=self.sampler.cycles)
 
     def _faults(self) -> Iterator[Metric]:
         ev = self.events

@@ -19,7 +19,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
-            self._send(200, CONTENT_TYPE_LATEST, generate_latest(self.server.registry))
+            self._send(200, CONTENT_TYPE_LATEST, self.server.render())
         elif path == "/healthz":
             ok, text = self.server.health()
             self._send(200 if ok else 503, "text/plain; charset=utf-8", text.encode())
@@ -57,7 +57,19 @@ class MetricsServer(ThreadingHTTPServer):
         self.registry = registry
         self.sampler = sampler
         self.stale_after_s = stale_after_s
+        self._render_lock = threading.Lock()
+        self._rendered: tuple[float, object, bytes] | None = None  # (time, snapshot, exposition)
         super().__init__((host, port), _Handler)
+
+    def render(self, max_age_s: float = 1.0) -> bytes:
+        """The exposition, rendered at most once a second (or per new snapshot) however many scrape."""
+        with self._render_lock:
+            now = time.monotonic()
+            cached = self._rendered
+            if cached is None or now - cached[0] > max_age_s or cached[1] is not self.sampler.snapshot:
+                cached = (now, self.sampler.snapshot, generate_latest(self.registry))
+                self._rendered = cached
+            return cached[2]
 
     def health(self) -> tuple[bool, str]:
         last = self.sampler.last_success

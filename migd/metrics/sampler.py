@@ -87,7 +87,7 @@ class Sampler:
         self._thread: threading.Thread | None = None
 
     def sample_once(self) -> Snapshot:
-        t0, c0 = time.monotonic(), time.thread_time()
+        t0, c0 = time.monotonic(), time.process_time()  # process CPU: the per-GPU workers count too
         owners = self.owners()
         with self.lock:
             gpus = self.backend.list_gpus()
@@ -96,7 +96,7 @@ class Sampler:
         snap = Snapshot(time.time(), time.monotonic() - t0, samples)
         self.snapshot, self.last_success = snap, snap.taken_at
         self.cycles += 1
-        self.cpu_seconds_last = time.thread_time() - c0
+        self.cpu_seconds_last = time.process_time() - c0
         return snap
 
     def _gpu(self, g: GpuInfo, owners: dict[int, str]) -> GpuSample:

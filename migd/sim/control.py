@@ -106,3 +106,9 @@ def reset_gpu(store: StateStore, gpu: int) -> None:
             s.add_event(gpu, pynvml.nvmlEventMigConfigChange, 0, GPU_WIDE, GPU_WIDE)
     if failure is not None:
         raise SimError(failure)
+
+
+def set_mutation_delay(store: StateStore, seconds: float) -> None:
+    """Make every mutating NVML call take ``seconds`` (a slow driver), to signal a process mid-apply."""
+    with store.transaction() as s:
+        s.mutation_delay_s = seconds
