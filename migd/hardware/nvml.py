@@ -143,47 +143,43 @@ class NvmlBackend:
                                 f"{detail[-1] if detail else 'no output'}", gpu=index)
 
     # -- instances --------------------------------------------------------------------------------
-    def _gi_profile_infos(self, dev: Any, index: int) -> list[Any]:
+    def _profiles(self, fn: str, parent: Any, enum_count: int, index: int, *extra: Any) -> list[Any]:
+        """Profile infos the GPU (or GI) supports; NVML answers NOT_SUPPORTED/INVALID_ARGUMENT for others."""
         infos = []
-        for enum in range(GI_ENUM_COUNT):
+        for enum in range(enum_count):
             try:
-                infos.append(self._lib.nvmlDeviceGetGpuInstanceProfileInfo(dev, enum))
+                infos.append(getattr(self._lib, fn)(parent, enum, *extra))
             except pynvml.NVMLError as e:
                 if getattr(e, "value", None) not in _NO_SUCH_PROFILE:
-                    raise HardwareError(f"GPU {index}: nvmlDeviceGetGpuInstanceProfileInfo failed: "
-                                        f"NVML_ERROR_{error_name(e.value)}", code=e.value, gpu=index) from e
+                    raise HardwareError(f"GPU {index}: {fn} failed: NVML_ERROR_{error_name(e.value)}",
+                                        code=e.value, gpu=index) from e
         return infos
+
+    def _handles(self, fn: str, parent: Any, info: Any, ptype: Any, index: int) -> list[Any]:
+        """The instances of one profile, through NVML's caller-allocated handle array."""
+        refs = (ptype * max(1, info.instanceCount))()
+        count = ctypes.c_uint(0)
+        self._nvml(fn, parent, info.id, refs, ctypes.byref(count), gpu=index)
+        return [refs[i] for i in range(count.value)]
 
     def list_gpu_instances(self, index: int) -> list[GpuInstance]:
         dev = self._dev(index)
         out = []
-        for info in self._gi_profile_infos(dev, index):
-            refs = (pynvml.c_nvmlGpuInstance_t * max(1, info.instanceCount))()
-            count = ctypes.c_uint(0)
-            self._nvml("nvmlDeviceGetGpuInstances", dev, info.id, refs, ctypes.byref(count), gpu=index)
-            for i in range(count.value):
-                gi_info = self._nvml("nvmlGpuInstanceGetInfo", refs[i], gpu=index)
+        for info in self._profiles("nvmlDeviceGetGpuInstanceProfileInfo", dev, GI_ENUM_COUNT, index):
+            for gi in self._handles("nvmlDeviceGetGpuInstances", dev, info, pynvml.c_nvmlGpuInstance_t, index):
+                gi_info = self._nvml("nvmlGpuInstanceGetInfo", gi, gpu=index)
                 out.append(GpuInstance(id=int(gi_info.id), profile_id=int(gi_info.profileId),
                                        placement=Placement(int(gi_info.placement.start), int(gi_info.placement.size)),
-                                       compute_instances=tuple(self._compute_instances(refs[i], index))))
+                                       compute_instances=tuple(self._compute_instances(gi, index))))
         return sorted(out, key=lambda g: (g.placement.start, g.id))
 
     def _compute_instances(self, gi: Any, index: int) -> list[ComputeInstance]:
         out = []
-        for enum in range(CI_ENUM_COUNT):
-            try:
-                info = self._lib.nvmlGpuInstanceGetComputeInstanceProfileInfo(
-                    gi, enum, pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-            except pynvml.NVMLError as e:
-                if getattr(e, "value", None) not in _NO_SUCH_PROFILE:
-                    raise HardwareError(f"GPU {index}: nvmlGpuInstanceGetComputeInstanceProfileInfo failed: "
-                                        f"NVML_ERROR_{error_name(e.value)}", code=e.value, gpu=index) from e
-                continue
-            refs = (pynvml.c_nvmlComputeInstance_t * max(1, info.instanceCount))()
-            count = ctypes.c_uint(0)
-            self._nvml("nvmlGpuInstanceGetComputeInstances", gi, info.id, refs, ctypes.byref(count), gpu=index)
-            for i in range(count.value):
-                ci = self._nvml("nvmlComputeInstanceGetInfo", refs[i], gpu=index)
+        for info in self._profiles("nvmlGpuInstanceGetComputeInstanceProfileInfo", gi, CI_ENUM_COUNT, index,
+                                   pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED):
+            for ref in self._handles("nvmlGpuInstanceGetComputeInstances", gi, info, pynvml.c_nvmlComputeInstance_t,
+                                     index):
+                ci = self._nvml("nvmlComputeInstanceGetInfo", ref, gpu=index)
                 out.append(ComputeInstance(id=int(ci.id), profile_id=int(ci.profileId),
                                            placement=Placement(int(ci.placement.start), int(ci.placement.size))))
         return sorted(out, key=lambda c: c.id)
