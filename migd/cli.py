@@ -273,6 +273,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (LockBusy, HookError) as e:
         print(f"not applied: {e}", file=sys.stderr)
         return EXIT_NOT_APPLIED
+    except (ConnectionError, TimeoutError) as e:
+        print(f"error talking to migd: {e}", file=sys.stderr)
+        return EXIT_NOT_APPLIED
 
 
 if __name__ == "__main__":

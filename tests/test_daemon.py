@@ -210,3 +210,27 @@ def test_busy_transition_waits_then_applies(migd: MigdProcess) -> None:
     assert migd.assert_profile("night")
     control.stop_process(store, pid)
     migd.wait_until(lambda: migd.assert_profile("day"), timeout=15)
+
+
+class _BrokenStatus:
+    def to_json(self) -> dict[str, object]:
+        raise RuntimeError("status exploded")
+
+
+class _BrokenDaemon:
+    status = _BrokenStatus()
+
+
+def test_control_server_always_answers(tmp_path: Path) -> None:
+    """A failure inside the daemon reaches migctl as an error reply, never as a silent hang-up."""
+    from migd.daemon.control import ControlServer, request
+    server = ControlServer(tmp_path / "ctl.sock", _BrokenDaemon())
+    server.start()
+    try:
+        reply = request(server.path, {"cmd": "status"}, timeout_s=10)
+        assert reply is not None and reply["ok"] is False and reply["exit"] == 1
+        assert "RuntimeError: status exploded" in reply["error"]
+        reply = request(server.path, {"cmd": "apply", "file": str(tmp_path / "missing.yaml")}, timeout_s=10)
+        assert reply is not None and reply["exit"] == 2 and "cannot read file" in reply["error"]
+    finally:
+        server.close()

@@ -46,7 +46,10 @@ def check_permissions(path: Path, what: str, strict: bool) -> None:
     """Like sshd's StrictModes: a file that others can rewrite could reconfigure every GPU."""
     if not strict:
         return
-    st = os.stat(path)
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ValidationError(str(path), None, None, "", f"cannot read file: {e}") from e
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise ValidationError(str(path), None, None, "", f"{what} is writable by group or others "
                               f"(mode {stat.S_IMODE(st.st_mode):04o}); fix with chmod go-w")

@@ -42,6 +42,9 @@ class _Handler(socketserver.StreamRequestHandler):
             reply = self.server.dispatch(req)
         except (ValueError, json.JSONDecodeError) as e:
             reply = {"ok": False, "exit": 2, "error": f"bad request: {e}"}
+        except Exception as e:  # noqa: BLE001 - the client must always get an answer, never an empty line
+            log.exception("control request failed")
+            reply = {"ok": False, "exit": 1, "error": f"migd failed on this request: {type(e).__name__}: {e}"}
         self.wfile.write(json.dumps(reply, default=str).encode() + b"\n")
 
 
@@ -129,5 +132,7 @@ def request(path: str | Path, req: dict[str, Any], timeout_s: float = 3600.0) ->
         f.write(json.dumps(req).encode() + b"\n")
         f.flush()
         line = f.readline()
+    if not line:
+        raise ConnectionError(f"migd closed the control socket {path} without answering; see its log")
     reply: dict[str, Any] = json.loads(line)
     return reply
