@@ -9,19 +9,19 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
-from migd.hardware.catalog import MODELS
+from migd.hardware.catalog import MODELS, GiProfile
 from migd.sim.control import SimError, reset_gpu
 from migd.sim.nvml import remaining_capacity
-from migd.sim.state import SimGpu, SimState, StateStore
+from migd.sim.state import SimGi, SimGpu, SimState, StateStore
 
 GIB = 1024.0
 
 
 def _mig_uuid(g: SimGpu, gi_serial: int, ci_serial: int) -> str:
     from migd.sim.nvml import SimNvml  # the UUID rule lives with the fake library
-    from migd.sim.state import SimCi, SimGi
+    from migd.sim.state import SimCi
     return SimNvml.mig_uuid(g, SimGi(0, gi_serial, 0, 0, 0), SimCi(0, ci_serial, 0, 0, 0))
 
 
@@ -54,29 +54,29 @@ def _table(title: str, header: list[str], rows: list[str], width: int) -> str:
     return "\n".join(out) + "\n"
 
 
+def _gis(gpus: list[SimGpu]) -> Iterator[tuple[SimGpu, SimGi, GiProfile]]:
+    for g in gpus:
+        for gi in g.gis:
+            prof = MODELS[g.model].profile_by_id(gi.profile_id)
+            assert prof is not None
+            yield g, gi, prof
+
+
 def list_gis(state: SimState, gpus: list[SimGpu]) -> str:
     rows = []
-    for g in gpus:
-        m = MODELS[g.model]
-        for gi in g.gis:
-            prof = m.profile_by_id(gi.profile_id)
-            assert prof is not None
-            rows.append(f" {g.index:>3}  MIG {prof.name:<13}{gi.profile_id:>4}{gi.id:>9}{gi.start:>11}:{gi.size:<6}")
+    for g, gi, prof in _gis(gpus):
+        rows.append(f" {g.index:>3}  MIG {prof.name:<13}{gi.profile_id:>4}{gi.id:>9}{gi.start:>11}:{gi.size:<6}")
     return _table("GPU instances:", [" GPU   Name             Profile  Instance   Placement  ",
                                      "                          ID       ID       Start:Size "], rows, 55)
 
 
 def list_cis(state: SimState, gpus: list[SimGpu]) -> str:
     rows = []
-    for g in gpus:
-        m = MODELS[g.model]
-        for gi in g.gis:
-            prof = m.profile_by_id(gi.profile_id)
-            assert prof is not None
-            for ci in gi.cis:
-                cp = prof.ci_by_id(ci.profile_id)
-                rows.append(f" {g.index:>3}  {gi.id:>5}       MIG {(cp.name if cp else '?'):<14}{ci.profile_id:>4}"
-                            f"{ci.id:>10}{ci.start:>11}:{ci.size:<6}")
+    for g, gi, prof in _gis(gpus):
+        for ci in gi.cis:
+            cp = prof.ci_by_id(ci.profile_id)
+            rows.append(f" {g.index:>3}  {gi.id:>5}       MIG {(cp.name if cp else '?'):<14}{ci.profile_id:>4}"
+                        f"{ci.id:>10}{ci.start:>11}:{ci.size:<6}")
     return _table("Compute instances:", [" GPU     GPU       Name             Profile   Instance   Placement  ",
                                          "       Instance                       ID        ID       Start:Size ",
                                          "         ID                                                         "],
