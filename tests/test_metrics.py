@@ -151,3 +151,32 @@ def test_http_serves_only_metrics_and_healthz(tmp_path: Path) -> None:
             assert e.value.code == code, (path, method)
     finally:
         m.close()
+
+
+class _FlakyBackend:
+    """Delegates to the real backend but raises a non-NVML error on the first listing (a bug, say)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.calls = inner, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def list_gpus(self) -> Any:
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("unexpected")
+        return self.inner.list_gpus()
+
+
+def test_sampler_thread_survives_an_unexpected_error(fleet: Any) -> None:
+    backend, _, sampler, _, lock, _ = fleet
+    flaky = Sampler(_FlakyBackend(backend), lock, sampler.owners, interval_s=0.05)
+    flaky.start()
+    try:
+        deadline = time.monotonic() + 20
+        while flaky.cycles == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        flaky.stop()
+    assert flaky.failures >= 1 and flaky.cycles >= 1 and flaky.snapshot is not None

@@ -114,6 +114,9 @@ class FaultWatch:
             except HardwareError as e:
                 log.warning("fault watch: %s", e)
                 self._stop.wait(1.0)
+            except Exception:  # noqa: BLE001 - a dead watch would miss every later Xid; keep it alive, loudly
+                log.exception("fault watch failed unexpectedly; continuing")
+                self._stop.wait(1.0)
 
     def start(self) -> None:
         self.remember()

@@ -134,6 +134,9 @@ class Sampler:
             except HardwareError as e:
                 self.failures += 1
                 log.warning("sampling failed: %s", e)
+            except Exception:  # noqa: BLE001 - a dead sampler would freeze every series; keep it alive, loudly
+                self.failures += 1
+                log.exception("sampling failed unexpectedly; the last snapshot is kept and marked stale")
             self._stop.wait(self.interval_s)
 
     def start(self) -> None:
