@@ -10,12 +10,12 @@ operator clears it (``migctl clear-fault GPU``).
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from migd.hardware.backend import GpuBackend, GpuEvent, HardwareError
+from migd.loop import BackgroundLoop
 from migd.metrics.collector import EventCounters
 
 log = logging.getLogger("migd.faults")
@@ -25,17 +25,20 @@ log = logging.getLogger("migd.faults")
 FATAL_GPU_XIDS = frozenset({48, 63, 64, 74, 79, 92, 94, 95, 119, 120})
 
 
-class FaultWatch:
+class FaultWatch(BackgroundLoop):
+    thread_name = "migd-faults"
+    join_timeout_s = 5.0
+
     def __init__(self, backend: GpuBackend, lock: Any, events: EventCounters, unhealthy: dict[str, str],
                  on_config_change: Callable[[], None] | None = None) -> None:
+        super().__init__(log, "fault watch")
         self.backend = backend
         self.lock = lock
         self.events = events
         self.unhealthy = unhealthy  # shared with the daemon's status: uuid -> reason
         self.on_config_change = on_config_change
         self._procs: dict[int, dict[int, set[int]]] = {}  # gpu -> gi -> pids, as last seen
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._last_remember = 0.0
         self.breaches: list[str] = []
 
     def remember(self) -> None:
@@ -101,29 +104,16 @@ class FaultWatch:
                 self.events.breaches[(str(ev.gpu_index), gpu.uuid)] += 1
         self.remember()
 
-    def run(self) -> None:
-        last_remember = 0.0
-        while not self._stop.is_set():
-            try:
-                if time.monotonic() - last_remember > 5:
-                    self.remember()
-                    last_remember = time.monotonic()
-                ev = self.backend.wait_event(500)
-                if ev is not None:
-                    self.handle(ev)
-            except HardwareError as e:
-                log.warning("fault watch: %s", e)
-                self._stop.wait(1.0)
-            except Exception:  # noqa: BLE001 - a dead watch would miss every later Xid; keep it alive, loudly
-                log.exception("fault watch failed unexpectedly; continuing")
-                self._stop.wait(1.0)
+    def step(self) -> float:
+        if time.monotonic() - self._last_remember > 5:
+            self.remember()
+            self._last_remember = time.monotonic()
+        ev = self.backend.wait_event(500)  # blocks up to 500 ms: no pause needed between steps
+        if ev is not None:
+            self.handle(ev)
+        return 0.0
 
     def start(self) -> None:
         self.remember()
-        self._thread = threading.Thread(target=self.run, name="migd-faults", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._last_remember = time.monotonic()
+        super().start()

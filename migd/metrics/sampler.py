@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from migd.hardware.backend import GpmMetrics, GpuBackend, GpuInfo, HardwareError
+from migd.loop import BackgroundLoop
 
 log = logging.getLogger("migd.sampler")
 
@@ -70,9 +71,12 @@ class NvmlErrorCounter:
             return dict(self.counts)
 
 
-class Sampler:
+class Sampler(BackgroundLoop):
+    thread_name = "migd-sampler"
+
     def __init__(self, backend: GpuBackend, lock: Any, owners: Callable[[], dict[str, dict[int, str]]],
                  interval_s: float = 15.0, gpm_interval_s: float = 0.1) -> None:
+        super().__init__(log, "sampling")
         self.backend = backend
         self.lock = lock
         self.owners = owners
@@ -82,9 +86,6 @@ class Sampler:
         self.last_success: float | None = None
         self.cycles = 0
         self.cpu_seconds_last = 0.0
-        self.failures = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def sample_once(self) -> Snapshot:
         t0, c0 = time.monotonic(), time.process_time()  # process CPU: the per-GPU workers count too
@@ -127,23 +128,9 @@ class Sampler:
                 activity_source="gpm" if act is not None else "none"))
         return GpuSample(g, tuple(out), 0)
 
-    def run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.sample_once()
-            except HardwareError as e:
-                self.failures += 1
-                log.warning("sampling failed: %s", e)
-            except Exception:  # noqa: BLE001 - a dead sampler would freeze every series; keep it alive, loudly
-                self.failures += 1
-                log.exception("sampling failed unexpectedly; the last snapshot is kept and marked stale")
-            self._stop.wait(self.interval_s)
+    def step(self) -> float:
+        self.sample_once()
+        return self.interval_s
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self.run, name="migd-sampler", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+    def error_pause_s(self) -> float:
+        return self.interval_s  # the last snapshot is kept; its timestamp shows it is stale
