@@ -86,11 +86,9 @@ def cmd_assert(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -
 def _hooks(path: str | None) -> Hooks:
     if not path:
         return Hooks()
-    strict = os.geteuid() == 0
-    if strict:
-        from migd.daemon.config import check_permissions
-        check_permissions(Path(path), "hooks file", True)
-    return parse_hooks(load(path).mapping(allowed=["hooks"], required=["hooks"])["hooks"], strict)
+    strict = os.geteuid() == 0  # StrictModes: root runs only hooks that nobody else can rewrite
+    doc = load(path, strict=strict, what="hooks file").mapping(allowed=["hooks"], required=["hooks"])
+    return parse_hooks(doc["hooks"], strict)
 
 
 def apply_via_daemon(args: argparse.Namespace) -> int | None:
@@ -117,10 +115,8 @@ def cmd_apply(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) ->
         via = apply_via_daemon(args)
         if via is not None:
             return via
-    if os.geteuid() == 0:  # StrictModes: root applies only files that nobody else can rewrite
-        from migd.daemon.config import check_permissions
-        check_permissions(Path(args.file), "profile", True)
-    profile = load_profile(args.file, args.config)
+    # StrictModes: root applies only files that nobody else can rewrite
+    profile = load_profile(args.file, args.config, strict=os.geteuid() == 0)
     opts = ApplyOptions(on_busy=args.on_busy, busy_timeout_s=parse_duration(args.busy_timeout),
                         dry_run=args.dry_run, hooks=_hooks(args.hooks), lock_timeout_s=args.lock_timeout,
                         parallel=not args.sequential)

@@ -7,7 +7,9 @@ must be a positive integer`` and list the allowed values.
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,12 +163,36 @@ def parse_duration(value: str, where: Node | None = None) -> float:
     return int(h or 0) * 3600 + int(mi or 0) * 60 + float(s or 0)
 
 
-def load(path: str | Path, text: str | None = None) -> Node:
-    """Parse one YAML document, keeping marks.  Syntax errors become ValidationError."""
+def _refuse_writable(name: str, mode: int, what: str) -> None:
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ValidationError(name, None, None, "", f"{what} is writable by group or others "
+                              f"(mode {stat.S_IMODE(mode):04o}); fix with chmod go-w")
+
+
+def check_permissions(path: Path, what: str, strict: bool) -> None:
+    """Like sshd's StrictModes: a file that others can rewrite could reconfigure every GPU."""
+    if not strict:
+        return
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        raise ValidationError(str(path), None, None, "", f"cannot read file: {e}") from e
+    _refuse_writable(str(path), mode, what)
+
+
+def load(path: str | Path, text: str | None = None, strict: bool = False, what: str = "file") -> Node:
+    """Parse one YAML document, keeping marks.  Syntax errors become ValidationError.
+
+    ``strict`` refuses a file that group or others may write (StrictModes), checked on the
+    opened file itself so it cannot be swapped between the check and the read.
+    """
     name = str(path)
     try:
         if text is None:
-            text = Path(path).read_text(encoding="utf-8")
+            with open(path, encoding="utf-8") as f:
+                if strict:
+                    _refuse_writable(name, os.fstat(f.fileno()).st_mode, what)
+                text = f.read()
     except (OSError, UnicodeDecodeError) as e:
         raise ValidationError(name, None, None, "", f"cannot read file: {e}") from e
     try:

@@ -232,5 +232,10 @@ def test_control_server_always_answers(tmp_path: Path) -> None:
         assert "RuntimeError: status exploded" in reply["error"]
         reply = request(server.path, {"cmd": "apply", "file": str(tmp_path / "missing.yaml")}, timeout_s=10)
         assert reply is not None and reply["exit"] == 2 and "cannot read file" in reply["error"]
+        writable = tmp_path / "writable.yaml"
+        writable.write_text((PROFILES / "day.yaml").read_text())
+        os.chmod(writable, 0o666)
+        reply = request(server.path, {"cmd": "apply", "file": str(writable)}, timeout_s=10)
+        assert reply is not None and reply["exit"] == 2 and "profile is writable by group or others" in reply["error"]
     finally:
         server.close()

@@ -145,6 +145,10 @@ def test_files_others_can_rewrite_are_refused(tmp_path: Path) -> None:
     os.chmod(hook, 0o777)
     hooks = tmp_path / "hooks.yaml"
     hooks.write_text(f"hooks:\n  apply-start:\n    - command: [{hook}]\n")
+    os.chmod(hooks, 0o666)
+    r = m("apply", str(prof), "--hooks", str(hooks))
+    assert r.code == 2 and "hooks file is writable by group or others" in r.err
+    os.chmod(hooks, 0o644)
     r = m("apply", str(prof), "--hooks", str(hooks))
     assert r.code == 2 and "hook program" in r.err and "writable" in r.err
     os.chmod(hook, 0o755)

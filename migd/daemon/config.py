@@ -6,8 +6,6 @@ so a bad edit followed by SIGHUP leaves the daemon running on the old one.
 
 from __future__ import annotations
 
-import os
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -17,7 +15,7 @@ from migd.daemon.schedule import Entry, Schedule, ScheduleError
 from migd.profiles.loader import load_profile
 from migd.profiles.model import Profile
 from migd.profiles.validate import check_profile
-from migd.yamlsrc import Node, ValidationError, load
+from migd.yamlsrc import Node, ValidationError, check_permissions, load
 
 DEFAULT_CONFIG = "/etc/migd/migd.yaml"
 KEYS = ["timezone", "profiles_dir", "schedule", "on_busy", "busy_timeout", "reconcile_interval", "reconcile",
@@ -40,19 +38,6 @@ class Config:
     control_socket: str | None = None
     state_dir: str | None = None
     sample_interval_s: float = 15.0
-
-
-def check_permissions(path: Path, what: str, strict: bool) -> None:
-    """Like sshd's StrictModes: a file that others can rewrite could reconfigure every GPU."""
-    if not strict:
-        return
-    try:
-        st = os.stat(path)
-    except OSError as e:
-        raise ValidationError(str(path), None, None, "", f"cannot read file: {e}") from e
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise ValidationError(str(path), None, None, "", f"{what} is writable by group or others "
-                              f"(mode {stat.S_IMODE(st.st_mode):04o}); fix with chmod go-w")
 
 
 def _schedule(node: Node, tz: ZoneInfo, profiles: dict[str, Profile]) -> Schedule:
@@ -84,8 +69,7 @@ def load_profiles(directory: Path, strict: bool) -> dict[str, Profile]:
         raise ValidationError(str(directory), None, None, "", "profiles directory does not exist")
     out: dict[str, Profile] = {}
     for f in sorted([*directory.glob("*.yaml"), *directory.glob("*.yml")]):
-        check_permissions(f, "profile", strict)
-        p = load_profile(f)
+        p = load_profile(f, strict=strict)
         check_profile(p)
         if p.name in out:
             raise ValidationError(str(f), None, None, "name", f"profile name {p.name!r} is also used by "

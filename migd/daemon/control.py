@@ -19,7 +19,6 @@ from typing import Any
 from migd.apply.executor import BusyError, GpuUnhealthy
 from migd.apply.hooks import HookError
 from migd.apply.lock import LockBusy
-from migd.daemon.config import check_permissions
 from migd.hardware.backend import HardwareError
 from migd.planner import PlanError
 from migd.profiles.loader import load_profile
@@ -89,9 +88,7 @@ class ControlServer(socketserver.ThreadingUnixStreamServer):
 
     def _apply(self, req: dict[str, Any]) -> dict[str, Any]:
         try:
-            if req.get("text") is None:
-                check_permissions(Path(str(req["file"])), "profile", True)
-            profile = load_profile(str(req["file"]), req.get("config"), text=req.get("text"))
+            profile = load_profile(str(req["file"]), req.get("config"), text=req.get("text"), strict=True)
             on_busy = req.get("on_busy", "refuse")
             if on_busy not in ("refuse", "wait", "force"):
                 raise ValueError(f"on_busy {on_busy!r}")

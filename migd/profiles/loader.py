@@ -19,9 +19,13 @@ def _loc(n: Node) -> Loc:
     return Loc(n.file, n.line, n.column, n.field)
 
 
-def load_profile(path: str | Path, config: str | None = None, text: str | None = None) -> Profile:
-    """Load either format; ``config`` picks the mig-configs entry of a mig-parted file."""
-    root = load(path, text)
+def load_profile(path: str | Path, config: str | None = None, text: str | None = None,
+                 strict: bool = False) -> Profile:
+    """Load either format; ``config`` picks the mig-configs entry of a mig-parted file.
+
+    ``strict``: refuse a file that group or others may write (see ``yamlsrc.load``).
+    """
+    root = load(path, text, strict, "profile")
     top = root.mapping()
     if "mig-configs" in top or ("version" in top and "apiVersion" not in top):
         return _load_mig_parted(root, config)
