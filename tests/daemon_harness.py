@@ -85,11 +85,17 @@ class MigdProcess:
                                          cwd=str(Path(__file__).resolve().parents[1]))
 
     def poll_notify(self) -> None:
+        """Wait up to 0.2 s for a message, then take only what is already queued.
+
+        Draining until a quiet 0.2 s would never return while the watchdog pings every 0.2 s.
+        """
+        flags = 0
         while True:
             try:
-                self.messages.append(self.notify.recv(4096).decode())
+                self.messages.append(self.notify.recv(4096, flags).decode())
             except (TimeoutError, BlockingIOError):
                 return
+            flags = socket.MSG_DONTWAIT
 
     def wait_for(self, pred: Callable[[str], bool], timeout: float = 30.0) -> str:
         deadline = time.monotonic() + timeout
