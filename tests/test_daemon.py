@@ -178,6 +178,20 @@ def test_sd_notify_protocol(migd: MigdProcess) -> None:
     migd.wait_for(lambda m: m.startswith("STOPPING=1"))
 
 
+def test_signal_storm_never_wedges_the_daemon(migd: MigdProcess) -> None:
+    """A signal landing while the main thread holds an Event's lock must not deadlock it (seen with SIGHUP)."""
+    migd.start(now="2026-11-23T10:00:00", watchdog_usec=400_000)
+    migd.wait_ready()
+    for _ in range(300):
+        migd.signal(signal.SIGHUP)
+        time.sleep(0.002)
+    migd.wait_for(lambda m: "READY=1" in m and "reloaded" in m)
+    migd.cursor = len(migd.messages)
+    migd.wait_for(lambda m: m == "WATCHDOG=1", timeout=10)  # the main loop still runs
+    assert migd.control({"cmd": "status"})["ok"]
+    assert migd.stop() == 0
+
+
 def test_control_socket_routes_migctl_apply(migd: MigdProcess) -> None:
     migd.start(now="2026-11-23T10:00:00")
     migd.wait_ready()

@@ -10,12 +10,12 @@ import sys
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from types import FrameType
 
 from migd.daemon.config import DEFAULT_CONFIG, Config, load_config
 from migd.daemon.control import ControlServer
 from migd.daemon.sdnotify import Notifier
 from migd.daemon.service import Clock, Daemon
+from migd.daemon.signals import SignalRelay
 from migd.hardware.backend import GpuBackend, HardwareError
 from migd.isolation.watch import FaultWatch
 from migd.metrics.collector import EventCounters
@@ -103,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         metrics = start_metrics(listen, daemon, backend, cfg.sample_interval_s, errors, events,
                                 lambda: daemon.audit_findings)
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
+    def on_signal(signum: int) -> None:
         if signum == signal.SIGHUP:
             daemon.reload_requested.set()
         else:
@@ -112,13 +112,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             daemon.stop.set()
         daemon.wake.set()
 
-    for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_signal)
+    signals = SignalRelay((signal.SIGHUP, signal.SIGTERM, signal.SIGINT), on_signal)
     log.info("migd starting: %d GPU(s), %d profiles, timezone %s, control socket %s", len(backend.list_gpus()),
              len(cfg.profiles), cfg.timezone.key, socket_path)
     try:
         daemon.run()
     finally:
+        signals.close()
         watch.stop()
         control.close()
         if metrics is not None:
