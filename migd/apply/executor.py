@@ -198,10 +198,13 @@ class Applier:
 
     def _run(self, profile: Profile, plans: list[GpuPlan], opts: ApplyOptions) -> list[GpuResult]:
         env = {"MIGD_PROFILE": profile.name, "MIGD_GPUS": ",".join(str(p.gpu.index) for p in plans)}
+        owners = self.owners.load()
+        befores = [(self._before(p), owners.get(p.gpu.uuid, {})) for p in plans]  # what a rollback restores
         self.journal.begin(profile.name, {p.gpu.uuid: {
             "index": p.gpu.index, "status": "pending", "done": 0, "ops": len(p.ops),
-            "before": layout_to_json(self._before(p)),
-            "owners_before": {str(k): v for k, v in self.owners.for_gpu(p.gpu.uuid).items()}} for p in plans})
+            "before": layout_to_json(before),
+            "owners_before": {str(k): v for k, v in owners_before.items()}}
+            for p, (before, owners_before) in zip(plans, befores, strict=True)})
         results: list[GpuResult] = []
         self._cancel = opts.cancel
         try:
@@ -211,9 +214,9 @@ class Applier:
             opts.hooks.run("pre-apply-config", env)
             if opts.parallel and len(plans) > 1:
                 with ThreadPoolExecutor(max_workers=len(plans), thread_name_prefix="migd-gpu") as pool:
-                    results = list(pool.map(self._run_gpu, plans))
+                    results = list(pool.map(self._run_gpu, plans, befores))
             else:
-                results = [self._run_gpu(p) for p in plans]
+                results = [self._run_gpu(p, b) for p, b in zip(plans, befores, strict=True)]
         finally:
             # Keep the journal while any GPU is left half-way: the next start retries its rollback.
             settled = len(results) == len(plans) and all(r.status in ("applied", "rolled_back") for r in results)
@@ -285,16 +288,14 @@ class Applier:
             raise HardwareError(f"GPU {gpu.index}: layout after apply differs from the plan: {actual} != {want}",
                                 gpu=gpu.index)
 
-    def _run_gpu(self, plan: GpuPlan) -> GpuResult:
+    def _run_gpu(self, plan: GpuPlan, before: tuple[DesiredLayout, dict[int, str]]) -> GpuResult:
         t0 = time.monotonic()
         uuid, i = plan.gpu.uuid, plan.gpu.index
-        before = self._before(plan)
-        owners_before = self.owners.for_gpu(uuid)
         try:
             done = self._execute_ops(plan, uuid)
         except HardwareError as e:
             log.error("GPU %d: apply failed (%s); rolling back to the previous layout", i, e)
-            return self._rollback(plan.gpu, before, owners_before, str(e), t0)
+            return self._rollback(plan.gpu, *before, str(e), t0)
         self.owners.set_gpu(uuid, {t.placement.start: t.owner for t in plan.targets if t.owner})
         self.journal.update(uuid, status="done")
         log.info("GPU %d: applied %d operations in %.2fs", i, done, time.monotonic() - t0)
