@@ -209,6 +209,20 @@ def test_control_socket_routes_migctl_apply(migd: MigdProcess) -> None:
     assert r.code == 2 and "cannot read file" in r.err
 
 
+def test_manual_apply_keeps_its_own_content_when_the_name_is_taken(migd: MigdProcess) -> None:
+    """A hand-applied file named like a configured profile holds as written, not as the config's copy."""
+    migd.write_config(reconcile_interval="1s")
+    migd.start(now="2026-11-23T02:00:00")  # 11:00 KST Monday: day
+    migd.wait_ready()
+    variant = migd.tmp / "my-night.yaml"
+    variant.write_text((PROFILES / "night-two.yaml").read_text().replace("name: night-two", "name: night"))
+    os.chmod(variant, 0o644)
+    assert migd.migctl("apply", str(variant)).code == 0
+    time.sleep(3)  # three reconcile passes
+    assert migd.control({"cmd": "status"})["daemon"]["override"]["profile"] == "night"
+    assert migd.assert_profile("night-two") and not migd.assert_profile("night")
+
+
 def test_busy_transition_waits_then_applies(migd: MigdProcess) -> None:
     migd.write_config(reconcile_interval="1h", busy_timeout="2s")
     migd.start(now="2026-11-23T18:59:59")

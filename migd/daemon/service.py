@@ -105,7 +105,8 @@ class Daemon:
         ov = self.status.override
         if ov is not None:
             if ov["until"] is None or now < datetime.fromisoformat(ov["until"]):
-                return self.config.profiles.get(ov["profile"]) or ov.get("_profile")
+                profile: Profile = ov["_profile"]  # as applied, even if a configured profile has its name
+                return profile
             log.info("manual override of %s ended at the scheduled transition", ov["profile"])
             self.status.override = None
         entry = self.config.schedule.active(now)
