@@ -30,9 +30,6 @@ class _Status:
     last_apply = {"time": 1.0, "result": "success"}
     unhealthy: dict[str, str] = {}
 
-    def __init__(self) -> None:
-        self.apply_durations = [0.4, 1.2]
-
 
 def samples(registry: CollectorRegistry) -> dict[str, list[Any]]:
     out: dict[str, list[Any]] = {}
@@ -52,7 +49,10 @@ def fleet(tmp_path: Path) -> Any:
     lock = threading.RLock()
     sampler = Sampler(backend, lock, applier.owners.load, interval_s=60)
     registry = CollectorRegistry()
-    registry.register(MigdCollector(sampler, _Status, errors))
+    collector = MigdCollector(sampler, _Status, errors)
+    for seconds in (0.4, 1.2):  # as the daemon reports two applies
+        collector.observe_apply(None, "success", seconds)
+    registry.register(collector)
     yield backend, store, sampler, registry, lock, errors
     backend.close()
 

@@ -70,11 +70,10 @@ class Status:
     last_apply: dict[str, Any] | None = None
     last_reload_error: str | None = None
     apply_count: dict[str, int] = field(default_factory=dict)  # result -> count
-    apply_durations: list[float] = field(default_factory=list)  # drained by the metrics collector
     unhealthy: dict[str, str] = field(default_factory=dict)  # gpu uuid -> reason (fault watch)
 
     def to_json(self) -> dict[str, Any]:
-        d = {k: v for k, v in vars(self).items() if k != "apply_durations"}
+        d = dict(vars(self))
         d["schema"] = "migd.daemon/v1"
         return d
 
@@ -202,7 +201,6 @@ class Daemon:
 
     def _record(self, result: ApplyResult | None, outcome: str, seconds: float) -> None:
         self.status.apply_count[outcome] = self.status.apply_count.get(outcome, 0) + 1
-        self.status.apply_durations.append(seconds)
         self.status.last_apply = {"time": time.time(), "result": outcome, "seconds": round(seconds, 3),
                                   "profile": result.profile if result else self.status.desired_profile}
         for cb in self.on_apply:

@@ -7,6 +7,7 @@ the instance.  Nothing here is a global metric object and nothing here calls NVM
 from __future__ import annotations
 
 import bisect
+import itertools
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -40,14 +41,21 @@ class EventCounters:
 
 @dataclass
 class ApplyHistogram:
+    """Apply durations, observed by the daemon's thread and read by scrapes."""
+
     buckets: list[int] = field(default_factory=lambda: [0] * (len(APPLY_BUCKETS) + 1))
     total: float = 0.0
-    count: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def observe(self, seconds: float) -> None:
-        self.buckets[bisect.bisect_left(APPLY_BUCKETS, seconds)] += 1
-        self.total += seconds
-        self.count += 1
+        with self.lock:
+            self.buckets[bisect.bisect_left(APPLY_BUCKETS, seconds)] += 1
+            self.total += seconds
+
+    def cumulative(self) -> tuple[list[tuple[str, int]], float]:
+        with self.lock:
+            counts, total = list(self.buckets), self.total
+        return list(zip([*map(str, APPLY_BUCKETS), "+Inf"], itertools.accumulate(counts), strict=True)), total
 
 
 class MigdCollector(Collector):
@@ -59,6 +67,10 @@ class MigdCollector(Collector):
         self.events = events or EventCounters()
         self.audit = audit
         self.histogram = ApplyHistogram()
+
+    def observe_apply(self, result: object, outcome: str, seconds: float) -> None:
+        """The daemon's on_apply callback."""
+        self.histogram.observe(seconds)
 
     def collect(self) -> Iterator[Metric]:
         yield from self._gpus()
@@ -106,9 +118,6 @@ class MigdCollector(Collector):
 
     def _daemon(self) -> Iterator[Metric]:
         st = self.status()
-        for s in st.apply_durations[:]:
-            self.histogram.observe(s)
-        del st.apply_durations[:]
         g = GaugeMetricFamily("migd_profile_desired_info", "Profile the schedule (or an override) wants now",
                               labels=["profile"])
         if st.desired_profile:
@@ -131,13 +140,9 @@ class MigdCollector(Collector):
                                 value=last.get("time", 0))
         yield GaugeMetricFamily("migd_last_apply_success", "1 if the last apply attempt succeeded",
                                 value=1 if last.get("result") == "success" else 0)
-        h = self.histogram
-        cum, acc = [], 0
-        for bound, n in zip([*map(str, APPLY_BUCKETS), "+Inf"], h.buckets, strict=True):
-            acc += n
-            cum.append((bound, acc))
+        cum, total = self.histogram.cumulative()
         yield HistogramMetricFamily("migd_apply_duration_seconds", "Duration of apply attempts", buckets=cum,
-                                    sum_value=h.total)
+                                    sum_value=total)
         c = CounterMetricFamily("migd_nvml_errors", "NVML calls that failed", labels=["function", "error"])
         for (fn, err), n in sorted(self.errors.snapshot().items()):
             c.add_metric([fn, err], n)

@@ -95,7 +95,9 @@ def start_metrics(listen: str, daemon: Any, backend: Any, interval_s: float,
     sampler.sample_once()
     sampler.start()
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(MigdCollector(sampler, lambda: daemon.status, errors or NvmlErrorCounter(), events, audit))
+    collector = MigdCollector(sampler, lambda: daemon.status, errors or NvmlErrorCounter(), events, audit)
+    daemon.on_apply.append(collector.observe_apply)
+    registry.register(collector)
     server = MetricsServer(host.strip("[]"), int(port), registry, sampler, stale_after_s=max(60.0, 4 * interval_s))
     threading.Thread(target=server.serve_forever, name="migd-http", daemon=True).start()
     return server
