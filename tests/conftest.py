@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -9,17 +10,32 @@ import yaml
 
 from migd.hardware.nvml import NvmlBackend
 from migd.sim import sim_backend
+from migd.sim.library import loaded
 from migd.sim.state import StateStore
 
 REPO = Path(__file__).resolve().parents[1]
-FACTS_DIR = REPO.parent / "shared" / "reference"
+FACTS_DIR = REPO / "tests" / "fixtures" / "reference"  # copies, see SOURCES.md there
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_nvml_session() -> Iterator[None]:
+    """A test that leaves NVML initialised holds every simulated GPU (a reset would be refused, an
+    Ampere mode change stays pending) for the tests after it: close what you open."""
+    yield
+    lib = loaded()
+    if lib is not None and lib.init_count > 0:
+        leaked = lib.init_count
+        with lib.store.transaction() as state:
+            lib.register_client(state, os.getpid(), -leaked)
+        lib.init_count = 0
+        pytest.fail(f"the test left {leaked} NVML session(s) initialised (close the backend)")
 
 
 @pytest.fixture(scope="session")
 def facts() -> dict[str, Any]:
     path = FACTS_DIR / "mig-facts.yaml"
     if not path.exists():
-        pytest.skip(f"facts file {path} not present (CI clones shared/ beside the repo)")
+        raise FileNotFoundError(path)
     with open(path, encoding="utf-8") as f:
         return yaml.safe_load(f)
 

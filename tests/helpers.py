@@ -13,7 +13,7 @@ from migd.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILES = REPO / "profiles"
-REFERENCE = REPO.parent / "shared" / "reference"
+REFERENCE = REPO / "tests" / "fixtures" / "reference"  # copies, see SOURCES.md there
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The catalog must say exactly what shared/reference/mig-facts.yaml says."""
+"""The catalog must say exactly what mig-facts.yaml says (tests/fixtures/reference/, a copy of shared/reference)."""
 
 from __future__ import annotations
 

@@ -73,10 +73,11 @@ def test_drift_is_corrected(migd: MigdProcess) -> None:
     intruder.destroy_gpu_instance(0, gi.id)
     assert not migd.assert_profile("day")
     migd.wait_until(lambda: migd.assert_profile("day"), timeout=15)
-    # and after a GPU reset (all instances lost)
+    # and after a GPU reset behind migd's back (an admin's forced reset: all instances lost)
+    intruder.close()
     r = migd.migctl("status", "-o", "json").json()
     assert r["gpus"][0]["mig"]["current"]
-    control.reset_gpu(StateStore(migd.migctl.state), 0)
+    control.reset_gpu(StateStore(migd.migctl.state), 0, despite_clients=True)
     migd.wait_until(lambda: migd.assert_profile("day"), timeout=15)
 
 
@@ -87,6 +88,7 @@ def test_drift_reported_only(migd: MigdProcess) -> None:
     intruder = sim_backend(migd.migctl.state)
     gi = intruder.list_gpu_instances(0)[-1]
     intruder.destroy_compute_instance(0, gi.id, gi.compute_instances[0].id)
+    intruder.close()
     migd.wait_until(lambda: migd.control({"cmd": "status"})["daemon"]["drift_gpus"] == [0], timeout=15)
     assert not migd.assert_profile("day")
     assert "not corrected" in migd.log.read_text()

@@ -252,8 +252,6 @@ def test_crash_mid_apply_is_recovered(tmp_path: Path) -> None:
 @pytest.mark.parametrize("fleet", sorted(FLEETS))
 def test_mig_parted_all_balanced_applies_on_every_fleet(tmp_path: Path, fleet: str) -> None:
     path = REFERENCE / "mig-parted-config-default.yaml"
-    if not path.exists():
-        pytest.skip("reference file not present")
     m = Migctl(tmp_path, fleet)
     r = m("apply", str(path), "--config", "all-balanced")
     assert r.code == 0, r.err

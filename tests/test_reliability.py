@@ -73,11 +73,13 @@ def test_every_nvml_error_on_every_mutating_call(tmp_path: Path, fn: str, err: s
 
 
 def test_reset_failure_rolls_back(tmp_path: Path) -> None:
-    m = Migctl(tmp_path, "single-a100")
+    # A pass-through VM: the Ampere mode change waits for `nvidia-smi -r` (bare metal needs none).
+    m = Migctl(tmp_path, "a100-vm")
     control.fail_call(StateStore(m.state) if m.state.exists() else _init(m), "nvidia-smi -r", E_UNKNOWN)
     r = m("apply", str(PROFILES / "day.yaml"), "-o", "json")
-    assert r.code == 1 and "nvidia-smi -r exited" in r.json()["results"][0]["error"]
-    st = m("status", "-o", "json").json()["gpus"][0]["mig"]
+    failed = [x for x in r.json()["results"] if "nvidia-smi -r exited" in (x["error"] or "")]
+    assert r.code == 1 and len(failed) == 1, r.out
+    st = m("status", "-o", "json").json()["gpus"][failed[0]["index"]]["mig"]
     assert st == {"current": False, "pending": False}  # the pending enable was withdrawn
     assert m("apply", str(PROFILES / "day.yaml")).code == 0
 

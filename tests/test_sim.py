@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pynvml
@@ -15,16 +16,26 @@ from migd.hardware.backend import HardwareError
 from migd.hardware.catalog import MODELS, Placement
 from migd.hardware.nvml import NvmlBackend
 from migd.sim import control, smi_argv
-from migd.sim.nvml import SimNvml
+from migd.sim.library import load
 from migd.sim.state import StateStore, new_state
 from tests.test_catalog import ROLE_NAMES, feasible_multisets
 
 E = pynvml
 
 
-def memory_backend(fleet: str, mig: bool = True) -> tuple[NvmlBackend, StateStore]:
-    store = StateStore(state=new_state(fleet, mig_enabled=mig))
-    return NvmlBackend(lib=SimNvml(store), smi_argv=["false"]), store
+@pytest.fixture
+def memory_backend() -> Iterator[Callable[..., tuple[NvmlBackend, StateStore]]]:
+    """The production backend over an in-memory simulated node (closed after the test)."""
+    made: list[NvmlBackend] = []
+
+    def make(fleet: str, mig: bool = True) -> tuple[NvmlBackend, StateStore]:
+        store = StateStore(state=new_state(fleet, mig_enabled=mig))
+        load(store)
+        made.append(NvmlBackend(smi_argv=["false"]))
+        return made[-1], store
+    yield make
+    for b in made:
+        b.close()
 
 
 def placements_for(model_key: str, counts: dict[str, int]) -> list[tuple[int, Placement]] | None:
@@ -48,7 +59,7 @@ def placements_for(model_key: str, counts: dict[str, int]) -> list[tuple[int, Pl
 
 
 @pytest.mark.parametrize("fleet", ["single-a100", "dgx-a100-40gb", "single-h100", "hgx-h200"])
-def test_every_feasible_multiset_can_be_created(fleet: str) -> None:
+def test_every_feasible_multiset_can_be_created(fleet: str, memory_backend: Any) -> None:
     backend, store = memory_backend(fleet)
     model_key = store.read().gpus[0].model
     sets = feasible_multisets(MODELS[model_key], list(ROLE_NAMES))
@@ -72,7 +83,7 @@ INVALID = [  # facts: combinations.notable_invalid_on_seven_slice_boards
 
 
 @pytest.mark.parametrize("counts", INVALID, ids=lambda c: "+".join(f"{n}x{r}" for r, n in c.items()))
-def test_invalid_combinations_are_refused_at_every_placement(counts: dict[str, int]) -> None:
+def test_invalid_combinations_are_refused_at_every_placement(counts: dict[str, int], memory_backend: Any) -> None:
     backend, _ = memory_backend("single-a100")
     model = MODELS["A100-SXM4-80GB"]
     items = [r for r, n in sorted(counts.items()) for _ in range(n)]
@@ -109,12 +120,7 @@ def test_overlap_cap_and_mode_errors(make_backend: Any) -> None:
     with pytest.raises(HardwareError) as e:
         backend.create_gpu_instance(0, 19, Placement(0, 1))
     assert e.value.code == E.NVML_ERROR_NOT_SUPPORTED  # MIG off
-    assert backend.set_mig_mode(0, True) is False  # Ampere: pending
-    g = backend.gpu(0)
-    assert (g.mig_current, g.mig_pending) == (False, True)
-    with pytest.raises(HardwareError):
-        backend.create_gpu_instance(0, 19, Placement(0, 1))
-    backend.reset_gpu(0)
+    assert backend.set_mig_mode(0, True) is True  # bare-metal Ampere, nobody else holds it: the driver resets it
     assert backend.gpu(0).mig_current
     backend.create_gpu_instance(0, 20, Placement(0, 1))  # 1g+me, cap 1
     with pytest.raises(HardwareError) as e:
@@ -139,13 +145,13 @@ def test_in_use_rules_and_reset(make_backend: Any) -> None:
     dev = backend.list_mig_devices(0)[0]
     assert [p.pid for p in dev.processes] == [pid]
     assert dev.memory_used_bytes == 2048 * 1024 * 1024
-    assert dev.memory_total_bytes == 40192 * 1024 * 1024
+    assert dev.memory_total_bytes == (40192 + 128) * 1024 * 1024  # the driver reports more than the profile
     with pytest.raises(HardwareError) as e:
         backend.destroy_compute_instance(0, gi, ci)
     assert e.value.code == E.NVML_ERROR_IN_USE
     with pytest.raises(HardwareError) as e:
         backend.reset_gpu(0)
-    assert "in use" in str(e.value)
+    assert "being used by some other process" in str(e.value)
     with pytest.raises(HardwareError) as e:
         backend.set_mig_mode(0, False)  # instances exist
     assert e.value.code == E.NVML_ERROR_IN_USE
@@ -185,9 +191,11 @@ def test_gpm_only_on_hopper_and_deterministic(make_backend: Any) -> None:
         a100.gpm_sample(0, [gi])
     assert e.value.code == E.NVML_ERROR_NOT_SUPPORTED
 
+    a100.close()
     clock = iter([1000.0, 1000.0, 1001.0, 1001.0])
     store = StateStore(state=new_state("single-h100", mig_enabled=True))
-    h100 = NvmlBackend(lib=SimNvml(store, clock=lambda: next(clock)), smi_argv=["false"])
+    load(store, clock=lambda: next(clock))
+    h100 = NvmlBackend(smi_argv=["false"])
     busy = h100.create_gpu_instance(0, 19, Placement(0, 1))
     idle = h100.create_gpu_instance(0, 19, Placement(1, 1))
     h100.create_compute_instance(0, busy, 0)
@@ -197,6 +205,7 @@ def test_gpm_only_on_hopper_and_deterministic(make_backend: Any) -> None:
     assert m[idle].sm_active == 0.0  # a real idle instance, not a placeholder
     assert m[busy].sm_active is not None and 0.05 < m[busy].sm_active < 1.0
     assert m[busy].graphics_active is not None and m[busy].graphics_active > m[busy].sm_active
+    h100.close()
 
 
 def test_xid_events_attributed_to_instances(make_backend: Any) -> None:
@@ -271,13 +280,20 @@ def test_state_shared_with_fake_nvidia_smi(make_backend: Any) -> None:
     out = subprocess.run([*smi_argv(path), "-i", "2", "mig", "-lgi"], capture_output=True, text=True,
                          check=True).stdout
     rows = re.findall(r"\|\s+(\d+)\s+MIG (\S+)\s+(\d+)\s+(\d+)\s+(\d+):(\d+)\s+\|", out)
-    assert sorted(rows) == sorted([("2", "3g.40gb", "9", str(gi), "4", "4"),
-                                   ("2", "1g.10gb", "19", str(gi + 1), "0", "1")])
+    ids = {g.placement.start: g.id for g in backend.list_gpu_instances(2)}
+    assert sorted(rows) == sorted([("2", "3g.40gb", "9", str(ids[4]), "4", "4"),
+                                   ("2", "1g.10gb", "19", str(ids[0]), "0", "1")])
     assert "| GPU instances:" in out and "Start:Size" in out
 
     # and a reset done by nvidia-smi is seen by NVML
     subprocess.run([*smi_argv(path), "-i", gpus[2].pci_bus_id, "mig", "-lgi"], check=True, capture_output=True)
     backend.destroy_compute_instance(2, gi, 0)
-    r = subprocess.run([*smi_argv(path), "-r", "-i", gpus[2].pci_bus_id], capture_output=True, text=True)
+    reset = [*smi_argv(path), "-r", "-i", gpus[2].pci_bus_id]
+    r = subprocess.run(reset, capture_output=True, text=True)
+    assert r.returncode != 0 and "being used by some other process" in r.stderr  # this process holds NVML
+    backend.close()
+    r = subprocess.run(reset, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+    backend = NvmlBackend()
     assert backend.list_gpu_instances(2) == []
+    backend.close()

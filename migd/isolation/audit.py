@@ -12,7 +12,11 @@ from dataclasses import dataclass
 from migd.hardware.backend import GpuBackend, GpuInfo
 from migd.planner import GpuPlan
 
-MEMORY_TOLERANCE = 0.02  # MIG-device memory differs slightly by driver and placement (facts: A100-40GB notes)
+# MIG-device memory differs from the profile's memorySizeMB by driver and placement: the MIG guide shows
+# 3g.20gb (19968 MiB) as 20096 MiB at 0:4 and 20224 MiB at 4:4 (facts: A100-40GB notes), i.e. up to
+# +256 MiB, which is 5% of a 1g.5gb.  Half the smallest profile step is still far from the next size.
+MEMORY_TOLERANCE = 0.02
+MEMORY_SLACK_MIB = 256
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,7 @@ def audit_gpu(backend: GpuBackend, gpu: GpuInfo, plan: GpuPlan | None = None) ->
         prof = model.profile_by_id(gi.profile_id) if gi else None
         if prof is not None:
             want = prof.memory_mib << 20
-            if abs(d.memory_total_bytes - want) > MEMORY_TOLERANCE * want:
+            if abs(d.memory_total_bytes - want) > MEMORY_TOLERANCE * want + (MEMORY_SLACK_MIB << 20):
                 add("memory", "error", f"MIG device {d.uuid} ({prof.name}) has {d.memory_total_bytes >> 20} MiB, the "
                                        f"profile says {prof.memory_mib} MiB")
     for key in sorted(live - set(seen)):

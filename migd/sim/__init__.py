@@ -1,7 +1,9 @@
-"""The simulated NVML library, its shared state and a fake nvidia-smi.
+"""The simulated NVML C library, its shared state and a fake nvidia-smi.
 
-:func:`sim_backend` builds the production :class:`~migd.hardware.nvml.NvmlBackend` on top
-of the simulated library: only the library underneath (and nvidia-smi's path) differ.
+:func:`sim_backend` loads the simulated library underneath the real, unmodified ``pynvml``
+(:mod:`migd.sim.library`) and builds the production
+:class:`~migd.hardware.nvml.NvmlBackend` on top: only the C library and nvidia-smi's path
+differ from a real node.
 """
 
 from __future__ import annotations
@@ -12,10 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from migd.hardware.nvml import NvmlBackend
-from migd.sim.nvml import SimNvml
 from migd.sim.state import DEFAULT_FLEET, FLEETS, StateStore, open_store
 
-__all__ = ["FLEETS", "DEFAULT_FLEET", "SimNvml", "StateStore", "open_store", "sim_backend", "smi_argv"]
+__all__ = ["FLEETS", "DEFAULT_FLEET", "StateStore", "open_store", "load_library", "sim_backend", "smi_argv"]
 
 
 def smi_argv(state_path: str | os.PathLike[str]) -> list[str]:
@@ -23,7 +24,13 @@ def smi_argv(state_path: str | os.PathLike[str]) -> list[str]:
     return [sys.executable, "-m", "migd.sim.smi", "--sim-state", str(Path(state_path).resolve())]
 
 
+def load_library(state_path: str | os.PathLike[str], fleet: str = DEFAULT_FLEET, mig_enabled: bool = False) -> None:
+    """Make the simulated node at ``state_path`` what this process's pynvml loads."""
+    from migd.sim.library import load
+    load(open_store(state_path, fleet, mig_enabled))
+
+
 def sim_backend(state_path: str | os.PathLike[str], fleet: str = DEFAULT_FLEET, mig_enabled: bool = False,
                 on_nvml_error: Callable[[str, int], None] | None = None) -> NvmlBackend:
-    store = open_store(state_path, fleet, mig_enabled)
-    return NvmlBackend(lib=SimNvml(store), smi_argv=smi_argv(state_path), on_nvml_error=on_nvml_error)
+    load_library(state_path, fleet, mig_enabled)
+    return NvmlBackend(smi_argv=smi_argv(state_path), on_nvml_error=on_nvml_error)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pynvml
 
+from migd.sim.entry import reap
 from migd.sim.state import SimFault, SimGpu, SimProcess, SimState, StateStore
 
 GPU_WIDE = 0xFFFFFFFF
@@ -24,7 +25,7 @@ def _gpu(state: SimState, index: int) -> SimGpu:
     return state.gpus[index]
 
 
-def start_process(store: StateStore, gpu: int, gi: int | None = None, ci: int = 0, used_mib: int = 1024,
+def start_process(store: StateStore, gpu: int, gi: int | None = None, ci: int = 0, used_mib: int | None = 1024,
                   pid: int | None = None) -> int:
     """Put a CUDA process on MIG device (gi, ci) of ``gpu`` (or on the whole non-MIG GPU).
 
@@ -85,10 +86,16 @@ def set_lost(store: StateStore, gpu: int, lost: bool = True) -> None:
         _gpu(s, gpu).lost = lost
 
 
-def reset_gpu(store: StateStore, gpu: int) -> None:
-    """``nvidia-smi -r``: applies a pending MIG mode and loses every GI/CI (facts: rules.mig_mode)."""
+def reset_gpu(store: StateStore, gpu: int, despite_clients: bool = False) -> None:
+    """``nvidia-smi -r``: applies a pending MIG mode and loses every GI/CI (facts: rules.mig_mode).
+
+    Refused while a process runs on the GPU or any process holds NVML open (nvidia-smi: the GPU
+    "is currently in use by another process"; NVIDIA's mig-parted shuts NVML down first).
+    ``despite_clients`` stands for what NVML clients cannot prevent: a driver recovery, or an
+    administrator who resets the GPU behind migd's back."""
     failure = None
     with store.transaction() as s:
+        reap(s)
         g = _gpu(s, gpu)
         for f in list(s.faults):
             if f.fn == "nvidia-smi -r" and (f.gpu is None or f.gpu == gpu):
@@ -98,11 +105,12 @@ def reset_gpu(store: StateStore, gpu: int) -> None:
                     failure = f"GPU {g.bus_id}: {pynvml.NVMLError(f.code)}"  # persisted with the fault's removal
                 break
         if failure is None:
-            if g.processes:
-                raise SimError(f"GPU {g.bus_id} is currently in use by another process.")
-            g.mig_current = g.mig_pending
-            g.gis = []
-            g.lost = False
+            if g.processes or (s.clients and not despite_clients):
+                holders = sorted({str(p.pid) for p in g.processes} | set(s.clients))
+                raise SimError(f"Unable to reset GPU {g.bus_id} because it's being used by some other process "
+                               f"(e.g. CUDA application, monitoring application like another instance of "
+                               f"nvidia-smi): PIDs {', '.join(holders)}")
+            g.reset()
             s.add_event(gpu, pynvml.nvmlEventMigConfigChange, 0, GPU_WIDE, GPU_WIDE)
     if failure is not None:
         raise SimError(failure)

@@ -11,18 +11,14 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 
+import pynvml
+
 from migd.hardware.catalog import MODELS, GiProfile
 from migd.sim.control import SimError, reset_gpu
-from migd.sim.nvml import remaining_capacity
+from migd.sim.gpu import mig_uuid
 from migd.sim.state import SimGi, SimGpu, SimState, StateStore
 
 GIB = 1024.0
-
-
-def _mig_uuid(g: SimGpu, gi_serial: int, ci_serial: int) -> str:
-    from migd.sim.nvml import SimNvml  # the UUID rule lives with the fake library
-    from migd.sim.state import SimCi
-    return SimNvml.mig_uuid(g, SimGi(0, gi_serial, 0, 0, 0), SimCi(0, ci_serial, 0, 0, 0))
 
 
 def list_gpus(state: SimState) -> str:
@@ -39,7 +35,7 @@ def list_gpus(state: SimState) -> str:
             for ci in gi.cis:
                 cp = prof.ci_by_id(ci.profile_id)
                 name = cp.name if cp else prof.name
-                lines.append(f"  MIG {name:<12}Device {dev:>2}: (UUID: {_mig_uuid(g, gi.serial, ci.serial)})")
+                lines.append(f"  MIG {name:<12}Device {dev:>2}: (UUID: {mig_uuid(g.uuid, gi.serial, ci.serial)})")
                 dev += 1
     return "\n".join(lines) + "\n"
 
@@ -88,7 +84,7 @@ def list_gi_profiles(gpus: list[SimGpu]) -> str:
     for g in gpus:
         m = MODELS[g.model]
         for p in m.profiles:
-            free = remaining_capacity(g, p) if g.mig_current else 0
+            free = g.remaining_capacity(p) if g.mig_current else 0
             first = (f" {g.index:>3}  MIG {p.name:<14}{p.profile_id:>4}{free:>6}/{p.instance_count:<9}"
                      f"{p.memory_mib / GIB:>6.2f}      No{p.sm:>7}{p.dec:>6}{p.enc:>6}")
             rows.append(f"{first}\n{'':<58}{p.ce:>4}{p.jpeg:>6}{p.ofa:>6}")
@@ -134,18 +130,7 @@ def run(argv: Sequence[str], store: StateStore) -> tuple[int, str]:
             reset_gpu(store, gpu.index)
             return 0, f"GPU {gpu.bus_id} was successfully reset.\nAll done.\n"
         if args[:1] == ["-mig"] and len(args) == 2 and args[1] in ("0", "1"):
-            from migd.sim.nvml import SimNvml
-            lib = SimNvml(store)
-            lib.nvmlInit()
-            out = []
-            for g in _select(store.read(), ident):
-                status = lib.nvmlDeviceSetMigMode(lib.nvmlDeviceGetHandleByIndex(g.index), int(args[1]))
-                word = "Enabled" if args[1] == "1" else "Disabled"
-                if status:
-                    out.append(f"Warning: MIG mode is in pending {word.lower()[:-1]} state for GPU {g.bus_id}:"
-                               " GPU requires restart\nReboot the system or try nvidia-smi --gpu-reset")
-                out.append(f"{word} MIG Mode for GPU {g.bus_id}")
-            return 0, "\n".join(out) + "\nAll done.\n"
+            return 0, _set_mig_mode(store, _select(store.read(), ident), args[1] == "1")
         if args[:1] == ["mig"] and len(args) == 2:
             state = store.read()
             gpus = _select(state, ident)
@@ -158,6 +143,32 @@ def run(argv: Sequence[str], store: StateStore) -> tuple[int, str]:
     except Exception as e:  # an NVML error from the fake library, as nvidia-smi would print it
         return 255, f"Failed: {e}\n"
     return 2, f"fake nvidia-smi: unsupported arguments {' '.join(argv)!r}\n"
+
+
+def _set_mig_mode(store: StateStore, gpus: list[SimGpu], enable: bool) -> str:
+    """``-mig 0|1`` through NVML, as the real tool does (so it is an NVML client while it runs).
+    Messages as the MIG user guide shows them (facts rules.mig_mode [S2,S3])."""
+    from migd.sim.library import load
+    load(store)
+    pynvml.nvmlInit()
+    out, word = [], "enable" if enable else "disable"
+    try:
+        for g in gpus:
+            status = pynvml.nvmlDeviceSetMigMode(pynvml.nvmlDeviceGetHandleByIndex(g.index), int(enable))
+            if status == pynvml.NVML_ERROR_IN_USE:
+                out.append(f"Warning: MIG mode is in pending {word} state for GPU {g.bus_id}:In use by another client\n"
+                           f"{g.bus_id} is currently being used by one or more other processes (e.g. CUDA "
+                           "application or a monitoring application such as another instance of nvidia-smi). "
+                           "Please first kill all processes using the device and retry the command or reboot "
+                           "the system to make MIG mode effective.")
+            elif status == pynvml.NVML_ERROR_RESET_REQUIRED:
+                out.append(f"Warning: MIG mode is in pending {word} state for GPU {g.bus_id}:Not Supported\n"
+                           f"Reboot the system or try nvidia-smi --gpu-reset to make MIG mode effective on GPU "
+                           f"{g.bus_id}")
+            out.append(f"{word.capitalize()}d MIG Mode for GPU {g.bus_id}")
+    finally:
+        pynvml.nvmlShutdown()
+    return "\n".join(out) + "\nAll done.\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """Simulated GPU state, persisted in one JSON file so several processes share it.
 
-The fake NVML library (:mod:`migd.sim.nvml`) and the fake ``nvidia-smi`` both open the
+The simulated NVML C library (:mod:`migd.sim.library`) and the fake ``nvidia-smi`` both open the
 same file under an exclusive ``flock``; every API call is one short transaction.  The
 file also carries fault-injection orders, which is how a test process arms a fault that
 fires inside a separate ``migd``/``migctl`` process.
@@ -19,7 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from migd.hardware.catalog import MODELS, GpuModel
+from migd.sim.gpu import SimCi, SimGi, SimGpu, SimProcess
+
+__all__ = ["FLEETS", "PASSTHROUGH_FLEETS", "DEFAULT_FLEET", "SimCi", "SimGi", "SimGpu", "SimProcess", "SimFault",
+           "SimState", "StateStore", "new_state", "open_store"]
 
 MAX_EVENTS = 200
 MAX_CONFIG_EVENTS = 32  # MIG-config-change events are a hint to re-read; Xids are kept longer
@@ -35,57 +38,14 @@ FLEETS: dict[str, list[str]] = {
     "h100-nvl": ["H100-NVL-94GB"] * 2,
     "single-a100": ["A100-SXM4-80GB"],
     "single-h100": ["H100-SXM5-80GB"],
+    "a100-vm": ["A100-SXM4-80GB"] * 2,
 }
+# Fleets that stand for a pass-through VM: the guest cannot reset the GPU itself, so an Ampere
+# MIG mode change answers NVML_ERROR_RESET_REQUIRED and stays pending until `nvidia-smi -r`
+# (nvml.h, nvmlDeviceSetMigMode).  On bare metal the driver resets the GPU itself.
+PASSTHROUGH_FLEETS = frozenset({"a100-vm"})
+DRIVER_VERSION = "580.105.08"
 DEFAULT_FLEET = "dgx-a100"
-
-
-@dataclass
-class SimCi:
-    id: int
-    serial: int
-    profile_id: int
-    start: int
-    size: int
-
-
-@dataclass
-class SimGi:
-    id: int
-    serial: int
-    profile_id: int
-    start: int
-    size: int
-    cis: list[SimCi] = field(default_factory=list)
-    faulted: bool = False  # an Xid hit this instance; its MIG devices stop answering
-
-
-@dataclass
-class SimProcess:
-    pid: int
-    gi: int | None  # None on a GPU in non-MIG mode
-    ci: int | None
-    used_mib: int
-    real: bool = False  # a real OS process: dropped from NVML once it exits
-
-
-@dataclass
-class SimGpu:
-    index: int
-    model: str
-    uuid: str
-    bus_id: str
-    mig_current: bool = False
-    mig_pending: bool = False
-    gis: list[SimGi] = field(default_factory=list)
-    processes: list[SimProcess] = field(default_factory=list)
-    lost: bool = False
-
-    @property
-    def catalog(self) -> GpuModel:
-        return MODELS[self.model]
-
-    def gi(self, gi_id: int) -> SimGi | None:
-        return next((g for g in self.gis if g.id == gi_id), None)
 
 
 @dataclass
@@ -109,6 +69,10 @@ class SimState:
     mutations: int = 0
     next_pid: int = 5_000_000  # fake pids sit above the kernel's maximum pid_max (2**22): never a real process
     mutation_delay_s: float = 0.0  # how long each mutating call takes (lets tests signal mid-apply)
+    passthrough: bool = False  # a pass-through VM: Ampere mode changes wait for a reset
+    driver_version: str = DRIVER_VERSION
+    missing_symbols: list[str] = field(default_factory=list)  # an older libnvidia-ml lacks these entry points
+    clients: dict[str, list[int]] = field(default_factory=dict)  # pid -> [start time, nvmlInit count]
     touched: bool = field(default=True, repr=False, compare=False)  # not persisted: "write me back"
 
     def next_serial(self) -> int:
@@ -130,7 +94,8 @@ class SimState:
             "fleet": self.fleet, "serial": self.serial, "seq": self.seq, "events": self.events,
             "crash_after_mutations": self.crash_after_mutations, "mutations": self.mutations,
             "next_pid": self.next_pid, "faults": [vars(f) for f in self.faults],
-            "mutation_delay_s": self.mutation_delay_s,
+            "mutation_delay_s": self.mutation_delay_s, "passthrough": self.passthrough,
+            "driver_version": self.driver_version, "missing_symbols": self.missing_symbols, "clients": self.clients,
             "gpus": [{**{k: v for k, v in vars(g).items() if k not in ("gis", "processes")},
                       "processes": [vars(p) for p in g.processes],
                       "gis": [{**{k: v for k, v in vars(gi).items() if k != "cis"},
@@ -159,7 +124,7 @@ def new_state(fleet: str = DEFAULT_FLEET, mig_enabled: bool = False) -> SimState
         bus = (0x07, 0x0F, 0x47, 0x4E, 0x87, 0x90, 0xB7, 0xBD)[i % 8] + 0x100 * (i // 8)
         gpus.append(SimGpu(index=i, model=key, uuid=gpu_uuid, bus_id=f"00000000:{bus:02X}:00.0",
                            mig_current=mig_enabled, mig_pending=mig_enabled))
-    return SimState(fleet=fleet, gpus=gpus)
+    return SimState(fleet=fleet, gpus=gpus, passthrough=fleet in PASSTHROUGH_FLEETS)
 
 
 class StateStore:

@@ -1,0 +1,63 @@
+"""Who may use NVML right now: every call shares the session, a GPU reset takes it alone.
+
+NVIDIA documents that no client may hold a GPU while it is reset (``nvidia-smi -r`` refuses,
+"in use by another process"), and NVIDIA's mig-parted shuts NVML down before a reset and
+initialises it again after.  migd's sampler, fault watch and apply threads share one NVML
+session; :meth:`SessionLock.exclusive` waits until none of them is inside NVML, keeps new
+ones out (a waiting reset goes first), and lets the reset run with NVML shut down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+
+class SessionLock:
+    """A reader-writer lock with writer preference; shared access is re-entrant per thread."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writer = False
+        self._writers_waiting = 0
+        self._local = threading.local()
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        depth = getattr(self._local, "depth", 0)
+        if depth == 0:
+            with self._cond:
+                while self._writer or self._writers_waiting:
+                    self._cond.wait()
+                self._readers += 1
+        self._local.depth = depth + 1
+        try:
+            yield
+        finally:
+            self._local.depth = depth
+            if depth == 0:
+                with self._cond:
+                    self._readers -= 1
+                    if self._readers == 0:
+                        self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        if getattr(self._local, "depth", 0):
+            raise RuntimeError("exclusive NVML access asked for by a thread inside NVML")
+        with self._cond:
+            self._writers_waiting += 1
+            try:
+                while self._writer or self._readers:
+                    self._cond.wait()
+            finally:
+                self._writers_waiting -= 1
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = False
+                self._cond.notify_all()

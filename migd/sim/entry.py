@@ -1,0 +1,82 @@
+"""What every C entry point of the simulated library shares: its declaration and helpers.
+
+An entry point is a plain function ``impl(call, *raw_c_args)`` declared with the C
+prototype from nvml.h (argument types only: every NVML function returns ``nvmlReturn_t``).
+Handles and pointers arrive as integer addresses, exactly as the C library receives them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from migd.sim.state import SimState
+
+ANY_MUTATION = "*mutation*"  # fault target: whichever mutating call comes next
+
+# C argument types, named as nvml.h names them.
+HANDLE = ctypes.c_void_p  # nvmlDevice_t, nvmlGpuInstance_t, ... (opaque pointers)
+PTR = ctypes.c_void_p  # any T *
+UINT = ctypes.c_uint
+ULL = ctypes.c_ulonglong
+GPU_WIDE = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class Export:
+    name: str
+    argtypes: tuple[Any, ...]
+    impl: Callable[..., Any]
+    handle_kinds: tuple[str, ...] = ()  # the first argument is a handle of one of these kinds
+    mutating: bool = False  # counts towards crash_after_mutations and the mutation delay
+    needs_init: bool = True  # nvml.h: UNINITIALIZED "if library has not been successfully initialized"
+    returns_string: bool = False  # nvmlErrorString returns const char *, not nvmlReturn_t
+
+
+def exporter(table: list[Export]) -> Callable[..., Callable[[Callable[..., Any]], Callable[..., Any]]]:
+    """A decorator that declares C entry points into ``table``."""
+
+    def export(*argtypes: Any, name: str | None = None, handle: tuple[str, ...] = (), mutating: bool = False,
+               needs_init: bool = True, returns_string: bool = False,
+               aliases: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+            for n in (name or fn.__name__, *aliases):
+                table.append(Export(n, tuple(argtypes), fn, handle, mutating, needs_init, returns_string))
+            return fn
+        return wrap
+    return export
+
+
+def put(obj: Any, **fields: Any) -> None:
+    """Write fields of a caller-owned C struct."""
+    for k, v in fields.items():
+        setattr(obj, k, v)
+
+
+def proc_start_time(pid: int) -> int | None:
+    """A process's start time in clock ticks (/proc/PID/stat field 22): tells a reused PID apart."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def reap(state: SimState) -> bool:
+    """Like the driver, forget the contexts and NVML sessions of processes that have exited."""
+    changed = False
+    for g in state.gpus:
+        alive = [p for p in g.processes if not p.real or proc_start_time(p.pid) is not None]
+        if len(alive) != len(g.processes):
+            g.processes, changed = alive, True
+    for pid, (start, _) in list(state.clients.items()):
+        now = proc_start_time(int(pid))
+        if now is None or (start and now != start):
+            del state.clients[pid]
+            changed = True
+    return changed

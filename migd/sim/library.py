@@ -1,0 +1,236 @@
+"""The simulated libnvidia-ml: C entry points that the real, unmodified ``pynvml`` loads.
+
+``pynvml`` keeps the loaded library in ``pynvml.nvmlLib`` and fetches each function with
+``getattr(nvmlLib, name)``, exactly as from ``CDLL("libnvidia-ml.so.1")``.  :func:`load`
+puts a :class:`SimLibrary` there.  Each attribute is a real C function pointer with no
+``argtypes`` (what CDLL gives), backed by a ctypes callback declared with nvml.h's
+prototype: arguments cross a true C ABI, so a struct passed by value where a pointer is
+due arrives as a garbage address (see :mod:`migd.sim.cmem`).  A name the simulator lacks
+raises ``AttributeError``, which pynvml turns into NVML_ERROR_FUNCTION_NOT_FOUND as it
+would for an older driver.  One library per process, like a loaded shared object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pynvml
+
+from migd.sim import entry_devices, entry_instances, entry_telemetry
+from migd.sim.cmem import Handles, Memory, Ref
+from migd.sim.entry import ANY_MUTATION, Export, proc_start_time, reap
+from migd.sim.gpu import NvmlFail, SimGpu
+from migd.sim.state import SimState, StateStore
+
+EXPORTS: dict[str, Export] = {e.name: e for m in (entry_devices, entry_instances, entry_telemetry)
+                              for e in m.ENTRIES}
+
+
+class _CFunction(ctypes._CFuncPtr):  # type: ignore[name-defined,misc]
+    """A foreign function with no argtypes: what ``CDLL`` hands out for every symbol."""
+
+    _flags_ = ctypes._FUNCFLAG_CDECL  # type: ignore[attr-defined]
+    _restype_ = ctypes.c_int
+
+
+def base_name(symbol: str) -> str:
+    """``nvmlDeviceGetCount_v2`` -> ``nvmlDeviceGetCount``: faults name the API, not its version."""
+    return re.sub(r"(_v\d+|(?<=Info)V)$", "", symbol)
+
+
+@dataclass
+class Call:
+    """One C call in flight: its entry point, the library, and the state it may open."""
+
+    lib: SimLibrary
+    export: Export
+    gpu: int | None
+    delay_s: float = 0.0
+    entered: bool = False
+
+    @property
+    def mem(self) -> Memory:
+        return self.lib.mem
+
+    @property
+    def handles(self) -> Handles:
+        return self.lib.handles
+
+    @contextlib.contextmanager
+    def state(self) -> Iterator[SimState]:
+        """One transaction over the shared state; the first also runs the per-call checks.
+
+        An NVML error ends the call but still commits the state: entry points check before they
+        change anything, and a fault that fired must stay consumed."""
+        error: NvmlFail | None = None
+        with self.lib.store.transaction() as state:
+            state.touched = False
+            try:
+                if not self.entered:  # once per C call, however often it opens the state
+                    self.entered = True
+                    self.lib.enter(self, state)
+                yield state
+            except NvmlFail as e:
+                error = e
+            else:
+                if self.export.mutating:
+                    self.lib.mutated(state)
+                    self.delay_s = state.mutation_delay_s
+                    state.touched = True
+        if error is not None:
+            raise error
+
+    def gpu_of(self, state: SimState, addr: int | None, *kinds: str) -> tuple[SimGpu, Ref]:
+        ref = self.handles.ref(addr, *(kinds or ("gpu",)))
+        if not 0 <= ref.gpu < len(state.gpus):
+            raise NvmlFail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return state.gpus[ref.gpu], ref
+
+    def handle(self, ref: Ref) -> int:
+        return self.handles.address(ref)
+
+
+class SimLibrary:
+    """The simulated NVML shared library: exported symbols over a :class:`StateStore`."""
+
+    def __init__(self, store: StateStore, clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.clock = clock
+        self.mem = Memory()
+        self.handles = Handles()
+        self.samples: dict[int, Any] = {}  # GPM sample address -> (buffer, reading or None)
+        self.eventsets: dict[int, Any] = {}  # event set address -> (buffer, cursor and masks)
+        self.init_count = 0
+        self._lock = threading.Lock()
+        self._missing = frozenset(store.read().missing_symbols)
+        self._functions: dict[str, Any] = {}
+        self._callbacks: list[Any] = []  # keep the C trampolines alive
+
+    # -- what pynvml sees ---------------------------------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name not in EXPORTS or name in self._missing:
+            raise AttributeError(name)
+        fn = self._functions.get(name)
+        if fn is None:
+            fn = self._functions[name] = self._make(EXPORTS[name])
+        return fn
+
+    def _make(self, export: Export) -> Any:
+        restype = ctypes.c_void_p if export.returns_string else ctypes.c_int
+        proto = ctypes.CFUNCTYPE(restype, *export.argtypes)
+        trampoline = proto(lambda *raw: self._dispatch(export, raw))
+        self._callbacks.append(trampoline)
+        fn = _CFunction(ctypes.cast(trampoline, ctypes.c_void_p).value)
+        if export.returns_string:
+            fn.restype = ctypes.c_char_p
+        return fn
+
+    def _dispatch(self, export: Export, raw: tuple[Any, ...]) -> int:
+        """Run one entry point; every failure becomes a return code, as C has no exceptions."""
+        try:
+            if export.returns_string:
+                return int(export.impl(self, *raw))
+            gpu = self.handles.ref(raw[0], *export.handle_kinds).gpu if export.handle_kinds else None
+            call = Call(self, export, None if gpu is None or gpu < 0 else gpu)
+            export.impl(call, *raw)
+            if call.delay_s > 0:
+                time.sleep(call.delay_s)  # a slow driver, outside the state lock
+            return int(pynvml.NVML_SUCCESS)
+        except NvmlFail as e:
+            return e.code
+        except Exception:  # a simulator bug: say so, and fail the call as the driver would
+            print(f"migd-sim: internal error in {export.name}:\n{traceback.format_exc()}", file=sys.stderr)
+            return int(pynvml.NVML_ERROR_UNKNOWN)
+
+    # -- per-call checks ----------------------------------------------------------------------------
+    def enter(self, call: Call, state: SimState) -> None:
+        """Initialised, injected faults, lost GPUs: the checks every entry point makes."""
+        if call.export.needs_init and self.init_count <= 0:
+            raise NvmlFail(pynvml.NVML_ERROR_UNINITIALIZED)
+        if reap(state):
+            state.touched = True
+        name, base = call.export.name, base_name(call.export.name)
+        for fault in list(state.faults):
+            if (fault.fn in (name, base) or (fault.fn == ANY_MUTATION and call.export.mutating)) and \
+                    (fault.gpu is None or fault.gpu == call.gpu):
+                fault.calls += 1
+                state.touched = True
+                if fault.calls >= fault.nth:
+                    state.faults.remove(fault)
+                    raise NvmlFail(fault.code)
+        if call.gpu is not None and state.gpus[call.gpu].lost:
+            raise NvmlFail(pynvml.NVML_ERROR_GPU_IS_LOST)
+
+    def mutated(self, state: SimState) -> None:
+        state.mutations += 1
+        if state.crash_after_mutations is not None:
+            state.crash_after_mutations -= 1
+            if state.crash_after_mutations <= 0:
+                state.crash_after_mutations = None
+                self.store.write_held(state)  # the driver already did it: the change survives the crash
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    # -- library lifetime ---------------------------------------------------------------------------
+    def register_client(self, state: SimState, pid: int, delta: int) -> None:
+        """Processes with NVML initialised hold the GPUs: a reset is refused while any does."""
+        key = str(pid)
+        start, count = state.clients.get(key, [proc_start_time(pid) or 0, 0])
+        count += delta
+        if count > 0:
+            state.clients[key] = [start, count]
+        else:
+            state.clients.pop(key, None)
+        state.touched = True
+
+    def bind(self, store: StateStore) -> None:
+        """Point the library at another simulated node (handles of the old one become invalid)."""
+        with self._lock:
+            if store is self.store or (store.path is not None and store.path == self.store.path):
+                return
+            if self.init_count > 0:
+                with self.store.transaction() as old:
+                    self.register_client(old, os.getpid(), -self.init_count)
+                with store.transaction() as new:
+                    self.register_client(new, os.getpid(), self.init_count)
+            self.store = store
+            self.handles.clear()
+            self.samples.clear()
+            self.eventsets.clear()
+            self._missing = frozenset(store.read().missing_symbols)
+
+
+_LIBRARY: SimLibrary | None = None
+_LOAD_LOCK = threading.Lock()
+
+
+def load(store: StateStore, clock: Callable[[], float] | None = None) -> SimLibrary:
+    """Make ``store``'s simulated node the NVML library this process's pynvml talks to
+    (``clock`` stands in for the GPU's own timestamps in GPM samples)."""
+    global _LIBRARY
+    with _LOAD_LOCK:
+        if pynvml.nvmlLib is not None and pynvml.nvmlLib is not _LIBRARY:
+            raise RuntimeError("pynvml already loaded the real libnvidia-ml in this process")
+        if _LIBRARY is None:
+            _LIBRARY = SimLibrary(store)
+        else:
+            _LIBRARY.bind(store)
+        _LIBRARY.clock = clock or time.time
+        pynvml.nvmlLib = _LIBRARY
+        if _LIBRARY._missing:
+            pynvml._nvmlGetFunctionPointer_cache.clear()  # the cache pynvml keeps per loaded library
+        return _LIBRARY
+
+
+def loaded() -> SimLibrary | None:
+    return _LIBRARY

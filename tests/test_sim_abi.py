@@ -1,0 +1,275 @@
+"""The simulated NVML library is a C library under the real pynvml, and behaves as NVIDIA documents
+(or, where the docs are unclear, as a recorded real driver answered: tests/fixtures/*-probe.json)."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pynvml as N
+import pytest
+
+from migd.hardware.backend import HardwareError
+from migd.hardware.catalog import Placement
+from migd.hardware.nvml import NvmlBackend
+from migd.sim import control
+from migd.sim.library import SimLibrary, load
+from migd.sim.state import StateStore, new_state
+
+FIXTURES = Path(__file__).parent / "fixtures"
+REAL_H100 = FIXTURES / "h100-sxm5-580.159.04-probe.json"  # bench/nvml_probe.py on a real H100, MIG off
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Any]:
+    """``node(fleet, mig=True, **state)`` -> (backend, store, library) over a fresh state file."""
+    made: list[NvmlBackend] = []
+
+    def make(fleet: str, mig: bool = True, **extra: Any) -> tuple[NvmlBackend, StateStore, SimLibrary]:
+        state = new_state(fleet, mig_enabled=mig)
+        for k, v in extra.items():
+            setattr(state, k, v)
+        store = StateStore(tmp_path / f"{fleet}.json", state)
+        lib = load(store)
+        made.append(NvmlBackend(smi_argv=[sys.executable, "-m", "migd.sim.smi", "--sim-state", str(store.path)]))
+        return made[-1], store, lib
+
+    yield make
+    for b in made:
+        try:
+            b.close()
+        except HardwareError:
+            pass
+
+
+def test_pynvml_talks_to_c_function_pointers(node: Any) -> None:
+    _, _, lib = node("single-h100")
+    assert N.nvmlLib is lib
+    fn = lib.nvmlDeviceGetCount_v2
+    assert isinstance(fn, ctypes._CFuncPtr) and fn.argtypes is None  # what CDLL hands out
+    with pytest.raises(ctypes.ArgumentError):
+        fn({"not": "a C value"})  # ctypes refuses it, as with the real library
+    with pytest.raises(N.NVMLError_FunctionNotFound):
+        N.nvmlDeviceGetBoardId(N.nvmlDeviceGetHandleByIndex(0))  # a symbol the simulator lacks
+
+
+@pytest.mark.parametrize("create", ["gi", "ci"])
+def test_struct_by_value_is_rejected_loudly(node: Any, create: str, capfd: pytest.CaptureFixture[str]) -> None:
+    backend, store, lib = node("single-a100")
+    dev = N.nvmlDeviceGetHandleByIndex(0)
+    if create == "gi":
+        pl = N.c_nvmlGpuInstancePlacement_t(4, 4)
+        with pytest.raises(N.NVMLError_InvalidArgument):
+            N.nvmlDeviceCreateGpuInstanceWithPlacement(dev, 9, pl)  # by value: the old backend's bug
+        assert store.read().gpus[0].gis == []
+        assert backend.create_gpu_instance(0, 9, Placement(4, 4)) == 2  # by reference: accepted
+    else:
+        gi = N.nvmlDeviceGetGpuInstanceById(dev, backend.create_gpu_instance(0, 9, Placement(4, 4)))
+        cpl = N.c_nvmlComputeInstancePlacement_t(1, 1)
+        with pytest.raises(N.NVMLError_InvalidArgument):
+            N.nvmlGpuInstanceCreateComputeInstanceWithPlacement(gi, 0, cpl)
+        assert store.read().gpus[0].gis[0].cis == []
+        backend.create_compute_instance(0, 2, 0, Placement(1, 1))
+    err = capfd.readouterr().err
+    assert "NVML ABI violation" in err and "struct passed by value" in err
+    assert "0x400000004" in err or "0x100000001" in err  # size<<32 | start, read as a pointer
+    assert lib.mem.violations
+
+
+def test_versioned_struct_and_null_pointers_are_checked(node: Any) -> None:
+    _, _, lib = node("single-h100")
+    dev = N.nvmlDeviceGetHandleByIndex(0)
+    info = N.c_nvmlGpuInstanceProfileInfo_v2_t()
+    info.version = 0  # as a C caller that forgot `.version = nvmlGpuInstanceProfileInfo_v2`
+    assert lib.nvmlDeviceGetGpuInstanceProfileInfoV(dev, 0, ctypes.byref(info)) == N.NVML_ERROR_INVALID_ARGUMENT
+    info.version = N.nvmlGpuInstanceProfileInfo_v2
+    assert lib.nvmlDeviceGetGpuInstanceProfileInfoV(dev, 0, ctypes.byref(info)) == N.NVML_SUCCESS
+    assert lib.nvmlDeviceGetCount_v2(None) == N.NVML_ERROR_INVALID_ARGUMENT
+    assert any("version is 0x0" in v for v in lib.mem.violations)
+
+
+def test_listing_needs_the_buffer_capacity_in_count(node: Any) -> None:
+    backend, _, _ = node("single-a100")
+    backend.create_gpu_instance(0, 19, Placement(3, 1))
+    dev = N.nvmlDeviceGetHandleByIndex(0)
+    refs = (N.c_nvmlGpuInstance_t * 7)()
+    zero = ctypes.c_uint(0)
+    with pytest.raises(N.NVMLError_InsufficientSize):
+        N.nvmlDeviceGetGpuInstances(dev, 19, refs, ctypes.byref(zero))
+    cap = ctypes.c_uint(7)
+    N.nvmlDeviceGetGpuInstances(dev, 19, refs, ctypes.byref(cap))
+    assert cap.value == 1
+    assert [g.placement for g in backend.list_gpu_instances(0)] == [Placement(3, 1)]
+
+
+def test_old_driver_missing_v3_symbol_is_a_clear_error(node: Any) -> None:
+    backend, _, _ = node("single-a100", missing_symbols=["nvmlDeviceGetComputeRunningProcesses_v3"])
+    with pytest.raises(HardwareError) as e:
+        backend.gpu_processes(0)
+    assert "older than nvidia-ml-py" in str(e.value) and e.value.code == N.NVML_ERROR_FUNCTION_NOT_FOUND
+
+
+def _holder(state: Path) -> subprocess.Popen[str]:
+    """Another process with NVML initialised (a monitoring agent), via `migd-sim exec`."""
+    code = "import pynvml, sys; pynvml.nvmlInit(); print('ready', flush=True); sys.stdin.read()"
+    p = subprocess.Popen([sys.executable, "-m", "migd.sim.cli", "exec", "--sim-state", str(state), "--",
+                          sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    return p
+
+
+def test_ampere_mode_change_immediate_when_idle_in_use_when_held(node: Any) -> None:
+    backend, store, _ = node("single-a100", mig=False)
+    assert backend.set_mig_mode(0, True) is True  # bare metal, idle: the driver resets the GPU itself
+    holder = _holder(store.path)
+    try:
+        dev = N.nvmlDeviceGetHandleByIndex(0)
+        assert N.nvmlDeviceSetMigMode(dev, 0) == N.NVML_ERROR_IN_USE  # activationStatus, call succeeded
+        assert N.nvmlDeviceGetMigMode(dev) == [1, 0]  # pending
+        with pytest.raises(HardwareError, match="being used by some other process"):
+            backend.reset_gpu(0)  # nvidia-smi -r refuses while the other client holds NVML
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    backend.reset_gpu(0)  # migd releases its own NVML session around the reset
+    assert not backend.gpu(0).mig_current
+
+
+def test_passthrough_vm_needs_reset(node: Any) -> None:
+    backend, _, _ = node("a100-vm", mig=False)
+    assert N.nvmlDeviceSetMigMode(N.nvmlDeviceGetHandleByIndex(0), 1) == N.NVML_ERROR_RESET_REQUIRED
+    assert backend.set_mig_mode(1, True) is False
+    assert (backend.gpu(1).mig_current, backend.gpu(1).mig_pending) == (False, True)
+    backend.reset_gpu(1)
+    assert backend.gpu(1).mig_current
+
+
+def test_events_and_gpm_survive_a_reset(node: Any) -> None:
+    backend, store, lib = node("a100-vm", mig=False)
+    assert backend.wait_event(10) is None  # registers the event set
+    backend.set_mig_mode(0, True)
+    backend.reset_gpu(0)
+    assert not lib.eventsets  # released before the reset ...
+    while backend.wait_event(10) is not None:  # ... and registered anew (the reset's own event may come first)
+        pass
+    control.raise_xid(store, 0, 79)
+    ev = backend.wait_event(1000)
+    assert ev is not None and (ev.kind, ev.xid) == ("xid", 79)
+
+
+def test_driver_assigned_ids_and_mig_memory(node: Any) -> None:
+    backend, store, _ = node("single-a100")
+    ids = [backend.create_gpu_instance(0, 19, Placement(s, 1)) for s in range(7)]
+    assert ids == [7, 8, 9, 10, 11, 12, 13]  # not 1, 2, 3...
+    for gi in ids:
+        backend.destroy_gpu_instance(0, gi)
+    low, high = (backend.create_gpu_instance(0, 9, Placement(s, 4)) for s in (0, 4))
+    for gi in (low, high):
+        backend.create_compute_instance(0, gi, 2)
+    mem = {d.gi_id: d.memory_total_bytes // 2**20 for d in backend.list_mig_devices(0)}
+    assert mem == {low: 40192 + 128, high: 40192 + 256}  # not the profile's memorySizeMB
+    control.start_process(store, 0, high, 0, used_mib=None)
+    (p,) = [p for d in backend.list_mig_devices(0) for p in d.processes]
+    assert p.used_memory_bytes is None  # NVML_VALUE_NOT_AVAILABLE reaches migd as "unknown"
+
+
+def test_gpm_samples_freed_on_every_path(node: Any) -> None:
+    backend, store, lib = node("single-h100")
+    gis = [backend.create_gpu_instance(0, 19, Placement(s, 1)) for s in range(3)]
+    for _ in range(5):
+        backend.gpm_sample(0, gis, interval_s=0.0)
+    assert lib.samples == {}
+    control.fail_call(store, "nvmlGpmSampleAlloc", N.NVML_ERROR_MEMORY, nth=4)
+    with pytest.raises(HardwareError):
+        backend.gpm_sample(0, gis, interval_s=0.0)
+    assert lib.samples == {}  # the three allocated before the failure were freed
+    control.fail_call(store, "nvmlGpmMigSampleGet", N.NVML_ERROR_UNKNOWN, nth=2)
+    with pytest.raises(HardwareError):
+        backend.gpm_sample(0, gis, interval_s=0.0)
+    assert lib.samples == {}
+    s = N.nvmlGpmSampleAlloc()
+    N.nvmlGpmSampleFree(s)
+    with pytest.raises(N.NVMLError_InvalidArgument):
+        N.nvmlGpmMigSampleGet(N.nvmlDeviceGetHandleByIndex(0), gis[0], s)  # a freed sample is invalid
+
+
+def test_event_setup_skips_unsupported_gpus_and_frees_failed_sets(node: Any) -> None:
+    backend, store, lib = node("mixed")
+    control.fail_call(store, "nvmlDeviceRegisterEvents", N.NVML_ERROR_UNKNOWN, gpu=2)
+    with pytest.raises(HardwareError):
+        backend.wait_event(10)
+    assert lib.eventsets == {}  # the half-registered set was freed, not leaked
+    control.fail_call(store, "nvmlDeviceRegisterEvents", N.NVML_ERROR_NOT_SUPPORTED, gpu=1)
+    assert backend.wait_event(10) is None
+    assert backend.unwatched_gpus == {1: "NVML_ERROR_NOT_SUPPORTED"} and len(lib.eventsets) == 1
+    control.raise_xid(store, 3, 31, gi=None)
+    ev = backend.wait_event(1000)
+    assert ev is not None and (ev.gpu_index, ev.xid) == (3, 31)  # the other GPUs stay watched
+
+
+def test_answers_match_a_recorded_real_h100(node: Any) -> None:
+    """MIG off on an H100 80GB HBM3, driver 580.159.04: the profile table, remaining capacity and an
+    empty instance list are answered (nvml.h says NOT_SUPPORTED for the last two)."""
+    real = json.loads(REAL_H100.read_text())["gpus"][0]
+    node("single-h100", mig=False)
+    h = N.nvmlDeviceGetHandleByIndex(0)
+    assert N.nvmlDeviceGetName(h) == real["name"]
+    assert hex(N.nvmlDeviceGetPciInfo(h).pciDeviceId) == real["pci_device_id"]
+    assert N.nvmlDeviceGetMemoryInfo(h).total // 2**20 == real["memory_total_mib"]
+    assert N.nvmlDeviceGetMigMode(h) == real["mig_mode"]
+    assert N.nvmlDeviceGetMaxMigDeviceCount(h) == real["max_mig_devices"]
+    assert N.nvmlDeviceGetGpuInstanceRemainingCapacity(h, 19) == real["remaining_capacity_19"]
+    assert "Not Supported" in real["fan_speed"]
+    with pytest.raises(N.NVMLError_NotSupported):
+        N.nvmlDeviceGetFanSpeed(h)
+    refs, cap = (N.c_nvmlGpuInstance_t * 7)(), ctypes.c_uint(7)
+    N.nvmlDeviceGetGpuInstances(h, 19, refs, ctypes.byref(cap))
+    assert cap.value == real["gpu_instances_19"]
+    assert N.nvmlGpmQueryDeviceSupport(h).isSupportedDevice == int(real["gpm_supported"])
+    wanted = N.nvmlEventTypeXidCriticalError | N.nvmlEventMigConfigChange
+    assert N.nvmlDeviceGetSupportedEventTypes(h) & wanted == real["supported_event_types"] & wanted
+    for enum, row in real["profiles"].items():
+        if isinstance(row, str):
+            code = N.NVML_ERROR_INVALID_ARGUMENT if "Invalid Argument" in row else N.NVML_ERROR_NOT_SUPPORTED
+            with pytest.raises(N.NVMLError) as e:
+                N.nvmlDeviceGetGpuInstanceProfileInfo(h, int(enum))
+            assert e.value.value == code, enum
+            continue
+        info = N.nvmlDeviceGetGpuInstanceProfileInfo(h, int(enum))
+        got = {k: getattr(info, k) for k in row}
+        got["name"] = got["name"].decode() if isinstance(got["name"], bytes) else got["name"]
+        assert got == row, enum  # `version` included: the driver wrote it back as 0
+    for pid, placements in real["placements"].items():
+        count = ctypes.c_uint(0)
+        N.nvmlDeviceGetGpuInstancePossiblePlacements(h, int(pid), None, ctypes.byref(count))
+        buf = (N.c_nvmlGpuInstancePlacement_t * count.value)()
+        N.nvmlDeviceGetGpuInstancePossiblePlacements(h, int(pid), buf, ctypes.byref(count))
+        assert [[p.start, p.size] for p in buf] == placements, pid
+
+
+def test_a_forked_child_checks_its_own_memory(node: Any) -> None:
+    """The crash matrix forks appliers: pointers into memory only the child has must be accepted."""
+    node("single-a100")
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            area = mmap.mmap(-1, 1 << 20)  # a mapping the parent never had
+            pl = N.c_nvmlGpuInstancePlacement_t.from_buffer(area)
+            pl.start, pl.size = 4, 4
+            N.nvmlInit()
+            N.nvmlDeviceCreateGpuInstanceWithPlacement(N.nvmlDeviceGetHandleByIndex(0), 9, ctypes.byref(pl))
+            N.nvmlShutdown()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
