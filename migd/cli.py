@@ -20,12 +20,13 @@ import yaml
 from migd.apply.executor import Applier, ApplyOptions, BusyError, GpuUnhealthy
 from migd.apply.hooks import HookError, Hooks, parse_hooks
 from migd.apply.lock import LockBusy
+from migd.doctor import diagnose
 from migd.hardware.backend import GpuBackend, HardwareError
 from migd.planner import PlanError
 from migd.profiles.export import export_profile
 from migd.profiles.loader import load_profile
 from migd.profiles.validate import validate_file
-from migd.report import apply_doc, dump, plan_doc, plan_table, status_doc, status_table
+from migd.report import apply_doc, doctor_doc, doctor_table, dump, plan_doc, plan_table, status_doc, status_table
 from migd.yamlsrc import ValidationError, load, parse_duration
 
 EXIT_OK, EXIT_NOT_APPLIED, EXIT_INVALID, EXIT_BUSY, EXIT_HARDWARE = 0, 1, 2, 3, 4
@@ -194,6 +195,13 @@ def cmd_export(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -
     return EXIT_OK
 
 
+def cmd_doctor(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
+    """Read-only: compare the driver's view of every GPU with the catalog (exit 1 on a difference)."""
+    doc = doctor_doc(diagnose(backend))
+    _out(args, doc, doctor_table(doc))
+    return EXIT_OK if doc["ok"] else EXIT_NOT_APPLIED
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="migctl", description="Manage NVIDIA MIG partitions.")
     p.add_argument("--sim", metavar="FLEET", default=os.environ.get("MIGD_SIM"),
@@ -236,6 +244,9 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("gpu", help="GPU index or UUID")
     sp = sub.add_parser("validate", help="check profile files offline")
     sp.add_argument("files", nargs="+")
+    sp = sub.add_parser("doctor", help="read-only check of driver, GPUs, profile tables, events and GPM "
+                        "against the catalog (changes nothing)")
+    fmt(sp)
     sp = sub.add_parser("export", help="print the current state as a migd profile")
     sp.add_argument("--name", default="exported")
     fmt(sp, ("yaml", "json"))
@@ -253,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             handler = {"status": cmd_status, "plan": cmd_plan, "assert": cmd_assert, "apply": cmd_apply,
                        "export": cmd_export, "recover": cmd_recover, "isolation": cmd_isolation,
-                       "clear-fault": cmd_clear_fault}[args.command]
+                       "clear-fault": cmd_clear_fault, "doctor": cmd_doctor}[args.command]
             return handler(args, backend, state_dir)
         finally:
             backend.close()

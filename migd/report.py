@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from migd.apply.executor import ApplyResult
+from migd.doctor import Finding, Verdict
 from migd.hardware.backend import GpuBackend, GpuInfo, GpuInstance
 from migd.planner import GpuPlan
 
@@ -115,4 +116,22 @@ def plan_table(plans: list[GpuPlan]) -> str:
             continue
         lines.append(f"{head}: {len(p.ops)} operation(s), {p.kept} instance(s) kept")
         lines += [f"  {o.describe()}" for o in p.ops]
+    return "\n".join(lines) + "\n"
+
+
+def doctor_doc(findings: list[Finding]) -> dict[str, Any]:
+    """``migd.doctor/v1``: one finding per check; ``ok`` is false when any differs from the catalog."""
+    return {"schema": "migd.doctor/v1",
+            "ok": not any(f.verdict in (Verdict.MISMATCH, Verdict.ERROR) for f in findings),
+            "findings": [{"gpu": f.gpu, "check": f.check, "verdict": f.verdict.value, "detail": f.detail}
+                         for f in findings]}
+
+
+def doctor_table(doc: dict[str, Any]) -> str:
+    lines = []
+    for f in doc["findings"]:
+        where = "node " if f["gpu"] is None else f"GPU {f['gpu']}"
+        lines.append(f"{where:<6} {f['check']:<14} {f['verdict']:<8} {f['detail']}")
+    mismatches = sum(1 for f in doc["findings"] if f["verdict"] in ("mismatch", "error"))
+    lines.append("no differences from the catalog" if not mismatches else f"{mismatches} difference(s) found")
     return "\n".join(lines) + "\n"

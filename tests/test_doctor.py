@@ -1,0 +1,112 @@
+"""``migctl doctor`` reads and compares, never changes; programs nobody here wrote see the simulated fleet."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from migd.doctor import Verdict, diagnose
+from migd.hardware.catalog import GpuModel, model_for
+from migd.report import doctor_doc
+from migd.sim import control, sim_backend
+from migd.sim.state import FLEETS, StateStore
+from tests.helpers import PROFILES, Migctl
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _gpu_state(store: StateStore) -> str:
+    s = store.read()
+    return json.dumps([{k: v for k, v in g.items()} for g in s.to_json()["gpus"]]) + f"/{s.mutations}"
+
+
+@pytest.mark.parametrize("fleet", sorted(FLEETS))
+@pytest.mark.parametrize("profile", [None, "day"])
+def test_doctor_is_clean_and_read_only_on_every_fleet(tmp_path: Path, fleet: str, profile: str | None) -> None:
+    m = Migctl(tmp_path, fleet)
+    if profile:
+        assert m("apply", str(PROFILES / f"{profile}.yaml")).code == 0
+    else:
+        m("status")
+    store = StateStore(m.state)
+    before = _gpu_state(store)
+    r = m("doctor", "-o", "json")
+    doc = r.json()
+    assert r.code == 0 and doc["schema"] == "migd.doctor/v1" and doc["ok"], r.out
+    checks = {(f["gpu"], f["check"]) for f in doc["findings"]}
+    for i in range(len(FLEETS[fleet])):
+        assert {(i, "identity"), (i, "memory"), (i, "mig-mode"), (i, "gpm"), (i, "events")} <= checks
+        assert any(c.startswith("placements") for g, c in checks if g == i)
+    assert _gpu_state(store) == before  # no mode change, no instance, no reset
+    assert store.read().clients == {}  # and NVML was let go
+    table = m("doctor")
+    assert table.code == 0 and table.out.endswith("no differences from the catalog\n")
+
+
+def test_doctor_reports_a_wrong_catalog_entry(tmp_path: Path) -> None:
+    backend = sim_backend(tmp_path / "s.json", "mixed", mig_enabled=True)
+    try:
+        def wrong(name: str, pci: int) -> GpuModel | None:
+            model = model_for(name=name, pci_device_id=pci)
+            if model is None or model.key != "H100-SXM5-80GB":
+                return model
+            p3g = model.profile_by_role("3g")
+            assert p3g is not None
+            bad = dataclasses.replace(p3g, instance_count=3, starts=(0, 2, 4))
+            return dataclasses.replace(model, total_memory_mib=81920,
+                                       profiles=tuple(bad if p is p3g else p for p in model.profiles))
+        findings = diagnose(backend, wrong)
+    finally:
+        backend.close()
+    bad = {(f.gpu, f.check): f.detail for f in findings if f.verdict is Verdict.MISMATCH}
+    assert set(bad) == {(g, c) for g in (2, 3) for c in ("memory", "profile 9", "placements 9")}
+    assert "catalog says 81920 MiB" in bad[(2, "memory")]
+    assert "instanceCount 2 (catalog 3)" in bad[(2, "profile 9")]
+    assert "0:4,4:4 (catalog 0:4,2:4,4:4)" in bad[(2, "placements 9")]
+    assert not doctor_doc(findings)["ok"]
+
+
+def test_doctor_reports_an_unknown_gpu_and_a_lost_one(tmp_path: Path) -> None:
+    backend = sim_backend(tmp_path / "s.json", "single-a100")
+    try:
+        findings = diagnose(backend, lambda name, pci: None)
+    finally:
+        backend.close()
+    (ident,) = [f for f in findings if f.check == "identity"]
+    assert ident.verdict is Verdict.MISMATCH and "not in migd's catalog" in ident.detail
+    m = Migctl(tmp_path, "dgx-a100")
+    m("status")
+    control.set_lost(StateStore(m.state), 3)
+    r = m("doctor")
+    assert r.code == 4 and r.err.startswith("hardware error: GPU 3:") and "GPU_IS_LOST" in r.err
+    assert "Traceback" not in r.err
+
+
+def test_recorded_real_h100_doctor_run_was_clean() -> None:
+    """`migctl doctor` on a real H100 80GB HBM3 (driver 580.159.04, MIG off), kept as it came back."""
+    doc = json.loads((FIXTURES / "h100-sxm5-580.159.04-doctor.json").read_text())
+    assert doc["schema"] == "migd.doctor/v1" and doc["ok"]
+    assert any(f["check"] == "profile 9" and f["verdict"] == "ok" for f in doc["findings"])
+
+
+def test_gpustat_sees_the_simulated_fleet(tmp_path: Path) -> None:
+    if shutil.which("gpustat") is None and subprocess.run([sys.executable, "-c", "import gpustat"]).returncode:
+        pytest.skip("gpustat is not installed (it is in the test extra)")
+    m = Migctl(tmp_path, "dgx-h100")
+    assert m("apply", str(PROFILES / "day.yaml")).code == 0
+    p = subprocess.run([sys.executable, "-m", "migd.sim.cli", "exec", "--sim-state", str(m.state), "--",
+                        sys.executable, "-m", "gpustat", "--json"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert [g["index"] for g in doc["gpus"]] == list(range(8))
+    assert {g["name"] for g in doc["gpus"]} == {"NVIDIA H100 80GB HBM3"}
+    assert {g["memory.total"] for g in doc["gpus"]} == {81559}  # MiB, as a real H100 80GB HBM3 reports
+    uuids = {g.uuid for g in StateStore(m.state).read().gpus}
+    assert {g["uuid"] for g in doc["gpus"]} == uuids
+    assert doc["driver_version"] == StateStore(m.state).read().driver_version
