@@ -9,6 +9,7 @@ import mmap
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -273,3 +274,24 @@ def test_a_forked_child_checks_its_own_memory(node: Any) -> None:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def test_ctrl_c_inside_a_library_call_reaches_the_caller(node: Any) -> None:
+    """ctypes swallows exceptions in callbacks (the call would look successful): the simulator fails
+    the call and re-posts Ctrl-C to the main thread, where the program sees it."""
+    backend, _, lib = node("single-h100")
+    gi = backend.create_gpu_instance(0, 19, Placement(0, 1))
+
+    def interrupted() -> float:
+        raise KeyboardInterrupt
+
+    lib.clock = interrupted
+    sample = N.nvmlGpmSampleAlloc()
+    with pytest.raises(KeyboardInterrupt):
+        try:
+            N.nvmlGpmMigSampleGet(N.nvmlDeviceGetHandleByIndex(0), gi, sample)
+        except N.NVMLError_Unknown:
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:  # the re-posted interrupt lands here
+                pass
+    N.nvmlGpmSampleFree(sample)

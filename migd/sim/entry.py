@@ -67,16 +67,28 @@ def proc_start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
-def reap(state: SimState) -> bool:
-    """Like the driver, forget the contexts and NVML sessions of processes that have exited."""
+def reap_processes(state: SimState) -> bool:
+    """Like the driver, forget the contexts of processes that have exited (checked on every call)."""
     changed = False
     for g in state.gpus:
-        alive = [p for p in g.processes if not p.real or proc_start_time(p.pid) is not None]
-        if len(alive) != len(g.processes):
-            g.processes, changed = alive, True
+        if any(p.real for p in g.processes):
+            alive = [p for p in g.processes if not p.real or proc_start_time(p.pid) is not None]
+            if len(alive) != len(g.processes):
+                g.processes, changed = alive, True
+    return changed
+
+
+def reap_clients(state: SimState) -> bool:
+    """Forget NVML sessions of processes that have exited (or whose PID now names another process).
+    Only a mode change and a reset look at the clients, so only they pay for this."""
+    changed = False
     for pid, (start, _) in list(state.clients.items()):
         now = proc_start_time(int(pid))
         if now is None or (start and now != start):
             del state.clients[pid]
             changed = True
     return changed
+
+
+def reap(state: SimState) -> bool:
+    return reap_processes(state) | reap_clients(state)

@@ -13,7 +13,7 @@ from typing import Any
 import pynvml
 
 from migd.sim.cmem import Ref
-from migd.sim.entry import GPU_WIDE, HANDLE, PTR, UINT, Export, exporter, put
+from migd.sim.entry import GPU_WIDE, HANDLE, PTR, UINT, Export, exporter, put, reap_clients
 from migd.sim.gpu import MiB, NvmlFail, SimGpu
 from migd.sim.state import SimState
 
@@ -259,6 +259,8 @@ def set_mig_mode(call: Any, handle: int, mode: int, status_p: int) -> None:
         raise NvmlFail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
     with call.state() as s:
         gpu, _ = call.gpu_of(s, handle)
+        if reap_clients(s):
+            s.touched = True
         others = any(pid != str(os.getpid()) for pid in s.clients)
         status.value = gpu.set_mig_mode(mode == pynvml.NVML_DEVICE_MIG_ENABLE, others, s.passthrough)
         if status.value == pynvml.NVML_SUCCESS and not gpu.gis:

@@ -12,6 +12,7 @@ would for an older driver.  One library per process, like a loaded shared object
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import ctypes
 import os
@@ -29,7 +30,7 @@ import pynvml
 
 from migd.sim import entry_devices, entry_instances, entry_telemetry
 from migd.sim.cmem import Handles, Memory, Ref
-from migd.sim.entry import ANY_MUTATION, Export, proc_start_time, reap
+from migd.sim.entry import ANY_MUTATION, Export, proc_start_time, reap_processes
 from migd.sim.gpu import NvmlFail, SimGpu
 from migd.sim.state import SimState, StateStore
 
@@ -116,6 +117,7 @@ class SimLibrary:
         self._missing = frozenset(store.read().missing_symbols)
         self._functions: dict[str, Any] = {}
         self._callbacks: list[Any] = []  # keep the C trampolines alive
+        self._inside: set[int] = set()  # threads now running a simulated entry point
 
     # -- what pynvml sees ---------------------------------------------------------------------------
     def __getattr__(self, name: str) -> Any:
@@ -138,6 +140,20 @@ class SimLibrary:
 
     def _dispatch(self, export: Export, raw: tuple[Any, ...]) -> int:
         """Run one entry point; every failure becomes a return code, as C has no exceptions."""
+        me = threading.get_ident()
+        self._inside.add(me)
+        try:
+            return self._run(export, raw)
+        finally:
+            self._inside.discard(me)
+
+    def _repost_interrupt(self, caller: int) -> None:
+        while caller in self._inside:  # wait until the caller is back in C, out of our Python
+            time.sleep(0.001)
+        time.sleep(0.005)
+        _thread.interrupt_main()
+
+    def _run(self, export: Export, raw: tuple[Any, ...]) -> int:
         try:
             if export.returns_string:
                 return int(export.impl(self, *raw))
@@ -149,6 +165,12 @@ class SimLibrary:
             return int(pynvml.NVML_SUCCESS)
         except NvmlFail as e:
             return e.code
+        except KeyboardInterrupt:
+            # A real library runs no Python, so Ctrl-C reaches the caller after the call returns.
+            # A callback cannot raise (ctypes would print it and return 0, i.e. SUCCESS): fail the
+            # call, and let a helper thread re-post SIGINT once the main thread is out of here.
+            threading.Thread(target=self._repost_interrupt, args=(threading.get_ident(),), daemon=True).start()
+            return int(pynvml.NVML_ERROR_UNKNOWN)
         except Exception:  # a simulator bug: say so, and fail the call as the driver would
             print(f"migd-sim: internal error in {export.name}:\n{traceback.format_exc()}", file=sys.stderr)
             return int(pynvml.NVML_ERROR_UNKNOWN)
@@ -158,7 +180,7 @@ class SimLibrary:
         """Initialised, injected faults, lost GPUs: the checks every entry point makes."""
         if call.export.needs_init and self.init_count <= 0:
             raise NvmlFail(pynvml.NVML_ERROR_UNINITIALIZED)
-        if reap(state):
+        if reap_processes(state):
             state.touched = True
         name, base = call.export.name, base_name(call.export.name)
         for fault in list(state.faults):
