@@ -295,3 +295,20 @@ def test_ctrl_c_inside_a_library_call_reaches_the_caller(node: Any) -> None:
             while time.monotonic() < deadline:  # the re-posted interrupt lands here
                 pass
     N.nvmlGpmSampleFree(sample)
+
+
+def _rows(text: str) -> list[list[str]]:
+    """The number columns of an `nvidia-smi mig -lgip` table, two lines per profile joined."""
+    lines = [ln.strip("| ").split() for ln in text.splitlines() if ln.startswith("|") and "MIG" not in ln[:3]]
+    body = [ln for ln in lines if ln and (ln[0].isdigit() or ln[0] == "MIG")]
+    return [a + b for a, b in zip(body[::2], body[1::2], strict=True)]
+
+
+def test_fake_nvidia_smi_lists_profiles_as_a_real_h100_did(tmp_path: Path) -> None:
+    state = tmp_path / "h.json"
+    smi = [sys.executable, "-m", "migd.sim.cli", "exec", "--sim-state", str(state), "--sim", "single-h100", "--",
+           "nvidia-smi", "mig"]
+    lgip = subprocess.run([*smi, "-lgip"], capture_output=True, text=True, check=True).stdout
+    assert _rows(lgip) == _rows((FIXTURES / "h100-sxm5-580.159.04-lgip.txt").read_text())
+    lgipp = subprocess.run([*smi, "-lgipp"], capture_output=True, text=True, check=True).stdout
+    assert lgipp.split() == (FIXTURES / "h100-sxm5-580.159.04-lgipp.txt").read_text().split()

@@ -84,7 +84,7 @@ def list_gi_profiles(gpus: list[SimGpu]) -> str:
     for g in gpus:
         m = MODELS[g.model]
         for p in m.profiles:
-            free = g.remaining_capacity(p) if g.mig_current else 0
+            free = g.remaining_capacity(p)  # a real H100 with MIG off listed 7/7 (tests/fixtures)
             first = (f" {g.index:>3}  MIG {p.name:<14}{p.profile_id:>4}{free:>6}/{p.instance_count:<9}"
                      f"{p.memory_mib / GIB:>6.2f}      No{p.sm:>7}{p.dec:>6}{p.enc:>6}")
             rows.append(f"{first}\n{'':<58}{p.ce:>4}{p.jpeg:>6}{p.ofa:>6}")
