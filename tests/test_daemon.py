@@ -269,3 +269,23 @@ def test_control_server_always_answers(tmp_path: Path) -> None:
         assert reply is not None and reply["exit"] == 2 and "profile is writable by group or others" in reply["error"]
     finally:
         server.close()
+
+
+def test_manual_apply_is_not_undone_and_redone(migd: MigdProcess) -> None:
+    """The apply's own MIG-config-change events must not make the loop re-apply the schedule first:
+    one manual change costs exactly the operations its plan names, and the log says so once."""
+    migd.write_config(reconcile_interval="1s")
+    migd.start(now="2026-11-23T02:00:00")
+    migd.wait_ready()
+    plan = migd.migctl("plan", str(PROFILES / "balanced.yaml"), "-o", "json").json()
+    ops = sum(len(g["operations"]) for g in plan["gpus"])
+    store = StateStore(migd.migctl.state)
+    before = store.read().mutations
+    assert migd.migctl("apply", str(PROFILES / "balanced.yaml")).code == 0
+    time.sleep(4)  # the apply's events and several reconcile passes
+    assert store.read().mutations - before == ops
+    applied = [line.split("applied profile ", 1)[1].split(" in ")[0] for line in migd.log.read_text().splitlines()
+               if "applied profile" in line]
+    assert len(applied) == 2 and applied[0].endswith("(start)") and applied[1] == "balanced (manual)", applied
+    assert migd.control({"cmd": "status"})["daemon"]["apply_count"] == {"success": 2}  # the manual one counts
+    assert migd.assert_profile("balanced")

@@ -117,16 +117,19 @@ class Daemon:
                             unhealthy=lambda: dict(self.status.unhealthy))
 
     def reconcile(self, reason: str) -> None:
-        profile = self.desired()
-        nxt = self.config.schedule.next_fire(self.clock.now())
-        self.status.next_transition = (nxt[0].isoformat(), nxt[1].profile) if nxt else None
-        if profile is None:
-            log.info("no schedule entry has fired yet; leaving GPUs as they are")
-            return
-        if self.status.desired_profile != profile.name:
-            log.info("profile %s is now active (%s)", profile.name, reason)
-        self.status.desired_profile = profile.name
+        # The decision is taken under the reconfiguration lock: a manual apply holding it publishes
+        # its override before releasing it, so its own MIG-config-change events cannot make this
+        # pass re-apply the scheduled profile (undo) and the next one the override (redo).
         with self.lock:
+            profile = self.desired()
+            nxt = self.config.schedule.next_fire(self.clock.now())
+            self.status.next_transition = (nxt[0].isoformat(), nxt[1].profile) if nxt else None
+            if profile is None:
+                log.info("no schedule entry has fired yet; leaving GPUs as they are")
+                return
+            if self.status.desired_profile != profile.name:
+                log.info("profile %s is now active (%s)", profile.name, reason)
+            self.status.desired_profile = profile.name
             try:
                 plans = self.applier.plan(profile)
             except (ValidationError, PlanError, HardwareError) as e:
@@ -168,6 +171,10 @@ class Daemon:
             self._record(None, "error", time.monotonic() - t0)
             return
         self.status.blocked_since = self.status.blocked_reason = None
+        self._finish(profile, result, reason, t0)
+
+    def _finish(self, profile: Profile, result: ApplyResult, reason: str, t0: float) -> None:
+        """Count, log and audit one apply, scheduled or manual alike."""
         outcome = "success" if result.ok else "rolled_back" if all(
             r.status in ("applied", "unchanged", "rolled_back") for r in result.results) else "failed"
         self._record(result, outcome, time.monotonic() - t0)
@@ -213,17 +220,22 @@ class Daemon:
 
     # -- requests from the control socket -------------------------------------------------------
     def manual_apply(self, profile: Profile, on_busy: str, dry_run: bool) -> ApplyResult:
-        """A hand-made apply holds until the next scheduled transition, then the schedule resumes."""
+        """A hand-made apply holds until the next scheduled transition, then the schedule resumes.
+
+        The override is published before the lock is released (see :meth:`reconcile`)."""
         with self.lock:
             opts = self._options(on_busy)
             opts.dry_run = dry_run
             opts.busy_timeout_s = self.config.busy_timeout_s
+            t0 = time.monotonic()
             result = self.applier.apply(profile, opts)
-        if not dry_run and result.ok:
-            nxt = self.config.schedule.next_fire(self.clock.now())
-            self.status.override = {"profile": profile.name, "source": profile.source,
-                                    "until": nxt[0].isoformat() if nxt else None, "_profile": profile}
-            self._settled(profile.name)
+            if dry_run:
+                return result
+            if result.ok:
+                nxt = self.config.schedule.next_fire(self.clock.now())
+                self.status.override = {"profile": profile.name, "source": profile.source,
+                                        "until": nxt[0].isoformat() if nxt else None, "_profile": profile}
+            self._finish(profile, result, "manual", t0)
         return result
 
     # -- lifecycle --------------------------------------------------------------------------------
