@@ -17,9 +17,11 @@ from typing import Any
 
 import yaml
 
+from migd import __version__
 from migd.apply.executor import Applier, ApplyOptions, BusyError, GpuUnhealthy
 from migd.apply.hooks import HookError, Hooks, parse_hooks
 from migd.apply.lock import LockBusy
+from migd.cliargs import Parser
 from migd.doctor import diagnose
 from migd.hardware.backend import GpuBackend, HardwareError
 from migd.planner import PlanError
@@ -203,7 +205,8 @@ def cmd_doctor(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="migctl", description="Manage NVIDIA MIG partitions.")
+    p = Parser(prog="migctl", description="Manage NVIDIA MIG partitions.")
+    p.add_argument("--version", action="version", version=f"migctl {__version__}")
     p.add_argument("--sim", metavar="FLEET", default=os.environ.get("MIGD_SIM"),
                    help="run against the simulator (dgx-a100, dgx-a100-40gb, dgx-h100, hgx-h200, mixed, ...)")
     p.add_argument("--sim-state", metavar="PATH", default=os.environ.get("MIGD_SIM_STATE"),

@@ -5,13 +5,17 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import stat
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from migd import __version__
 from migd.sim import control, sim_backend
 from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
@@ -289,3 +293,45 @@ def test_manual_apply_is_not_undone_and_redone(migd: MigdProcess) -> None:
     assert len(applied) == 2 and applied[0].endswith("(start)") and applied[1] == "balanced (manual)", applied
     assert migd.control({"cmd": "status"})["daemon"]["apply_count"] == {"success": 2}  # the manual one counts
     assert migd.assert_profile("balanced")
+
+
+def _migd_argv(migd: MigdProcess, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "migd.daemon.main", "--config", str(migd.config), "--sim", migd.fleet,
+            "--sim-state", str(migd.migctl.state), "--state-dir", str(migd.migctl.state_dir), *extra]
+
+
+def test_a_second_migd_refuses_and_leaves_the_first_alone(migd: MigdProcess) -> None:
+    migd.start(now="2026-11-23T02:00:00")
+    migd.wait_ready()
+    mutations = StateStore(migd.migctl.state).read().mutations
+    p = subprocess.run(_migd_argv(migd, "--metrics-listen", "127.0.0.1:0"), capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert "another migd" in p.stderr and str(migd.socket_path) in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    assert migd.socket_path.exists() and migd.control({"cmd": "status"})["ok"]  # still reachable
+    assert StateStore(migd.migctl.state).read().mutations == mutations  # and nothing on the GPUs moved
+
+
+@pytest.mark.parametrize("extra, words", [
+    (("--sim", "no-such-fleet"), "no-such-fleet"),
+    (("--now", "yesterday"), "--now"),
+    (("--time-scale", "0"), "--time-scale"),
+    (("--metrics-listen", "{busy}"), "metrics"),
+])
+def test_start_up_errors_are_one_line(migd: MigdProcess, extra: tuple[str, ...], words: str) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        addr = f"127.0.0.1:{busy.getsockname()[1]}"
+        argv = [a.replace("{busy}", addr) for a in _migd_argv(migd, *extra)]
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr and words in p.stderr
+    assert len([ln for ln in p.stderr.splitlines() if ln.strip()]) == 1, p.stderr
+
+
+def test_version_flags() -> None:
+    for prog in ("migd.daemon.main", "migd.cli"):
+        p = subprocess.run([sys.executable, "-m", prog, "--version"], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0 and p.stdout.strip().endswith(__version__), p

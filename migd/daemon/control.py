@@ -47,6 +47,27 @@ class _Handler(socketserver.StreamRequestHandler):
         self.wfile.write(json.dumps(reply, default=str).encode() + b"\n")
 
 
+class AlreadyRunning(Exception):
+    """Another migd answers on the control socket."""
+
+
+def claim(path: Path) -> None:
+    """Make ``path`` free for this daemon: refuse if a migd answers there, clear a stale socket.
+
+    A second migd must never delete a running daemon's socket: that one would go on changing GPUs
+    while migctl, finding no socket, applied locally behind its back."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(str(path))
+    except (FileNotFoundError, ConnectionRefusedError):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # left by a daemon that died: nobody listens
+        return
+    finally:
+        s.close()
+    raise AlreadyRunning(f"another migd is running (its control socket {path} answers); not starting")
+
+
 class ControlServer(socketserver.ThreadingUnixStreamServer):
     daemon_threads = True
 
@@ -55,8 +76,7 @@ class ControlServer(socketserver.ThreadingUnixStreamServer):
         self.migd = daemon
         self.watch: Any = None  # the fault watch, for its breach log
         path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+        claim(path)
         old = os.umask(0o177)  # never a window where the socket is world-connectable
         try:
             super().__init__(str(path), _Handler)

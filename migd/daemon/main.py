@@ -8,11 +8,13 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 
+from migd import __version__
+from migd.cliargs import Parser
 from migd.daemon.config import DEFAULT_CONFIG, Config, load_config
-from migd.daemon.control import ControlServer
+from migd.daemon.control import AlreadyRunning, ControlServer, claim
 from migd.daemon.sdnotify import Notifier
 from migd.daemon.service import Clock, Daemon
 from migd.daemon.signals import SignalRelay
@@ -20,6 +22,7 @@ from migd.hardware.backend import GpuBackend, HardwareError
 from migd.isolation.watch import FaultWatch
 from migd.metrics.collector import EventCounters
 from migd.metrics.sampler import NvmlErrorCounter
+from migd.sim.state import FLEETS
 from migd.yamlsrc import ValidationError
 
 log = logging.getLogger("migd")
@@ -45,26 +48,39 @@ def setup_logging(level: str) -> None:
     logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler], force=True)
 
 
+def _iso_time(text: str) -> datetime:
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO date-time (e.g. 2026-11-23T18:59:30): {text!r}") from None
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a number above 0, not {text!r}")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="migd", description="MIG partition daemon: schedules, reconcile, metrics.")
-    p.add_argument("--config", default=os.environ.get("MIGD_CONFIG", DEFAULT_CONFIG))
-    p.add_argument("--sim", metavar="FLEET", help="run against the simulator (e.g. dgx-a100)")
+    p = Parser(prog="migd", description="MIG partition daemon: schedules, reconcile, metrics.")
+    p.add_argument("--version", action="version", version=f"migd {__version__}")
+    p.add_argument("--config", default=os.environ.get("MIGD_CONFIG", DEFAULT_CONFIG),
+                   help=f"daemon configuration (default {DEFAULT_CONFIG})")
+    p.add_argument("--sim", metavar="FLEET", choices=sorted(FLEETS),
+                   help=f"run against the simulator: {', '.join(sorted(FLEETS))}")
     p.add_argument("--sim-state", metavar="PATH", help="simulator state file")
     p.add_argument("--state-dir", help="journal, lock, owners (default /var/lib/migd)")
     p.add_argument("--control-socket", help=f"control socket path (default {DEFAULT_SOCKET})")
     p.add_argument("--metrics-listen", help="HOST:PORT for /metrics and /healthz (overrides the config)")
-    p.add_argument("--now", help="pretend the clock starts at this ISO time (demo, tests)")
-    p.add_argument("--time-scale", type=float, default=1.0, help="run the clock this many times faster")
+    p.add_argument("--now", type=_iso_time, help="pretend the clock starts at this ISO time (demo, tests)")
+    p.add_argument("--time-scale", type=_positive, default=1.0, help="run the clock this many times faster")
     p.add_argument("--check", action="store_true", help="validate the configuration and exit")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
-
-
-def _start_time(text: str | None, tz: timezone | None = None) -> datetime | None:
-    if not text:
-        return None
-    t = datetime.fromisoformat(text)
-    return t if t.tzinfo else t.replace(tzinfo=tz)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -79,29 +95,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{args.config}: ok ({len(cfg.profiles)} profiles, {len(cfg.schedule.entries)} transitions)")
         return 0
     errors = NvmlErrorCounter()
+    state, state_dir, socket_path = _paths(args, cfg)
     try:
-        backend, state_dir, socket_path = _open(args, cfg, errors)
+        claim(Path(socket_path))
+        backend = _backend(args, state, errors)
+    except AlreadyRunning as e:
+        log.critical("%s", e)
+        return 2
     except HardwareError as e:
         log.critical("cannot open NVML: %s", e)
         return 4
     notifier = Notifier()
-    start = _start_time(args.now)
-    if start is not None and start.tzinfo is None:
-        start = start.replace(tzinfo=cfg.timezone)
+    start = args.now if args.now is None or args.now.tzinfo else args.now.replace(tzinfo=cfg.timezone)
     daemon = Daemon(cfg, backend, state_dir, Clock(start, args.time_scale), notifier,
                     reload_config=lambda: load_config(args.config))
-    control = ControlServer(Path(socket_path), daemon)
-    control.start()
     events = EventCounters()
-    watch = FaultWatch(backend, daemon.lock, events, daemon.status.unhealthy, on_config_change=daemon.drift_suspected)
-    control.watch = watch
-    watch.start()
     metrics = None
     listen = args.metrics_listen or cfg.metrics_listen
     if listen:
         from migd.metrics.http import start_metrics
-        metrics = start_metrics(listen, daemon, backend, cfg.sample_interval_s, errors, events,
-                                lambda: daemon.audit_findings)
+        try:
+            metrics = start_metrics(listen, daemon, backend, cfg.sample_interval_s, errors, events,
+                                    lambda: daemon.audit_findings)
+        except OSError as e:
+            log.critical("cannot serve metrics on %s: %s; not starting", listen, e.strerror or e)
+            backend.close()
+            return 2
+    control = ControlServer(Path(socket_path), daemon)
+    control.start()
+    watch = FaultWatch(backend, daemon.lock, events, daemon.status.unhealthy, on_config_change=daemon.drift_suspected)
+    control.watch = watch
+    watch.start()
 
     def on_signal(signum: int) -> None:
         if signum == signal.SIGHUP:
@@ -128,16 +152,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _open(args: argparse.Namespace, cfg: Config, errors: NvmlErrorCounter) -> tuple[GpuBackend, Path, str]:
+def _paths(args: argparse.Namespace, cfg: Config) -> tuple[Path | None, Path, str]:
+    """Simulator state (None on real GPUs), state dir and control socket."""
     if args.sim:
         from migd.cli import sim_paths
-        from migd.sim import sim_backend
         state, state_dir = sim_paths(args.sim, args.sim_state, args.state_dir or cfg.state_dir)
-        sock = args.control_socket or cfg.control_socket or str(state_dir / "control.sock")
-        return sim_backend(state, args.sim, on_nvml_error=errors), state_dir, sock
-    from migd.hardware.nvml import NvmlBackend
+        return state, state_dir, args.control_socket or cfg.control_socket or str(state_dir / "control.sock")
     state_dir = Path(args.state_dir or cfg.state_dir or "/var/lib/migd")
-    return NvmlBackend(on_nvml_error=errors), state_dir, args.control_socket or cfg.control_socket or DEFAULT_SOCKET
+    return None, state_dir, args.control_socket or cfg.control_socket or DEFAULT_SOCKET
+
+
+def _backend(args: argparse.Namespace, state: Path | None, errors: NvmlErrorCounter) -> GpuBackend:
+    if state is not None:
+        from migd.sim import sim_backend
+        return sim_backend(state, args.sim, on_nvml_error=errors)
+    from migd.hardware.nvml import NvmlBackend
+    return NvmlBackend(on_nvml_error=errors)
 
 
 if __name__ == "__main__":
