@@ -28,7 +28,17 @@ from migd.planner import PlanError
 from migd.profiles.export import export_profile
 from migd.profiles.loader import load_profile
 from migd.profiles.validate import validate_file
-from migd.report import apply_doc, doctor_doc, doctor_table, dump, plan_doc, plan_table, status_doc, status_table
+from migd.report import (
+    apply_doc,
+    apply_table,
+    doctor_doc,
+    doctor_table,
+    dump,
+    plan_doc,
+    plan_table,
+    status_doc,
+    status_table,
+)
 from migd.yamlsrc import ValidationError, load, parse_duration
 
 EXIT_OK, EXIT_NOT_APPLIED, EXIT_INVALID, EXIT_BUSY, EXIT_HARDWARE = 0, 1, 2, 3, 4
@@ -70,8 +80,8 @@ def cmd_status(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -
 
 def cmd_plan(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
     profile = load_profile(args.file, args.config)
-    plans = Applier(backend, state_dir).plan(profile)
-    _out(args, plan_doc(profile.name, plans), plan_table(plans))
+    doc = plan_doc(profile.name, Applier(backend, state_dir).plan(profile))
+    _out(args, doc, plan_table(doc))
     return EXIT_OK
 
 
@@ -98,16 +108,17 @@ def apply_via_daemon(args: argparse.Namespace) -> int | None:
     """Hand the apply to a running migd, so the daemon and the CLI never race.  None: no daemon."""
     from migd.daemon.control import request
     path = Path(args.file).resolve()
-    reply = request(control_socket(args), {"cmd": "apply", "file": str(path), "config": args.config,
-                                           "on_busy": args.on_busy, "dry_run": args.dry_run})
+    sock = control_socket(args)
+    if args.hooks and sock.exists():
+        raise ValidationError(args.hooks, None, None, "--hooks", "a running migd runs the hooks of its own "
+                              "configuration, not a client's; add --local to apply in this process with these hooks")
+    reply = request(sock, {"cmd": "apply", "file": str(path), "config": args.config, "on_busy": args.on_busy,
+                           "dry_run": args.dry_run, "busy_timeout_s": parse_duration(args.busy_timeout),
+                           "lock_timeout_s": args.lock_timeout, "parallel": not args.sequential})
     if reply is None:
         return None
     if "result" in reply:
-        doc = reply["result"]
-        text = "".join(f"GPU {g['index']}: {len(g['operations'])} operation(s)\n" for g in doc["gpus"])
-        text += "".join(f"GPU {r['index']}: {r['status']}" + (f": {r['error']}" if r["error"] else "") + "\n"
-                        for r in doc["results"])
-        _out(args, doc, text + f"{doc['profile']}: {'applied' if doc['ok'] else 'NOT applied'} by migd\n")
+        _out(args, reply["result"], apply_table(reply["result"], by="migd"))
     else:
         print(f"error (from migd): {reply.get('error')}", file=sys.stderr)
     return int(reply.get("exit", 1))
@@ -124,13 +135,8 @@ def cmd_apply(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) ->
                         dry_run=args.dry_run, hooks=_hooks(args.hooks), lock_timeout_s=args.lock_timeout,
                         parallel=not args.sequential)
     result = Applier(backend, state_dir).apply(profile, opts)
-    lines = plan_table(result.plans)
-    for r in result.results:
-        if r.status in ("rolled_back", "failed"):
-            lines += f"GPU {r.index}: {r.status.upper().replace('_', ' ')}: {r.error}\n"
-    if not args.dry_run:
-        lines += f"{profile.name}: {'applied' if result.ok else 'NOT applied'} in {result.seconds:.2f}s\n"
-    _out(args, apply_doc(result, args.dry_run), lines)
+    doc = apply_doc(result, args.dry_run)
+    _out(args, doc, apply_table(doc))
     return EXIT_OK if result.ok else (EXIT_HARDWARE if any(r.status == "failed" for r in result.results)
                                       else EXIT_NOT_APPLIED)
 

@@ -105,18 +105,32 @@ def status_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plan_table(plans: list[GpuPlan]) -> str:
+def plan_table(doc: dict[str, Any]) -> str:
+    """The operations of a ``migd.plan/v1`` (or ``migd.apply/v1``) document, one GPU at a time."""
     lines = []
-    for p in plans:
-        want = Counter(t.name for t in p.targets)
-        layout = " + ".join(f"{n}x{k}" if n > 1 else k for k, n in want.items()) if p.desired.mig else "MIG disabled"
-        head = f"GPU {p.gpu.index} ({p.gpu.model_key}): {layout or 'MIG enabled, no instances'}"
-        if not p.changes:
+    for g in doc["gpus"]:
+        want = Counter(t["profile"] for t in g["target"])
+        layout = " + ".join(f"{n}x{k}" if n > 1 else k for k, n in want.items()) if g["mig"] else "MIG disabled"
+        head = f"GPU {g['index']} ({g['model']}): {layout or 'MIG enabled, no instances'}"
+        if not g["changes"]:
             lines.append(f"{head}: already applied")
             continue
-        lines.append(f"{head}: {len(p.ops)} operation(s), {p.kept} instance(s) kept")
-        lines += [f"  {o.describe()}" for o in p.ops]
+        lines.append(f"{head}: {len(g['operations'])} operation(s), {g['kept']} instance(s) kept")
+        lines += [f"  {o['description']}" for o in g["operations"]]
     return "\n".join(lines) + "\n"
+
+
+def apply_table(doc: dict[str, Any], by: str | None = None) -> str:
+    """An apply's outcome from its ``migd.apply/v1`` document, whichever process did it (``by``)."""
+    lines = plan_table(doc)
+    for r in doc["results"]:
+        if r["status"] in ("rolled_back", "failed"):
+            lines += f"GPU {r['index']}: {r['status'].upper().replace('_', ' ')}: {r['error']}\n"
+    if doc["dry_run"]:
+        outcome = "dry run, nothing changed"
+    else:
+        outcome = f"{'applied' if doc['ok'] else 'NOT applied'} in {doc['seconds']:.2f}s"
+    return lines + f"{doc['profile']}: {outcome}" + (f" (by {by})" if by else "") + "\n"
 
 
 def doctor_doc(findings: list[Finding]) -> dict[str, Any]:

@@ -335,3 +335,32 @@ def test_version_flags() -> None:
     for prog in ("migd.daemon.main", "migd.cli"):
         p = subprocess.run([sys.executable, "-m", prog, "--version"], capture_output=True, text=True, timeout=60)
         assert p.returncode == 0 and p.stdout.strip().endswith(__version__), p
+
+
+def _migctl(migd: MigdProcess, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "migd.cli", "--sim", migd.fleet, "--sim-state", str(migd.migctl.state),
+                           "--state-dir", str(migd.migctl.state_dir), *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_apply_options_through_the_daemon(migd: MigdProcess) -> None:
+    migd.start(now="2026-11-23T02:00:00")
+    migd.wait_ready()
+    before = migd.migctl.layout()
+    balanced = str(PROFILES / "balanced.yaml")
+    dry = _migctl(migd, "apply", balanced, "--dry-run")
+    local = _migctl(migd, "apply", balanced, "--dry-run", "--local")
+    assert dry.returncode == 0 == local.returncode, dry.stderr + local.stderr
+    assert "dry run" in dry.stdout and "applied" not in dry.stdout.replace("already applied", "")
+    assert dry.stdout == local.stdout.replace("nothing changed\n", "nothing changed (by migd)\n")  # one renderer
+    assert migd.migctl.layout() == before
+    r = _migctl(migd, "apply", balanced, "--hooks", str(migd.tmp / "hooks.yaml"))
+    assert r.returncode == 2 and "--hooks" in r.stderr and "--local" in r.stderr
+    # --busy-timeout reaches the daemon (its own is 30m): a busy instance blocks for one second, not half an hour
+    gi = next(g for g in StateStore(migd.migctl.state).read().gpus[0].gis)
+    control.start_process(StateStore(migd.migctl.state), 0, gi.id, 0)
+    t0 = time.monotonic()
+    r = _migctl(migd, "apply", balanced, "--on-busy", "wait", "--busy-timeout", "1s", "--sequential",
+                "--lock-timeout", "5")
+    assert r.returncode == 3 and time.monotonic() - t0 < 30, r.stderr
+    assert migd.migctl.layout() == before

@@ -19,6 +19,7 @@ from typing import Any
 from migd.apply.executor import BusyError, GpuUnhealthy
 from migd.apply.hooks import HookError
 from migd.apply.lock import LockBusy
+from migd.daemon.service import ManualApply
 from migd.hardware.backend import HardwareError
 from migd.planner import PlanError
 from migd.profiles.loader import load_profile
@@ -109,10 +110,8 @@ class ControlServer(socketserver.ThreadingUnixStreamServer):
     def _apply(self, req: dict[str, Any]) -> dict[str, Any]:
         try:
             profile = load_profile(str(req["file"]), req.get("config"), text=req.get("text"), strict=True)
-            on_busy = req.get("on_busy", "refuse")
-            if on_busy not in ("refuse", "wait", "force"):
-                raise ValueError(f"on_busy {on_busy!r}")
-            result = self.migd.manual_apply(profile, on_busy, bool(req.get("dry_run")))
+            opts = ManualApply.from_request(req)
+            result = self.migd.manual_apply(profile, opts)
         except (ValidationError, PlanError) as e:
             return {"ok": False, "exit": 2, "error": str(e)}
         except BusyError as e:
@@ -122,7 +121,7 @@ class ControlServer(socketserver.ThreadingUnixStreamServer):
         except (LockBusy, HookError) as e:
             return {"ok": False, "exit": 1, "error": str(e)}
         code = 0 if result.ok else 4 if any(r.status == "failed" for r in result.results) else 1
-        return {"ok": result.ok, "exit": code, "result": apply_doc(result, bool(req.get("dry_run")))}
+        return {"ok": result.ok, "exit": code, "result": apply_doc(result, opts.dry_run)}
 
     def start(self) -> threading.Thread:
         t = threading.Thread(target=self.serve_forever, name="migd-control", daemon=True)

@@ -78,6 +78,31 @@ class Status:
         return d
 
 
+@dataclass(frozen=True)
+class ManualApply:
+    """What migctl may choose for an apply the daemon does on its behalf (hooks stay the daemon's)."""
+
+    on_busy: str = "refuse"
+    dry_run: bool = False
+    busy_timeout_s: float | None = None  # None: the daemon's busy_timeout
+    lock_timeout_s: float = 30.0
+    parallel: bool = True
+
+    @classmethod
+    def from_request(cls, req: dict[str, Any]) -> ManualApply:
+        """Checked values from a control-socket request; ValueError names a bad one."""
+        on_busy = req.get("on_busy", "refuse")
+        if on_busy not in ("refuse", "wait", "force"):
+            raise ValueError(f"on_busy {on_busy!r}")
+        numbers = {k: req.get(k) for k in ("busy_timeout_s", "lock_timeout_s")}
+        for k, v in numbers.items():
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
+                raise ValueError(f"{k} {v!r}")
+        return cls(on_busy=on_busy, dry_run=bool(req.get("dry_run")), busy_timeout_s=numbers["busy_timeout_s"],
+                   lock_timeout_s=30.0 if numbers["lock_timeout_s"] is None else float(numbers["lock_timeout_s"]),
+                   parallel=bool(req.get("parallel", True)))
+
+
 class Daemon:
     def __init__(self, config: Config, backend: GpuBackend, state_dir: Path, clock: Clock,
                  notifier: Notifier | None = None,
@@ -219,17 +244,17 @@ class Daemon:
         self.wake.set()
 
     # -- requests from the control socket -------------------------------------------------------
-    def manual_apply(self, profile: Profile, on_busy: str, dry_run: bool) -> ApplyResult:
+    def manual_apply(self, profile: Profile, req: ManualApply) -> ApplyResult:
         """A hand-made apply holds until the next scheduled transition, then the schedule resumes.
 
         The override is published before the lock is released (see :meth:`reconcile`)."""
         with self.lock:
-            opts = self._options(on_busy)
-            opts.dry_run = dry_run
-            opts.busy_timeout_s = self.config.busy_timeout_s
+            opts = self._options(req.on_busy)
+            opts.dry_run, opts.parallel, opts.lock_timeout_s = req.dry_run, req.parallel, req.lock_timeout_s
+            opts.busy_timeout_s = self.config.busy_timeout_s if req.busy_timeout_s is None else req.busy_timeout_s
             t0 = time.monotonic()
             result = self.applier.apply(profile, opts)
-            if dry_run:
+            if req.dry_run:
                 return result
             if result.ok:
                 nxt = self.config.schedule.next_fire(self.clock.now())
