@@ -45,7 +45,7 @@ class Op:
         if k == "set_mig":
             return f"GPU {self.gpu}: set MIG mode {'enabled' if self.mig else 'disabled'}"
         if k == "reset":
-            return f"GPU {self.gpu}: reset (applies the pending MIG mode)"
+            return f"GPU {self.gpu}: reset, if the MIG mode change stays pending (GPU held, pass-through VM)"
         what = {"destroy_ci": "destroy CI", "destroy_gi": "destroy GI", "create_gi": "create GI",
                 "create_ci": "create CI"}[k]
         ids = f" id {self.gi_id}" + (f"/{self.ci_id}" if self.ci_id is not None else "") if self.gi_id is not None \
