@@ -31,6 +31,7 @@ from migd.profiles.validate import validate_file
 from migd.report import (
     apply_doc,
     apply_table,
+    daemon_table,
     doctor_doc,
     doctor_table,
     dump,
@@ -196,6 +197,29 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return code
 
 
+def _daemon_request(args: argparse.Namespace, req: dict[str, Any]) -> dict[str, Any]:
+    from migd.daemon.control import request
+    sock = control_socket(args)
+    reply = request(sock, req, timeout_s=30.0)
+    if reply is None:
+        raise ConnectionError(f"no migd is listening on {sock}")
+    return reply
+
+
+def cmd_daemon(args: argparse.Namespace) -> int:
+    """The running daemon's state (migd.daemon/v1), from its control socket."""
+    doc = _daemon_request(args, {"cmd": "status"})["daemon"]
+    _out(args, doc, daemon_table(doc))
+    return EXIT_OK
+
+
+def cmd_reload(args: argparse.Namespace) -> int:
+    """Ask migd to reload its configuration and profiles (like SIGHUP)."""
+    reply = _daemon_request(args, {"cmd": "reload"})
+    print("migd is reloading its configuration; `migctl daemon` shows whether it was accepted")
+    return EXIT_OK if reply.get("ok") else EXIT_NOT_APPLIED
+
+
 def cmd_export(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
     doc = export_profile(backend, Applier(backend, state_dir).owners.load(), args.name)
     sys.stdout.write(json.dumps(doc, indent=2) + "\n" if args.output == "json" else
@@ -253,6 +277,10 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("gpu", help="GPU index or UUID")
     sp = sub.add_parser("validate", help="check profile files offline")
     sp.add_argument("files", nargs="+")
+    sp = sub.add_parser("daemon", help="the running migd: active profile and why, next transition, blocked "
+                        "reason, last apply")
+    fmt(sp)
+    sub.add_parser("reload", help="make the running migd reload its configuration and profiles")
     sp = sub.add_parser("doctor", help="read-only check of driver, GPUs, profile tables, events and GPM "
                         "against the catalog (changes nothing)")
     fmt(sp)
@@ -267,8 +295,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="migctl: %(levelname)s: %(message)s")
     try:
-        if args.command == "validate":
-            return cmd_validate(args)
+        if args.command in ("validate", "daemon", "reload"):  # no GPU needed
+            return {"validate": cmd_validate, "daemon": cmd_daemon, "reload": cmd_reload}[args.command](args)
         backend, state_dir = open_backend(args)
         try:
             handler = {"status": cmd_status, "plan": cmd_plan, "assert": cmd_assert, "apply": cmd_apply,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from datetime import datetime, timezone
 from typing import Any
 
 import yaml
@@ -131,6 +132,36 @@ def apply_table(doc: dict[str, Any], by: str | None = None) -> str:
     else:
         outcome = f"{'applied' if doc['ok'] else 'NOT applied'} in {doc['seconds']:.2f}s"
     return lines + f"{doc['profile']}: {outcome}" + (f" (by {by})" if by else "") + "\n"
+
+
+def daemon_table(doc: dict[str, Any]) -> str:
+    """``migctl daemon``: which profile holds and why, what comes next, what is in the way."""
+    def when(epoch: float | None) -> str:
+        return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if epoch else "-"
+    lines = [f"migd running since {when(doc['started'])} (config {doc['config_path']}, timezone {doc['timezone']})"]
+    active = doc["active"]
+    if active is None:
+        lines.append("active profile: none yet (no schedule entry has fired)")
+    elif active["reason"] == "manual":
+        until = active["until"] or "no further scheduled transition"
+        lines.append(f"active profile: {active['profile']} (manual apply of {active['source']}, until {until})")
+    else:
+        lines.append(f"active profile: {active['profile']} (schedule)")
+    drift = ", ".join(map(str, doc["drift_gpus"])) or "none"
+    lines.append(f"applied profile: {doc['applied_profile'] or '-'}; GPUs drifted: {drift}")
+    nxt = doc["next"]
+    lines.append(f"next transition: {nxt['profile']} at {nxt['local']} ({nxt['at']})" if nxt else
+                 "next transition: none")
+    if doc["blocked_reason"]:
+        lines.append(f"blocked since {when(doc['blocked_since'])}: {doc['blocked_reason']}")
+    last = doc["last_apply"]
+    if last:
+        lines.append(f"last apply: {last['profile']}: {last['result']} in {last['seconds']}s at {when(last['time'])}")
+    for uuid, why in doc["unhealthy"].items():
+        lines.append(f"unhealthy: {uuid}: {why}")
+    if doc["last_reload_error"]:
+        lines.append(f"last reload rejected: {doc['last_reload_error']}")
+    return "\n".join(lines) + "\n"
 
 
 def doctor_doc(findings: list[Finding]) -> dict[str, Any]:

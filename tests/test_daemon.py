@@ -364,3 +364,30 @@ def test_apply_options_through_the_daemon(migd: MigdProcess) -> None:
                 "--lock-timeout", "5")
     assert r.returncode == 3 and time.monotonic() - t0 < 30, r.stderr
     assert migd.migctl.layout() == before
+
+
+def test_daemon_status_and_reload_commands(migd: MigdProcess) -> None:
+    migd.start(now="2026-11-23T10:00:00")  # 19:00 KST Monday: night
+    migd.wait_ready()
+    st = _migctl(migd, "daemon", "-o", "json")
+    doc = json.loads(st.stdout)
+    assert doc["schema"] == "migd.daemon/v1" and doc["active"]["reason"] == "schedule"
+    assert doc["next"]["at"] == doc["next_transition"][0] and doc["next"]["local"].endswith("+09:00")
+    assert _migctl(migd, "apply", str(PROFILES / "balanced.yaml")).returncode == 0
+    raw = _migctl(migd, "daemon", "-o", "json").stdout
+    assert "Profile(" not in raw  # no Python repr in the wire format
+    doc = json.loads(raw)
+    assert doc["active"] == {"profile": "balanced", "reason": "manual", "source": str(PROFILES / "balanced.yaml"),
+                             "until": doc["next"]["at"]}
+    table = _migctl(migd, "daemon").stdout
+    assert f"active profile: balanced (manual apply of {PROFILES / 'balanced.yaml'}, until" in table
+    assert f"next transition: {doc['next']['profile']} at {doc['next']['local']}" in table
+    assert "last apply: balanced: success" in table
+    r = _migctl(migd, "reload")
+    assert r.returncode == 0, r.stderr
+    migd.wait_for(lambda m: "RELOADING=1" in m)
+    r = _migctl(migd, "daemon", "-o", "json")
+    assert json.loads(r.stdout)["last_reload_error"] is None
+    migd.stop()
+    r = _migctl(migd, "daemon")
+    assert r.returncode == 1 and r.stderr.strip().endswith(f"no migd is listening on {migd.socket_path}")

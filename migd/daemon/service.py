@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, timezone, tzinfo
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,18 @@ class Clock:
         return virtual_s / self.scale
 
 
+@dataclass(frozen=True)
+class Override:
+    """A manual apply, holding until the next scheduled transition (``until``; None: no more)."""
+
+    profile: Profile  # as applied, even if a configured profile has its name
+    until: datetime | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"profile": self.profile.name, "source": self.profile.source,
+                "until": self.until.isoformat() if self.until else None}
+
+
 @dataclass
 class Status:
     """What the daemon knows about itself; read by the control socket and the metrics collector."""
@@ -62,7 +74,7 @@ class Status:
     config_path: str = ""
     desired_profile: str | None = None
     applied_profile: str | None = None
-    override: dict[str, Any] | None = None
+    override: Override | None = None
     next_transition: tuple[str, str] | None = None  # (UTC ISO time, profile)
     drift_gpus: list[int] = field(default_factory=list)
     blocked_since: float | None = None
@@ -71,11 +83,32 @@ class Status:
     last_reload_error: str | None = None
     apply_count: dict[str, int] = field(default_factory=dict)  # result -> count
     unhealthy: dict[str, str] = field(default_factory=dict)  # gpu uuid -> reason (fault watch)
+    timezone: tzinfo = UTC  # the schedule's zone: local times are written in it
 
     def to_json(self) -> dict[str, Any]:
-        d = dict(vars(self))
-        d["schema"] = "migd.daemon/v1"
-        return d
+        """``migd.daemon/v1``, written field by field: fields are only ever added within v1.
+
+        ``active`` says which profile holds and why; ``next`` gives the next transition in UTC and
+        in the schedule's time zone."""
+        tz, nxt = self.timezone, None
+        if self.next_transition is not None:
+            at = datetime.fromisoformat(self.next_transition[0])
+            nxt = {"profile": self.next_transition[1], "at": at.isoformat(), "local": at.astimezone(tz).isoformat()}
+        active = None
+        if self.override is not None:
+            active = {"profile": self.override.profile.name, "reason": "manual", **self.override.to_json()}
+        elif self.desired_profile is not None:
+            active = {"profile": self.desired_profile, "reason": "schedule", "source": None, "until": None}
+        return {
+            "schema": "migd.daemon/v1", "started": self.started, "config_path": self.config_path,
+            "timezone": getattr(tz, "key", str(tz)), "active": active, "desired_profile": self.desired_profile,
+            "applied_profile": self.applied_profile,
+            "override": self.override.to_json() if self.override else None,
+            "next_transition": list(self.next_transition) if self.next_transition else None, "next": nxt,
+            "drift_gpus": list(self.drift_gpus), "blocked_since": self.blocked_since,
+            "blocked_reason": self.blocked_reason, "last_apply": self.last_apply,
+            "last_reload_error": self.last_reload_error, "apply_count": dict(self.apply_count),
+            "unhealthy": dict(self.unhealthy)}
 
 
 @dataclass(frozen=True)
@@ -113,7 +146,7 @@ class Daemon:
         self.clock = clock
         self.notifier = notifier or Notifier("")
         self._reload_config = reload_config
-        self.status = Status(config_path=config.path)
+        self.status = Status(config_path=config.path, timezone=config.timezone)
         self.lock = threading.RLock()  # the reconfiguration lock: the sampler and control socket share it
         self.wake = threading.Event()
         self.stop = threading.Event()
@@ -128,10 +161,9 @@ class Daemon:
         now = self.clock.now()
         ov = self.status.override
         if ov is not None:
-            if ov["until"] is None or now < datetime.fromisoformat(ov["until"]):
-                profile: Profile = ov["_profile"]  # as applied, even if a configured profile has its name
-                return profile
-            log.info("manual override of %s ended at the scheduled transition", ov["profile"])
+            if ov.until is None or now < ov.until:
+                return ov.profile
+            log.info("manual override of %s ended at the scheduled transition", ov.profile.name)
             self.status.override = None
         entry = self.config.schedule.active(now)
         return self.config.profiles[entry.profile] if entry else None
@@ -258,8 +290,7 @@ class Daemon:
                 return result
             if result.ok:
                 nxt = self.config.schedule.next_fire(self.clock.now())
-                self.status.override = {"profile": profile.name, "source": profile.source,
-                                        "until": nxt[0].isoformat() if nxt else None, "_profile": profile}
+                self.status.override = Override(profile, nxt[0] if nxt else None)
             self._finish(profile, result, "manual", t0)
         return result
 
@@ -276,6 +307,7 @@ class Daemon:
             self.notifier.send("READY=1", f"STATUS=reload rejected: {e}")
             return
         self.config = new
+        self.status.timezone = new.timezone
         self.status.last_reload_error = None
         log.info("configuration reloaded from %s (%d profiles)", new.path, len(new.profiles))
         self.notifier.send("READY=1", "STATUS=configuration reloaded")
