@@ -273,11 +273,7 @@ def mig_handle_by_index(call: Any, handle: int, index: int, out_p: int) -> None:
     out = call.mem.at("nvmlDeviceGetMigDeviceHandleByIndex", "migDevice", out_p, ctypes.c_void_p)
     with call.state() as s:
         gpu, _ = call.gpu_of(s, handle)
-        gpu.require_mig()
-        devs = gpu.mig_devices()
-        if not 0 <= index < len(devs):
-            raise NvmlFail(pynvml.NVML_ERROR_NOT_FOUND)
-        gi, ci = devs[index]
+        gi, ci = gpu.mig_device(index)
     out.value = call.handle(Ref("mig", gpu.index, gi.serial, ci.serial))
 
 

@@ -172,10 +172,7 @@ def gi_by_id(call: Any, handle: int, gi_id: int, gi_p: int) -> None:
     out = _handle_out(call, "nvmlDeviceGetGpuInstanceById", "gpuInstance", gi_p)
     with call.state() as s:
         gpu = call.gpu_of(s, handle)[0]
-        gpu.require_mig()
-        gi = gpu.gi(gi_id)
-        if gi is None:
-            raise NvmlFail(pynvml.NVML_ERROR_NOT_FOUND)
+        gi = gpu.gi_by_id(gi_id)
     out.value = call.handle(_gi_ref(gpu, gi))
 
 
@@ -271,9 +268,7 @@ def ci_by_id(call: Any, handle: int, ci_id: int, ci_p: int) -> None:
     with call.state() as s:
         gpu, ref = call.gpu_of(s, handle, "gi")
         gi = gpu.gi_by_serial(ref.gi_serial)
-        ci = next((c for c in gi.cis if c.id == ci_id), None)
-        if ci is None:
-            raise NvmlFail(pynvml.NVML_ERROR_NOT_FOUND)
+        ci = gi.ci_by_id(ci_id)
     out.value = call.handle(Ref("ci", gpu.index, gi.serial, ci.serial))
 
 

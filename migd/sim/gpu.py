@@ -45,6 +45,13 @@ class SimGi:
     cis: list[SimCi] = field(default_factory=list)
     faulted: bool = False  # an Xid hit this instance; its MIG devices stop answering
 
+    def ci_by_id(self, ci_id: int) -> SimCi:
+        """nvml.h nvmlGpuInstanceGetComputeInstanceById: NOT_FOUND for an id the GI lacks."""
+        ci = next((c for c in self.cis if c.id == ci_id), None)
+        if ci is None:
+            raise NvmlFail(pynvml.NVML_ERROR_NOT_FOUND)
+        return ci
+
 
 @dataclass
 class SimProcess:
@@ -85,6 +92,22 @@ class SimGpu:
 
     def gi(self, gi_id: int) -> SimGi | None:
         return next((g for g in self.gis if g.id == gi_id), None)
+
+    def gi_by_id(self, gi_id: int) -> SimGi:
+        """nvml.h nvmlDeviceGetGpuInstanceById: NOT_SUPPORTED with MIG off, NOT_FOUND for an unknown id."""
+        self.require_mig()
+        gi = self.gi(gi_id)
+        if gi is None:
+            raise NvmlFail(pynvml.NVML_ERROR_NOT_FOUND)
+        return gi
+
+    def mig_device(self, index: int) -> tuple[SimGi, SimCi]:
+        """The ``index``-th MIG device (nvmlDeviceGetMigDeviceHandleByIndex): NOT_FOUND past the end."""
+        self.require_mig()
+        devs = self.mig_devices()
+        if not 0 <= index < len(devs):
+            raise NvmlFail(pynvml.NVML_ERROR_NOT_FOUND)
+        return devs[index]
 
     def gi_by_serial(self, serial: int) -> SimGi:
         gi = next((g for g in self.gis if g.serial == serial), None)
