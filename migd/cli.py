@@ -309,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_INVALID
     except BusyError as e:
-        print(f"blocked: {e}", file=sys.stderr)
+        print(f"blocked: {e} (--on-busy wait or force changes them anyway)", file=sys.stderr)
         return EXIT_BUSY
     except (HardwareError, GpuUnhealthy) as e:
         print(f"hardware error: {e}", file=sys.stderr)

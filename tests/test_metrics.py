@@ -26,6 +26,7 @@ class _Status:
     desired_profile = applied_profile = "balanced"
     drift_gpus: list[int] = []
     blocked_since = None
+    blocked: dict[int, Any] = {}
     apply_count = {"success": 1}
     last_apply = {"time": 1.0, "result": "success"}
     unhealthy: dict[str, str] = {}

@@ -53,6 +53,7 @@ class ApplyOptions:
     poll_s: float = 1.0
     kill_grace_s: float = 10.0
     unhealthy: Callable[[], dict[str, str]] | None = None  # uuid -> reason: reconfiguration refused
+    partial: bool = False  # GPUs busy instances block are left (status "blocked"); the others go ahead
     cancel: threading.Event | None = None  # set (SIGTERM): stop waiting; roll back the GPU being changed
 
 
@@ -60,7 +61,7 @@ class ApplyOptions:
 class GpuResult:
     index: int
     uuid: str
-    status: str  # unchanged | applied | rolled_back | failed | would_change
+    status: str  # unchanged | applied | rolled_back | failed | would_change | blocked
     ops: int = 0
     error: str | None = None
     seconds: float = 0.0
@@ -141,13 +142,15 @@ class Applier:
             return ApplyResult(profile.name, plans, [
                 GpuResult(p.gpu.index, p.gpu.uuid, "would_change" if p.changes else "unchanged", len(p.ops))
                 for p in plans])
-        plans = self._settle_busy(profile, plans, opts)
+        plans, blocked = self._settle_busy(profile, plans, opts)
         changing = [p for p in plans if p.changes]
         unhealthy = opts.unhealthy() if opts.unhealthy else {}
         bad = [f"GPU {p.gpu.index}: {unhealthy[p.gpu.uuid]}" for p in changing if p.gpu.uuid in unhealthy]
         if bad:
             raise GpuUnhealthy("reconfiguration refused on unhealthy GPUs: " + "; ".join(bad))
         results = [GpuResult(p.gpu.index, p.gpu.uuid, "unchanged") for p in plans if not p.changes]
+        results += [GpuResult(p.gpu.index, p.gpu.uuid, "blocked", len(p.ops), _blocked_text(p.blocked))
+                    for p in blocked]
         if changing:
             results += self._run(profile, changing, opts)
         for p in plans:  # owner labels can change without any NVML operation
@@ -156,24 +159,34 @@ class Applier:
         results.sort(key=lambda r: r.index)
         return ApplyResult(profile.name, plans, results, time.monotonic() - t0)
 
-    def _settle_busy(self, profile: Profile, plans: list[GpuPlan], opts: ApplyOptions) -> list[GpuPlan]:
+    def _settle_busy(self, profile: Profile, plans: list[GpuPlan],
+                     opts: ApplyOptions) -> tuple[list[GpuPlan], list[GpuPlan]]:
+        """Wait for (or force) busy instances as ``opts`` says: (plans to run, plans left blocked).
+
+        Without ``opts.partial`` any blocked GPU stops the whole apply (BusyError); with it, only that
+        GPU waits and the others are applied now."""
         deadline = time.monotonic() + opts.busy_timeout_s
         killed = False
         while True:
             blocked = [o for p in plans for o in p.blocked]
             if not blocked:
-                return plans
+                return plans, []
+            stop = None
             if opts.cancel is not None and opts.cancel.is_set():
-                raise BusyError(f"stopped while waiting for busy instances: {_blocked_text(blocked)}", blocked)
-            if opts.on_busy == "refuse":
-                raise BusyError("instances with running processes would be destroyed (use --on-busy wait or "
-                                f"force): {_blocked_text(blocked)}", blocked)
+                stop = f"stopped while waiting for busy instances: {_blocked_text(blocked)}"
+            elif opts.on_busy == "refuse":
+                stop = f"instances with running processes would be destroyed: {_blocked_text(blocked)}"
+            elif opts.on_busy == "wait" and time.monotonic() >= deadline:
+                stop = f"instances still busy after {opts.busy_timeout_s:g}s: {_blocked_text(blocked)}"
+            if stop is not None and opts.partial:
+                return [p for p in plans if not p.blocked], [p for p in plans if p.blocked]
+            if stop is not None:
+                raise BusyError(stop, blocked)
             if opts.on_busy == "force" and not killed:
                 self._stop_processes(sorted({pid for o in blocked for pid in o.busy_pids}), opts.kill_grace_s)
                 killed = True
-            elif time.monotonic() >= deadline:
-                raise BusyError(f"instances still busy after {opts.busy_timeout_s:g}s: {_blocked_text(blocked)}",
-                                blocked)
+            elif opts.on_busy == "force" and time.monotonic() >= deadline:
+                raise BusyError(f"instances still busy after SIGKILL: {_blocked_text(blocked)}", blocked)
             else:
                 time.sleep(opts.poll_s)
             plans = self.plan(profile)

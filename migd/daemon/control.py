@@ -115,7 +115,7 @@ class ControlServer(socketserver.ThreadingUnixStreamServer):
         except (ValidationError, PlanError) as e:
             return {"ok": False, "exit": 2, "error": str(e)}
         except BusyError as e:
-            return {"ok": False, "exit": 3, "error": str(e)}
+            return {"ok": False, "exit": 3, "error": f"{e} (--on-busy wait or force changes them anyway)"}
         except (HardwareError, GpuUnhealthy) as e:
             return {"ok": False, "exit": 4, "error": str(e)}
         except (LockBusy, HookError) as e:

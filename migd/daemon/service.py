@@ -67,6 +67,15 @@ class Override:
 
 
 @dataclass
+class Blocked:
+    """A GPU whose change waits for busy instances (the other GPUs went ahead)."""
+
+    since: float
+    reason: str
+    logged: float  # when the wait was last logged: at its start, on a change, then at a bounded rate
+
+
+@dataclass
 class Status:
     """What the daemon knows about itself; read by the control socket and the metrics collector."""
 
@@ -84,6 +93,7 @@ class Status:
     apply_count: dict[str, int] = field(default_factory=dict)  # result -> count
     unhealthy: dict[str, str] = field(default_factory=dict)  # gpu uuid -> reason (fault watch)
     timezone: tzinfo = UTC  # the schedule's zone: local times are written in it
+    blocked: dict[int, Blocked] = field(default_factory=dict)  # GPU index -> what it waits for
 
     def to_json(self) -> dict[str, Any]:
         """``migd.daemon/v1``, written field by field: fields are only ever added within v1.
@@ -107,6 +117,7 @@ class Status:
             "next_transition": list(self.next_transition) if self.next_transition else None, "next": nxt,
             "drift_gpus": list(self.drift_gpus), "blocked_since": self.blocked_since,
             "blocked_reason": self.blocked_reason, "last_apply": self.last_apply,
+            "blocked_gpus": {str(i): {"since": b.since, "reason": b.reason} for i, b in sorted(self.blocked.items())},
             "last_reload_error": self.last_reload_error, "apply_count": dict(self.apply_count),
             "unhealthy": dict(self.unhealthy)}
 
@@ -206,34 +217,51 @@ class Daemon:
             self._apply(profile, reason)
 
     def _apply(self, profile: Profile, reason: str) -> None:
+        """Apply the active profile; each GPU goes as far as it can (busy ones wait, the rest change)."""
         on_busy = self.config.on_busy
         waited = time.time() - self.status.blocked_since if self.status.blocked_since else 0.0
         if on_busy == "force" and waited < self.clock.real(self.config.busy_timeout_s):
             on_busy = "refuse"  # force only after busy_timeout: give running work its chance first
+        opts = self._options("refuse" if on_busy == "wait" else on_busy)
+        opts.partial = True
         t0 = time.monotonic()
         try:
-            result = self.applier.apply(profile, self._options("refuse" if on_busy == "wait" else on_busy))
-        except BusyError as e:
-            if self.status.blocked_since is None:
-                self.status.blocked_since = time.time()
-                log.warning("transition to %s waits for busy instances: %s", profile.name, e)
-            self.status.blocked_reason = str(e)
-            if waited >= self.clock.real(self.config.busy_timeout_s) and on_busy != "force":
-                log.error("transition to %s still blocked after busy_timeout %gs: %s", profile.name,
-                          self.config.busy_timeout_s, e)
-                self._record(None, "blocked", time.monotonic() - t0)
-            return
-        except (GpuUnhealthy, HookError, LockBusy, HardwareError, ValidationError, PlanError) as e:
+            result = self.applier.apply(profile, opts)
+        except (BusyError, GpuUnhealthy, HookError, LockBusy, HardwareError, ValidationError, PlanError) as e:
             log.error("apply of %s failed: %s", profile.name, e)
             self._record(None, "error", time.monotonic() - t0)
             return
-        self.status.blocked_since = self.status.blocked_reason = None
-        self._finish(profile, result, reason, t0)
+        self._track_blocked(profile.name, result)
+        changed = any(r.status not in ("unchanged", "blocked") for r in result.results)
+        if changed or result.ok:  # a retry that finds the same GPUs still busy is not another apply
+            self._finish(profile, result, reason, t0)
+
+    def _track_blocked(self, name: str, result: ApplyResult) -> None:
+        """Per-GPU waits: logged when they start or change, after busy_timeout at most every 10 min."""
+        now = time.time()
+        blocked = {r.index: r.error or "" for r in result.results if r.status == "blocked"}
+        for i in sorted(set(self.status.blocked) - set(blocked)):
+            log.info("GPU %d: no longer waits for busy instances", i)
+            del self.status.blocked[i]
+        timeout = self.clock.real(self.config.busy_timeout_s)
+        for i, why in blocked.items():
+            b = self.status.blocked.get(i)
+            if b is None or b.reason != why:
+                log.warning("GPU %d: transition to %s waits for busy instances: %s", i, name, why)
+                self.status.blocked[i] = Blocked(b.since if b else now, why, now)
+            elif now - b.since >= timeout and (b.logged < b.since + timeout or now - b.logged >= 600.0):
+                log.error("GPU %d: transition to %s still blocked after busy_timeout (%gs): %s", i, name,
+                          self.config.busy_timeout_s, why)
+                b.logged = now
+        self.status.blocked_since = min((b.since for b in self.status.blocked.values()), default=None)
+        self.status.blocked_reason = "; ".join(f"GPU {i}: {b.reason}" for i, b in
+                                               sorted(self.status.blocked.items())) or None
 
     def _finish(self, profile: Profile, result: ApplyResult, reason: str, t0: float) -> None:
         """Count, log and audit one apply, scheduled or manual alike."""
-        outcome = "success" if result.ok else "rolled_back" if all(
-            r.status in ("applied", "unchanged", "rolled_back") for r in result.results) else "failed"
+        statuses = {r.status for r in result.results}
+        outcome = ("failed" if "failed" in statuses else "rolled_back" if "rolled_back" in statuses
+                   else "blocked" if "blocked" in statuses else "success")
         self._record(result, outcome, time.monotonic() - t0)
         for r in result.results:
             if r.status in ("rolled_back", "failed"):
@@ -352,6 +380,6 @@ class Daemon:
         nxt = self.status.next_transition
         if nxt is not None:
             waits.append(self.clock.real((datetime.fromisoformat(nxt[0]) - self.clock.now()).total_seconds()))
-        if self.status.blocked_since is not None:
-            waits.append(1.0)
+        if self.status.blocked_since is not None:  # retry a blocked GPU, backing off from 1 s to 30 s
+            waits.append(min(30.0, max(1.0, (time.time() - self.status.blocked_since) / 10)))
         return max(0.05, min(waits))

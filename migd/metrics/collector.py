@@ -131,6 +131,12 @@ class MigdCollector(Collector):
                                 value=len(st.drift_gpus))
         yield GaugeMetricFamily("migd_transition_blocked", "1 while a transition waits for busy instances",
                                 value=1 if st.blocked_since else 0)
+        g = GaugeMetricFamily("migd_gpu_blocked_since_timestamp_seconds",
+                              "Since when a GPU's change waits for busy instances (the other GPUs went ahead)",
+                              labels=["gpu"])
+        for i, b in sorted(st.blocked.items()):
+            g.add_metric([str(i)], b.since)
+        yield g
         c = CounterMetricFamily("migd_applies", "Apply attempts by result", labels=["result"])
         for result in ("success", "rolled_back", "failed", "blocked", "error"):
             c.add_metric([result], st.apply_count.get(result, 0))
