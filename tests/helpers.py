@@ -42,6 +42,8 @@ class Migctl:
         return Run(code, out.getvalue(), err.getvalue())
 
     def layout(self) -> list[list[tuple[str, int, list[str]]]]:
-        doc = self("status", "-o", "json").json()
+        r = self("status", "-o", "json")
+        assert r.code == 0, r.err
+        doc = r.json()
         return [[(i["profile"], i["placement"]["start"], [c["profile"] for c in i["compute_instances"]])
                  for i in g["instances"]] for g in doc["gpus"]]

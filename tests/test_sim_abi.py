@@ -312,3 +312,17 @@ def test_fake_nvidia_smi_lists_profiles_as_a_real_h100_did(tmp_path: Path) -> No
     assert _rows(lgip) == _rows((FIXTURES / "h100-sxm5-580.159.04-lgip.txt").read_text())
     lgipp = subprocess.run([*smi, "-lgipp"], capture_output=True, text=True, check=True).stdout
     assert lgipp.split() == (FIXTURES / "h100-sxm5-580.159.04-lgipp.txt").read_text().split()
+
+
+def test_listing_survives_an_instance_vanishing_underneath(node: Any) -> None:
+    """Another process may destroy a MIG device between enumeration and query (its handle is then
+    invalid, nvml.h): the listing re-enumerates instead of failing `migctl status` mid-apply."""
+    backend, store, _ = node("single-a100")
+    for s in range(3):
+        backend.create_compute_instance(0, backend.create_gpu_instance(0, 19, Placement(s, 1)), 0)
+    control.fail_call(store, "nvmlDeviceGetMemoryInfo", N.NVML_ERROR_INVALID_ARGUMENT)
+    assert len(backend.list_mig_devices(0)) == 3
+    for _ in range(3):
+        control.fail_call(store, "nvmlDeviceGetMemoryInfo", N.NVML_ERROR_INVALID_ARGUMENT)
+    with pytest.raises(HardwareError):
+        backend.list_mig_devices(0)  # bounded: a handle that stays invalid is an error

@@ -12,7 +12,7 @@ import ctypes
 import logging
 import subprocess
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import pynvml
 
@@ -35,6 +35,10 @@ log = logging.getLogger(__name__)
 
 # What NVML answers for a profile index this GPU (or MIG mode) does not have (nvml.h).
 _NO_SUCH_PROFILE = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT)
+# What a handle or id answers once its instance was destroyed by someone else (nvml.h).
+_VANISHED = (pynvml.NVML_ERROR_INVALID_ARGUMENT, pynvml.NVML_ERROR_NOT_FOUND)
+_LISTING_TRIES = 3
+T = TypeVar("T")
 
 __all__ = ["NvmlBackend", "error_name"]
 
@@ -163,7 +167,23 @@ class NvmlBackend:
         self.nvml(fn, parent, info.id, refs, ctypes.byref(count), gpu=index)
         return [refs[i] for i in range(count.value)]
 
+    def _settled(self, read: Callable[[int], T], index: int) -> T:
+        """A listing read while another process may change the layout: a handle that turned invalid
+        (nvml.h: destroyed instances' handles become invalid; NOT_FOUND for a vanished id) means the
+        layout moved underneath, so the listing starts again, a bounded number of times."""
+        for attempt in range(_LISTING_TRIES):
+            try:
+                return read(index)
+            except HardwareError as e:
+                if e.code not in _VANISHED or attempt == _LISTING_TRIES - 1:
+                    raise
+                log.debug("GPU %d: the layout changed while it was read (%s); reading again", index, e)
+        raise AssertionError("unreachable")
+
     def list_gpu_instances(self, index: int) -> list[GpuInstance]:
+        return self._settled(self._list_gpu_instances, index)
+
+    def _list_gpu_instances(self, index: int) -> list[GpuInstance]:
         dev = self._dev(index)
         out = []
         for info in self.gi_profiles(index):
@@ -230,6 +250,9 @@ class NvmlBackend:
         return out
 
     def list_mig_devices(self, index: int) -> list[MigDevice]:
+        return self._settled(self._list_mig_devices, index)
+
+    def _list_mig_devices(self, index: int) -> list[MigDevice]:
         out = []
         for mig, gi_id, ci_id in self._mig_handles(index):
             mem = self.nvml("nvmlDeviceGetMemoryInfo", mig, gpu=index)
