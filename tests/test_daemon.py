@@ -419,3 +419,18 @@ def test_one_busy_gpu_does_not_hold_back_the_others(tmp_path: Path) -> None:
         migd.wait_until(lambda: migd.control({"cmd": "status"})["daemon"]["blocked_gpus"] == {}, 30)
     finally:
         migd.close()
+
+
+def test_a_settled_layout_clears_a_stale_wait(tmp_path: Path) -> None:
+    migd = MigdProcess(tmp_path, fleet="mixed", reconcile_interval="1s")
+    try:
+        migd.start(now="2026-11-23T18:59:57")  # Monday, KST: day, night three seconds later
+        migd.wait_ready()
+        store = StateStore(migd.migctl.state)
+        control.start_process(store, 0, store.read().gpus[0].gis[0].id, 0)
+        migd.wait_until(lambda: migd.control({"cmd": "status"})["daemon"]["blocked_gpus"] != {}, 30)
+        assert _migctl(migd, "apply", str(PROFILES / "day.yaml")).returncode == 0  # GPU 0 is already day
+        st = migd.control({"cmd": "status"})["daemon"]
+        assert st["blocked_gpus"] == {} and st["blocked_reason"] is None and st["active"]["reason"] == "manual"
+    finally:
+        migd.close()

@@ -287,8 +287,13 @@ class Daemon:
         self.audit_findings = findings
 
     def _settled(self, name: str) -> None:
+        """Every GPU holds the layout: nothing drifts, nothing waits any more."""
         self.status.applied_profile = name
         self.status.drift_gpus = []
+        if self.status.blocked:
+            log.info("no GPU waits for busy instances any more")
+        self.status.blocked.clear()
+        self.status.blocked_since = self.status.blocked_reason = None
         self.notifier.status(f"profile {name} applied")
 
     def _record(self, result: ApplyResult | None, outcome: str, seconds: float) -> None:
