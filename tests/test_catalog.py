@@ -1,4 +1,4 @@
-"""The catalog must say exactly what mig-facts.yaml says (tests/fixtures/reference/, a copy of shared/reference)."""
+"""The catalog must say exactly what mig-facts.yaml says (tests/fixtures/reference/: a copy, sources in SOURCES.md)."""
 
 from __future__ import annotations
 

@@ -394,43 +394,42 @@ def test_daemon_status_and_reload_commands(migd: MigdProcess) -> None:
     assert r.returncode == 1 and r.stderr.strip().endswith(f"no migd is listening on {migd.socket_path}")
 
 
-def test_one_busy_gpu_does_not_hold_back_the_others(tmp_path: Path) -> None:
+@pytest.fixture
+def busy_at_night(tmp_path: Path) -> Iterator[tuple[MigdProcess, StateStore, int]]:
+    """4 GPUs in the day layout three seconds before the night transition, a process on GPU 0."""
     migd = MigdProcess(tmp_path, fleet="mixed", reconcile_interval="1s")
     try:
-        migd.start(now="2026-11-23T18:59:57")  # Monday, KST: day, night three seconds later
+        migd.start(now="2026-11-23T18:59:57")  # Monday, KST
         migd.wait_ready()
         store = StateStore(migd.migctl.state)
-        gi = store.read().gpus[0].gis[0]
-        pid = control.start_process(store, 0, gi.id, 0)
-        migd.wait_until(lambda: migd.control({"cmd": "status"})["daemon"]["desired_profile"] == "night", 30)
-        migd.wait_until(lambda: [len(g) for g in migd.migctl.layout()][1:] == [1, 1, 1], 30)  # GPUs 1-3 switched
-        assert len(migd.migctl.layout()[0]) > 1  # GPU 0 keeps its busy day layout
-        st = migd.control({"cmd": "status"})["daemon"]
-        assert list(st["blocked_gpus"]) == ["0"] and str(pid) in st["blocked_gpus"]["0"]["reason"]
-        with urllib.request.urlopen(f"http://127.0.0.1:{migd.port}/metrics", timeout=10) as r:
-            body = r.read().decode()
-        assert [ln.split("{")[1].split("}")[0] for ln in body.splitlines()
-                if ln.startswith("migd_gpu_blocked_since_timestamp_seconds{")] == ['gpu="0"']
-        time.sleep(4)  # several retries: the wait is logged once, not once per retry
-        waits = [ln for ln in migd.log.read_text().splitlines() if "waits for busy instances" in ln]
-        assert len(waits) == 1, waits
-        control.stop_process(store, pid)
-        migd.wait_until(lambda: [len(g) for g in migd.migctl.layout()] == [1, 1, 1, 1], 60)
-        migd.wait_until(lambda: migd.control({"cmd": "status"})["daemon"]["blocked_gpus"] == {}, 30)
+        pid = control.start_process(store, 0, store.read().gpus[0].gis[0].id, 0)
+        yield migd, store, pid
     finally:
         migd.close()
 
 
-def test_a_settled_layout_clears_a_stale_wait(tmp_path: Path) -> None:
-    migd = MigdProcess(tmp_path, fleet="mixed", reconcile_interval="1s")
-    try:
-        migd.start(now="2026-11-23T18:59:57")  # Monday, KST: day, night three seconds later
-        migd.wait_ready()
-        store = StateStore(migd.migctl.state)
-        control.start_process(store, 0, store.read().gpus[0].gis[0].id, 0)
-        migd.wait_until(lambda: migd.control({"cmd": "status"})["daemon"]["blocked_gpus"] != {}, 30)
-        assert _migctl(migd, "apply", str(PROFILES / "day.yaml")).returncode == 0  # GPU 0 is already day
-        st = migd.control({"cmd": "status"})["daemon"]
-        assert st["blocked_gpus"] == {} and st["blocked_reason"] is None and st["active"]["reason"] == "manual"
-    finally:
-        migd.close()
+def test_one_busy_gpu_does_not_hold_back_the_others(busy_at_night: tuple[MigdProcess, StateStore, int]) -> None:
+    migd, store, pid = busy_at_night
+    migd.wait_until(lambda: migd.control({"cmd": "status"})["daemon"]["desired_profile"] == "night", 30)
+    migd.wait_until(lambda: [len(g) for g in migd.migctl.layout()][1:] == [1, 1, 1], 30)  # GPUs 1-3 switched
+    assert len(migd.migctl.layout()[0]) > 1  # GPU 0 keeps its busy day layout
+    st = migd.control({"cmd": "status"})["daemon"]
+    assert list(st["blocked_gpus"]) == ["0"] and str(pid) in st["blocked_gpus"]["0"]["reason"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{migd.port}/metrics", timeout=10) as r:
+        body = r.read().decode()
+    assert [ln.split("{")[1].split("}")[0] for ln in body.splitlines()
+            if ln.startswith("migd_gpu_blocked_since_timestamp_seconds{")] == ['gpu="0"']
+    time.sleep(4)  # several retries: the wait is logged once, not once per retry
+    waits = [ln for ln in migd.log.read_text().splitlines() if "waits for busy instances" in ln]
+    assert len(waits) == 1, waits
+    control.stop_process(store, pid)
+    migd.wait_until(lambda: [len(g) for g in migd.migctl.layout()] == [1, 1, 1, 1], 60)
+    migd.wait_until(lambda: migd.control({"cmd": "status"})["daemon"]["blocked_gpus"] == {}, 30)
+
+
+def test_a_settled_layout_clears_a_stale_wait(busy_at_night: tuple[MigdProcess, StateStore, int]) -> None:
+    migd = busy_at_night[0]
+    migd.wait_until(lambda: migd.control({"cmd": "status"})["daemon"]["blocked_gpus"] != {}, 30)
+    assert _migctl(migd, "apply", str(PROFILES / "day.yaml")).returncode == 0  # GPU 0 is already day
+    st = migd.control({"cmd": "status"})["daemon"]
+    assert st["blocked_gpus"] == {} and st["blocked_reason"] is None and st["active"]["reason"] == "manual"
