@@ -396,13 +396,15 @@ def test_daemon_status_and_reload_commands(migd: MigdProcess) -> None:
 
 @pytest.fixture
 def busy_at_night(tmp_path: Path) -> Iterator[tuple[MigdProcess, StateStore, int]]:
-    """4 GPUs in the day layout three seconds before the night transition, a process on GPU 0."""
+    """4 GPUs in the day layout with a process on GPU 0, migd started three seconds before the night
+    transition.  The process exists before migd starts: however slow the start, it is there in time."""
     migd = MigdProcess(tmp_path, fleet="mixed", reconcile_interval="1s")
     try:
-        migd.start(now="2026-11-23T18:59:57")  # Monday, KST
-        migd.wait_ready()
+        assert migd.migctl("apply", str(PROFILES / "day.yaml")).code == 0
         store = StateStore(migd.migctl.state)
         pid = control.start_process(store, 0, store.read().gpus[0].gis[0].id, 0)
+        migd.start(now="2026-11-23T18:59:57")  # Monday, KST
+        migd.wait_ready()
         yield migd, store, pid
     finally:
         migd.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import subprocess
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -37,7 +38,7 @@ log = logging.getLogger(__name__)
 _NO_SUCH_PROFILE = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT)
 # What a handle or id answers once its instance was destroyed by someone else (nvml.h).
 _VANISHED = (pynvml.NVML_ERROR_INVALID_ARGUMENT, pynvml.NVML_ERROR_NOT_FOUND)
-_LISTING_TRIES = 3
+_LISTING_PATIENCE_S = 5.0
 T = TypeVar("T")
 
 __all__ = ["NvmlBackend", "error_name"]
@@ -170,15 +171,21 @@ class NvmlBackend:
     def _settled(self, read: Callable[[int], T], index: int) -> T:
         """A listing read while another process may change the layout: a handle that turned invalid
         (nvml.h: destroyed instances' handles become invalid; NOT_FOUND for a vanished id) means the
-        layout moved underneath, so the listing starts again, a bounded number of times."""
-        for attempt in range(_LISTING_TRIES):
+        layout moved underneath, so the listing starts again, backing off, for a few seconds."""
+        deadline = time.monotonic() + _LISTING_PATIENCE_S
+        pause = 0.02
+        while True:
             try:
                 return read(index)
             except HardwareError as e:
-                if e.code not in _VANISHED or attempt == _LISTING_TRIES - 1:
+                if e.code not in _VANISHED:
                     raise
+                if time.monotonic() + pause > deadline:
+                    raise HardwareError(f"{e} (the GPU's instances kept changing for {_LISTING_PATIENCE_S:g}s "
+                                        "while they were read: is an apply running?)", code=e.code, gpu=index) from e
                 log.debug("GPU %d: the layout changed while it was read (%s); reading again", index, e)
-        raise AssertionError("unreachable")
+                time.sleep(pause)
+                pause = min(0.25, pause * 2)
 
     def list_gpu_instances(self, index: int) -> list[GpuInstance]:
         return self._settled(self._list_gpu_instances, index)
