@@ -107,10 +107,10 @@ def _hooks(path: str | None) -> Hooks:
 
 def apply_via_daemon(args: argparse.Namespace) -> int | None:
     """Hand the apply to a running migd, so the daemon and the CLI never race.  None: no daemon."""
-    from migd.daemon.control import request
+    from migd.daemon.control import listening, request
     path = Path(args.file).resolve()
     sock = control_socket(args)
-    if args.hooks and sock.exists():
+    if args.hooks and listening(sock):
         raise ValidationError(args.hooks, None, None, "--hooks", "a running migd runs the hooks of its own "
                               "configuration, not a client's; add --local to apply in this process with these hooks")
     reply = request(sock, {"cmd": "apply", "file": str(path), "config": args.config, "on_busy": args.on_busy,

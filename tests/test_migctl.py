@@ -270,3 +270,19 @@ def test_cli_entry_point_and_validate_exit_codes(tmp_path: Path) -> None:
     r = subprocess.run(["migctl", "validate", str(bad)], capture_output=True, text=True)
     assert r.returncode == 2 and "b.yaml:1:13: apiVersion: 'migd/v2' is not allowed" in r.stderr
     assert stat.S_ISREG(os.stat(bad).st_mode)
+
+
+def test_hooks_apply_locally_beside_a_stale_control_socket(tmp_path: Path) -> None:
+    """--hooks is refused only when a migd answers; a socket file left by a dead daemon is no daemon."""
+    import socket
+    m = Migctl(tmp_path, "single-a100")
+    m("status")
+    m.state_dir.mkdir(parents=True, exist_ok=True)
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(m.state_dir / "control.sock"))
+    stale.close()  # the file stays, nobody listens
+    hooks = tmp_path / "hooks.yaml"
+    hooks.write_text("hooks:\n  apply-start:\n    - {command: [/bin/true], timeout: 10s}\n")
+    os.chmod(hooks, 0o644)
+    r = m("apply", str(PROFILES / "day.yaml"), "--hooks", str(hooks))
+    assert r.code == 0, r.err

@@ -52,20 +52,27 @@ class AlreadyRunning(Exception):
     """Another migd answers on the control socket."""
 
 
+def listening(path: Path) -> bool:
+    """Whether a daemon answers on ``path`` (a socket file nobody listens on is stale)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(str(path))
+    except (FileNotFoundError, ConnectionRefusedError):
+        return False
+    finally:
+        s.close()
+    return True
+
+
 def claim(path: Path) -> None:
     """Make ``path`` free for this daemon: refuse if a migd answers there, clear a stale socket.
 
     A second migd must never delete a running daemon's socket: that one would go on changing GPUs
     while migctl, finding no socket, applied locally behind its back."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        s.connect(str(path))
-    except (FileNotFoundError, ConnectionRefusedError):
+    if not listening(path):
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # left by a daemon that died: nobody listens
         return
-    finally:
-        s.close()
     raise AlreadyRunning(f"another migd is running (its control socket {path} answers); not starting")
 
 
