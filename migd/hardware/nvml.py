@@ -30,7 +30,7 @@ from migd.hardware.backend import (
 )
 from migd.hardware.catalog import CI_ENUM_COUNT, GI_ENUM_COUNT, Placement, model_for
 from migd.hardware.nvml_telemetry import EventWatch, gpm_sample
-from migd.hardware.nvmlcall import Nvml, error_name
+from migd.hardware.nvmlcall import ALL_ERRORS, Nvml, error_name
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,8 @@ class NvmlBackend:
 
     # -- instances --------------------------------------------------------------------------------
     def gi_profiles(self, index: int) -> list[Any]:
-        """The GPU's live GI profile table (nvmlGpuInstanceProfileInfo_v2_t), MIG mode on."""
+        """The GPU's live GI profile table (nvmlGpuInstanceProfileInfo_v2_t); a real H100 answers it with
+        MIG off too (tests/fixtures), other drivers may answer NOT_SUPPORTED: then the list is empty."""
         dev = self._dev(index)
         infos = (self.nvml("nvmlDeviceGetGpuInstanceProfileInfo", dev, e, gpu=index, absent=_NO_SUCH_PROFILE)
                  for e in range(GI_ENUM_COUNT))
@@ -294,14 +295,11 @@ class NvmlBackend:
     # -- GPM and events ---------------------------------------------------------------------------
     def gpm_supported(self, index: int) -> bool:
         support = self.nvml("nvmlGpmQueryDeviceSupport", self._dev(index), gpu=index,
-                            absent=tuple(_ERROR_CODES))
+                            absent=ALL_ERRORS)
         return bool(support is not None and support.isSupportedDevice)
 
     def gpm_sample(self, index: int, gi_ids: list[int], interval_s: float = 0.1) -> dict[int, GpmMetrics]:
         return gpm_sample(self.nvml, self._dev(index), index, gi_ids, interval_s)
-
-    def event_types(self, index: int) -> int:
-        return int(self.nvml("nvmlDeviceGetSupportedEventTypes", self._dev(index), gpu=index))
 
     def wait_event(self, timeout_ms: int) -> GpuEvent | None:
         return self._events.wait(timeout_ms)
@@ -313,6 +311,3 @@ class NvmlBackend:
     def unwatched_gpus(self) -> dict[int, str]:
         """GPUs whose events could not be registered, and why (monitoring goes on for the rest)."""
         return self._events.unwatched
-
-
-_ERROR_CODES = [v for k, v in vars(pynvml).items() if k.startswith("NVML_ERROR_") and isinstance(v, int)]

@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 
 _ERROR_NAMES = {v: k[len("NVML_ERROR_"):] for k, v in vars(pynvml).items()
                 if k.startswith("NVML_ERROR_") and isinstance(v, int)}
+ALL_ERRORS = tuple(_ERROR_NAMES)  # every NVML error code pynvml knows
 
 
 def error_name(code: int | None) -> str:

@@ -19,7 +19,10 @@ from migd.sim.state import SimState
 
 ENTRIES: list[Export] = []
 export = exporter(ENTRIES)
-_ERROR_TEXT: dict[int, ctypes.Array[ctypes.c_char]] = {}
+# nvmlErrorString returns a pointer to a static string: one buffer per code, built once.
+_ERROR_TEXT = {v: ctypes.create_string_buffer(k.encode()) for k, v in vars(pynvml).items()
+               if k.startswith("NVML_ERROR_") and isinstance(v, int)}
+_UNKNOWN_ERROR = ctypes.create_string_buffer(b"Unknown Error")
 
 
 # -- library lifetime ----------------------------------------------------------------------------
@@ -44,11 +47,7 @@ def shutdown(call: Any) -> None:
 
 @export(ctypes.c_int, name="nvmlErrorString", needs_init=False, returns_string=True)
 def error_string(lib: Any, code: int) -> int:
-    text = _ERROR_TEXT.get(code)
-    if text is None:
-        name = next((k for k, v in vars(pynvml).items() if k.startswith("NVML_ERROR_") and v == code), None)
-        text = _ERROR_TEXT[code] = ctypes.create_string_buffer((name or f"Unknown Error {code}").encode())
-    return ctypes.addressof(text)
+    return ctypes.addressof(_ERROR_TEXT.get(code, _UNKNOWN_ERROR))
 
 
 @export(PTR, UINT, name="nvmlSystemGetDriverVersion")
