@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from migd import __version__
-from migd.apply.executor import Applier, ApplyOptions, BusyError, GpuUnhealthy
+from migd.apply.executor import Applier, ApplyOptions, BusyError, GpuUnhealthy, OnBusy
 from migd.apply.hooks import HookError, Hooks, parse_hooks
 from migd.apply.lock import LockBusy
 from migd.cliargs import Parser
@@ -132,7 +132,7 @@ def cmd_apply(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) ->
             return via
     # StrictModes: root applies only files that nobody else can rewrite
     profile = load_profile(args.file, args.config, strict=os.geteuid() == 0)
-    opts = ApplyOptions(on_busy=args.on_busy, busy_timeout_s=parse_duration(args.busy_timeout),
+    opts = ApplyOptions(on_busy=OnBusy(args.on_busy), busy_timeout_s=parse_duration(args.busy_timeout),
                         dry_run=args.dry_run, hooks=_hooks(args.hooks), lock_timeout_s=args.lock_timeout,
                         parallel=not args.sequential)
     result = Applier(backend, state_dir).apply(profile, opts)

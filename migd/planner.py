@@ -13,8 +13,9 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import KW_ONLY, dataclass, field
 
-from migd.hardware.backend import GpuInfo, GpuInstance
+from migd.hardware.backend import GpuInfo, GpuInstance, GpuState
 from migd.hardware.catalog import CiProfile, GpuModel, Placement
+from migd.kinds import Word
 from migd.profiles.resolve import DesiredInstance, DesiredLayout
 
 Busy = dict[int, dict[int, tuple[int, ...]]]  # GI id -> CI id -> pids running there
@@ -26,9 +27,24 @@ class PlanError(Exception):
     """The request cannot be placed on this GPU; nothing was touched."""
 
 
+class OpKind(Word):
+    """The operations an apply runs, in the order a plan lists them (destroys, mode, creates)."""
+
+    DESTROY_CI = "destroy_ci"
+    DESTROY_GI = "destroy_gi"
+    SET_MIG = "set_mig"
+    RESET = "reset"  # only if the mode change stays pending
+    CREATE_GI = "create_gi"
+    CREATE_CI = "create_ci"
+
+
+_VERBS = {OpKind.DESTROY_CI: "destroy CI", OpKind.DESTROY_GI: "destroy GI", OpKind.CREATE_GI: "create GI",
+          OpKind.CREATE_CI: "create CI"}
+
+
 @dataclass(frozen=True)
 class Op:
-    kind: str  # destroy_ci | destroy_gi | set_mig | reset | create_gi | create_ci
+    kind: OpKind
     gpu: int
     _: KW_ONLY
     gi_start: int | None = None  # GIs are named by placement start: ids are assigned by the driver
@@ -42,22 +58,21 @@ class Op:
 
     def describe(self) -> str:
         k = self.kind
-        if k == "set_mig":
+        if k is OpKind.SET_MIG:
             return f"GPU {self.gpu}: set MIG mode {'enabled' if self.mig else 'disabled'}"
-        if k == "reset":
+        if k is OpKind.RESET:
             return f"GPU {self.gpu}: reset, if the MIG mode change stays pending (GPU held, pass-through VM)"
-        what = {"destroy_ci": "destroy CI", "destroy_gi": "destroy GI", "create_gi": "create GI",
-                "create_ci": "create CI"}[k]
+        what = _VERBS[k]
         ids = f" id {self.gi_id}" + (f"/{self.ci_id}" if self.ci_id is not None else "") if self.gi_id is not None \
             else ""
         busy = f" [busy: pids {','.join(map(str, self.busy_pids))}]" if self.busy_pids else ""
         at = f" at {self.placement}" if self.placement is not None else ""
-        gi = f" in GI@{self.gi_start}" if k.endswith("_ci") else ""
+        gi = f" in GI@{self.gi_start}" if k in (OpKind.DESTROY_CI, OpKind.CREATE_CI) else ""
         return f"GPU {self.gpu}: {what} {self.name}{ids}{at}{gi}{busy}"
 
     @property
     def mutating_nvml(self) -> bool:
-        return self.kind != "reset"
+        return self.kind is not OpKind.RESET
 
 
 @dataclass(frozen=True)
@@ -80,6 +95,7 @@ class GpuPlan:
     kept: int = 0
     busy: Busy = field(default_factory=dict)
     current: list[GpuInstance] = field(default_factory=list)
+    seen: GpuState | None = None  # the reading this plan was made from (audited when nothing changes)
 
     @property
     def changes(self) -> bool:
@@ -89,6 +105,15 @@ class GpuPlan:
     def blocked(self) -> list[Op]:
         """Destroys (or mode changes) that would hit running processes."""
         return [o for o in self.ops if o.busy_pids]
+
+
+def busy_of(state: GpuState) -> Busy:
+    """GI -> CI -> pids of the MIG devices that run processes."""
+    busy: Busy = {}
+    for d in state.devices:
+        if d.processes:
+            busy.setdefault(d.gi_id, {})[d.ci_id] = tuple(sorted(p.pid for p in d.processes))
+    return busy
 
 
 def summary(instances: list[DesiredInstance] | tuple[DesiredInstance, ...]) -> str:
@@ -205,10 +230,10 @@ class _Search:
 
 def _destroy_ops(gpu: int, gi: GpuInstance, busy: Busy, name: str) -> list[Op]:
     pids = busy.get(gi.id, {})
-    ops = [Op("destroy_ci", gpu, gi_start=gi.placement.start, gi_id=gi.id, ci_id=c.id, profile_id=c.profile_id,
+    ops = [Op(OpKind.DESTROY_CI, gpu, gi_start=gi.placement.start, gi_id=gi.id, ci_id=c.id, profile_id=c.profile_id,
               placement=c.placement, name=name, busy_pids=pids.get(c.id, ())) for c in gi.compute_instances]
     all_pids = tuple(sorted({p for v in pids.values() for p in v}))
-    return ops + [Op("destroy_gi", gpu, gi_start=gi.placement.start, gi_id=gi.id, profile_id=gi.profile_id,
+    return ops + [Op(OpKind.DESTROY_GI, gpu, gi_start=gi.placement.start, gi_id=gi.id, profile_id=gi.profile_id,
                      placement=gi.placement, name=name, busy_pids=all_pids)]
 
 
@@ -228,9 +253,9 @@ def plan_gpu(gpu: GpuInfo, desired: DesiredLayout, current: list[GpuInstance],
         if gpu.mig_current or gpu.mig_pending:
             for gi in current:
                 ops += _destroy_ops(i, gi, busy, names.get(gi.profile_id, "?"))
-            ops.append(Op("set_mig", i, mig=False, busy_pids=gpu_pids))
+            ops.append(Op(OpKind.SET_MIG, i, mig=False, busy_pids=gpu_pids))
             if gpu.mig_current and model.mode_change_needs_reset:
-                ops.append(Op("reset", i, busy_pids=gpu_pids))
+                ops.append(Op(OpKind.RESET, i, busy_pids=gpu_pids))
         return GpuPlan(gpu, desired, [], ops, busy=busy, current=list(current))
 
     want = list(desired.instances)
@@ -246,16 +271,16 @@ def plan_gpu(gpu: GpuInfo, desired: DesiredLayout, current: list[GpuInstance],
     targets = sorted(search.best, key=lambda t: t.placement.start)
     if not gpu.mig_current:
         if not gpu.mig_pending:
-            ops.append(Op("set_mig", i, mig=True, busy_pids=gpu_pids))
+            ops.append(Op(OpKind.SET_MIG, i, mig=True, busy_pids=gpu_pids))
         if model.mode_change_needs_reset:
-            ops.append(Op("reset", i, busy_pids=gpu_pids))
+            ops.append(Op(OpKind.RESET, i, busy_pids=gpu_pids))
     by_key = {(g.profile_id, g.placement.start): g for g in existing}
     kept_ids = set()
     creates: list[Op] = []
     for t in targets:
         g = by_key.get((t.gi_profile_id, t.placement.start))
         if g is None:
-            creates.append(Op("create_gi", i, gi_start=t.placement.start, profile_id=t.gi_profile_id,
+            creates.append(Op(OpKind.CREATE_GI, i, gi_start=t.placement.start, profile_id=t.gi_profile_id,
                               placement=t.placement, name=names[t.gi_profile_id]))
             have: dict[tuple[int, Placement], int] = {}
         else:
@@ -263,7 +288,7 @@ def plan_gpu(gpu: GpuInfo, desired: DesiredLayout, current: list[GpuInstance],
             have = {(c.profile_id, c.placement): c.id for c in g.compute_instances}
             for c in g.compute_instances:
                 if (c.profile_id, c.placement) not in t.ci:
-                    ops.append(Op("destroy_ci", i, gi_start=g.placement.start, gi_id=g.id, ci_id=c.id,
+                    ops.append(Op(OpKind.DESTROY_CI, i, gi_start=g.placement.start, gi_id=g.id, ci_id=c.id,
                                   profile_id=c.profile_id, placement=c.placement, name=names[g.profile_id],
                                   busy_pids=busy.get(g.id, {}).get(c.id, ())))
         gi_prof = model.profile_by_id(t.gi_profile_id)
@@ -271,13 +296,13 @@ def plan_gpu(gpu: GpuInfo, desired: DesiredLayout, current: list[GpuInstance],
         for pid, pl in t.ci:
             if (pid, pl) not in have:
                 ci_prof = gi_prof.ci_by_id(pid)
-                creates.append(Op("create_ci", i, gi_start=t.placement.start, profile_id=pid, placement=pl,
+                creates.append(Op(OpKind.CREATE_CI, i, gi_start=t.placement.start, profile_id=pid, placement=pl,
                                   name=ci_prof.name if ci_prof else "?"))
     destroys = [op for g in existing if g.id not in kept_ids
                 for op in _destroy_ops(i, g, busy, names.get(g.profile_id, "?"))]
     ci_destroys = ops[:]
-    mode_ops = [o for o in ci_destroys if o.kind in ("set_mig", "reset")]
-    ops = [o for o in ci_destroys if o.kind == "destroy_ci"] + destroys + mode_ops + creates
+    mode_ops = [o for o in ci_destroys if o.kind in (OpKind.SET_MIG, OpKind.RESET)]
+    ops = [o for o in ci_destroys if o.kind is OpKind.DESTROY_CI] + destroys + mode_ops + creates
     return GpuPlan(gpu, desired, targets, ops, kept=len(kept_ids), busy=busy, current=list(existing))
 
 

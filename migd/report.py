@@ -61,7 +61,7 @@ def plan_doc(profile: str, plans: list[GpuPlan]) -> dict[str, Any]:
     return {"schema": "migd.plan/v1", "profile": profile, "gpus": [{
         "index": p.gpu.index, "uuid": p.gpu.uuid, "model": p.gpu.model_key, "changes": p.changes, "kept": p.kept,
         "mig": p.desired.mig,
-        "operations": [{"kind": o.kind, "description": o.describe(), "busy_pids": list(o.busy_pids)}
+        "operations": [{"kind": o.kind.value, "description": o.describe(), "busy_pids": list(o.busy_pids)}
                        for o in p.ops],
         "target": [{"profile": t.name, "profile_id": t.gi_profile_id, "placement": _pl(t.placement),
                     "compute": [{"profile_id": pid, "placement": _pl(pl)} for pid, pl in t.ci],
@@ -74,7 +74,7 @@ def apply_doc(result: ApplyResult, dry_run: bool) -> dict[str, Any]:
     doc["dry_run"] = dry_run
     doc["ok"] = result.ok
     doc["seconds"] = round(result.seconds, 3)
-    doc["results"] = [{"index": r.index, "uuid": r.uuid, "status": r.status, "operations": r.ops,
+    doc["results"] = [{"index": r.index, "uuid": r.uuid, "status": r.status.value, "operations": r.ops,
                        "error": r.error, "seconds": round(r.seconds, 3)} for r in result.results]
     return doc
 

@@ -180,6 +180,17 @@ def check_permissions(path: Path, what: str, strict: bool) -> None:
     _refuse_writable(str(path), mode, what)
 
 
+def read(path: str | Path, strict: bool = False, what: str = "file") -> str:
+    """A file's text; ``strict`` refuses it if group or others may write it, checked on the opened file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            if strict:
+                _refuse_writable(str(path), os.fstat(f.fileno()).st_mode, what)
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValidationError(str(path), None, None, "", f"cannot read file: {e}") from e
+
+
 def load(path: str | Path, text: str | None = None, strict: bool = False, what: str = "file") -> Node:
     """Parse one YAML document, keeping marks.  Syntax errors become ValidationError.
 
@@ -187,14 +198,8 @@ def load(path: str | Path, text: str | None = None, strict: bool = False, what: 
     opened file itself so it cannot be swapped between the check and the read.
     """
     name = str(path)
-    try:
-        if text is None:
-            with open(path, encoding="utf-8") as f:
-                if strict:
-                    _refuse_writable(name, os.fstat(f.fileno()).st_mode, what)
-                text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValidationError(name, None, None, "", f"cannot read file: {e}") from e
+    if text is None:
+        text = read(path, strict, what)
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as e:

@@ -368,7 +368,7 @@ def test_apply_options_through_the_daemon(migd: MigdProcess) -> None:
 
 
 def test_daemon_status_and_reload_commands(migd: MigdProcess) -> None:
-    migd.start(now="2026-11-23T10:00:00")  # 19:00 KST Monday: night
+    migd.start(now="2026-11-23T10:00:00")  # 10:00 KST Monday: day
     migd.wait_ready()
     st = _migctl(migd, "daemon", "-o", "json")
     doc = json.loads(st.stdout)
@@ -378,8 +378,10 @@ def test_daemon_status_and_reload_commands(migd: MigdProcess) -> None:
     raw = _migctl(migd, "daemon", "-o", "json").stdout
     assert "Profile(" not in raw  # no Python repr in the wire format
     doc = json.loads(raw)
+    since = doc["active"].pop("since")
     assert doc["active"] == {"profile": "balanced", "reason": "manual", "source": str(PROFILES / "balanced.yaml"),
                              "until": doc["next"]["at"]}
+    assert since.startswith("2026-11-23T01:00")  # --now is local time (Asia/Seoul)
     table = _migctl(migd, "daemon").stdout
     assert f"active profile: balanced (manual apply of {PROFILES / 'balanced.yaml'}, until" in table
     assert f"next transition: {doc['next']['profile']} at {doc['next']['local']}" in table
@@ -392,6 +394,31 @@ def test_daemon_status_and_reload_commands(migd: MigdProcess) -> None:
     migd.stop()
     r = _migctl(migd, "daemon")
     assert r.returncode == 1 and r.stderr.strip().endswith(f"no migd is listening on {migd.socket_path}")
+
+
+def test_a_manual_apply_survives_a_restart_until_the_next_transition(migd: MigdProcess) -> None:
+    """Kept with the profile's own text: editing the file afterwards changes nothing that was applied."""
+    migd.start(now="2026-11-23T10:00:00")  # 10:00 KST Monday: day; the next transition is night at 19:00 KST
+    migd.wait_ready()
+    profile = migd.tmp / "mine.yaml"
+    profile.write_text((PROFILES / "balanced.yaml").read_text())
+    assert _migctl(migd, "apply", str(profile)).returncode == 0
+    profile.write_text("garbage: [")
+    assert migd.stop() == 0
+    store = StateStore(migd.migctl.state)
+    before = store.read().mutations
+    migd.start(now="2026-11-23T12:00:00")  # 12:00 KST: the manual apply still holds
+    migd.wait_ready()
+    doc = migd.control({"cmd": "status"})["daemon"]
+    assert doc["active"]["reason"] == "manual" and doc["active"]["profile"] == "balanced", doc["active"]
+    assert doc["active"]["until"] == "2026-11-23T10:00:00+00:00"
+    assert store.read().mutations == before and migd.assert_profile("balanced")
+    assert migd.stop() == 0
+    migd.start(now="2026-11-23T19:00:30")  # 19:00:30 KST: the schedule is back (night)
+    migd.wait_ready()
+    doc = migd.control({"cmd": "status"})["daemon"]
+    assert doc["active"]["reason"] == "schedule" and doc["applied_profile"] == "night", doc
+    assert not (migd.migctl.state_dir / "override.json").exists()
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from migd.apply.executor import Applier
+from migd.daemon.status import LastApply, Outcome, Status
 from migd.metrics.collector import MigdCollector
 from migd.metrics.sampler import NvmlErrorCounter, Sampler
 from migd.profiles.loader import load_profile
@@ -22,14 +23,9 @@ from migd.sim.state import StateStore
 from tests.helpers import PROFILES
 
 
-class _Status:
-    desired_profile = applied_profile = "balanced"
-    drift_gpus: list[int] = []
-    blocked_since = None
-    blocked: dict[int, Any] = {}
-    apply_count = {"success": 1}
-    last_apply = {"time": 1.0, "result": "success"}
-    unhealthy: dict[str, str] = {}
+def _status() -> Status:
+    return Status(desired_profile="balanced", applied_profile="balanced", apply_count={Outcome.SUCCESS: 1},
+                  last_apply=LastApply(1.0, Outcome.SUCCESS, 0.5, "balanced"))
 
 
 def samples(registry: CollectorRegistry) -> dict[str, list[Any]]:
@@ -50,7 +46,7 @@ def fleet(tmp_path: Path) -> Any:
     lock = threading.RLock()
     sampler = Sampler(backend, lock, applier.owners.load, interval_s=60)
     registry = CollectorRegistry()
-    collector = MigdCollector(sampler, _Status, errors)
+    collector = MigdCollector(sampler, _status, errors)
     for seconds in (0.4, 1.2):  # as the daemon reports two applies
         collector.observe_apply(None, "success", seconds)
     registry.register(collector)

@@ -17,17 +17,20 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from migd.apply.hooks import Hooks
 from migd.apply.journal import Journal, layout_from_json, layout_to_json
 from migd.apply.lock import ApplyLock
 from migd.apply.owners import Owners
-from migd.hardware.backend import GpuBackend, GpuInfo, GpuInstance, HardwareError
-from migd.planner import Busy, GpuPlan, Op, PlanError, layout_of, plan_gpu
+from migd.hardware.backend import GpuBackend, GpuInfo, GpuState, HardwareError, read_state
+from migd.kinds import Word
+from migd.planner import GpuPlan, Op, OpKind, PlanError, busy_of, layout_of, plan_gpu
 from migd.profiles.model import Profile
 from migd.profiles.resolve import DesiredLayout, resolve_section
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class BusyError(Exception):
@@ -42,9 +45,27 @@ class GpuUnhealthy(Exception):
     pass
 
 
+class OnBusy(Word):
+    """What an apply does about instances with running processes that it would destroy."""
+
+    REFUSE = "refuse"
+    WAIT = "wait"  # until busy_timeout
+    FORCE = "force"  # SIGTERM, then SIGKILL: never the default
+
+
+class GpuStatus(Word):
+    UNCHANGED = "unchanged"
+    APPLIED = "applied"
+    ROLLED_BACK = "rolled_back"
+    FAILED = "failed"
+    WOULD_CHANGE = "would_change"  # dry run
+    BLOCKED = "blocked"  # busy instances; the other GPUs went ahead (ApplyOptions.partial)
+    FAULTED = "faulted"  # a GPU-wide fault mark refuses its reconfiguration (ApplyOptions.partial)
+
+
 @dataclass
 class ApplyOptions:
-    on_busy: str = "refuse"  # refuse | wait | force
+    on_busy: OnBusy = OnBusy.REFUSE
     busy_timeout_s: float = 300.0
     dry_run: bool = False
     parallel: bool = True
@@ -61,10 +82,11 @@ class ApplyOptions:
 class GpuResult:
     index: int
     uuid: str
-    status: str  # unchanged | applied | rolled_back | failed | would_change | blocked
+    status: GpuStatus
     ops: int = 0
     error: str | None = None
     seconds: float = 0.0
+    seen: GpuState | None = None  # read back after the change (verify): the post-apply audit uses it
 
 
 @dataclass
@@ -76,7 +98,27 @@ class ApplyResult:
 
     @property
     def ok(self) -> bool:
-        return all(r.status in ("unchanged", "applied", "would_change") for r in self.results)
+        return all(r.status in _OK for r in self.results)
+
+    @property
+    def changed(self) -> bool:
+        return any(r.status not in (GpuStatus.UNCHANGED, GpuStatus.BLOCKED) for r in self.results)
+
+    def readings(self) -> dict[int, GpuState]:
+        """Each planned GPU as last read: after its change if it changed, else as planned."""
+        out = {p.gpu.index: p.seen for p in self.plans if p.seen is not None}
+        out.update({r.index: r.seen for r in self.results if r.seen is not None})
+        return out
+
+
+_OK = (GpuStatus.UNCHANGED, GpuStatus.APPLIED, GpuStatus.WOULD_CHANGE)
+
+
+def _given(value: T | None) -> T:
+    """An operation field its kind requires (the planner always sets it)."""
+    if value is None:
+        raise HardwareError("internal error: an operation lacks a field its kind requires")
+    return value
 
 
 def _blocked_text(ops: list[Op]) -> str:
@@ -97,19 +139,9 @@ class Applier:
         return ApplyLock(self.state_dir / "apply.lock", timeout_s)
 
     # -- planning ---------------------------------------------------------------------------------
-    def snapshot(self, gpu: GpuInfo) -> tuple[list[GpuInstance], Busy, tuple[int, ...]]:
-        """Current GIs, busy map (GI -> CI -> pids) and non-MIG pids of one GPU."""
-        i = gpu.index
-        if not gpu.mig_current:
-            return [], {}, tuple(sorted(p.pid for p in self.backend.gpu_processes(i)))
-        busy: Busy = {}
-        for d in self.backend.list_mig_devices(i):
-            if d.processes:
-                busy.setdefault(d.gi_id, {})[d.ci_id] = tuple(sorted(p.pid for p in d.processes))
-        return self.backend.list_gpu_instances(i), busy, ()
-
     def plan(self, profile: Profile) -> list[GpuPlan]:
-        plans = []
+        """One reading of every GPU the profile selects, and its plan (owners read once)."""
+        plans, owners = [], self.owners.load()
         for gpu in self.backend.list_gpus():
             section = profile.section_for(gpu)
             if section is None:
@@ -118,49 +150,58 @@ class Applier:
                 raise section.loc.error(f"selects GPU {gpu.index} ({gpu.name}), which is not a known MIG-capable "
                                         "model")
             desired = resolve_section(section, gpu.model)
-            plans.append(self.plan_layout(gpu, desired, where=f"{profile.source}: "))
+            plans.append(self.plan_layout(gpu, desired, owners.get(gpu.uuid, {}), where=f"{profile.source}: "))
         return plans
 
-    def plan_layout(self, gpu: GpuInfo, desired: DesiredLayout, where: str = "") -> GpuPlan:
-        current, busy, pids = self.snapshot(gpu)
+    def plan_layout(self, gpu: GpuInfo, desired: DesiredLayout, owners: dict[int, str],
+                    where: str = "") -> GpuPlan:
+        seen = read_state(self.backend, gpu)
         try:
-            return plan_gpu(gpu, desired, current, busy, self.owners.for_gpu(gpu.uuid), pids)
+            plan = plan_gpu(gpu, desired, list(seen.instances), busy_of(seen), owners, seen.pids)
         except PlanError as e:
             raise PlanError(f"{where}GPU {gpu.index} ({gpu.model_key}): {e}") from None
+        plan.seen = seen
+        return plan
 
     # -- applying ---------------------------------------------------------------------------------
     def apply(self, profile: Profile, opts: ApplyOptions | None = None) -> ApplyResult:
         opts = opts or ApplyOptions()
         with self.lock(opts.lock_timeout_s):
             self.recover_locked()
-            return self._apply_locked(profile, opts)
+            return self.apply_plans(profile, self.plan(profile), opts)
 
-    def _apply_locked(self, profile: Profile, opts: ApplyOptions) -> ApplyResult:
+    def apply_plans(self, profile: Profile, plans: list[GpuPlan], opts: ApplyOptions) -> ApplyResult:
+        """Carry out ``plans``, made from readings taken under the apply lock that the caller still holds."""
         t0 = time.monotonic()
-        plans = self.plan(profile)
         if opts.dry_run:
             return ApplyResult(profile.name, plans, [
-                GpuResult(p.gpu.index, p.gpu.uuid, "would_change" if p.changes else "unchanged", len(p.ops))
-                for p in plans])
-        plans, blocked = self._settle_busy(profile, plans, opts)
-        changing = [p for p in plans if p.changes]
+                GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.WOULD_CHANGE if p.changes else GpuStatus.UNCHANGED,
+                          len(p.ops)) for p in plans])
         unhealthy = opts.unhealthy() if opts.unhealthy else {}
-        bad = [f"GPU {p.gpu.index}: {unhealthy[p.gpu.uuid]}" for p in changing if p.gpu.uuid in unhealthy]
-        if bad:
+        faulted = [p for p in plans if p.changes and p.gpu.uuid in unhealthy]
+        bad = [f"GPU {p.gpu.index}: {unhealthy[p.gpu.uuid]}" for p in faulted]
+        if bad and not opts.partial:
             raise GpuUnhealthy("reconfiguration refused on unhealthy GPUs: " + "; ".join(bad))
-        results = [GpuResult(p.gpu.index, p.gpu.uuid, "unchanged") for p in plans if not p.changes]
-        results += [GpuResult(p.gpu.index, p.gpu.uuid, "blocked", len(p.ops), _blocked_text(p.blocked))
+        skip = {p.gpu.uuid for p in faulted}
+        plans, blocked = self._settle_busy(profile, [p for p in plans if p.gpu.uuid not in skip], opts, skip)
+        changing = [p for p in plans if p.changes]
+        results = [GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.UNCHANGED) for p in plans if not p.changes]
+        results += [GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.BLOCKED, len(p.ops), _blocked_text(p.blocked))
                     for p in blocked]
+        results += [GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.FAULTED, len(p.ops),
+                              f"GPU-wide fault: {unhealthy[p.gpu.uuid]} (migctl clear-fault after checking it)")
+                    for p in faulted]
         if changing:
             results += self._run(profile, changing, opts)
         for p in plans:  # owner labels can change without any NVML operation
             if not p.changes and p.targets:
                 self.owners.set_gpu(p.gpu.uuid, {t.placement.start: t.owner for t in p.targets if t.owner})
         results.sort(key=lambda r: r.index)
-        return ApplyResult(profile.name, plans, results, time.monotonic() - t0)
+        every = sorted(plans + blocked + faulted, key=lambda p: p.gpu.index)
+        return ApplyResult(profile.name, every, results, time.monotonic() - t0)
 
-    def _settle_busy(self, profile: Profile, plans: list[GpuPlan],
-                     opts: ApplyOptions) -> tuple[list[GpuPlan], list[GpuPlan]]:
+    def _settle_busy(self, profile: Profile, plans: list[GpuPlan], opts: ApplyOptions,
+                     skip: set[str]) -> tuple[list[GpuPlan], list[GpuPlan]]:
         """Wait for (or force) busy instances as ``opts`` says: (plans to run, plans left blocked).
 
         Without ``opts.partial`` any blocked GPU stops the whole apply (BusyError); with it, only that
@@ -174,22 +215,22 @@ class Applier:
             stop = None
             if opts.cancel is not None and opts.cancel.is_set():
                 stop = f"stopped while waiting for busy instances: {_blocked_text(blocked)}"
-            elif opts.on_busy == "refuse":
+            elif opts.on_busy is OnBusy.REFUSE:
                 stop = f"instances with running processes would be destroyed: {_blocked_text(blocked)}"
-            elif opts.on_busy == "wait" and time.monotonic() >= deadline:
+            elif opts.on_busy is OnBusy.WAIT and time.monotonic() >= deadline:
                 stop = f"instances still busy after {opts.busy_timeout_s:g}s: {_blocked_text(blocked)}"
             if stop is not None and opts.partial:
                 return [p for p in plans if not p.blocked], [p for p in plans if p.blocked]
             if stop is not None:
                 raise BusyError(stop, blocked)
-            if opts.on_busy == "force" and not killed:
+            if opts.on_busy is OnBusy.FORCE and not killed:
                 self._stop_processes(sorted({pid for o in blocked for pid in o.busy_pids}), opts.kill_grace_s)
                 killed = True
-            elif opts.on_busy == "force" and time.monotonic() >= deadline:
+            elif opts.on_busy is OnBusy.FORCE and time.monotonic() >= deadline:
                 raise BusyError(f"instances still busy after SIGKILL: {_blocked_text(blocked)}", blocked)
             else:
                 time.sleep(opts.poll_s)
-            plans = self.plan(profile)
+            plans = [p for p in self.plan(profile) if p.gpu.uuid not in skip]
 
     def _stop_processes(self, pids: list[int], grace_s: float) -> None:
         """--on-busy force: SIGTERM, wait, then SIGKILL.  Logged loudly: this ends someone's work."""
@@ -222,7 +263,7 @@ class Applier:
         self._cancel = opts.cancel
         try:
             opts.hooks.run("apply-start", env)
-            if any(o.kind == "set_mig" for p in plans for o in p.ops):
+            if any(o.kind is OpKind.SET_MIG for p in plans for o in p.ops):
                 opts.hooks.run("pre-apply-mode", env)
             opts.hooks.run("pre-apply-config", env)
             if opts.parallel and len(plans) > 1:
@@ -232,92 +273,91 @@ class Applier:
                 results = [self._run_gpu(p, b) for p, b in zip(plans, befores, strict=True)]
         finally:
             # Keep the journal while any GPU is left half-way: the next start retries its rollback.
-            settled = len(results) == len(plans) and all(r.status in ("applied", "rolled_back") for r in results)
+            settled = len(results) == len(plans) and all(r.status in (GpuStatus.APPLIED, GpuStatus.ROLLED_BACK)
+                                                         for r in results)
             if settled or not results:  # (no results: a hook refused before any GPU was touched)
                 self.journal.finish()
-            ok = bool(results) and all(r.status == "applied" for r in results)
+            ok = bool(results) and all(r.status is GpuStatus.APPLIED for r in results)
             opts.hooks.run("apply-exit", {**env, "MIGD_RESULT": "success" if ok else "failure"})
         return results
 
     @staticmethod
     def _before(p: GpuPlan) -> DesiredLayout:
-        assert p.gpu.model is not None
-        if not p.gpu.mig_current:
+        if not p.gpu.mig_current or p.gpu.model is None:  # (planned GPUs always have a model)
             return DesiredLayout(mig=False)
         return layout_of(p.gpu.model, p.current)
 
     def _exec(self, op: Op, gi_ids: dict[int, int]) -> bool:
-        b, i = self.backend, op.gpu
-        if op.kind == "destroy_ci":
-            assert op.gi_id is not None and op.ci_id is not None
-            b.destroy_compute_instance(i, op.gi_id, op.ci_id)
-        elif op.kind == "destroy_gi":
-            assert op.gi_id is not None
-            b.destroy_gpu_instance(i, op.gi_id)
-        elif op.kind == "set_mig":
-            assert op.mig is not None
-            return b.set_mig_mode(i, op.mig)
-        elif op.kind == "reset":
+        """Run one operation; False only for a MIG mode change that waits for a reset."""
+        b, i, k = self.backend, op.gpu, op.kind
+        if k is OpKind.DESTROY_CI:
+            b.destroy_compute_instance(i, _given(op.gi_id), _given(op.ci_id))
+        elif k is OpKind.DESTROY_GI:
+            b.destroy_gpu_instance(i, _given(op.gi_id))
+        elif k is OpKind.SET_MIG:
+            return b.set_mig_mode(i, _given(op.mig))
+        elif k is OpKind.RESET:
             b.reset_gpu(i)
-        elif op.kind == "create_gi":
-            assert op.profile_id is not None and op.placement is not None and op.gi_start is not None
-            gi_ids[op.gi_start] = b.create_gpu_instance(i, op.profile_id, op.placement)
-        elif op.kind == "create_ci":
-            assert op.profile_id is not None and op.gi_start is not None
-            b.create_compute_instance(i, gi_ids[op.gi_start], op.profile_id, op.placement)
+        elif k is OpKind.CREATE_GI:
+            gi_ids[_given(op.gi_start)] = b.create_gpu_instance(i, _given(op.profile_id), _given(op.placement))
+        elif k is OpKind.CREATE_CI:
+            b.create_compute_instance(i, gi_ids[_given(op.gi_start)], _given(op.profile_id), op.placement)
         return True
 
-    def _execute_ops(self, plan: GpuPlan, journal_uuid: str | None = None) -> int:
-        """Run a plan's operations; ``journal_uuid`` marks a forward apply (journaled, cancellable)."""
+    def _execute_ops(self, plan: GpuPlan, journal_uuid: str | None = None) -> tuple[int, GpuState]:
+        """Run a plan's operations and read the GPU back; ``journal_uuid`` marks a forward apply
+        (journaled, cancellable)."""
         gi_ids = {g.placement.start: g.id for g in plan.current}
         done, mode_applied = 0, False
         for op in plan.ops:
             if journal_uuid is not None and self._cancel is not None and self._cancel.is_set():
                 raise HardwareError(f"GPU {op.gpu}: apply cancelled (migd is stopping)", gpu=op.gpu)
-            if op.kind == "reset" and mode_applied:
+            if op.kind is OpKind.RESET and mode_applied:
                 continue  # the mode change took effect without a reset (Hopper)
             applied = self._exec(op, gi_ids)
-            if op.kind == "set_mig":
+            if op.kind is OpKind.SET_MIG:
                 mode_applied = applied
             done += 1
             if journal_uuid is not None:
                 self.journal.update(journal_uuid, done=done, status="applying")
-        self._verify(plan)
-        return done
+        return done, self._verify(plan)
 
-    def _verify(self, plan: GpuPlan) -> None:
-        gpu = self.backend.gpu(plan.gpu.index)
+    def _verify(self, plan: GpuPlan) -> GpuState:
+        """Read the GPU back and compare it with the plan: the reading feeds the isolation audit."""
+        seen = read_state(self.backend, self.backend.gpu(plan.gpu.index))
+        gpu = seen.gpu
         if gpu.mig_current != plan.desired.mig:
             raise HardwareError(f"GPU {gpu.index}: MIG mode is {'on' if gpu.mig_current else 'off'} after apply",
                                 gpu=gpu.index)
         if not gpu.mig_current:
-            return
+            return seen
         actual = sorted((g.profile_id, g.placement.start, tuple(sorted((c.profile_id, c.placement.start)
                                                                       for c in g.compute_instances)))
-                        for g in self.backend.list_gpu_instances(gpu.index))
+                        for g in seen.instances)
         want = sorted((t.gi_profile_id, t.placement.start, tuple(sorted((pid, pl.start) for pid, pl in t.ci)))
                       for t in plan.targets)
         if actual != want:
             raise HardwareError(f"GPU {gpu.index}: layout after apply differs from the plan: {actual} != {want}",
                                 gpu=gpu.index)
+        return seen
 
     def _run_gpu(self, plan: GpuPlan, before: tuple[DesiredLayout, dict[int, str]]) -> GpuResult:
         t0 = time.monotonic()
         uuid, i = plan.gpu.uuid, plan.gpu.index
         try:
-            done = self._execute_ops(plan, uuid)
+            done, seen = self._execute_ops(plan, uuid)
         except HardwareError as e:
             log.error("GPU %d: apply failed (%s); rolling back to the previous layout", i, e)
             return self._rollback(plan.gpu, *before, str(e), t0)
         self.owners.set_gpu(uuid, {t.placement.start: t.owner for t in plan.targets if t.owner})
         self.journal.update(uuid, status="done")
         log.info("GPU %d: applied %d operations in %.2fs", i, done, time.monotonic() - t0)
-        return GpuResult(i, uuid, "applied", done, None, time.monotonic() - t0)
+        return GpuResult(i, uuid, GpuStatus.APPLIED, done, None, time.monotonic() - t0, seen)
 
     def _rollback(self, gpu: GpuInfo, before: DesiredLayout, owners_before: dict[int, str], why: str,
                   t0: float) -> GpuResult:
         try:
-            plan = self.plan_layout(self.backend.gpu(gpu.index), before)
+            plan = self.plan_layout(self.backend.gpu(gpu.index), before, owners_before)
             self._execute_ops(plan)
         except (HardwareError, PlanError) as e2:
             msg = (f"{why}; ROLLBACK FAILED: {e2}. GPU {gpu.index} is in an intermediate layout; the journal "
@@ -325,12 +365,12 @@ class Applier:
             log.critical("GPU %d: %s", gpu.index, msg)
             if self.journal.data:
                 self.journal.update(gpu.uuid, status="failed", error=msg)
-            return GpuResult(gpu.index, gpu.uuid, "failed", 0, msg, time.monotonic() - t0)
+            return GpuResult(gpu.index, gpu.uuid, GpuStatus.FAILED, 0, msg, time.monotonic() - t0)
         self.owners.set_gpu(gpu.uuid, owners_before)
         if self.journal.data:
             self.journal.update(gpu.uuid, status="rolled_back", error=why)
         log.warning("GPU %d: rolled back to its previous layout", gpu.index)
-        return GpuResult(gpu.index, gpu.uuid, "rolled_back", 0, why, time.monotonic() - t0)
+        return GpuResult(gpu.index, gpu.uuid, GpuStatus.ROLLED_BACK, 0, why, time.monotonic() - t0)
 
     # -- crash recovery ---------------------------------------------------------------------------
     def recover(self) -> list[GpuResult]:
@@ -355,6 +395,6 @@ class Applier:
             owners = {int(k): v for k, v in entry.get("owners_before", {}).items()}
             results.append(self._rollback(gpu, before, owners, "recovered after an interrupted apply",
                                           time.monotonic()))
-        if all(r.status == "rolled_back" for r in results):
+        if all(r.status is GpuStatus.ROLLED_BACK for r in results):
             self.journal.finish()
         return results

@@ -16,6 +16,9 @@ from typing import Any
 
 from migd.hardware.catalog import GpuModel, Placement
 from migd.profiles.resolve import DesiredInstance, DesiredLayout
+from migd.yamlsrc import ValidationError
+
+SCHEMA = "migd.journal/v1"  # like mig-parted's api/checkpoint/v1: fields are only added within v1
 
 
 def atomic_write_json(path: Path, data: Any, mode: int = 0o600) -> None:
@@ -55,8 +58,18 @@ def layout_from_json(model: GpuModel, raw: dict[str, Any]) -> DesiredLayout:
     return DesiredLayout(mig=raw["mig"], instances=tuple(out))
 
 
+def check_schema(path: Path, data: Any, schema: str) -> None:
+    """A file migd wrote: an object of ``schema`` (or of no schema: written before versions existed)."""
+    if not isinstance(data, dict):
+        raise ValidationError(str(path), None, None, "schema", f"not a {schema} object")
+    found = data.get("schema", schema)
+    if found != schema:
+        raise ValidationError(str(path), None, None, "schema", f"{found!r} is not {schema!r}, the version this "
+                              "migd reads (written by a newer migd?)")
+
+
 class Journal:
-    """One JSON file: {"profile", "pid", "started", "gpus": {uuid: {...}}}."""
+    """One JSON file: {"schema", "profile", "pid", "started", "gpus": {uuid: {...}}}."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -68,11 +81,13 @@ class Journal:
 
     def load(self) -> dict[str, Any]:
         with open(self.path, encoding="utf-8") as f:
-            self.data = json.load(f)
+            data = json.load(f)
+        check_schema(self.path, data, SCHEMA)
+        self.data = data
         return self.data
 
     def begin(self, profile: str, gpus: dict[str, dict[str, Any]]) -> None:
-        self.data = {"profile": profile, "pid": os.getpid(), "started": time.time(), "gpus": gpus}
+        self.data = {"schema": SCHEMA, "profile": profile, "pid": os.getpid(), "started": time.time(), "gpus": gpus}
         self._save()
 
     def update(self, uuid: str, **fields: Any) -> None:

@@ -6,11 +6,14 @@ import json
 import threading
 from pathlib import Path
 
-from migd.apply.journal import atomic_write_json
+from migd.apply.journal import atomic_write_json, check_schema
+
+SCHEMA = "migd.owners/v1"
 
 
 class Owners:
-    """{gpu uuid: {GI placement start: owner}}; a GI is named by its start, which survives re-creation."""
+    """{"schema", "gpus": {gpu uuid: {GI placement start: owner}}}; a GI is named by its start, which
+    survives re-creation.  A file without "schema" is the unversioned map written before v1."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -22,7 +25,9 @@ class Owners:
                 raw = json.load(f)
         except (FileNotFoundError, json.JSONDecodeError):
             return {}
-        return {u: {int(k): v for k, v in m.items()} for u, m in raw.items()}
+        check_schema(self.path, raw, SCHEMA)
+        gpus = raw.get("gpus", {}) if "schema" in raw else raw
+        return {u: {int(k): v for k, v in m.items()} for u, m in gpus.items()}
 
     def for_gpu(self, uuid: str) -> dict[int, str]:
         return self.load().get(uuid, {})
@@ -33,6 +38,8 @@ class Owners:
 
     def _set(self, uuid: str, owners: dict[int, str]) -> None:
         data = self.load()
+        if data.get(uuid, {}) == owners:
+            return  # nothing to write (an fsync'd write per GPU per apply adds up)
         data[uuid] = owners
-        atomic_write_json(self.path, {u: {str(k): v for k, v in m.items()} for u, m in data.items() if m},
-                          mode=0o644)
+        atomic_write_json(self.path, {"schema": SCHEMA, "gpus": {
+            u: {str(k): v for k, v in m.items()} for u, m in data.items() if m}}, mode=0o644)

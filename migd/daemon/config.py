@@ -10,8 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from migd.apply.executor import OnBusy
 from migd.apply.hooks import Hooks, parse_hooks
 from migd.daemon.schedule import Entry, Schedule, ScheduleError
+from migd.kinds import Word
 from migd.profiles.loader import load_profile
 from migd.profiles.model import Profile
 from migd.profiles.validate import check_profile
@@ -22,6 +24,13 @@ KEYS = ["timezone", "profiles_dir", "schedule", "on_busy", "busy_timeout", "reco
         "metrics", "hooks", "control_socket", "state_dir", "strict_permissions", "sample_interval"]
 
 
+class ReconcileMode(Word):
+    """What a reconcile pass does about drift (a scheduled transition always applies)."""
+
+    CORRECT = "correct"
+    REPORT = "report"
+
+
 @dataclass(frozen=True)
 class Config:
     path: str
@@ -29,10 +38,10 @@ class Config:
     profiles_dir: Path
     schedule: Schedule
     profiles: dict[str, Profile]
-    on_busy: str = "wait"
+    on_busy: OnBusy = OnBusy.WAIT
     busy_timeout_s: float = 1800.0
     reconcile_interval_s: float = 60.0
-    reconcile: str = "correct"  # correct | report
+    reconcile: ReconcileMode = ReconcileMode.CORRECT
     metrics_listen: str | None = "127.0.0.1:9835"
     hooks: Hooks = field(default_factory=Hooks)
     control_socket: str | None = None
@@ -106,10 +115,11 @@ def load_config(path: str | Path, text: str | None = None) -> Config:
     return Config(
         path=str(path), timezone=tz, profiles_dir=pdir, profiles=profiles,
         schedule=_schedule(m["schedule"], tz, profiles),
-        on_busy=m["on_busy"].str(choices=["refuse", "wait", "force"]) if "on_busy" in m else "wait",
+        on_busy=OnBusy(m["on_busy"].str(choices=list(OnBusy))) if "on_busy" in m else OnBusy.WAIT,
         busy_timeout_s=m["busy_timeout"].duration() if "busy_timeout" in m else 1800.0,
         reconcile_interval_s=max(1.0, m["reconcile_interval"].duration()) if "reconcile_interval" in m else 60.0,
-        reconcile=m["reconcile"].str(choices=["correct", "report"]) if "reconcile" in m else "correct",
+        reconcile=ReconcileMode(m["reconcile"].str(choices=list(ReconcileMode))) if "reconcile" in m
+        else ReconcileMode.CORRECT,
         metrics_listen=metrics,
         hooks=parse_hooks(m["hooks"], strict) if "hooks" in m else Hooks(),
         control_socket=m["control_socket"].str() if "control_socket" in m else None,

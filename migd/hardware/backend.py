@@ -6,7 +6,7 @@ tests and the demo run that same class over the simulated NVML library (``migd.s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from migd.hardware.catalog import GpuModel, Placement
@@ -100,11 +100,14 @@ class GpuEvent:
 
 
 @dataclass(frozen=True)
-class GpuLayout:
-    """Everything migd needs to know about one GPU's MIG configuration at one moment."""
+class GpuState:
+    """One GPU as read at one moment.  The planner, the post-apply check and the isolation audit
+    all work from one reading instead of each asking NVML again."""
 
     gpu: GpuInfo
-    instances: tuple[GpuInstance, ...] = field(default=())
+    instances: tuple[GpuInstance, ...] = ()
+    devices: tuple[MigDevice, ...] = ()
+    pids: tuple[int, ...] = ()  # compute processes of a GPU in non-MIG mode
 
 
 class GpuBackend(Protocol):
@@ -162,3 +165,11 @@ class GpuBackend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def read_state(backend: GpuBackend, gpu: GpuInfo) -> GpuState:
+    """Instances and MIG devices (with their processes) of a MIG GPU, or the processes of a whole GPU."""
+    i = gpu.index
+    if not gpu.mig_current:
+        return GpuState(gpu, pids=tuple(sorted(p.pid for p in backend.gpu_processes(i))))
+    return GpuState(gpu, tuple(backend.list_gpu_instances(i)), tuple(backend.list_mig_devices(i)))

@@ -7,10 +7,11 @@ itself shows up as a finding.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from migd.hardware.backend import GpuBackend, GpuInfo
-from migd.planner import GpuPlan
+from migd.hardware.backend import GpuBackend, GpuState, read_state
+from migd.planner import GpuPlan, OpKind
 
 # MIG-device memory differs from the profile's memorySizeMB by driver and placement: the MIG guide shows
 # 3g.20gb (19968 MiB) as 20096 MiB at 0:4 and 20224 MiB at 4:4 (facts: A100-40GB notes), i.e. up to
@@ -30,7 +31,9 @@ class Finding:
         return {"gpu": self.gpu, "check": self.check, "severity": self.severity, "message": self.message}
 
 
-def audit_gpu(backend: GpuBackend, gpu: GpuInfo, plan: GpuPlan | None = None) -> list[Finding]:
+def audit_gpu(reading: GpuState, plan: GpuPlan | None = None) -> list[Finding]:
+    """Findings on one reading of a GPU (``plan``: also what the active profile lacks or does not want)."""
+    gpu = reading.gpu
     if not gpu.mig_current or gpu.model is None:
         return []
     i, model = gpu.index, gpu.model
@@ -39,7 +42,7 @@ def audit_gpu(backend: GpuBackend, gpu: GpuInfo, plan: GpuPlan | None = None) ->
     def add(check: str, severity: str, message: str) -> None:
         out.append(Finding(i, check, severity, f"GPU {i}: {message}"))
 
-    gis = backend.list_gpu_instances(i)
+    gis = reading.instances
     for a_idx, a in enumerate(gis):
         for b in gis[a_idx + 1:]:
             if a.placement.overlaps(b.placement):
@@ -59,7 +62,7 @@ def audit_gpu(backend: GpuBackend, gpu: GpuInfo, plan: GpuPlan | None = None) ->
             for other in a.compute_instances[c_idx + 1:]:
                 if c.placement.overlaps(other.placement):
                     add("ci_overlap", "error", f"CIs {a.id}/{c.id} and {a.id}/{other.id} share compute slices")
-    devices = backend.list_mig_devices(i)
+    devices = reading.devices
     live = {(g.id, c.id) for g in gis for c in g.compute_instances}
     seen: dict[tuple[int, int], str] = {}
     uuids: dict[str, tuple[int, int]] = {}
@@ -83,15 +86,20 @@ def audit_gpu(backend: GpuBackend, gpu: GpuInfo, plan: GpuPlan | None = None) ->
         add("device_map", "error", f"GI {key[0]}/CI {key[1]} has no MIG device (no UUID for CUDA)")
     if plan is not None:
         for op in plan.ops:
-            if op.kind == "destroy_gi":
+            if op.kind is OpKind.DESTROY_GI:
                 add("orphan", "warning", f"GI {op.gi_id} ({op.name}) at {op.placement} is not in the active profile")
-            elif op.kind == "create_gi":
+            elif op.kind is OpKind.CREATE_GI:
                 add("missing", "warning", f"{op.name} at {op.placement} from the active profile does not exist")
     return out
 
 
-def audit(backend: GpuBackend, plans: dict[int, GpuPlan] | None = None) -> list[Finding]:
+def audit_readings(readings: Iterable[GpuState], plans: dict[int, GpuPlan] | None = None) -> list[Finding]:
     out: list[Finding] = []
-    for g in backend.list_gpus():
-        out += audit_gpu(backend, g, (plans or {}).get(g.index))
+    for seen in readings:
+        out += audit_gpu(seen, (plans or {}).get(seen.gpu.index))
     return out
+
+
+def audit(backend: GpuBackend, plans: dict[int, GpuPlan] | None = None) -> list[Finding]:
+    """Read every GPU now and audit it."""
+    return audit_readings((read_state(backend, g) for g in backend.list_gpus()), plans)

@@ -17,6 +17,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from migd.daemon.status import Outcome, Progress
 from migd.metrics.sampler import NvmlErrorCounter, Sampler
 
 INSTANCE_LABELS = ["gpu", "gpu_uuid", "gi", "ci", "profile", "mig_uuid", "owner"]
@@ -128,24 +129,24 @@ class MigdCollector(Collector):
             g.add_metric([st.applied_profile], 1)
         yield g
         yield GaugeMetricFamily("migd_drift_gpus", "GPUs whose layout differs from the desired profile",
-                                value=len(st.drift_gpus))
+                                value=len(st.with_progress(Progress.DRIFTED, Progress.WAITING, Progress.FAILED)))
         yield GaugeMetricFamily("migd_transition_blocked", "1 while a transition waits for busy instances",
                                 value=1 if st.blocked_since else 0)
         g = GaugeMetricFamily("migd_gpu_blocked_since_timestamp_seconds",
                               "Since when a GPU's change waits for busy instances (the other GPUs went ahead)",
                               labels=["gpu"])
-        for i, b in sorted(st.blocked.items()):
+        for i, b in st.with_progress(Progress.WAITING).items():
             g.add_metric([str(i)], b.since)
         yield g
         c = CounterMetricFamily("migd_applies", "Apply attempts by result", labels=["result"])
-        for result in ("success", "rolled_back", "failed", "blocked", "error"):
-            c.add_metric([result], st.apply_count.get(result, 0))
+        for result in Outcome:
+            c.add_metric([result.value], st.apply_count.get(result, 0))
         yield c
-        last = st.last_apply or {}
+        last = st.last_apply
         yield GaugeMetricFamily("migd_last_apply_timestamp_seconds", "Unix time of the last apply attempt",
-                                value=last.get("time", 0))
+                                value=last.time if last else 0)
         yield GaugeMetricFamily("migd_last_apply_success", "1 if the last apply attempt succeeded",
-                                value=1 if last.get("result") == "success" else 0)
+                                value=1 if last and last.result in (Outcome.SUCCESS, Outcome.UNCHANGED) else 0)
         cum, total = self.histogram.cumulative()
         yield HistogramMetricFamily("migd_apply_duration_seconds", "Duration of apply attempts", buckets=cum,
                                     sum_value=total)

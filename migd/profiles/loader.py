@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from migd.profiles.model import GpuSection, InstanceSpec, Loc, Profile, Selector
-from migd.yamlsrc import Node, load
+from migd.yamlsrc import Node, load, read
 
 API_VERSION = "migd/v1"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -25,13 +26,16 @@ def load_profile(path: str | Path, config: str | None = None, text: str | None =
 
     ``strict``: refuse a file that group or others may write (see ``yamlsrc.load``).
     """
-    root = load(path, text, strict, "profile")
+    text = read(path, strict, "profile") if text is None else text
+    root = load(path, text)
     top = root.mapping()
     if "mig-configs" in top or ("version" in top and "apiVersion" not in top):
-        return _load_mig_parted(root, config)
-    if config is not None:
+        profile = _load_mig_parted(root, config)
+    elif config is not None:
         raise root.error("--config applies to mig-parted files only; this is a migd profile")
-    return _load_migd(root)
+    else:
+        profile = _load_migd(root)
+    return replace(profile, text=text)
 
 
 def _load_migd(root: Node) -> Profile:

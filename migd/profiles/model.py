@@ -84,6 +84,12 @@ class Profile:
     source: str
     kind: str = "migd"  # or "mig-parted"
     extra: dict[str, str] = field(default_factory=dict, compare=False)
+    text: str = field(default="", compare=False, repr=False)  # the file as read: a manual apply is kept with it
+
+    @property
+    def config(self) -> str | None:
+        """The mig-configs entry this profile is, for a mig-parted file (load_profile's ``config``)."""
+        return self.name if self.kind == "mig-parted" else None
 
     def section_for(self, gpu: GpuInfo) -> GpuSection | None:
         """The one section that selects ``gpu`` (None: the profile leaves it alone)."""

@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -118,6 +119,8 @@ class SimLibrary:
         self._functions: dict[str, Any] = {}
         self._callbacks: list[Any] = []  # keep the C trampolines alive
         self._inside: set[int] = set()  # threads now running a simulated entry point
+        self.calls: Counter[str] = Counter()  # entry point -> calls made (tests count what an action costs)
+        self._calls_lock = threading.Lock()  # GPU workers call in parallel
 
     # -- what pynvml sees ---------------------------------------------------------------------------
     def __getattr__(self, name: str) -> Any:
@@ -141,6 +144,8 @@ class SimLibrary:
     def _dispatch(self, export: Export, raw: tuple[Any, ...]) -> int:
         """Run one entry point; every failure becomes a return code, as C has no exceptions."""
         me = threading.get_ident()
+        with self._calls_lock:
+            self.calls[export.name] += 1
         self._inside.add(me)
         try:
             return self._run(export, raw)

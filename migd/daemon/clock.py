@@ -1,0 +1,27 @@
+"""The daemon's clock: wall time, or a virtual time started elsewhere and run faster (demo, tests)."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta, timezone
+
+
+class Clock:
+    """Wall clock, optionally started at ``start`` and running ``scale`` times faster."""
+
+    def __init__(self, start: datetime | None = None, scale: float = 1.0) -> None:
+        self._real0 = time.time()
+        self._virt0 = (start or datetime.now(timezone.utc)).astimezone(timezone.utc)
+        self._start = self._virt0
+        self.scale = scale
+
+    def restart(self) -> None:
+        """Count from here: with a scaled clock, start-up time must not eat virtual time."""
+        if self.scale != 1.0:
+            self._virt0, self._real0 = self._start, time.time()
+
+    def now(self) -> datetime:
+        return self._virt0 + timedelta(seconds=(time.time() - self._real0) * self.scale)
+
+    def real(self, virtual_s: float) -> float:
+        return virtual_s / self.scale

@@ -1,0 +1,70 @@
+"""Where each GPU stands against the active profile, and a bounded log of the ones that wait.
+
+Each GPU converges on its own: one that waits for busy instances, is rolled back or carries a
+fault mark is tracked (and logged when that starts, when it changes, then at a bounded rate)
+while the other GPUs go ahead.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from migd.apply.executor import ApplyResult, GpuResult, GpuStatus
+from migd.daemon.status import GpuProgress, Progress, Status
+from migd.planner import GpuPlan
+
+log = logging.getLogger("migd")
+REPEAT_S = 600.0  # a wait past busy_timeout is logged again at most this often
+_BY_STATUS = {GpuStatus.APPLIED: Progress.CONVERGED, GpuStatus.UNCHANGED: Progress.CONVERGED,
+              GpuStatus.BLOCKED: Progress.WAITING, GpuStatus.FAULTED: Progress.FAULTED}
+
+
+def judge(plan: GpuPlan, result: GpuResult | None) -> tuple[Progress, str]:
+    if result is None:  # not applied: nothing to do, or drift only reported
+        return (Progress.DRIFTED if plan.changes else Progress.CONVERGED), ""
+    return _BY_STATUS.get(result.status, Progress.FAILED), result.error or ""
+
+
+class Tracker:
+    """Keeps ``status.gpus`` (``busy_timeout_s``: real seconds after which a wait is an error)."""
+
+    def __init__(self, status: Status, busy_timeout_s: Callable[[], float]) -> None:
+        self.status = status
+        self.busy_timeout_s = busy_timeout_s
+
+    def update(self, name: str, plans: list[GpuPlan], result: ApplyResult | None) -> None:
+        now = time.time()
+        by_index = {r.index: r for r in result.results} if result else {}
+        new: dict[int, GpuProgress] = {}
+        for p in plans:
+            i = p.gpu.index
+            progress, reason = judge(p, by_index.get(i))
+            old = self.status.gpus.get(i)
+            same = old is not None and old.progress is progress
+            new[i] = GpuProgress(p.gpu.uuid, progress, old.since if old and same else now, reason,
+                                 old.logged if old and same else now)
+            self._log(i, name, old, new[i], now)
+        self.status.gpus = new
+
+    def converged(self) -> bool:
+        return all(g.progress is Progress.CONVERGED for g in self.status.gpus.values())
+
+    def _log(self, i: int, name: str, old: GpuProgress | None, new: GpuProgress, now: float) -> None:
+        was = old.progress if old else None
+        if was is Progress.WAITING and new.progress is not Progress.WAITING:
+            log.info("GPU %d: no longer waits for busy instances", i)
+        if new.progress is Progress.FAULTED and was is not Progress.FAULTED:
+            log.warning("GPU %d: not reconfigured to %s: %s", i, name, new.reason)
+        if new.progress is not Progress.WAITING:
+            return
+        if old is None or was is not Progress.WAITING or old.reason != new.reason:
+            log.warning("GPU %d: transition to %s waits for busy instances: %s", i, name, new.reason)
+            new.logged = now
+            return
+        timeout = self.busy_timeout_s()
+        if now - new.since >= timeout and (new.logged < new.since + timeout or now - new.logged >= REPEAT_S):
+            log.error("GPU %d: transition to %s still blocked after busy_timeout (%gs): %s", i, name, timeout,
+                      new.reason)
+            new.logged = now

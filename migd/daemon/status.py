@@ -1,0 +1,120 @@
+"""What the daemon knows about itself, and its wire format ``migd.daemon/v1``.
+
+Read by the control socket (``migctl daemon``) and the metrics collector; written only by the
+daemon's decision loop.  Times stay datetimes (or Unix times for metrics) until written.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone, tzinfo
+from typing import Any
+
+from migd.daemon.override import Override
+from migd.kinds import Word
+
+SCHEMA = "migd.daemon/v1"
+
+
+class Outcome(Word):
+    """One apply attempt, as counted in ``migd_applies_total{result}``."""
+
+    SUCCESS = "success"
+    UNCHANGED = "unchanged"  # a manual apply that found every GPU already as asked
+    ROLLED_BACK = "rolled_back"
+    FAILED = "failed"
+    BLOCKED = "blocked"  # some GPUs changed; others wait for busy instances
+    ERROR = "error"  # refused before any GPU changed (plan, lock, hook, hardware)
+
+
+class Progress(Word):
+    """Where one GPU stands against the active profile."""
+
+    CONVERGED = "converged"
+    DRIFTED = "drifted"  # differs, and reconcile: report leaves it
+    WAITING = "waiting"  # its change waits for busy instances
+    FAILED = "failed"  # its last change was rolled back or failed
+    FAULTED = "faulted"  # a GPU-wide fault mark refuses reconfiguration
+
+
+@dataclass
+class GpuProgress:
+    uuid: str
+    progress: Progress
+    since: float  # Unix time this progress began
+    reason: str = ""
+    logged: float = 0.0  # a wait: when it was last logged (start, change, then at a bounded rate)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"uuid": self.uuid, "state": self.progress.value, "since": self.since, "reason": self.reason or None}
+
+
+@dataclass(frozen=True)
+class LastApply:
+    time: float
+    result: Outcome
+    seconds: float
+    profile: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"time": self.time, "result": self.result.value, "seconds": round(self.seconds, 3),
+                "profile": self.profile}
+
+
+@dataclass
+class Status:
+    started: float = field(default_factory=time.time)
+    config_path: str = ""
+    timezone: tzinfo = timezone.utc  # the schedule's zone: local times are written in it
+    desired_profile: str | None = None
+    applied_profile: str | None = None
+    override: Override | None = None
+    next_transition: tuple[datetime, str] | None = None  # (when, profile)
+    gpus: dict[int, GpuProgress] = field(default_factory=dict)  # GPU index -> progress
+    last_apply: LastApply | None = None
+    last_reload_error: str | None = None
+    apply_count: dict[Outcome, int] = field(default_factory=dict)
+    unhealthy: dict[str, str] = field(default_factory=dict)  # gpu uuid -> reason (fault watch)
+
+    def with_progress(self, *kinds: Progress) -> dict[int, GpuProgress]:
+        return {i: g for i, g in sorted(self.gpus.items()) if g.progress in kinds}
+
+    @property
+    def blocked_since(self) -> float | None:
+        return min((g.since for g in self.with_progress(Progress.WAITING).values()), default=None)
+
+    @property
+    def blocked_reason(self) -> str | None:
+        waits = self.with_progress(Progress.WAITING)
+        return "; ".join(f"GPU {i}: {g.reason}" for i, g in waits.items()) or None
+
+    def to_json(self) -> dict[str, Any]:
+        """``migd.daemon/v1``, written field by field: fields are only ever added within v1.
+
+        ``active`` says which profile holds and why; ``next`` gives the next transition in UTC and
+        in the schedule's time zone; ``gpus`` says where each GPU stands."""
+        tz, nxt = self.timezone, None
+        if self.next_transition is not None:
+            at, name = self.next_transition
+            nxt = {"profile": name, "at": at.isoformat(), "local": at.astimezone(tz).isoformat()}
+        active = None
+        if self.override is not None:
+            active = {"profile": self.override.profile.name, "reason": "manual", **self.override.to_json()}
+        elif self.desired_profile is not None:
+            active = {"profile": self.desired_profile, "reason": "schedule", "source": None, "until": None}
+        waiting = self.with_progress(Progress.WAITING)
+        return {
+            "schema": SCHEMA, "started": self.started, "config_path": self.config_path,
+            "timezone": getattr(tz, "key", str(tz)), "active": active, "desired_profile": self.desired_profile,
+            "applied_profile": self.applied_profile,
+            "override": self.override.to_json() if self.override else None,
+            "next_transition": [nxt["at"], nxt["profile"]] if nxt else None, "next": nxt,
+            "drift_gpus": sorted(self.with_progress(Progress.DRIFTED, Progress.WAITING, Progress.FAILED)),
+            "blocked_since": self.blocked_since, "blocked_reason": self.blocked_reason,
+            "last_apply": self.last_apply.to_json() if self.last_apply else None,
+            "blocked_gpus": {str(i): {"since": g.since, "reason": g.reason} for i, g in waiting.items()},
+            "gpus": {str(i): g.to_json() for i, g in sorted(self.gpus.items())},
+            "last_reload_error": self.last_reload_error,
+            "apply_count": {k.value: v for k, v in sorted(self.apply_count.items())},
+            "unhealthy": dict(self.unhealthy)}

@@ -1,0 +1,127 @@
+"""The daemon's decision path in-process, where every NVML call can be counted.
+
+A scheduled transition must cost what the same change costs through ``migctl apply``: one
+reading and plan of each GPU, the operations, one read-back that also feeds the isolation
+audit; no second plan, no second audit (issue: 3 plans and 2 audits, 2.7x migctl's calls).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections import Counter
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from migd.daemon.clock import Clock
+from migd.daemon.config import load_config
+from migd.daemon.service import Daemon, ManualApply
+from migd.daemon.status import Outcome, Progress
+from migd.hardware.backend import read_state
+from migd.profiles.loader import load_profile
+from migd.sim import sim_backend
+from migd.sim.library import loaded
+from tests.helpers import PROFILES, Migctl
+
+FLEET = "dgx-h100"
+CONFIG = """\
+timezone: Asia/Seoul
+profiles_dir: profiles
+schedule:
+  - {profile: day,   at: "08:30", days: mon-fri}
+  - {profile: night, at: "19:00", days: mon-fri}
+metrics: {enabled: false}
+"""
+NIGHT = datetime.fromisoformat("2026-11-23T19:00:05+09:00")  # Monday, just after the night transition
+
+
+def calls() -> int:
+    lib = loaded()
+    assert lib is not None
+    return sum(lib.calls.values())
+
+
+def in_day_layout(tmp: Path) -> Migctl:
+    m = Migctl(tmp, FLEET)
+    assert m("apply", str(PROFILES / "day.yaml")).code == 0
+    return m
+
+
+def migctl_cost(tmp: Path, profile: str) -> int:
+    """NVML calls of ``migctl apply`` from the day layout (the simulated library is one per process,
+    bound to one node at a time: measure before the daemon's node is opened)."""
+    by_hand = in_day_layout(tmp)
+    before = calls()
+    r = by_hand("apply", str(PROFILES / profile))
+    assert r.code == 0, r.err
+    return calls() - before
+
+
+@pytest.fixture
+def migctl_night(tmp_path: Path) -> int:
+    return migctl_cost(tmp_path / "migctl", "night.yaml")
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, migctl_night: int) -> Iterator[Daemon]:
+    m = in_day_layout(tmp_path / "daemon")
+    (tmp_path / "profiles").mkdir()
+    for f in PROFILES.glob("*.yaml"):
+        shutil.copy(f, tmp_path / "profiles" / f.name)
+        os.chmod(tmp_path / "profiles" / f.name, 0o644)
+    (tmp_path / "migd.yaml").write_text(CONFIG)
+    os.chmod(tmp_path / "migd.yaml", 0o644)
+    backend = sim_backend(m.state, FLEET)
+    try:
+        yield Daemon(load_config(tmp_path / "migd.yaml"), backend, m.state_dir, Clock(NIGHT))
+    finally:
+        backend.close()
+
+
+def test_a_scheduled_transition_costs_what_migctl_costs(daemon: Daemon, migctl_night: int) -> None:
+    migctl_calls = migctl_night
+    before = calls()
+    daemon.reconcile("transition")
+    daemon_calls = calls() - before
+    assert daemon.status.applied_profile == "night" and daemon.status.last_apply is not None
+    assert daemon.status.last_apply.result is Outcome.SUCCESS
+    assert all(g.progress is Progress.CONVERGED for g in daemon.status.gpus.values())
+    print(f"NVML calls for day -> night on 8 H100: migctl apply {migctl_calls}, migd transition {daemon_calls}")
+    assert daemon_calls <= 1.1 * migctl_calls, (daemon_calls, migctl_calls)
+
+    before = calls()  # the next pass finds nothing to do: one reading, no apply, no extra audit
+    daemon.reconcile("reconcile")
+    assert calls() - before < 0.5 * migctl_calls
+    assert daemon.status.apply_count == {Outcome.SUCCESS: 1}
+
+
+def test_each_gpu_is_read_twice_per_transition(daemon: Daemon) -> None:
+    """Once to plan, once to verify; the audit uses the read-back (the old loop read each GPU's
+    instances six times: three plans, two audits and the verify)."""
+    lib = loaded()
+    assert lib is not None
+    before = lib.calls.copy()
+    daemon.reconcile("transition")
+    spent = lib.calls - before
+    before = lib.calls.copy()
+    for g in daemon.backend.list_gpus():
+        read_state(daemon.backend, g)
+    one_reading = lib.calls - before
+
+    def listings(c: Counter[str]) -> int:
+        return sum(n for fn, n in c.items() if fn.startswith("nvmlDeviceGetGpuInstances"))
+    assert listings(spent) == 2 * listings(one_reading) > 0, spent
+    assert daemon.audit_findings == [] and daemon.status.applied_profile == "night"
+
+
+def test_a_manual_apply_with_nothing_to_change_says_so(daemon: Daemon, migctl_night: int) -> None:
+    daemon.reconcile("transition")
+    before = calls()
+    result = daemon.manual_apply(load_profile(PROFILES / "night.yaml"), ManualApply())
+    assert result.ok and not result.changed
+    assert daemon.status.last_apply is not None and daemon.status.last_apply.result is Outcome.UNCHANGED
+    assert daemon.status.override is not None and daemon.status.override.profile.name == "night"
+    assert calls() - before < 0.5 * migctl_night  # one reading of each GPU, no operations
