@@ -125,3 +125,19 @@ def test_a_manual_apply_with_nothing_to_change_says_so(daemon: Daemon, migctl_ni
     assert daemon.status.last_apply is not None and daemon.status.last_apply.result is Outcome.UNCHANGED
     assert daemon.status.override is not None and daemon.status.override.profile.name == "night"
     assert calls() - before < 0.5 * migctl_night  # one reading of each GPU, no operations
+
+
+def test_a_faulted_gpu_does_not_hold_back_the_others(daemon: Daemon) -> None:
+    gpus = daemon.backend.list_gpus()
+    daemon.status.unhealthy[gpus[0].uuid] = "Xid 79 (GPU fell off the bus)"
+    daemon.reconcile("transition")
+    st = daemon.status
+    assert st.gpus[0].progress is Progress.FAULTED and "Xid 79" in st.gpus[0].reason
+    assert all(st.gpus[g.index].progress is Progress.CONVERGED for g in gpus[1:])
+    assert st.last_apply is not None and st.last_apply.result is Outcome.BLOCKED
+    assert st.applied_profile is None  # not every GPU holds the profile
+    doc = st.to_json()
+    assert doc["gpus"]["0"]["state"] == "faulted" and doc["gpus"]["1"]["state"] == "converged"
+    del st.unhealthy[gpus[0].uuid]  # the operator cleared the mark
+    daemon.reconcile("reconcile")
+    assert all(g.progress is Progress.CONVERGED for g in st.gpus.values()) and st.applied_profile == "night"

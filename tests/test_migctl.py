@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from migd.apply.journal import Journal
 from migd.apply.lock import ApplyLock
 from migd.sim import control
 from migd.sim.state import FLEETS, StateStore
@@ -229,6 +230,26 @@ def test_failed_rollback_is_reported_and_recovered(tmp_path: Path) -> None:
     r = m("recover")
     assert r.code == 0 and "rolled back" in r.out
     assert m.layout() == before
+
+
+def test_state_files_carry_their_schema(tmp_path: Path) -> None:
+    """Like mig-parted's api/checkpoint/v1: a journal from a newer migd is refused by name, never
+    half-read; an owners file written before versions existed still reads."""
+    m = Migctl(tmp_path, "single-a100")
+    assert m("apply", str(PROFILES / "day.yaml")).code == 0
+
+    def owners_shown() -> list[str | None]:
+        return [i["owner"] for g in m("status", "-o", "json").json()["gpus"] for i in g["instances"]]
+    shown = owners_shown()
+    owners = json.loads((m.state_dir / "owners.json").read_text())
+    assert owners["schema"] == "migd.owners/v1" and any(shown)
+    (m.state_dir / "owners.json").write_text(json.dumps(owners["gpus"]))  # the unversioned layout
+    assert owners_shown() == shown
+    Journal(m.state_dir / "probe.json").begin("day", {})
+    assert json.loads((m.state_dir / "probe.json").read_text())["schema"] == "migd.journal/v1"
+    (m.state_dir / "journal.json").write_text(json.dumps({"schema": "migd.journal/v2", "gpus": {}}))
+    r = m("recover")
+    assert r.code == 2 and "journal.json: schema: 'migd.journal/v2' is not 'migd.journal/v1'" in r.err, r.err
 
 
 def test_crash_mid_apply_is_recovered(tmp_path: Path) -> None:
