@@ -1,8 +1,4 @@
-"""``migctl``: apply, plan, check and inspect MIG layouts by hand.
-
-Exit codes: 0 ok, 1 not applied / assert failed, 2 invalid input, 3 blocked by busy
-instances, 4 hardware error.
-"""
+"""``migctl``: apply, plan, check and inspect MIG layouts by hand (exit codes: ``migd.exits``)."""
 
 from __future__ import annotations
 
@@ -17,14 +13,13 @@ from typing import Any
 
 import yaml
 
-from migd import __version__
-from migd.apply.executor import Applier, ApplyOptions, BusyError, GpuUnhealthy, OnBusy
-from migd.apply.hooks import HookError, Hooks, parse_hooks
-from migd.apply.lock import LockBusy
+from migd import __version__, paths
+from migd.apply.executor import Applier, ApplyOptions, GpuStatus, OnBusy
+from migd.apply.hooks import Hooks, parse_hooks
 from migd.cliargs import Parser
 from migd.doctor import diagnose
-from migd.hardware.backend import GpuBackend, HardwareError
-from migd.planner import PlanError
+from migd.exits import EXPECTED, Exit, failure, for_result
+from migd.hardware.backend import GpuBackend
 from migd.profiles.export import export_profile
 from migd.profiles.loader import load_profile
 from migd.profiles.validate import validate_file
@@ -42,31 +37,19 @@ from migd.report import (
 )
 from migd.yamlsrc import ValidationError, load, parse_duration
 
-EXIT_OK, EXIT_NOT_APPLIED, EXIT_INVALID, EXIT_BUSY, EXIT_HARDWARE = 0, 1, 2, 3, 4
-DEFAULT_STATE_DIR = "/var/lib/migd"
-
-
-def sim_paths(fleet: str, sim_state: str | None, state_dir: str | None) -> tuple[Path, Path]:
-    state = Path(sim_state or os.path.join(os.environ.get("TMPDIR", "/tmp"), f"migd-sim-{fleet}.json"))
-    return state, Path(state_dir) if state_dir else state.with_name(state.name + ".d")
-
 
 def control_socket(args: argparse.Namespace) -> Path:
-    if args.control_socket:
-        return Path(args.control_socket)
-    if args.sim:
-        return sim_paths(args.sim, args.sim_state, args.state_dir)[1] / "control.sock"
-    return Path("/run/migd/control.sock")
+    return paths.control_socket(args.control_socket, args.sim, args.sim_state, args.state_dir)
 
 
 def open_backend(args: argparse.Namespace) -> tuple[GpuBackend, Path]:
     """The NVML backend over real NVML, or over the simulator with --sim."""
     if args.sim:
         from migd.sim import sim_backend
-        state, state_dir = sim_paths(args.sim, args.sim_state, args.state_dir)
+        state, state_dir = paths.sim_paths(args.sim, args.sim_state, args.state_dir)
         return sim_backend(state, args.sim), state_dir
     from migd.hardware.nvml import NvmlBackend
-    return NvmlBackend(), Path(args.state_dir or DEFAULT_STATE_DIR)
+    return NvmlBackend(), paths.state_dir(args.state_dir)
 
 
 def _out(args: argparse.Namespace, doc: dict[str, Any], table: str) -> None:
@@ -76,14 +59,14 @@ def _out(args: argparse.Namespace, doc: dict[str, Any], table: str) -> None:
 def cmd_status(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
     doc = status_doc(backend, Applier(backend, state_dir).owners.load())
     _out(args, doc, status_table(doc))
-    return EXIT_OK
+    return Exit.OK
 
 
 def cmd_plan(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
     profile = load_profile(args.file, args.config)
     doc = plan_doc(profile.name, Applier(backend, state_dir).plan(profile))
     _out(args, doc, plan_table(doc))
-    return EXIT_OK
+    return Exit.OK
 
 
 def cmd_assert(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
@@ -94,7 +77,7 @@ def cmd_assert(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -
         print(f"GPU {p.gpu.index}: not as in {profile.name} ({len(p.ops)} operation(s) needed)", file=sys.stderr)
     if not pending:
         print(f"{profile.name}: applied on {len(plans)} GPU(s)")
-    return EXIT_NOT_APPLIED if pending else EXIT_OK
+    return Exit.NOT_APPLIED if pending else Exit.OK
 
 
 def _hooks(path: str | None) -> Hooks:
@@ -138,8 +121,7 @@ def cmd_apply(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) ->
     result = Applier(backend, state_dir).apply(profile, opts)
     doc = apply_doc(result, args.dry_run)
     _out(args, doc, apply_table(doc))
-    return EXIT_OK if result.ok else (EXIT_HARDWARE if any(r.status == "failed" for r in result.results)
-                                      else EXIT_NOT_APPLIED)
+    return for_result(result)
 
 
 def cmd_recover(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
@@ -148,7 +130,7 @@ def cmd_recover(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) 
         print("no interrupted apply to recover")
     for r in results:
         print(f"GPU {r.index}: {r.status.replace('_', ' ')}" + (f": {r.error}" if r.status == "failed" else ""))
-    return EXIT_HARDWARE if any(r.status == "failed" for r in results) else EXIT_OK
+    return Exit.HARDWARE if any(r.status is GpuStatus.FAILED for r in results) else Exit.OK
 
 
 def cmd_isolation(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
@@ -171,7 +153,7 @@ def cmd_isolation(args: argparse.Namespace, backend: GpuBackend, state_dir: Path
         lines.append(f"probe: {doc['probe']['status']}: {doc['probe']['detail']}")
     _out(args, doc, "\n".join(lines) + "\n")
     bad = any(f.severity == "error" for f in findings) or bool(daemon and (daemon["unhealthy"] or daemon["breaches"]))
-    return EXIT_NOT_APPLIED if bad else EXIT_OK
+    return Exit.NOT_APPLIED if bad else Exit.OK
 
 
 def cmd_clear_fault(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
@@ -179,13 +161,13 @@ def cmd_clear_fault(args: argparse.Namespace, backend: GpuBackend, state_dir: Pa
     reply = request(control_socket(args), {"cmd": "clear-fault", "gpu": args.gpu}, timeout_s=10)
     if reply is None:
         print("not applied: migd is not running (fault marks live in the daemon)", file=sys.stderr)
-        return EXIT_NOT_APPLIED
+        return Exit.NOT_APPLIED
     print(f"cleared: {', '.join(reply['cleared']) or 'nothing (no fault mark on that GPU)'}")
     return int(reply["exit"])
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    code = EXIT_OK
+    code = Exit.OK
     for f in args.files:
         try:
             for name, sections in validate_file(f):
@@ -193,7 +175,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 print(f"{f}: {name}: ok ({', '.join(models) or 'no catalog model to check'})")
         except ValidationError as e:
             print(f"error: {e}", file=sys.stderr)
-            code = EXIT_INVALID
+            code = Exit.INVALID
     return code
 
 
@@ -210,28 +192,28 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     """The running daemon's state (migd.daemon/v1), from its control socket."""
     doc = _daemon_request(args, {"cmd": "status"})["daemon"]
     _out(args, doc, daemon_table(doc))
-    return EXIT_OK
+    return Exit.OK
 
 
 def cmd_reload(args: argparse.Namespace) -> int:
     """Ask migd to reload its configuration and profiles (like SIGHUP)."""
     reply = _daemon_request(args, {"cmd": "reload"})
     print("migd is reloading its configuration; `migctl daemon` shows whether it was accepted")
-    return EXIT_OK if reply.get("ok") else EXIT_NOT_APPLIED
+    return Exit.OK if reply.get("ok") else Exit.NOT_APPLIED
 
 
 def cmd_export(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
     doc = export_profile(backend, Applier(backend, state_dir).owners.load(), args.name)
     sys.stdout.write(json.dumps(doc, indent=2) + "\n" if args.output == "json" else
                      yaml.safe_dump(doc, sort_keys=False, default_flow_style=None))
-    return EXIT_OK
+    return Exit.OK
 
 
 def cmd_doctor(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
     """Read-only: compare the driver's view of every GPU with the catalog (exit 1 on a difference)."""
     doc = doctor_doc(diagnose(backend))
     _out(args, doc, doctor_table(doc))
-    return EXIT_OK if doc["ok"] else EXIT_NOT_APPLIED
+    return Exit.OK if doc["ok"] else Exit.NOT_APPLIED
 
 
 def parser() -> argparse.ArgumentParser:
@@ -242,9 +224,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sim-state", metavar="PATH", default=os.environ.get("MIGD_SIM_STATE"),
                    help="simulator state file (shared with migd and the fake nvidia-smi)")
     p.add_argument("--state-dir", metavar="DIR", default=os.environ.get("MIGD_STATE_DIR"),
-                   help=f"journal, lock and owner labels (default {DEFAULT_STATE_DIR})")
+                   help=f"journal, lock and owner labels (default {paths.DEFAULT_STATE_DIR})")
     p.add_argument("--control-socket", metavar="PATH", default=os.environ.get("MIGD_CONTROL_SOCKET"),
-                   help="migd's control socket (default /run/migd/control.sock)")
+                   help=f"migd's control socket (default {paths.DEFAULT_SOCKET})")
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -305,21 +287,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return handler(args, backend, state_dir)
         finally:
             backend.close()
-    except (ValidationError, PlanError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_INVALID
-    except BusyError as e:
-        print(f"blocked: {e} (--on-busy wait or force changes them anyway)", file=sys.stderr)
-        return EXIT_BUSY
-    except (HardwareError, GpuUnhealthy) as e:
-        print(f"hardware error: {e}", file=sys.stderr)
-        return EXIT_HARDWARE
-    except (LockBusy, HookError) as e:
-        print(f"not applied: {e}", file=sys.stderr)
-        return EXIT_NOT_APPLIED
-    except (ConnectionError, TimeoutError) as e:
-        print(f"error talking to migd: {e}", file=sys.stderr)
-        return EXIT_NOT_APPLIED
+    except EXPECTED as e:
+        f = failure(e)
+        print(f, file=sys.stderr)
+        return f.code
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -247,19 +248,14 @@ def test_busy_transition_waits_then_applies(migd: MigdProcess) -> None:
     migd.wait_until(lambda: migd.assert_profile("day"), timeout=15)
 
 
-class _BrokenStatus:
-    def to_json(self) -> dict[str, object]:
-        raise RuntimeError("status exploded")
-
-
-class _BrokenDaemon:
-    status = _BrokenStatus()
+def _explode(*args: object) -> Any:
+    raise RuntimeError("status exploded")
 
 
 def test_control_server_always_answers(tmp_path: Path) -> None:
     """A failure inside the daemon reaches migctl as an error reply, never as a silent hang-up."""
-    from migd.daemon.control import ControlServer, request
-    server = ControlServer(tmp_path / "ctl.sock", _BrokenDaemon())
+    from migd.daemon.control import ControlServer, Handlers, request
+    server = ControlServer(tmp_path / "ctl.sock", Handlers(_explode, _explode, _explode, _explode, _explode))
     server.start()
     try:
         reply = request(server.path, {"cmd": "status"}, timeout_s=10)

@@ -19,7 +19,6 @@ from migd.profiles.model import Profile
 from migd.profiles.validate import check_profile
 from migd.yamlsrc import Node, ValidationError, check_permissions, load
 
-DEFAULT_CONFIG = "/etc/migd/migd.yaml"
 KEYS = ["timezone", "profiles_dir", "schedule", "on_busy", "busy_timeout", "reconcile_interval", "reconcile",
         "metrics", "hooks", "control_socket", "state_dir", "strict_permissions", "sample_interval"]
 

@@ -13,18 +13,17 @@ import os
 import socket
 import socketserver
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from migd.apply.executor import BusyError, GpuUnhealthy
-from migd.apply.hooks import HookError
-from migd.apply.lock import LockBusy
+from migd.apply.executor import ApplyResult
 from migd.daemon.service import ManualApply
-from migd.hardware.backend import HardwareError
-from migd.planner import PlanError
+from migd.exits import EXPECTED, Exit, failure, for_result
 from migd.profiles.loader import load_profile
+from migd.profiles.model import Profile
 from migd.report import apply_doc
-from migd.yamlsrc import ValidationError
 
 log = logging.getLogger("migd.control")
 MAX_REQUEST = 1 << 20
@@ -76,13 +75,23 @@ def claim(path: Path) -> None:
     raise AlreadyRunning(f"another migd is running (its control socket {path} answers); not starting")
 
 
+@dataclass(frozen=True)
+class Handlers:
+    """What the socket may ask of the daemon: one callable per request, nothing else."""
+
+    status: Callable[[], dict[str, Any]]  # migd.daemon/v1
+    reload: Callable[[], None]
+    apply: Callable[[Profile, ManualApply], ApplyResult]
+    isolation: Callable[[], dict[str, Any]]  # unhealthy, breaches, findings
+    clear_fault: Callable[[str], list[str]]  # GPU index or UUID -> fault marks cleared
+
+
 class ControlServer(socketserver.ThreadingUnixStreamServer):
     daemon_threads = True
 
-    def __init__(self, path: Path, daemon: Any, mode: int = 0o600) -> None:
+    def __init__(self, path: Path, handlers: Handlers, mode: int = 0o600) -> None:
         self.path = path
-        self.migd = daemon
-        self.watch: Any = None  # the fault watch, for its breach log
+        self.handlers = handlers
         path.parent.mkdir(parents=True, exist_ok=True)
         claim(path)
         old = os.umask(0o177)  # never a window where the socket is world-connectable
@@ -93,42 +102,30 @@ class ControlServer(socketserver.ThreadingUnixStreamServer):
         os.chmod(path, mode)
 
     def dispatch(self, req: dict[str, Any]) -> dict[str, Any]:
-        cmd = req.get("cmd")
+        cmd, h = req.get("cmd"), self.handlers
         if cmd == "status":
-            return {"ok": True, "exit": 0, "daemon": self.migd.status.to_json()}
+            return {"ok": True, "exit": Exit.OK, "daemon": h.status()}
         if cmd == "reload":
-            self.migd.reload_requested.set()
-            self.migd.wake.set()
-            return {"ok": True, "exit": 0}
+            h.reload()
+            return {"ok": True, "exit": Exit.OK}
         if cmd == "apply":
             return self._apply(req)
         if cmd == "isolation":
-            return {"ok": True, "exit": 0, "unhealthy": dict(self.migd.status.unhealthy),
-                    "breaches": list(self.watch.breaches) if self.watch else [],
-                    "findings": [f.to_json() for f in self.migd.audit_findings]}
+            return {"ok": True, "exit": Exit.OK, **h.isolation()}
         if cmd == "clear-fault":
-            gpu = str(req.get("gpu", ""))
-            uuids = [g.uuid for g in self.migd.backend.list_gpus() if gpu in (str(g.index), g.uuid)]
-            cleared = [u for u in uuids if self.migd.status.unhealthy.pop(u, None) is not None]
-            log.warning("fault mark cleared on %s by an operator", ", ".join(cleared) or "nothing")
-            return {"ok": bool(cleared), "exit": 0 if cleared else 1, "cleared": cleared}
-        return {"ok": False, "exit": 2, "error": f"unknown command {cmd!r}"}
+            cleared = h.clear_fault(str(req.get("gpu", "")))
+            return {"ok": bool(cleared), "exit": Exit.OK if cleared else Exit.NOT_APPLIED, "cleared": cleared}
+        return {"ok": False, "exit": Exit.INVALID, "error": f"unknown command {cmd!r}"}
 
     def _apply(self, req: dict[str, Any]) -> dict[str, Any]:
         try:
             profile = load_profile(str(req["file"]), req.get("config"), text=req.get("text"), strict=True)
             opts = ManualApply.from_request(req)
-            result = self.migd.manual_apply(profile, opts)
-        except (ValidationError, PlanError) as e:
-            return {"ok": False, "exit": 2, "error": str(e)}
-        except BusyError as e:
-            return {"ok": False, "exit": 3, "error": f"{e} (--on-busy wait or force changes them anyway)"}
-        except (HardwareError, GpuUnhealthy) as e:
-            return {"ok": False, "exit": 4, "error": str(e)}
-        except (LockBusy, HookError) as e:
-            return {"ok": False, "exit": 1, "error": str(e)}
-        code = 0 if result.ok else 4 if any(r.status == "failed" for r in result.results) else 1
-        return {"ok": result.ok, "exit": code, "result": apply_doc(result, opts.dry_run)}
+            result = self.handlers.apply(profile, opts)
+        except EXPECTED as e:
+            f = failure(e)
+            return {"ok": False, "exit": f.code, "error": f.message}
+        return {"ok": result.ok, "exit": for_result(result), "result": apply_doc(result, opts.dry_run)}
 
     def start(self) -> threading.Thread:
         t = threading.Thread(target=self.serve_forever, name="migd-control", daemon=True)

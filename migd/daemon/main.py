@@ -11,22 +11,23 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
-from migd import __version__
+from migd import __version__, paths
 from migd.cliargs import Parser
-from migd.daemon.config import DEFAULT_CONFIG, Config, load_config
-from migd.daemon.control import AlreadyRunning, ControlServer, claim
+from migd.daemon.config import Config, load_config
+from migd.daemon.control import AlreadyRunning, ControlServer, Handlers, claim
 from migd.daemon.sdnotify import Notifier
 from migd.daemon.service import Clock, Daemon
 from migd.daemon.signals import SignalRelay
+from migd.exits import Exit
 from migd.hardware.backend import GpuBackend, HardwareError
 from migd.isolation.watch import FaultWatch
 from migd.metrics.collector import EventCounters
 from migd.metrics.sampler import NvmlErrorCounter
+from migd.paths import DEFAULT_CONFIG, DEFAULT_SOCKET
 from migd.sim.state import FLEETS
 from migd.yamlsrc import ValidationError
 
 log = logging.getLogger("migd")
-DEFAULT_SOCKET = "/run/migd/control.sock"
 
 
 class JournalFormatter(logging.Formatter):
@@ -90,41 +91,56 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = load_config(args.config)
     except (ValidationError, OSError) as e:
         log.critical("invalid configuration, not starting: %s", e)
-        return 2
+        return Exit.INVALID
     if args.check:
         print(f"{args.config}: ok ({len(cfg.profiles)} profiles, {len(cfg.schedule.entries)} transitions)")
-        return 0
+        return Exit.OK
     errors = NvmlErrorCounter()
     state, state_dir, socket_path = _paths(args, cfg)
     try:
-        claim(Path(socket_path))
+        claim(socket_path)
         backend = _backend(args, state, errors)
     except AlreadyRunning as e:
         log.critical("%s", e)
-        return 2
+        return Exit.INVALID
     except HardwareError as e:
         log.critical("cannot open NVML: %s", e)
-        return 4
-    notifier = Notifier()
+        return Exit.HARDWARE
+    try:
+        return _serve(args, cfg, backend, Daemon(cfg, backend, state_dir, _clock(args, cfg), Notifier(),
+                                                reload_config=lambda: load_config(args.config)), socket_path, errors)
+    finally:
+        backend.close()
+
+
+def _clock(args: argparse.Namespace, cfg: Config) -> Clock:
     start = args.now if args.now is None or args.now.tzinfo else args.now.replace(tzinfo=cfg.timezone)
-    daemon = Daemon(cfg, backend, state_dir, Clock(start, args.time_scale), notifier,
-                    reload_config=lambda: load_config(args.config))
+    return Clock(start, args.time_scale)
+
+
+def _serve(args: argparse.Namespace, cfg: Config, backend: GpuBackend, daemon: Daemon, socket_path: Path,
+           errors: NvmlErrorCounter) -> int:
+    """Metrics, fault watch and control socket around the daemon's loop, until it stops."""
     events = EventCounters()
     metrics = None
     listen = args.metrics_listen or cfg.metrics_listen
     if listen:
-        from migd.metrics.http import start_metrics
+        from migd.metrics.http import Sources, start_metrics
         try:
-            metrics = start_metrics(listen, daemon, backend, cfg.sample_interval_s, errors, events,
-                                    lambda: daemon.audit_findings)
+            metrics, collector = start_metrics(listen, Sources(
+                backend, daemon.lock, daemon.applier.owners.load, lambda: daemon.status,
+                lambda: daemon.audit_findings, errors, events), cfg.sample_interval_s)
         except OSError as e:
             log.critical("cannot serve metrics on %s: %s; not starting", listen, e.strerror or e)
-            backend.close()
-            return 2
-    control = ControlServer(Path(socket_path), daemon)
-    control.start()
+            return Exit.INVALID
+        daemon.on_apply.append(collector.observe_apply)
     watch = FaultWatch(backend, daemon.lock, events, daemon.status.unhealthy, on_config_change=daemon.drift_suspected)
-    control.watch = watch
+    control = ControlServer(socket_path, Handlers(
+        status=lambda: daemon.status.to_json(), reload=daemon.request_reload, apply=daemon.manual_apply,
+        isolation=lambda: {"unhealthy": dict(daemon.status.unhealthy), "breaches": list(watch.breaches),
+                           "findings": [f.to_json() for f in daemon.audit_findings]},
+        clear_fault=daemon.clear_fault))
+    control.start()
     watch.start()
 
     def on_signal(signum: int) -> None:
@@ -147,19 +163,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         control.close()
         if metrics is not None:
             metrics.stop()
-        backend.close()
     log.info("migd stopped")
-    return 0
+    return Exit.OK
 
 
-def _paths(args: argparse.Namespace, cfg: Config) -> tuple[Path | None, Path, str]:
+def _paths(args: argparse.Namespace, cfg: Config) -> tuple[Path | None, Path, Path]:
     """Simulator state (None on real GPUs), state dir and control socket."""
-    if args.sim:
-        from migd.cli import sim_paths
-        state, state_dir = sim_paths(args.sim, args.sim_state, args.state_dir or cfg.state_dir)
-        return state, state_dir, args.control_socket or cfg.control_socket or str(state_dir / "control.sock")
-    state_dir = Path(args.state_dir or cfg.state_dir or "/var/lib/migd")
-    return None, state_dir, args.control_socket or cfg.control_socket or DEFAULT_SOCKET
+    sdir = args.state_dir or cfg.state_dir
+    sock = paths.control_socket(args.control_socket or cfg.control_socket, args.sim, args.sim_state, sdir)
+    state = paths.sim_paths(args.sim, args.sim_state, sdir)[0] if args.sim else None
+    return state, paths.state_dir(sdir, args.sim, args.sim_state), sock
 
 
 def _backend(args: argparse.Namespace, state: Path | None, errors: NvmlErrorCounter) -> GpuBackend:

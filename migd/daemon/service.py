@@ -230,6 +230,20 @@ class Daemon:
         self.wake.set()
 
     # -- requests from the control socket -------------------------------------------------------
+    def request_reload(self) -> None:
+        """Like SIGHUP: reload at the loop's next turn."""
+        self.reload_requested.set()
+        self.wake.set()
+
+    def clear_fault(self, gpu: str) -> list[str]:
+        """An operator checked a GPU (index or UUID) and clears its fault mark: it may be reconfigured."""
+        uuids = [g.uuid for g in self.backend.list_gpus() if gpu in (str(g.index), g.uuid)]
+        cleared = [u for u in uuids if self.status.unhealthy.pop(u, None) is not None]
+        log.warning("fault mark cleared on %s by an operator", ", ".join(cleared) or "nothing")
+        if cleared:
+            self.wake.set()
+        return cleared
+
     def manual_apply(self, profile: Profile, req: ManualApply) -> ApplyResult:
         """The same decision path as a scheduled change; the result holds until the next transition."""
         with self.lock:

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from migd.hardware.backend import GpuBackend
 from migd.metrics.collector import EventCounters, MigdCollector
 from migd.metrics.sampler import NvmlErrorCounter, Sampler
 
@@ -86,18 +90,29 @@ class MetricsServer(ThreadingHTTPServer):
         self.sampler.stop()
 
 
-def start_metrics(listen: str, daemon: Any, backend: Any, interval_s: float,
-                  errors: NvmlErrorCounter | None = None, events: EventCounters | None = None,
-                  audit: Any = None) -> MetricsServer:
-    """Start the sampler thread and the HTTP server for a running daemon."""
+@dataclass(frozen=True)
+class Sources:
+    """What the metrics side reads, each passed as the narrow thing it needs (never the daemon)."""
+
+    backend: GpuBackend
+    lock: AbstractContextManager[Any]  # the reconfiguration lock: no NVML sample during an apply
+    owners: Callable[[], dict[str, dict[int, str]]]
+    status: Callable[[], Any]  # the daemon's Status
+    audit: Callable[[], list[Any]] | None = None
+    errors: NvmlErrorCounter | None = None
+    events: EventCounters | None = None
+
+
+def start_metrics(listen: str, sources: Sources, interval_s: float) -> tuple[MetricsServer, MigdCollector]:
+    """Start the sampler thread and the HTTP server; the collector's observe_apply takes apply durations."""
     host, _, port = listen.rpartition(":")
-    sampler = Sampler(backend, daemon.lock, daemon.applier.owners.load, interval_s)
+    sampler = Sampler(sources.backend, sources.lock, sources.owners, interval_s)
     sampler.sample_once()
     sampler.start()
     registry = CollectorRegistry(auto_describe=True)
-    collector = MigdCollector(sampler, lambda: daemon.status, errors or NvmlErrorCounter(), events, audit)
-    daemon.on_apply.append(collector.observe_apply)
+    collector = MigdCollector(sampler, sources.status, sources.errors or NvmlErrorCounter(), sources.events,
+                              sources.audit)
     registry.register(collector)
     server = MetricsServer(host.strip("[]"), int(port), registry, sampler, stale_after_s=max(60.0, 4 * interval_s))
     threading.Thread(target=server.serve_forever, name="migd-http", daemon=True).start()
-    return server
+    return server, collector

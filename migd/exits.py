@@ -1,0 +1,61 @@
+"""Exit codes, and the one mapping from outcomes to them, for migctl, the control socket and migd.
+
+0 ok; 1 not applied (lock held, hook refused, assert failed, daemon unreachable); 2 invalid input
+or start-up refused; 3 blocked by busy instances; 4 hardware error (or an apply that failed and
+could not be rolled back).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+from migd.apply.executor import ApplyResult, BusyError, GpuStatus, GpuUnhealthy
+from migd.apply.hooks import HookError
+from migd.apply.lock import LockBusy
+from migd.hardware.backend import HardwareError
+from migd.planner import PlanError
+from migd.yamlsrc import ValidationError
+
+
+class Exit(IntEnum):
+    OK = 0
+    NOT_APPLIED = 1
+    INVALID = 2
+    BUSY = 3
+    HARDWARE = 4
+
+
+@dataclass(frozen=True)
+class Failure:
+    """An expected failure as a user reads it: ``<kind>: <message>``, and its exit code."""
+
+    code: Exit
+    kind: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.message}"
+
+
+EXPECTED = (ValidationError, PlanError, BusyError, HardwareError, GpuUnhealthy, LockBusy, HookError, ConnectionError,
+            TimeoutError)
+
+
+def failure(e: BaseException) -> Failure:
+    """How an expected failure (one of ``EXPECTED``) is reported."""
+    if isinstance(e, (ValidationError, PlanError)):
+        return Failure(Exit.INVALID, "error", str(e))
+    if isinstance(e, BusyError):
+        return Failure(Exit.BUSY, "blocked", f"{e} (--on-busy wait or force changes them anyway)")
+    if isinstance(e, (HardwareError, GpuUnhealthy)):
+        return Failure(Exit.HARDWARE, "hardware error", str(e))
+    if isinstance(e, (ConnectionError, TimeoutError)):
+        return Failure(Exit.NOT_APPLIED, "error talking to migd", str(e))
+    return Failure(Exit.NOT_APPLIED, "not applied", str(e))
+
+
+def for_result(result: ApplyResult) -> Exit:
+    if result.ok:
+        return Exit.OK
+    return Exit.HARDWARE if any(r.status is GpuStatus.FAILED for r in result.results) else Exit.NOT_APPLIED

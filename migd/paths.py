@@ -1,0 +1,32 @@
+"""Where migd's files live by default, in one place for migd, migctl and the simulator."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DEFAULT_CONFIG = "/etc/migd/migd.yaml"
+DEFAULT_STATE_DIR = "/var/lib/migd"  # journal, apply lock, owner labels, kept manual override
+DEFAULT_SOCKET = "/run/migd/control.sock"
+
+
+def sim_paths(fleet: str, sim_state: str | None, state_dir: str | None) -> tuple[Path, Path]:
+    """A simulated node's state file and its state dir (beside it, unless given)."""
+    state = Path(sim_state or os.path.join(os.environ.get("TMPDIR", "/tmp"), f"migd-sim-{fleet}.json"))
+    return state, Path(state_dir) if state_dir else state.with_name(state.name + ".d")
+
+
+def state_dir(explicit: str | None, sim: str | None = None, sim_state: str | None = None) -> Path:
+    if sim:
+        return sim_paths(sim, sim_state, explicit)[1]
+    return Path(explicit or DEFAULT_STATE_DIR)
+
+
+def control_socket(explicit: str | None, sim: str | None = None, sim_state: str | None = None,
+                   state_dir_: str | None = None) -> Path:
+    """The control socket: given, else in a simulated node's state dir, else the system default."""
+    if explicit:
+        return Path(explicit)
+    if sim:
+        return sim_paths(sim, sim_state, state_dir_)[1] / "control.sock"
+    return Path(DEFAULT_SOCKET)
