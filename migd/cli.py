@@ -227,23 +227,26 @@ def parser() -> argparse.ArgumentParser:
                    help=f"journal, lock and owner labels (default {paths.DEFAULT_STATE_DIR})")
     p.add_argument("--control-socket", metavar="PATH", default=os.environ.get("MIGD_CONTROL_SOCKET"),
                    help=f"migd's control socket (default {paths.DEFAULT_SOCKET})")
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true", help="log each step (INFO) to stderr")
     sub = p.add_subparsers(dest="command", required=True)
 
     def fmt(sp: argparse.ArgumentParser, choices: Sequence[str] = ("table", "json", "yaml")) -> None:
-        sp.add_argument("-o", "--output", choices=choices, default=choices[0])
+        sp.add_argument("-o", "--output", choices=choices, default=choices[0],
+                        help=f"output format (default {choices[0]}; json/yaml follow the documented schema)")
 
     sp = sub.add_parser("status", help="GPUs, MIG mode, instances, owners, MIG UUIDs, processes")
     fmt(sp)
     for name, hlp in (("plan", "show the operations an apply would run"), ("assert", "exit 0 if applied"),
                       ("apply", "apply a profile")):
         sp = sub.add_parser(name, help=hlp)
-        sp.add_argument("file")
+        sp.add_argument("file", help="a migd profile or a mig-parted config file")
         sp.add_argument("--config", help="config name in a mig-parted file")
         fmt(sp)
         if name == "apply":
-            sp.add_argument("--dry-run", action="store_true")
-            sp.add_argument("--on-busy", choices=["refuse", "wait", "force"], default="refuse")
+            sp.add_argument("--dry-run", action="store_true", help="plan and show what would change; change nothing")
+            sp.add_argument("--on-busy", choices=list(OnBusy), default=OnBusy.REFUSE.value,
+                            help="instances with running processes that would be destroyed: refuse (default), "
+                            "wait for them to end, or force (SIGTERM, then SIGKILL)")
             sp.add_argument("--busy-timeout", default="5m", help="with --on-busy wait (default 5m)")
             sp.add_argument("--hooks", help="YAML file with a hooks: mapping (phases as in mig-parted)")
             sp.add_argument("--lock-timeout", type=float, default=0.0, help="seconds to wait for another apply")
@@ -258,7 +261,7 @@ def parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("clear-fault", help="clear a GPU-wide fault mark so the GPU may be reconfigured")
     sp.add_argument("gpu", help="GPU index or UUID")
     sp = sub.add_parser("validate", help="check profile files offline")
-    sp.add_argument("files", nargs="+")
+    sp.add_argument("files", nargs="+", help="profile or mig-parted files")
     sp = sub.add_parser("daemon", help="the running migd: active profile and why, next transition, blocked "
                         "reason, last apply")
     fmt(sp)
@@ -267,7 +270,7 @@ def parser() -> argparse.ArgumentParser:
                         "against the catalog (changes nothing)")
     fmt(sp)
     sp = sub.add_parser("export", help="print the current state as a migd profile")
-    sp.add_argument("--name", default="exported")
+    sp.add_argument("--name", default="exported", help="name of the exported profile (default exported)")
     fmt(sp, ("yaml", "json"))
     return p
 

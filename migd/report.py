@@ -152,8 +152,12 @@ def daemon_table(doc: dict[str, Any]) -> str:
     nxt = doc["next"]
     lines.append(f"next transition: {nxt['profile']} at {nxt['local']} ({nxt['at']})" if nxt else
                  "next transition: none")
-    if doc["blocked_reason"]:
-        lines.append(f"blocked since {when(doc['blocked_since'])}: {doc['blocked_reason']}")
+    states = Counter(g["state"] for g in doc["gpus"].values())
+    lines.append("GPUs: " + (", ".join(f"{n} {state}" for state, n in sorted(states.items())) or "none planned"))
+    for i, g in doc["gpus"].items():
+        if g["state"] != "converged":
+            why = f": {g['reason']}" if g["reason"] else ""
+            lines.append(f"  GPU {i}: {g['state']} since {when(g['since'])}{why}")
     last = doc["last_apply"]
     if last:
         lines.append(f"last apply: {last['profile']}: {last['result']} in {last['seconds']}s at {when(last['time'])}")

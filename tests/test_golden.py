@@ -7,12 +7,26 @@ the diff shows reviewers exactly what users will see change.  Times are the only
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import threading
+from datetime import datetime
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
+from migd.apply.executor import Applier
+from migd.daemon.clock import Clock
+from migd.daemon.config import load_config
+from migd.daemon.service import Daemon
+from migd.daemon.status import LastApply, Outcome, Status
+from migd.metrics.collector import MigdCollector
+from migd.metrics.sampler import NvmlErrorCounter, Sampler
+from migd.report import daemon_table
+from migd.sim import control, sim_backend
+from migd.sim.state import StateStore
 from tests.helpers import PROFILES, Migctl
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -58,3 +72,59 @@ def test_plan_apply_status_outputs(mixed: Migctl) -> None:
 def test_doctor_outputs(mixed: Migctl) -> None:
     _check("doctor.txt", _run(mixed, "doctor"))
     _check("doctor.json", _run(mixed, "doctor", "-o", "json"))
+
+
+_TIMES = re.compile(r'("(?:started|since|blocked_since|time|seconds)": )[0-9.e+]+')
+
+
+def test_daemon_status_outputs(tmp_path: Path, mixed: Migctl) -> None:
+    """``migctl daemon`` (table and ``-o json``): the daemon after a scheduled transition, one GPU
+    waiting for a busy instance; times masked, everything else exact."""
+    doc = _daemon_doc(tmp_path, mixed)
+    text = _TIMES.sub(lambda m: m.group(1) + "0", json.dumps(doc, indent=2) + "\n")
+    _check("daemon-waiting.json", text)
+    _check("daemon-waiting.txt", daemon_table(json.loads(text)))
+
+
+def _daemon_doc(tmp_path: Path, m: Migctl) -> dict[str, object]:
+    assert m("apply", str(PROFILES / "day.yaml")).code == 0
+    store = StateStore(m.state)
+    control.start_process(store, 3, store.read().gpus[3].gis[0].id, 0, used_mib=1000)
+    (tmp_path / "migd.yaml").write_text("timezone: Asia/Seoul\nprofiles_dir: " + str(PROFILES) + "\nschedule:\n"
+                                        "  - {profile: day, at: '08:30', days: mon-fri}\n"
+                                        "  - {profile: night, at: '19:00', days: mon-fri}\n")
+    os.chmod(tmp_path / "migd.yaml", 0o644)
+    backend = sim_backend(m.state, m.fleet)
+    try:
+        cfg = load_config(tmp_path / "migd.yaml")
+        d = Daemon(cfg, backend, m.state_dir, Clock(datetime.fromisoformat("2026-11-23T19:00:05+09:00")))
+        d.reconcile("transition")
+        doc = d.status.to_json()
+    finally:
+        backend.close()
+    doc["config_path"] = "CONFIG"
+    return doc
+
+
+def test_metrics_exposition(tmp_path: Path, mixed: Migctl) -> None:
+    """One /metrics exposition on the fixed fleet after the same transition (timestamps and
+    durations masked), as prometheus/client_python pins its own exposition bytes."""
+    assert mixed("apply", str(PROFILES / "balanced.yaml"), "--sequential").code == 0  # MIG UUIDs in order
+    backend = sim_backend(mixed.state, mixed.fleet)
+    try:
+        sampler = Sampler(backend, threading.RLock(), Applier(backend, mixed.state_dir).owners.load, interval_s=60)
+        sampler.sample_once()
+        status = Status(desired_profile="balanced", applied_profile="balanced", apply_count={Outcome.SUCCESS: 1},
+                        last_apply=LastApply(1795000000.0, Outcome.SUCCESS, 0.5, "balanced"))
+        registry = CollectorRegistry()
+        collector = MigdCollector(sampler, lambda: status, NvmlErrorCounter())
+        collector.observe_apply(None, Outcome.SUCCESS, 0.5)
+        registry.register(collector)
+        text = generate_latest(registry).decode()
+    finally:
+        backend.close()
+    _check("metrics-balanced.txt", _METRIC_TIMES.sub(lambda m: m.group(1) + " 0", text))
+
+
+_METRIC_TIMES = re.compile(r"^((?:migd_sampler_(?:duration|cpu)_seconds|migd_\w*timestamp_seconds|\w+_created)"
+                           r"(?:\{[^}]*\})?) \S+$", re.M)

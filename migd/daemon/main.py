@@ -80,7 +80,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--now", type=_iso_time, help="pretend the clock starts at this ISO time (demo, tests)")
     p.add_argument("--time-scale", type=_positive, default=1.0, help="run the clock this many times faster")
     p.add_argument("--check", action="store_true", help="validate the configuration and exit")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="least severe messages logged (default info)")
     return p
 
 

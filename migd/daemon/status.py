@@ -87,7 +87,7 @@ class Status:
     @property
     def blocked_reason(self) -> str | None:
         waits = self.with_progress(Progress.WAITING)
-        return "; ".join(f"GPU {i}: {g.reason}" for i, g in waits.items()) or None
+        return "; ".join(g.reason for g in waits.values()) or None  # each reason names its GPU
 
     def to_json(self) -> dict[str, Any]:
         """``migd.daemon/v1``, written field by field: fields are only ever added within v1.

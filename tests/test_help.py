@@ -1,0 +1,40 @@
+"""Every subcommand and option of migctl and migd says what it does in --help."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from migd.cli import parser as migctl_parser
+from migd.daemon.main import parser as migd_parser
+
+
+def _undocumented(p: argparse.ArgumentParser, where: str) -> list[str]:
+    missing = []
+    for action in p._actions:  # noqa: SLF001 - argparse has no public list of its arguments
+        if isinstance(action, argparse._HelpAction):  # noqa: SLF001
+            continue
+        name = "/".join(action.option_strings) or action.dest
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            helps = {a.dest: a.help for a in action._choices_actions}  # noqa: SLF001
+            for sub, sp in action.choices.items():
+                if not helps.get(sub):
+                    missing.append(f"{where} {sub}")
+                missing += _undocumented(sp, f"{where} {sub}")
+        elif not action.help or action.help == argparse.SUPPRESS:
+            missing.append(f"{where} {name}")
+    return missing
+
+
+def test_every_option_has_help() -> None:
+    assert _undocumented(migctl_parser(), "migctl") + _undocumented(migd_parser(), "migd") == []
+
+
+@pytest.mark.parametrize("argv", [["migd.cli", "--help"], ["migd.cli", "apply", "--help"],
+                                  ["migd.daemon.main", "--help"]])
+def test_help_runs(argv: list[str]) -> None:
+    r = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "usage:" in r.stdout and not r.stderr
