@@ -292,7 +292,8 @@ def plan_gpu(gpu: GpuInfo, desired: DesiredLayout, current: list[GpuInstance],
                                   profile_id=c.profile_id, placement=c.placement, name=names[g.profile_id],
                                   busy_pids=busy.get(g.id, {}).get(c.id, ())))
         gi_prof = model.profile_by_id(t.gi_profile_id)
-        assert gi_prof is not None
+        if gi_prof is None:  # targets come from the model's own table
+            raise PlanError(f"GPU {i}: GI profile id {t.gi_profile_id} is not in the {model.key} table")
         for pid, pl in t.ci:
             if (pid, pl) not in have:
                 ci_prof = gi_prof.ci_by_id(pid)

@@ -13,6 +13,7 @@ import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import yaml
 
@@ -127,8 +128,7 @@ class Node:
         if tag != "tag:yaml.org,2002:int":
             raise self.error(f"must be an integer, not {value!r}")
         try:  # YAML 1.1 ints include 0x1F, 0o17, 1_000 and 1:30 (sexagesimal): let PyYAML read them
-            assert isinstance(self.node, yaml.ScalarNode)
-            n = int(yaml.SafeLoader("").construct_yaml_int(self.node))
+            n = int(yaml.SafeLoader("").construct_yaml_int(cast(yaml.ScalarNode, self.node)))  # _scalar checked
         except (ValueError, yaml.YAMLError):
             raise self.error(f"{value!r} is not an integer") from None
         if minimum is not None and n < minimum:

@@ -390,7 +390,10 @@ class Applier:
             if entry["status"] in ("done", "rolled_back") or uuid not in by_uuid:
                 continue
             gpu = by_uuid[uuid]
-            assert gpu.model is not None
+            if gpu.model is None:  # (migd plans only known models: not reached in practice)
+                log.error("GPU %d (%s): not a known MIG model; its journal entry is kept", gpu.index, gpu.name)
+                results.append(GpuResult(gpu.index, uuid, GpuStatus.FAILED, 0, "not a known MIG model"))
+                continue
             before = layout_from_json(gpu.model, entry["before"])
             owners = {int(k): v for k, v in entry.get("owners_before", {}).items()}
             results.append(self._rollback(gpu, before, owners, "recovered after an interrupted apply",

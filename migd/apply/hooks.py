@@ -61,7 +61,8 @@ def parse_hooks(node: object, strict: bool = True) -> Hooks:
     is refused: it runs as root whenever the GPUs are reconfigured."""
     from migd.yamlsrc import Node
 
-    assert isinstance(node, Node)
+    if not isinstance(node, Node):
+        raise TypeError(f"parse_hooks takes a located YAML node, not {type(node).__name__}")
     phases: dict[str, list[Hook]] = {}
     for phase, items in node.mapping(allowed=PHASES).items():
         hooks = []
