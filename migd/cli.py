@@ -135,7 +135,7 @@ def cmd_recover(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) 
 
 def cmd_isolation(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
     from migd.daemon.control import request
-    from migd.isolation.audit import audit
+    from migd.isolation.audit import Severity, audit
     from migd.isolation.probe import run_probe
     plans = {p.gpu.index: p for p in Applier(backend, state_dir).plan(load_profile(args.profile))} \
         if args.profile else None
@@ -152,7 +152,8 @@ def cmd_isolation(args: argparse.Namespace, backend: GpuBackend, state_dir: Path
     if args.probe:
         lines.append(f"probe: {doc['probe']['status']}: {doc['probe']['detail']}")
     _out(args, doc, "\n".join(lines) + "\n")
-    bad = any(f.severity == "error" for f in findings) or bool(daemon and (daemon["unhealthy"] or daemon["breaches"]))
+    faults = bool(daemon and (daemon["unhealthy"] or daemon["breaches"]))
+    bad = any(f.severity is Severity.ERROR for f in findings) or faults
     return Exit.NOT_APPLIED if bad else Exit.OK
 
 

@@ -31,7 +31,7 @@ from migd.daemon.progress import Tracker
 from migd.daemon.sdnotify import Notifier
 from migd.daemon.status import LastApply, Outcome, Status
 from migd.hardware.backend import GpuBackend, GpuState, HardwareError
-from migd.isolation.audit import Finding, audit_readings
+from migd.isolation.audit import Finding, Severity, audit_readings
 from migd.planner import GpuPlan, PlanError
 from migd.profiles.model import Profile
 from migd.yamlsrc import ValidationError
@@ -209,7 +209,7 @@ class Daemon:
         findings = audit_readings(readings, {p.gpu.index: p for p in plans})
         old = {(f.gpu, f.check, f.message) for f in self.audit_findings}
         for f in findings:
-            if f.severity == "error" and (f.gpu, f.check, f.message) not in old:
+            if f.severity is Severity.ERROR and (f.gpu, f.check, f.message) not in old:
                 log.error("isolation audit: %s", f.message)
         self.audit_findings = findings
 

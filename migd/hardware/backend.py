@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from migd.hardware.catalog import GpuModel, Placement
+from migd.kinds import Word
 
 GPU_WIDE = 0xFFFFFFFF  # gpuInstanceId of an event that is not scoped to one instance
 
@@ -90,10 +91,15 @@ class GpmMetrics:
     dram_active: float | None
 
 
+class EventKind(Word):
+    XID = "xid"
+    MIG_CONFIG_CHANGE = "mig_config_change"
+
+
 @dataclass(frozen=True)
 class GpuEvent:
     gpu_index: int
-    kind: str  # "xid" | "mig_config_change"
+    kind: EventKind
     xid: int | None = None
     gi_id: int | None = None  # None: GPU-wide
     ci_id: int | None = None

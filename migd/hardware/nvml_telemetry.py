@@ -13,7 +13,7 @@ from typing import Any
 
 import pynvml
 
-from migd.hardware.backend import GPU_WIDE, GpmMetrics, GpuEvent, HardwareError
+from migd.hardware.backend import GPU_WIDE, EventKind, GpmMetrics, GpuEvent, HardwareError
 from migd.hardware.nvmlcall import Nvml, error_name
 
 log = logging.getLogger(__name__)
@@ -139,5 +139,5 @@ class EventWatch:
         gi = None if data.gpuInstanceId == GPU_WIDE else int(data.gpuInstanceId)
         ci = None if data.computeInstanceId == GPU_WIDE else int(data.computeInstanceId)
         if data.eventType & pynvml.nvmlEventTypeXidCriticalError:
-            return GpuEvent(gpu_index=index, kind="xid", xid=int(data.eventData), gi_id=gi, ci_id=ci)
-        return GpuEvent(gpu_index=index, kind="mig_config_change", gi_id=gi, ci_id=ci)
+            return GpuEvent(gpu_index=index, kind=EventKind.XID, xid=int(data.eventData), gi_id=gi, ci_id=ci)
+        return GpuEvent(gpu_index=index, kind=EventKind.MIG_CONFIG_CHANGE, gi_id=gi, ci_id=ci)

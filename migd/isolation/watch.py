@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from migd.hardware.backend import GpuBackend, GpuEvent, HardwareError
+from migd.hardware.backend import EventKind, GpuBackend, GpuEvent, HardwareError
 from migd.loop import BackgroundLoop
 from migd.metrics.collector import EventCounters
 
@@ -55,11 +55,11 @@ class FaultWatch(BackgroundLoop):
         gpu = self.backend.gpu(ev.gpu_index)
         now = time.time()
         with self.events.lock:
-            self.events.last_event[(str(ev.gpu_index), ev.kind)] = now
-            if ev.kind == "xid":
+            self.events.last_event[(str(ev.gpu_index), ev.kind.value)] = now
+            if ev.kind is EventKind.XID:
                 gi = "gpu" if ev.gi_id is None else str(ev.gi_id)
                 self.events.xids[(str(ev.gpu_index), gpu.uuid, gi, str(ev.xid))] += 1
-        if ev.kind == "mig_config_change":
+        if ev.kind is EventKind.MIG_CONFIG_CHANGE:
             if self.on_config_change is not None:
                 self.on_config_change()
             return

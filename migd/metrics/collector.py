@@ -188,5 +188,5 @@ class MigdCollector(Collector):
             f = GaugeMetricFamily("migd_audit_findings", "Fault-isolation audit findings by GPU and check",
                                   labels=["gpu", "check", "severity"])
             for finding in self.audit():
-                f.add_metric([str(finding.gpu), finding.check, finding.severity], 1)
+                f.add_metric([str(finding.gpu), finding.check.value, finding.severity.value], 1)
             yield f
