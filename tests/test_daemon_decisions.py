@@ -141,3 +141,25 @@ def test_a_faulted_gpu_does_not_hold_back_the_others(daemon: Daemon) -> None:
     del st.unhealthy[gpus[0].uuid]  # the operator cleared the mark
     daemon.reconcile("reconcile")
     assert all(g.progress is Progress.CONVERGED for g in st.gpus.values()) and st.applied_profile == "night"
+
+
+def test_a_lost_gpu_does_not_hold_back_the_others(daemon: Daemon) -> None:
+    """NVML answers GPU_IS_LOST for one GPU: the other seven switch, status says which is lost."""
+    from migd.sim import control
+    from migd.sim.state import StateStore
+
+    lib = loaded()
+    assert lib is not None and lib.store.path is not None
+    store = StateStore(lib.store.path)
+    uuid = daemon.backend.gpu(5).uuid
+    daemon.clock = Clock(datetime.fromisoformat("2026-11-23T12:00:00+09:00"))
+    daemon.reconcile("start")  # day holds: every GPU converged, UUIDs known
+    assert daemon.status.applied_profile == "day"
+    daemon.clock = Clock(NIGHT)
+    control.set_lost(store, 5)
+    daemon.reconcile("transition")
+    st = daemon.status
+    assert st.gpus[5].progress is Progress.LOST and "GPU_IS_LOST" in st.gpus[5].reason.upper().replace(" ", "_")
+    assert st.gpus[5].uuid == uuid  # as last known
+    assert sum(g.progress is Progress.CONVERGED for g in st.gpus.values()) == 7
+    assert st.applied_profile == "day" and st.to_json()["gpus"]["5"]["state"] == "lost"  # night is not applied

@@ -111,6 +111,15 @@ class ApplyResult:
         return out
 
 
+@dataclass(frozen=True)
+class Unreadable:
+    """A GPU NVML could not read while planning (``lost``: GPU_IS_LOST, it fell off the bus)."""
+
+    index: int
+    error: str
+    lost: bool
+
+
 _OK = (GpuStatus.UNCHANGED, GpuStatus.APPLIED, GpuStatus.WOULD_CHANGE)
 
 
@@ -141,17 +150,27 @@ class Applier:
     # -- planning ---------------------------------------------------------------------------------
     def plan(self, profile: Profile) -> list[GpuPlan]:
         """One reading of every GPU the profile selects, and its plan (owners read once)."""
-        plans, owners = [], self.owners.load()
-        for gpu in self.backend.list_gpus():
-            section = profile.section_for(gpu)
-            if section is None:
-                continue
-            if gpu.model is None:
-                raise section.loc.error(f"selects GPU {gpu.index} ({gpu.name}), which is not a known MIG-capable "
-                                        "model")
-            desired = resolve_section(section, gpu.model)
-            plans.append(self.plan_layout(gpu, desired, owners.get(gpu.uuid, {}), where=f"{profile.source}: "))
-        return plans
+        return self.plan_each(profile, tolerate=False)[0]
+
+    def plan_each(self, profile: Profile, tolerate: bool = True) -> tuple[list[GpuPlan], list[Unreadable]]:
+        """As :meth:`plan`, but (``tolerate``) a GPU NVML cannot read is set aside, not fatal to the rest."""
+        plans, unreadable, owners = [], [], self.owners.load()
+        for i in range(self.backend.gpu_count()):
+            try:
+                gpu = self.backend.gpu(i)
+                section = profile.section_for(gpu)
+                if section is None:
+                    continue
+                if gpu.model is None:
+                    raise section.loc.error(f"selects GPU {gpu.index} ({gpu.name}), which is not a known "
+                                            "MIG-capable model")
+                desired = resolve_section(section, gpu.model)
+                plans.append(self.plan_layout(gpu, desired, owners.get(gpu.uuid, {}), where=f"{profile.source}: "))
+            except HardwareError as e:
+                if not tolerate:
+                    raise
+                unreadable.append(Unreadable(i, str(e), e.lost))
+        return plans, unreadable
 
     def plan_layout(self, gpu: GpuInfo, desired: DesiredLayout, owners: dict[int, str],
                     where: str = "") -> GpuPlan:

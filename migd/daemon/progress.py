@@ -11,12 +11,13 @@ import logging
 import time
 from collections.abc import Callable
 
-from migd.apply.executor import ApplyResult, GpuResult, GpuStatus
+from migd.apply.executor import ApplyResult, GpuResult, GpuStatus, Unreadable
 from migd.daemon.status import GpuProgress, Progress, Status
 from migd.planner import GpuPlan
 
 log = logging.getLogger("migd")
 REPEAT_S = 600.0  # a wait past busy_timeout is logged again at most this often
+_SET_ASIDE = (Progress.FAULTED, Progress.LOST, Progress.UNREADABLE)
 _BY_STATUS = {GpuStatus.APPLIED: Progress.CONVERGED, GpuStatus.UNCHANGED: Progress.CONVERGED,
               GpuStatus.BLOCKED: Progress.WAITING, GpuStatus.FAULTED: Progress.FAULTED}
 
@@ -34,16 +35,19 @@ class Tracker:
         self.status = status
         self.busy_timeout_s = busy_timeout_s
 
-    def update(self, name: str, plans: list[GpuPlan], result: ApplyResult | None) -> None:
+    def update(self, name: str, plans: list[GpuPlan], result: ApplyResult | None,
+               unreadable: list[Unreadable] | tuple[Unreadable, ...] = ()) -> None:
         now = time.time()
         by_index = {r.index: r for r in result.results} if result else {}
+        judged = {p.gpu.index: (p.gpu.uuid, *judge(p, by_index.get(p.gpu.index))) for p in plans}
+        for u in unreadable:  # the UUID as last known: NVML cannot say it now
+            old_uuid = self.status.gpus[u.index].uuid if u.index in self.status.gpus else ""
+            judged[u.index] = (old_uuid, Progress.LOST if u.lost else Progress.UNREADABLE, u.error)
         new: dict[int, GpuProgress] = {}
-        for p in plans:
-            i = p.gpu.index
-            progress, reason = judge(p, by_index.get(i))
+        for i, (uuid, progress, reason) in sorted(judged.items()):
             old = self.status.gpus.get(i)
             same = old is not None and old.progress is progress
-            new[i] = GpuProgress(p.gpu.uuid, progress, old.since if old and same else now, reason,
+            new[i] = GpuProgress(uuid, progress, old.since if old and same else now, reason,
                                  old.logged if old and same else now)
             self._log(i, name, old, new[i], now)
         self.status.gpus = new
@@ -55,8 +59,9 @@ class Tracker:
         was = old.progress if old else None
         if was is Progress.WAITING and new.progress is not Progress.WAITING:
             log.info("GPU %d: no longer waits for busy instances", i)
-        if new.progress is Progress.FAULTED and was is not Progress.FAULTED:
-            log.warning("GPU %d: not reconfigured to %s: %s", i, name, new.reason)
+        if new.progress in _SET_ASIDE and was is not new.progress:
+            log.warning("GPU %d: %s, not reconfigured to %s (the other GPUs go ahead): %s", i, new.progress, name,
+                        new.reason)
         if new.progress is not Progress.WAITING:
             return
         if old is None or was is not Progress.WAITING or old.reason != new.reason:

@@ -21,7 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from migd.apply.executor import Applier, ApplyOptions, ApplyResult, BusyError, GpuStatus, GpuUnhealthy, OnBusy
+from migd.apply.executor import (
+    Applier,
+    ApplyOptions,
+    ApplyResult,
+    BusyError,
+    GpuStatus,
+    GpuUnhealthy,
+    OnBusy,
+    Unreadable,
+)
 from migd.apply.hooks import HookError
 from migd.apply.lock import LockBusy
 from migd.daemon.clock import Clock
@@ -151,11 +160,11 @@ class Daemon:
             with self.applier.lock(opts.lock_timeout_s):
                 for r in self.applier.recover_locked():
                     log.warning("GPU %d: %s after an interrupted apply", r.index, r.status.replace("_", " "))
-                plans = self.applier.plan(profile)
+                plans, unreadable = self.applier.plan_each(profile, tolerate=not manual and not opts.dry_run)
                 if opts.dry_run:
                     return self.applier.apply_plans(profile, plans, opts)
                 if not manual and (not correct or not any(p.changes for p in plans)):
-                    self._unchanged(profile, plans)
+                    self._unchanged(profile, plans, unreadable)
                     return ApplyResult(profile.name, plans, [])
                 result = self.applier.apply_plans(profile, plans, opts)
                 if manual and result.ok:
@@ -164,14 +173,14 @@ class Daemon:
             log.error("%s of %s refused: %s", "manual apply" if manual else "apply", profile.name, e)
             self._record(None, Outcome.ERROR, time.monotonic() - t0, profile.name)
             raise
-        self.progress.update(profile.name, plans, result)
+        self.progress.update(profile.name, plans, result, unreadable)
         if manual or result.changed or result.ok:  # a retry finding the same GPUs busy is not another apply
             self._finish(profile, result, reason, t0)
         return result
 
-    def _unchanged(self, profile: Profile, plans: list[GpuPlan]) -> None:
+    def _unchanged(self, profile: Profile, plans: list[GpuPlan], unreadable: list[Unreadable]) -> None:
         """Nothing to apply (or drift only reported): audit the readings the plan was made from."""
-        self.progress.update(profile.name, plans, None)
+        self.progress.update(profile.name, plans, None, unreadable)
         drift = [p.gpu.index for p in plans if p.changes]
         if drift:
             log.warning("drift from profile %s on GPU %s (reconcile: report, not corrected)",

@@ -36,6 +36,8 @@ class Progress(Word):
     WAITING = "waiting"  # its change waits for busy instances
     FAILED = "failed"  # its last change was rolled back or failed
     FAULTED = "faulted"  # a GPU-wide fault mark refuses reconfiguration
+    LOST = "lost"  # NVML says GPU_IS_LOST: fallen off the bus, until a reset or reboot
+    UNREADABLE = "unreadable"  # another NVML error while reading it; tried again next pass
 
 
 @dataclass

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from migd.hardware.catalog import GpuModel, Placement
 from migd.kinds import Word
 
+NVML_ERROR_GPU_IS_LOST = 15  # nvml.h nvmlReturn_t
 GPU_WIDE = 0xFFFFFFFF  # gpuInstanceId of an event that is not scoped to one instance
 
 
@@ -22,6 +23,12 @@ class HardwareError(Exception):
         super().__init__(message)
         self.code = code
         self.gpu = gpu
+
+    @property
+    def lost(self) -> bool:
+        """nvml.h NVML_ERROR_GPU_IS_LOST (15): "the GPU has fallen off the bus or has otherwise become
+        inaccessible"; only a reset or reboot brings it back."""
+        return self.code == NVML_ERROR_GPU_IS_LOST
 
 
 @dataclass(frozen=True)
@@ -122,6 +129,8 @@ class GpuBackend(Protocol):
     def driver_version(self) -> str: ...
 
     def nvml_version(self) -> str: ...
+
+    def gpu_count(self) -> int: ...
 
     def list_gpus(self) -> list[GpuInfo]: ...
 

@@ -80,8 +80,11 @@ class NvmlBackend:
     def nvml_version(self) -> str:
         return self._str(self.nvml("nvmlSystemGetNVMLVersion"))
 
+    def gpu_count(self) -> int:
+        return int(self.nvml("nvmlDeviceGetCount"))
+
     def list_gpus(self) -> list[GpuInfo]:
-        return [self.gpu(i) for i in range(int(self.nvml("nvmlDeviceGetCount")))]
+        return [self.gpu(i) for i in range(self.gpu_count())]
 
     def gpu(self, index: int) -> GpuInfo:
         dev = self._dev(index)
