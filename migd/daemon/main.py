@@ -105,8 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.critical("%s", e)
         return Exit.INVALID
     except HardwareError as e:
-        log.critical("cannot open NVML: %s", e)
-        return Exit.HARDWARE
+        log.critical("cannot open NVML, not starting: %s", e)
+        return Exit.INVALID  # every start-up refusal is exit 2
     try:
         return _serve(args, cfg, backend, Daemon(cfg, backend, state_dir, _clock(args, cfg), Notifier(),
                                                 reload_config=lambda: load_config(args.config)), socket_path, errors)

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from migd.hardware.backend import HardwareError
 from migd.hardware.nvml import NvmlBackend
 from migd.sim.state import DEFAULT_FLEET, FLEETS, StateStore, open_store
 
@@ -32,5 +33,10 @@ def load_library(state_path: str | os.PathLike[str], fleet: str = DEFAULT_FLEET,
 
 def sim_backend(state_path: str | os.PathLike[str], fleet: str = DEFAULT_FLEET, mig_enabled: bool = False,
                 on_nvml_error: Callable[[str, int], None] | None = None) -> NvmlBackend:
-    load_library(state_path, fleet, mig_enabled)
+    """The production backend over the simulated node; a state file that cannot be read is what a
+    broken libnvidia-ml is on a real node: NVML cannot be opened (HardwareError)."""
+    try:
+        load_library(state_path, fleet, mig_enabled)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise HardwareError(f"simulator state {state_path} cannot be read: {e}") from None
     return NvmlBackend(smi_argv=smi_argv(state_path), on_nvml_error=on_nvml_error)
