@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +111,28 @@ def apply_via_daemon(args: argparse.Namespace) -> int | None:
     return int(reply.get("exit", 1))
 
 
+@contextlib.contextmanager
+def _interruptible(cancel: threading.Event) -> Iterator[None]:
+    """Ctrl-C or SIGTERM during an apply stops at the next step and rolls back the GPU being changed,
+    as migd does on SIGTERM; a second Ctrl-C interrupts at once (the journal is kept for recover)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def first(signum: int, frame: object) -> None:
+        print("stopping: the GPU step in progress is rolled back (Ctrl-C again to interrupt at once)",
+              file=sys.stderr)
+        cancel.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    old = {s: signal.signal(s, first) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
 def cmd_apply(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
     if not args.local:
         via = apply_via_daemon(args)
@@ -118,19 +143,45 @@ def cmd_apply(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) ->
     opts = ApplyOptions(on_busy=OnBusy(args.on_busy), busy_timeout_s=parse_duration(args.busy_timeout),
                         dry_run=args.dry_run, hooks=_hooks(args.hooks), lock_timeout_s=args.lock_timeout,
                         parallel=not args.sequential)
-    result = Applier(backend, state_dir).apply(profile, opts)
+    opts.cancel = threading.Event()
+    with _interruptible(opts.cancel):
+        result = Applier(backend, state_dir).apply(profile, opts)
     doc = apply_doc(result, args.dry_run)
     _out(args, doc, apply_table(doc))
     return for_result(result)
 
 
 def cmd_recover(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
-    results = Applier(backend, state_dir).recover()
+    applier = Applier(backend, state_dir)
+    if args.discard:
+        return _discard(applier, args.yes)
+    results = applier.recover()
     if not results:
         print("no interrupted apply to recover")
     for r in results:
         print(f"GPU {r.index}: {r.status.replace('_', ' ')}" + (f": {r.error}" if r.status == "failed" else ""))
     return Exit.HARDWARE if any(r.status is GpuStatus.FAILED for r in results) else Exit.OK
+
+
+def _discard(applier: Applier, yes: bool) -> int:
+    """Set a journal aside that cannot be used (damaged, or naming a GPU that is gone) once an
+    operator has checked the GPUs: asked for on a terminal, or --yes."""
+    path = applier.journal.path
+    if not applier.journal.exists():
+        print("no journal to discard")
+        return Exit.OK
+    if not yes:
+        if not sys.stdin.isatty():
+            print(f"not discarded: add --yes to set {path} aside (check the GPUs with `migctl status` first)",
+                  file=sys.stderr)
+            return Exit.NOT_APPLIED
+        answer = input(f"set {path} aside? The layouts it records will not be restored [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            return Exit.NOT_APPLIED
+    with applier.lock():
+        kept = applier.journal.discard()
+    print(f"journal set aside as {kept}")
+    return Exit.OK
 
 
 def cmd_isolation(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
@@ -254,7 +305,10 @@ def parser() -> argparse.ArgumentParser:
             sp.add_argument("--sequential", action="store_true", help="change GPUs one at a time")
             sp.add_argument("--local", action="store_true",
                             help="apply in this process even if migd is running (it still takes the lock)")
-    sub.add_parser("recover", help="restore GPUs left half-way by an interrupted apply")
+    sp = sub.add_parser("recover", help="restore GPUs left half-way by an interrupted apply")
+    sp.add_argument("--discard", action="store_true",
+                    help="set aside a journal that cannot be used (damaged, or naming a GPU that is gone)")
+    sp.add_argument("--yes", action="store_true", help="with --discard: do not ask")
     sp = sub.add_parser("isolation", help="fault-isolation audit (and the daemon's fault marks and breaches)")
     sp.add_argument("--profile", help="also report instances missing from / not in this profile")
     sp.add_argument("--probe", action="store_true", help="run a tiny CUDA workload in each instance")
@@ -295,6 +349,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f = failure(e)
         print(f, file=sys.stderr)
         return f.code
+    except KeyboardInterrupt:
+        print("interrupted: if a GPU was being changed, its journal is kept and `migctl recover` restores it",
+              file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

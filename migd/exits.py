@@ -38,8 +38,7 @@ class Failure:
         return f"{self.kind}: {self.message}"
 
 
-EXPECTED = (ValidationError, PlanError, BusyError, HardwareError, GpuUnhealthy, LockBusy, HookError, ConnectionError,
-            TimeoutError)
+EXPECTED = (ValidationError, PlanError, BusyError, HardwareError, GpuUnhealthy, LockBusy, HookError, OSError)
 
 
 def failure(e: BaseException) -> Failure:
@@ -52,6 +51,11 @@ def failure(e: BaseException) -> Failure:
         return Failure(Exit.HARDWARE, "hardware error", str(e))
     if isinstance(e, (ConnectionError, TimeoutError)):
         return Failure(Exit.NOT_APPLIED, "error talking to migd", str(e))
+    if isinstance(e, PermissionError):
+        return Failure(Exit.NOT_APPLIED, "not permitted", f"{e.filename or e}: {e.strerror} (MIG changes need "
+                       "root, or migd's control socket)")
+    if isinstance(e, OSError):  # disk full, read-only state dir, ...
+        return Failure(Exit.NOT_APPLIED, "not applied", f"{e.filename or ''}: {e.strerror or e}".lstrip(": "))
     return Failure(Exit.NOT_APPLIED, "not applied", str(e))
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from migd.apply.hooks import Hooks
-from migd.apply.journal import Journal, layout_from_json, layout_to_json
+from migd.apply.journal import SETTLED, Journal, layout_from_json, layout_to_json
 from migd.apply.lock import ApplyLock
 from migd.apply.owners import Owners
 from migd.hardware.backend import GpuBackend, GpuInfo, GpuState, HardwareError, read_state
@@ -28,6 +28,7 @@ from migd.kinds import Word
 from migd.planner import GpuPlan, Op, OpKind, PlanError, busy_of, layout_of, plan_gpu
 from migd.profiles.model import Profile
 from migd.profiles.resolve import DesiredLayout, resolve_section
+from migd.yamlsrc import ValidationError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -130,6 +131,19 @@ def _given(value: T | None) -> T:
     return value
 
 
+DISCARD_HINT = "kept for the operator; after checking the GPUs by hand, `migctl recover --discard` sets it aside"
+
+
+def _located(load: Callable[[], T], path: Path | None = None, field: str = "") -> T:
+    """A journal value, or a ValidationError that names the file and field and says what to do."""
+    try:
+        return load()
+    except ValidationError as e:
+        raise ValidationError(e.file, e.line, e.column, e.field, f"{e.message}; {DISCARD_HINT}") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValidationError(str(path), None, None, field, f"{e}; {DISCARD_HINT}") from None
+
+
 def _blocked_text(ops: list[Op]) -> str:
     return "; ".join(o.describe() for o in ops)
 
@@ -154,10 +168,10 @@ class Applier:
 
     def plan_each(self, profile: Profile, tolerate: bool = True) -> tuple[list[GpuPlan], list[Unreadable]]:
         """As :meth:`plan`, but (``tolerate``) a GPU NVML cannot read is set aside, not fatal to the rest."""
-        plans, unreadable, owners = [], [], self.owners.load()
-        for i in range(self.backend.gpu_count()):
+        plans, owners = [], self.owners.load()
+        gpus, unreadable = self.readable_gpus(tolerate)
+        for gpu in gpus:
             try:
-                gpu = self.backend.gpu(i)
                 section = profile.section_for(gpu)
                 if section is None:
                     continue
@@ -169,8 +183,20 @@ class Applier:
             except HardwareError as e:
                 if not tolerate:
                     raise
-                unreadable.append(Unreadable(i, str(e), e.lost))
+                unreadable.append(Unreadable(gpu.index, str(e), e.lost))
         return plans, unreadable
+
+    def readable_gpus(self, tolerate: bool = True) -> tuple[list[GpuInfo], list[Unreadable]]:
+        """Every GPU NVML can read; with ``tolerate`` the others are listed instead of raising."""
+        gpus, unreadable = [], []
+        for i in range(self.backend.gpu_count()):
+            try:
+                gpus.append(self.backend.gpu(i))
+            except HardwareError as e:
+                if not tolerate:
+                    raise
+                unreadable.append(Unreadable(i, str(e), e.lost))
+        return gpus, unreadable
 
     def plan_layout(self, gpu: GpuInfo, desired: DesiredLayout, owners: dict[int, str],
                     where: str = "") -> GpuPlan:
@@ -186,7 +212,7 @@ class Applier:
     def apply(self, profile: Profile, opts: ApplyOptions | None = None) -> ApplyResult:
         opts = opts or ApplyOptions()
         with self.lock(opts.lock_timeout_s):
-            self.recover_locked()
+            self.resolve_journal()
             return self.apply_plans(profile, self.plan(profile), opts)
 
     def apply_plans(self, profile: Profile, plans: list[GpuPlan], opts: ApplyOptions) -> ApplyResult:
@@ -291,10 +317,12 @@ class Applier:
             else:
                 results = [self._run_gpu(p, b) for p, b in zip(plans, befores, strict=True)]
         finally:
-            # Keep the journal while any GPU is left half-way: the next start retries its rollback.
+            # Keep the journal while any GPU may be half-way (a failed rollback, an interrupt, a write
+            # error): the next start or `migctl recover` restores it.  Dropped only when every GPU is
+            # in its old or new layout, or when no GPU was touched (a hook refused first).
             settled = len(results) == len(plans) and all(r.status in (GpuStatus.APPLIED, GpuStatus.ROLLED_BACK)
                                                          for r in results)
-            if settled or not results:  # (no results: a hook refused before any GPU was touched)
+            if settled or not self.journal.touched():
                 self.journal.finish()
             ok = bool(results) and all(r.status is GpuStatus.APPLIED for r in results)
             opts.hooks.run("apply-exit", {**env, "MIGD_RESULT": "success" if ok else "failure"})
@@ -328,9 +356,11 @@ class Applier:
         (journaled, cancellable)."""
         gi_ids = {g.placement.start: g.id for g in plan.current}
         done, mode_applied = 0, False
+        if journal_uuid is not None:  # before the first step: an interrupt from here on keeps the journal
+            self.journal.update(journal_uuid, status="applying")
         for op in plan.ops:
             if journal_uuid is not None and self._cancel is not None and self._cancel.is_set():
-                raise HardwareError(f"GPU {op.gpu}: apply cancelled (migd is stopping)", gpu=op.gpu)
+                raise HardwareError(f"GPU {op.gpu}: apply cancelled (SIGTERM or Ctrl-C)", gpu=op.gpu)
             if op.kind is OpKind.RESET and mode_applied:
                 continue  # the mode change took effect without a reset (Hopper)
             applied = self._exec(op, gi_ids)
@@ -365,11 +395,12 @@ class Applier:
         uuid, i = plan.gpu.uuid, plan.gpu.index
         try:
             done, seen = self._execute_ops(plan, uuid)
-        except HardwareError as e:
-            log.error("GPU %d: apply failed (%s); rolling back to the previous layout", i, e)
-            return self._rollback(plan.gpu, *before, str(e), t0)
-        self.owners.set_gpu(uuid, {t.placement.start: t.owner for t in plan.targets if t.owner})
-        self.journal.update(uuid, status="done")
+        except (HardwareError, OSError) as e:  # OSError: the journal cannot be written (disk full, EIO)
+            why = str(e) if isinstance(e, HardwareError) else f"cannot write the journal: {e.strerror or e}"
+            log.error("GPU %d: apply failed (%s); rolling back to the previous layout", i, why)
+            return self._rollback(plan.gpu, *before, why, t0)
+        self._set_owners(uuid, {t.placement.start: t.owner for t in plan.targets if t.owner})
+        self._note(uuid, status="done")
         log.info("GPU %d: applied %d operations in %.2fs", i, done, time.monotonic() - t0)
         return GpuResult(i, uuid, GpuStatus.APPLIED, done, None, time.monotonic() - t0, seen)
 
@@ -378,42 +409,72 @@ class Applier:
         try:
             plan = self.plan_layout(self.backend.gpu(gpu.index), before, owners_before)
             self._execute_ops(plan)
-        except (HardwareError, PlanError) as e2:
+        except (HardwareError, PlanError, OSError) as e2:
             msg = (f"{why}; ROLLBACK FAILED: {e2}. GPU {gpu.index} is in an intermediate layout; the journal "
                    "keeps the previous layout and the next apply or daemon start retries the rollback")
             log.critical("GPU %d: %s", gpu.index, msg)
-            if self.journal.data:
-                self.journal.update(gpu.uuid, status="failed", error=msg)
+            self._note(gpu.uuid, status="failed", error=msg)
             return GpuResult(gpu.index, gpu.uuid, GpuStatus.FAILED, 0, msg, time.monotonic() - t0)
-        self.owners.set_gpu(gpu.uuid, owners_before)
-        if self.journal.data:
-            self.journal.update(gpu.uuid, status="rolled_back", error=why)
+        self._set_owners(gpu.uuid, owners_before)
+        self._note(gpu.uuid, status="rolled_back", error=why)
         log.warning("GPU %d: rolled back to its previous layout", gpu.index)
         return GpuResult(gpu.index, gpu.uuid, GpuStatus.ROLLED_BACK, 0, why, time.monotonic() - t0)
+
+    def _note(self, uuid: str, **fields: object) -> None:
+        """Record a GPU's outcome in the journal; a failed write is logged: the file on disk still
+        names the GPU as unfinished, so the worst case is a rollback that finds nothing to do."""
+        if not self.journal.data:
+            return
+        try:
+            self.journal.update(uuid, **fields)
+        except OSError as e:
+            log.error("cannot update the journal %s: %s", self.journal.path, e)
+
+    def _set_owners(self, uuid: str, owners: dict[int, str]) -> None:
+        try:
+            self.owners.set_gpu(uuid, owners)
+        except OSError as e:
+            log.error("owner labels of %s not saved: %s", uuid, e)
 
     # -- crash recovery ---------------------------------------------------------------------------
     def recover(self) -> list[GpuResult]:
         with self.lock():
             return self.recover_locked()
 
+    def resolve_journal(self) -> None:
+        """Before an apply: restore what an interrupted one left; refuse while anything stays unresolved
+        (applying on top would overwrite the only record of the previous layout)."""
+        results = self.recover_locked()
+        if self.journal.exists():
+            left = "; ".join(f"GPU {r.index}: {r.error}" for r in results if r.status is not GpuStatus.ROLLED_BACK)
+            raise HardwareError(f"an interrupted apply is not resolved ({left or 'see migctl recover'}); its journal "
+                                f"{self.journal.path} is kept and nothing was changed")
+
     def recover_locked(self) -> list[GpuResult]:
-        """Resolve a journal left by a process that died mid-apply: restore each unfinished GPU."""
+        """Resolve a journal left by a process that died mid-apply: restore each unfinished GPU, found
+        by UUID (indices change when a GPU is lost or re-enumerated).  The journal is removed only when
+        every GPU it names is settled; a damaged one is kept (ValidationError naming file and field)."""
         if not self.journal.exists():
             return []
-        data = self.journal.load()
+        data = _located(self.journal.load)
         log.warning("found an unfinished apply of %r by pid %s: restoring the previous layouts",
                     data.get("profile"), data.get("pid"))
-        by_uuid = {g.uuid: g for g in self.backend.list_gpus()}
+        gpus, unreadable = self.readable_gpus()
+        for u in unreadable:
+            log.error("GPU %d cannot be read (%s): if the journal names it, its entry is kept", u.index, u.error)
+        by_uuid = {g.uuid: g for g in gpus}
         results = []
         for uuid, entry in data["gpus"].items():
-            if entry["status"] in ("done", "rolled_back") or uuid not in by_uuid:
+            if entry["status"] in SETTLED:
                 continue
-            gpu = by_uuid[uuid]
-            if gpu.model is None:  # (migd plans only known models: not reached in practice)
-                log.error("GPU %d (%s): not a known MIG model; its journal entry is kept", gpu.index, gpu.name)
-                results.append(GpuResult(gpu.index, uuid, GpuStatus.FAILED, 0, "not a known MIG model"))
+            gpu = by_uuid.get(uuid)
+            if gpu is None or gpu.model is None:
+                why = "is not present (lost, or re-enumerated away)" if gpu is None else "is not a known MIG model"
+                log.error("GPU %s %s: its journal entry is kept", uuid, why)
+                results.append(GpuResult(entry.get("index", -1), uuid, GpuStatus.FAILED, 0, f"{uuid} {why}"))
                 continue
-            before = layout_from_json(gpu.model, entry["before"])
+            model, raw = gpu.model, entry["before"]
+            before = _located(lambda: layout_from_json(model, raw), self.journal.path, f"gpus.{uuid}.before")  # noqa: B023
             owners = {int(k): v for k, v in entry.get("owners_before", {}).items()}
             results.append(self._rollback(gpu, before, owners, "recovered after an interrupted apply",
                                           time.monotonic()))

@@ -1,40 +1,24 @@
 """A crash-safe record of an apply in progress.
 
-Written atomically (temp file, fsync, rename) before the first NVML mutation and after
+Written atomically (temp file, fsync, rename; see statefile) before the first NVML mutation and after
 every step, so a process that dies mid-apply leaves enough behind for the next start to
 put every GPU back to the layout it had before.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from migd.apply.statefile import atomic_write_json, check_schema, read_json
 from migd.hardware.catalog import GpuModel, Placement
 from migd.profiles.resolve import DesiredInstance, DesiredLayout
 from migd.yamlsrc import ValidationError
 
 SCHEMA = "migd.journal/v1"  # like mig-parted's api/checkpoint/v1: fields are only added within v1
-
-
-def atomic_write_json(path: Path, data: Any, mode: int = 0o600) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(json.dumps(data, separators=(",", ":")))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def layout_to_json(layout: DesiredLayout) -> dict[str, Any]:
@@ -58,18 +42,46 @@ def layout_from_json(model: GpuModel, raw: dict[str, Any]) -> DesiredLayout:
     return DesiredLayout(mig=raw["mig"], instances=tuple(out))
 
 
-def check_schema(path: Path, data: Any, schema: str) -> None:
-    """A file migd wrote: an object of ``schema`` (or of no schema: written before versions existed)."""
-    if not isinstance(data, dict):
-        raise ValidationError(str(path), None, None, "schema", f"not a {schema} object")
-    found = data.get("schema", schema)
-    if found != schema:
-        raise ValidationError(str(path), None, None, "schema", f"{found!r} is not {schema!r}, the version this "
-                              "migd reads (written by a newer migd?)")
+STATUSES = ("pending", "applying", "done", "rolled_back", "failed")
+SETTLED = ("done", "rolled_back")  # the GPU is in the new or the old layout
+
+
+def _check_entry(path: Path, field: str, e: Any) -> None:
+    def bad(where: str, message: str) -> ValidationError:
+        return ValidationError(str(path), None, None, f"{field}{where}", message)
+    if not isinstance(e, dict):
+        raise bad("", "not a mapping")
+    if e.get("status") not in STATUSES:
+        raise bad(".status", f"{e.get('status')!r} is not one of {', '.join(STATUSES)}")
+    before = e.get("before")
+    if not isinstance(before, dict) or not isinstance(before.get("mig"), bool) or \
+            not isinstance(before.get("instances"), list):
+        raise bad(".before", "not a layout {mig: bool, instances: [...]}")
+    for k, d in enumerate(before["instances"]):
+        cis = d.get("cis") if isinstance(d, dict) else None
+        if not isinstance(d, dict) or not isinstance(d.get("profile_id"), int) or \
+                not isinstance(d.get("start"), int) or not isinstance(cis, list) or \
+                not all(isinstance(c, list) and len(c) == 2 and all(isinstance(x, int) for x in c) for c in cis):
+            raise bad(f".before.instances[{k}]", "not {profile_id, start, cis: [[CI profile id, start], ...]}")
+    if not isinstance(e.get("owners_before", {}), dict):
+        raise bad(".owners_before", "not a mapping")
+
+
+def validate(path: Path, data: Any) -> dict[str, Any]:
+    """A journal as written by this migd version, or a ValidationError naming the damaged field."""
+    check_schema(path, data, SCHEMA)
+    gpus = data.get("gpus")
+    if not isinstance(gpus, dict):
+        raise ValidationError(str(path), None, None, "gpus", "missing, or not a mapping of GPU UUID to entry")
+    for uuid, entry in gpus.items():
+        _check_entry(path, f"gpus.{uuid}", entry)
+    return dict(data)
 
 
 class Journal:
-    """One JSON file: {"schema", "profile", "pid", "started", "gpus": {uuid: {...}}}."""
+    """One JSON file: {"schema", "profile", "pid", "started", "gpus": {uuid: {...}}}.
+
+    It is removed only when every GPU it names is known to be in the old or the new layout."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -77,13 +89,11 @@ class Journal:
         self._lock = threading.Lock()  # GPUs are applied in parallel threads
 
     def exists(self) -> bool:
-        return self.path.exists()
+        return os.path.lexists(self.path)
 
     def load(self) -> dict[str, Any]:
-        with open(self.path, encoding="utf-8") as f:
-            data = json.load(f)
-        check_schema(self.path, data, SCHEMA)
-        self.data = data
+        """The journal left behind; ValidationError (file, field) if it is damaged: kept for the operator."""
+        self.data = validate(self.path, read_json(self.path))
         return self.data
 
     def begin(self, profile: str, gpus: dict[str, dict[str, Any]]) -> None:
@@ -95,13 +105,24 @@ class Journal:
             self.data["gpus"][uuid].update(fields)
             self._save()
 
+    def touched(self) -> bool:
+        """Whether any GPU it names may have been changed (a step ran, or its outcome is unknown)."""
+        return any(e.get("done", 0) or e["status"] != "pending" for e in self.data.get("gpus", {}).values())
+
     def _save(self) -> None:
         atomic_write_json(self.path, self.data)
 
     def finish(self) -> None:
-        """All GPUs ended in a consistent layout: the record is no longer needed."""
+        """Every GPU it names is in a consistent layout: the record is no longer needed."""
         try:
             self.path.unlink()
         except FileNotFoundError:
             pass
         self.data = {}
+
+    def discard(self) -> Path:
+        """An operator checked the GPUs by hand: the journal is set aside (renamed, not deleted)."""
+        kept = self.path.with_name(f"{self.path.name}.discarded-{int(time.time())}")
+        os.replace(self.path, kept)
+        self.data = {}
+        return kept

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import json
+import logging
 import threading
 from pathlib import Path
 
-from migd.apply.journal import atomic_write_json, check_schema
+from migd.apply.statefile import atomic_write_json, check_schema, read_json
+from migd.yamlsrc import ValidationError
 
 SCHEMA = "migd.owners/v1"
+log = logging.getLogger(__name__)
 
 
 class Owners:
@@ -21,11 +23,13 @@ class Owners:
 
     def load(self) -> dict[str, dict[int, str]]:
         try:
-            with open(self.path, encoding="utf-8") as f:
-                raw = json.load(f)
-        except (FileNotFoundError, json.JSONDecodeError):
+            raw = read_json(self.path)
+            check_schema(self.path, raw, SCHEMA)
+        except FileNotFoundError:
             return {}
-        check_schema(self.path, raw, SCHEMA)
+        except ValidationError as e:  # labels only: GPU work goes on; the next write replaces the file
+            log.error("owner labels ignored: %s", e)
+            return {}
         gpus = raw.get("gpus", {}) if "schema" in raw else raw
         return {u: {int(k): v for k, v in m.items()} for u, m in gpus.items()}
 

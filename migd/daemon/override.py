@@ -7,14 +7,13 @@ what was applied, even if the file it came from was edited or removed since.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from migd.apply.journal import atomic_write_json, check_schema
+from migd.apply.statefile import atomic_write_json, check_schema, read_json
 from migd.profiles.loader import load_profile
 from migd.profiles.model import Profile
 from migd.yamlsrc import ValidationError
@@ -53,8 +52,7 @@ class OverrideStore:
     def load(self) -> Override | None:
         """The kept override; a damaged one is reported, removed and ignored (the schedule holds)."""
         try:
-            with open(self.path, encoding="utf-8") as f:
-                raw = json.load(f)
+            raw = read_json(self.path)
             check_schema(self.path, raw, SCHEMA)
             profile = load_profile(raw["source"], raw["config"], text=raw["text"])
             until = datetime.fromisoformat(raw["until"]) if raw["until"] else None

@@ -7,6 +7,8 @@ process.  None of them is reachable from migd's production code path.
 
 from __future__ import annotations
 
+import os
+
 import pynvml
 
 from migd.sim.entry import reap
@@ -64,6 +66,13 @@ def crash_after_mutations(store: StateStore, n: int | None) -> None:
     """SIGKILL whichever process makes the ``n``-th next mutating NVML call, right after it lands."""
     with store.transaction() as s:
         s.crash_after_mutations = n
+
+
+def fill_disk_after_mutations(store: StateStore, n: int, path: str | os.PathLike[str]) -> None:
+    """After the ``n``-th next mutating NVML call, the calling process fills the file system that
+    holds ``path`` (a file written there until ENOSPC): a disk that runs full in the middle of an apply."""
+    with store.transaction() as s:
+        s.fill_after_mutations = [n, os.fspath(path)]
 
 
 def raise_xid(store: StateStore, gpu: int, xid: int, gi: int | None = None, ci: int | None = None,

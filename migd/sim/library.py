@@ -152,6 +152,9 @@ class SimLibrary:
         finally:
             self._inside.discard(me)
 
+    def _interrupt_after_return(self) -> None:
+        threading.Thread(target=self._repost_interrupt, args=(threading.get_ident(),), daemon=True).start()
+
     def _repost_interrupt(self, caller: int) -> None:
         while caller in self._inside:  # wait until the caller is back in C, out of our Python
             time.sleep(0.001)
@@ -166,15 +169,18 @@ class SimLibrary:
             call = Call(self, export, None if gpu is None or gpu < 0 else gpu)
             export.impl(call, *raw)
             if call.delay_s > 0:
-                time.sleep(call.delay_s)  # a slow driver, outside the state lock
+                try:
+                    time.sleep(call.delay_s)  # a slow driver, outside the state lock
+                except KeyboardInterrupt:  # the call already took effect: it succeeds, Ctrl-C follows it
+                    self._interrupt_after_return()
             return int(pynvml.NVML_SUCCESS)
         except NvmlFail as e:
             return e.code
         except KeyboardInterrupt:
             # A real library runs no Python, so Ctrl-C reaches the caller after the call returns.
             # A callback cannot raise (ctypes would print it and return 0, i.e. SUCCESS): fail the
-            # call, and let a helper thread re-post SIGINT once the main thread is out of here.
-            threading.Thread(target=self._repost_interrupt, args=(threading.get_ident(),), daemon=True).start()
+            # call (it was cut short before taking effect), and re-post SIGINT once it returned.
+            self._interrupt_after_return()
             return int(pynvml.NVML_ERROR_UNKNOWN)
         except Exception:  # a simulator bug: say so, and fail the call as the driver would
             print(f"migd-sim: internal error in {export.name}:\n{traceback.format_exc()}", file=sys.stderr)
@@ -201,6 +207,12 @@ class SimLibrary:
 
     def mutated(self, state: SimState) -> None:
         state.mutations += 1
+        fill = state.fill_after_mutations
+        if fill is not None:
+            fill[0] -= 1
+            if fill[0] <= 0:
+                state.fill_after_mutations = None
+                _fill_file_system(fill[1])
         if state.crash_after_mutations is not None:
             state.crash_after_mutations -= 1
             if state.crash_after_mutations <= 0:
@@ -235,6 +247,15 @@ class SimLibrary:
             self.samples.clear()
             self.eventsets.clear()
             self._missing = frozenset(store.read().missing_symbols)
+
+
+def _fill_file_system(path: str) -> None:
+    """Write zeros to ``path`` until the file system says ENOSPC (fault injection: disk full)."""
+    block = b"\0" * 65536
+    with contextlib.suppress(OSError), open(path, "ab") as f:
+        while True:
+            f.write(block)
+            f.flush()
 
 
 _LIBRARY: SimLibrary | None = None

@@ -66,6 +66,7 @@ class SimState:
     events: list[dict[str, int]] = field(default_factory=list)
     faults: list[SimFault] = field(default_factory=list)
     crash_after_mutations: int | None = None  # SIGKILL the calling process after this many more
+    fill_after_mutations: list[Any] | None = None  # [n, path]: fill path's file system after n more mutations
     mutations: int = 0
     next_pid: int = 5_000_000  # fake pids sit above the kernel's maximum pid_max (2**22): never a real process
     mutation_delay_s: float = 0.0  # how long each mutating call takes (lets tests signal mid-apply)
@@ -93,6 +94,7 @@ class SimState:
         return {
             "fleet": self.fleet, "serial": self.serial, "seq": self.seq, "events": self.events,
             "crash_after_mutations": self.crash_after_mutations, "mutations": self.mutations,
+            "fill_after_mutations": self.fill_after_mutations,
             "next_pid": self.next_pid, "faults": [vars(f) for f in self.faults],
             "mutation_delay_s": self.mutation_delay_s, "passthrough": self.passthrough,
             "driver_version": self.driver_version, "missing_symbols": self.missing_symbols, "clients": self.clients,

@@ -1,0 +1,177 @@
+"""Journal discipline: every way an apply can be interrupted leaves a journal that recovers it.
+
+The crash matrix covers SIGKILL after each NVML mutation; these cover the other interruptions:
+Ctrl-C, a disk that runs full, a rollback that fails, a GPU missing at recovery, a damaged
+journal.  The journal goes only when every GPU it names is in its old or its new layout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from migd.sim import control
+from migd.sim.state import StateStore
+from tests.helpers import PROFILES, REPO, Migctl
+
+NIGHT = str(PROFILES / "night.yaml")
+
+
+def _day(tmp: Path, fleet: str = "single-a100") -> tuple[Migctl, StateStore, object]:
+    m = Migctl(tmp, fleet)
+    assert m("apply", str(PROFILES / "day.yaml")).code == 0
+    return m, StateStore(m.state), m.layout()
+
+
+def _spawn(m: Migctl, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "migd.cli", "--sim", m.fleet, "--sim-state", str(m.state),
+                             "--state-dir", str(m.state_dir), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def _under_way(store: StateStore, steps: int = 3, timeout: float = 30.0) -> None:
+    base = store.read().mutations
+    deadline = time.monotonic() + timeout
+    while store.read().mutations < base + steps:
+        assert time.monotonic() < deadline, "the apply never got under way"
+        time.sleep(0.02)
+
+
+def test_ctrl_c_rolls_back_the_step_in_progress(tmp_path: Path) -> None:
+    m, store, before = _day(tmp_path)
+    control.set_mutation_delay(store, 0.2)
+    p = _spawn(m, "apply", NIGHT)
+    _under_way(store)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    control.set_mutation_delay(store, 0)
+    assert p.returncode == 1 and "Traceback" not in err and "rolled back" in err, (out, err)
+    assert "ROLLED BACK" in out and "cancelled" in out and m.layout() == before
+    assert not (m.state_dir / "journal.json").exists()
+
+
+def test_a_second_ctrl_c_keeps_the_journal(tmp_path: Path) -> None:
+    m, store, before = _day(tmp_path)
+    control.set_mutation_delay(store, 0.3)
+    p = _spawn(m, "apply", NIGHT)
+    _under_way(store)
+    p.send_signal(signal.SIGINT)
+    time.sleep(0.1)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    control.set_mutation_delay(store, 0)
+    # 130 when the interrupt lands between NVML calls; 4 when the simulated library takes it inside
+    # a call, fails that call and so fails the rollback: either way the journal stays for recover
+    assert p.returncode in (130, 4) and "Traceback" not in err, (out, err)
+    assert "migctl recover" in err or "journal keeps the previous layout" in out, (out, err)
+    assert (m.state_dir / "journal.json").exists()
+    r = m("recover")
+    assert r.code == 0 and m.layout() == before and not (m.state_dir / "journal.json").exists(), r.out + r.err
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs for the state dir, so a disk can really run full."""
+    where = tmp_path / "fs"
+    where.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {r.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_disk_full_mid_apply_rolls_back_without_a_traceback(tmp_path: Path, small_fs: Path) -> None:
+    m = Migctl(tmp_path, "single-a100")
+    m.state_dir = small_fs / "state"
+    assert m("apply", str(PROFILES / "day.yaml")).code == 0
+    before, store = m.layout(), StateStore(m.state)
+    control.fill_disk_after_mutations(store, 3, small_fs / "filler")
+    r = m("apply", NIGHT)
+    assert r.code == 1 and "Traceback" not in r.err, r.out + r.err
+    assert "ROLLED BACK: cannot write the journal: No space left on device" in r.out, r.out
+    assert m.layout() == before  # no GPU instance left without its compute instance
+    assert not (m.state_dir / "journal.json").exists()
+    (small_fs / "filler").unlink()
+    assert m("apply", NIGHT).code == 0
+
+
+def test_disk_full_before_the_first_step_changes_nothing(tmp_path: Path, small_fs: Path) -> None:
+    m = Migctl(tmp_path, "single-a100")
+    m.state_dir = small_fs / "state"
+    assert m("apply", str(PROFILES / "day.yaml")).code == 0
+    before = m.layout()
+    control.fill_disk_after_mutations(StateStore(m.state), 0, small_fs / "filler")  # fill now, via any write
+    with open(small_fs / "filler", "ab") as f:  # (the simulator fills on a mutation; none comes first here)
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+    r = m("apply", NIGHT)
+    assert r.code == 1 and "Traceback" not in r.err and "No space left" in r.err, r.err
+    assert m.layout() == before and not (m.state_dir / "journal.json").exists()
+
+
+def test_an_apply_never_runs_over_an_unresolved_journal(tmp_path: Path) -> None:
+    """The apply fails, its rollback fails, and so does the next start's: the next apply must not
+    overwrite the only record of the previous layout (it used to, and exit 0)."""
+    m, store, before = _day(tmp_path)
+    control.fail_call(store, "*mutation*", 999, nth=3)  # the apply fails ...
+    control.fail_call(store, "*mutation*", 999, nth=4)  # ... and so does its rollback
+    r = m("apply", NIGHT)
+    assert r.code == 4 and "ROLLBACK FAILED" in r.out
+    journal = (m.state_dir / "journal.json").read_text()
+    control.fail_call(store, "*mutation*", 999, nth=1)  # the next apply's recovery fails too
+    r = m("apply", NIGHT)
+    assert r.code == 4 and "interrupted apply is not resolved" in r.err and "Traceback" not in r.err, r.err
+    assert json.loads((m.state_dir / "journal.json").read_text())["started"] == json.loads(journal)["started"]
+    assert m("recover").code == 0 and m.layout() == before
+
+
+def test_recover_keeps_the_journal_of_a_missing_gpu(tmp_path: Path) -> None:
+    m, store, before = _day(tmp_path, "dgx-a100")
+    control.crash_after_mutations(store, 20)
+    p = _spawn(m, "apply", NIGHT)
+    p.communicate(timeout=60)
+    assert p.returncode == -9 and m.layout() != before
+    control.set_lost(store, 1)
+    r = m("recover")
+    assert r.code == 4 and "is not present" in r.out and "Traceback" not in r.err, r.out + r.err
+    assert (m.state_dir / "journal.json").exists()
+    control.set_lost(store, 1, False)
+    r = m("recover")
+    assert r.code == 0 and m.layout() == before and not (m.state_dir / "journal.json").exists(), r.out
+
+
+@pytest.mark.parametrize("text, words", [
+    ("", "is empty"),
+    ('{"schema": "migd.journal/v1", "gpus": {"GPU-1": {"status": "app', "damaged, not JSON"),
+    ('{"profile": "night", "gpus": {"GPU-1": {"status": "applying"}}}', "gpus.GPU-1.before"),
+    ('{"schema": "migd.journal/v1", "gpus": []}', "gpus"),
+    ('{"schema": "migd.journal/v1", "gpus": {"GPU-1": {"status": "odd", "before": {}}}}', "gpus.GPU-1.status"),
+    ('[1, 2]', "schema"),
+])
+def test_a_damaged_journal_is_a_located_error_and_is_kept(tmp_path: Path, text: str, words: str) -> None:
+    m, _, before = _day(tmp_path)
+    journal = m.state_dir / "journal.json"
+    journal.write_text(text)
+    for args in (("recover",), ("apply", NIGHT), ("apply", NIGHT, "--dry-run")):
+        r = m(*args)
+        assert r.code == 2 and "Traceback" not in r.err and str(journal) in r.err and words in r.err, (args, r.err)
+        assert len(r.err.strip().splitlines()) == 1 and "recover --discard" in r.err
+    assert journal.read_text() == text and m.layout() == before
+    r = m("recover", "--discard", "--yes")
+    assert r.code == 0 and not journal.exists() and list(m.state_dir.glob("journal.json.discarded-*"))
+    assert m("apply", NIGHT).code == 0
