@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,29 +162,13 @@ def parse_duration(value: str, where: Node | None = None) -> float:
     return int(h or 0) * 3600 + int(mi or 0) * 60 + float(s or 0)
 
 
-def _refuse_writable(name: str, mode: int, what: str) -> None:
-    if mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise ValidationError(name, None, None, "", f"{what} is writable by group or others "
-                              f"(mode {stat.S_IMODE(mode):04o}); fix with chmod go-w")
-
-
-def check_permissions(path: Path, what: str, strict: bool) -> None:
-    """Like sshd's StrictModes: a file that others can rewrite could reconfigure every GPU."""
-    if not strict:
-        return
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as e:
-        raise ValidationError(str(path), None, None, "", f"cannot read file: {e}") from e
-    _refuse_writable(str(path), mode, what)
-
-
 def read(path: str | Path, strict: bool = False, what: str = "file") -> str:
-    """A file's text; ``strict`` refuses it if group or others may write it, checked on the opened file."""
+    """A file's text; ``strict`` refuses it unless trusted (``migd.trust``), checked on the opened file."""
     try:
         with open(path, encoding="utf-8") as f:
             if strict:
-                _refuse_writable(str(path), os.fstat(f.fileno()).st_mode, what)
+                from migd.trust import refuse_untrusted  # (trust builds on this module's error type)
+                refuse_untrusted(str(path), os.fstat(f.fileno()), what)
             return f.read()
     except (OSError, UnicodeDecodeError) as e:
         raise ValidationError(str(path), None, None, "", f"cannot read file: {e}") from e

@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -461,3 +462,52 @@ def test_a_settled_layout_clears_a_stale_wait(busy_at_night: tuple[MigdProcess, 
     assert _migctl(migd, "apply", str(PROFILES / "day.yaml")).returncode == 0  # GPU 0 is already day
     st = migd.control({"cmd": "status"})["daemon"]
     assert st["blocked_gpus"] == {} and st["blocked_reason"] is None and st["active"]["reason"] == "manual"
+
+
+def test_a_daemon_started_during_a_migctl_apply_waits_for_it(migd: MigdProcess) -> None:
+    """It used to exit 1 (the lock was busy at its recovery step); now it waits its turn."""
+    from migd.apply.lock import ApplyLock
+    lock = ApplyLock(migd.migctl.state_dir / "apply.lock")
+    lock.acquire()
+    try:
+        migd.start(now="2026-11-23T10:00:00")
+        time.sleep(2)
+        assert migd.proc is not None and migd.proc.poll() is None, migd.log.read_text()
+    finally:
+        lock.release()
+    migd.wait_ready()
+    migd.wait_until(lambda: migd.assert_profile("day"))
+
+
+def test_a_read_only_state_dir_does_not_kill_the_daemon(tmp_path: Path) -> None:
+    """Writes to the state dir fail (a full or read-only disk): the pass is refused and logged,
+    the daemon lives on and succeeds once the disk is writable again."""
+    from migd.daemon.clock import Clock
+    from migd.daemon.config import load_config
+    from migd.daemon.service import Daemon
+    from tests.daemon_harness import CONFIG, free_port
+    fs = tmp_path / "fs"
+    fs.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(fs)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        (tmp_path / "profiles").mkdir()
+        for f in PROFILES.glob("*.yaml"):
+            (tmp_path / "profiles" / f.name).write_text(f.read_text())
+        cfg = tmp_path / "migd.yaml"
+        cfg.write_text(CONFIG.format(on_busy="wait", busy_timeout="30m", reconcile_interval="60s",
+                                     reconcile="correct", port=free_port()))
+        backend = sim_backend(tmp_path / "sim.json", "single-a100")
+        try:
+            d = Daemon(load_config(cfg), backend, fs / "state", Clock(datetime.fromisoformat(
+                "2026-11-23T10:00:00+09:00")))
+            subprocess.run(["mount", "-o", "remount,ro", str(fs)], check=True)
+            d.reconcile("start")  # must not raise
+            assert d.status.last_apply is not None and d.status.last_apply.result.value in ("error", "rolled_back")
+            subprocess.run(["mount", "-o", "remount,rw", str(fs)], check=True)
+            d.reconcile("reconcile")
+            assert d.status.applied_profile == "day"
+        finally:
+            backend.close()
+    finally:
+        subprocess.run(["umount", "-l", str(fs)], check=False)

@@ -11,6 +11,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -156,3 +157,84 @@ def test_files_others_can_rewrite_are_refused(tmp_path: Path) -> None:
     os.chmod(hook, 0o755)
     assert m("apply", str(prof), "--hooks", str(hooks)).code == 0
     assert stat.S_IMODE(os.stat(prof).st_mode) == 0o644
+
+
+def test_files_others_own_are_refused(tmp_path: Path) -> None:
+    """StrictModes checks the owner, and the directories above, not only the mode bits: a hook or
+    profile owned by an unprivileged user would otherwise run or apply as root."""
+    if os.geteuid() != 0:
+        pytest.skip("StrictModes applies to root (and chown needs root)")
+    nobody = 65534
+    m = Migctl(tmp_path, "single-a100")
+    prof = tmp_path / "p.yaml"
+    prof.write_text((PROFILES / "day.yaml").read_text())
+    os.chown(prof, nobody, nobody)
+    r = m("apply", str(prof))
+    assert r.code == 2 and "profile is owned by uid 65534" in r.err, r.err
+    os.chown(prof, 0, 0)
+    hook = tmp_path / "hook.sh"
+    hook.write_text("#!/bin/sh\nexit 0\n")
+    os.chmod(hook, 0o755)
+    os.chown(hook, nobody, nobody)
+    hooks = tmp_path / "hooks.yaml"
+    hooks.write_text(f"hooks:\n  apply-start:\n    - command: [{hook}]\n")
+    r = m("apply", str(prof), "--hooks", str(hooks))
+    assert r.code == 2 and "hook program is owned by uid 65534" in r.err, r.err
+    os.chown(hook, 0, 0)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)  # world-writable, not sticky: anyone could swap the file
+    (shared / "p.yaml").write_text(prof.read_text())
+    r = m("apply", str(shared / "p.yaml"))
+    assert r.code == 2 and f"directory {shared} above the profile is writable" in r.err, r.err
+    assert m("apply", str(prof), "--hooks", str(hooks)).code == 0
+
+
+def test_a_config_cannot_switch_off_the_check_of_itself(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("StrictModes applies to root")
+    from migd.daemon.config import load_config
+    from migd.yamlsrc import ValidationError
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "day.yaml").write_text((PROFILES / "day.yaml").read_text())
+    cfg = tmp_path / "migd.yaml"
+    cfg.write_text("strict_permissions: false\nschedule:\n  - {profile: day, at: '08:30'}\n")
+    os.chmod(cfg, 0o666)
+    with pytest.raises(ValidationError, match="config file is writable by group or others"):
+        load_config(cfg)
+    os.chmod(cfg, 0o644)
+    os.chmod(tmp_path / "profiles" / "day.yaml", 0o666)  # the trusted config may relax its profiles
+    assert "day" in load_config(cfg).profiles
+
+
+def test_forty_concurrent_migctl_clients_all_get_an_answer(tmp_path: Path) -> None:
+    import threading as th
+
+    from migd.daemon.control import ControlServer, Handlers, request
+
+    def slow_status() -> dict[str, object]:
+        time.sleep(0.2)
+        return {"schema": "migd.daemon/v1"}
+
+    def unused(*args: object) -> Any:
+        raise AssertionError("not asked")
+
+    server = ControlServer(tmp_path / "ctl.sock", Handlers(slow_status, unused, unused, unused, unused))
+    server.start()
+    replies: list[object] = []
+    errors: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            replies.append(request(server.path, {"cmd": "status"}, timeout_s=30))
+        except BaseException as e:  # noqa: BLE001 - every failure is the finding
+            errors.append(e)
+    try:
+        clients = [th.Thread(target=ask) for _ in range(40)]
+        for c in clients:
+            c.start()
+        for c in clients:
+            c.join(60)
+    finally:
+        server.close()
+    assert errors == [] and len(replies) == 40

@@ -59,7 +59,8 @@ def parse_hooks(node: object, strict: bool = True) -> Hooks:
 
     With ``strict`` (like sshd's StrictModes) a hook program that group or others may rewrite
     is refused: it runs as root whenever the GPUs are reconfigured."""
-    from migd.yamlsrc import Node
+    from migd.trust import check_path
+    from migd.yamlsrc import Node, ValidationError
 
     if not isinstance(node, Node):
         raise TypeError(f"parse_hooks takes a located YAML node, not {type(node).__name__}")
@@ -73,8 +74,11 @@ def parse_hooks(node: object, strict: bool = True) -> Hooks:
                 raise m["command"].error("must list the program and its arguments")
             if not os.path.isabs(argv[0]):
                 raise m["command"].error(f"{argv[0]!r} must be an absolute path (hooks run without a shell or PATH)")
-            if strict and os.path.exists(argv[0]) and os.stat(argv[0]).st_mode & 0o022:
-                raise m["command"].error(f"hook program {argv[0]} is writable by group or others; fix with chmod go-w")
+            if strict and os.path.exists(argv[0]):
+                try:
+                    check_path(argv[0], "hook program")
+                except ValidationError as e:
+                    raise m["command"].error(e.message) from None
             timeout = m["timeout"].duration() if "timeout" in m else 60.0
             hooks.append(Hook(argv=argv, timeout_s=timeout, workdir=m["workdir"].str() if "workdir" in m else None))
         phases[phase] = hooks

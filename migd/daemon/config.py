@@ -17,7 +17,8 @@ from migd.kinds import Word
 from migd.profiles.loader import load_profile
 from migd.profiles.model import Profile
 from migd.profiles.validate import check_profile
-from migd.yamlsrc import Node, ValidationError, check_permissions, load
+from migd.trust import check_path
+from migd.yamlsrc import Node, ValidationError, load
 
 KEYS = ["timezone", "profiles_dir", "schedule", "on_busy", "busy_timeout", "reconcile_interval", "reconcile",
         "metrics", "hooks", "control_socket", "state_dir", "strict_permissions", "sample_interval"]
@@ -90,8 +91,8 @@ def load_config(path: str | Path, text: str | None = None) -> Config:
     root = load(path, text)
     m = root.mapping(allowed=KEYS, required=["schedule"])
     strict = m["strict_permissions"].bool() if "strict_permissions" in m else True
-    if text is None:
-        check_permissions(Path(path), "config file", strict)
+    if text is None:  # always: no setting in a file may switch off the check of that very file
+        check_path(path, "config file")
     tz_name = m["timezone"].str() if "timezone" in m else "UTC"
     try:
         tz = ZoneInfo(tz_name)

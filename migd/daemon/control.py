@@ -13,6 +13,7 @@ import os
 import socket
 import socketserver
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +89,7 @@ class Handlers:
 
 class ControlServer(socketserver.ThreadingUnixStreamServer):
     daemon_threads = True
+    request_queue_size = 128  # socketserver's 5 turned concurrent migctl clients away (EAGAIN)
 
     def __init__(self, path: Path, handlers: Handlers, mode: int = 0o600) -> None:
         self.path = path
@@ -139,14 +141,31 @@ class ControlServer(socketserver.ThreadingUnixStreamServer):
             self.path.unlink()
 
 
+def _connect(path: Path, timeout_s: float) -> socket.socket | None:
+    """Connected, or None if nobody listens; a full backlog (EAGAIN) is waited out for up to 10 s."""
+    deadline = time.monotonic() + min(timeout_s, 10.0)
+    delay = 0.01
+    while True:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(timeout_s)
+        try:
+            s.connect(str(path))
+            return s
+        except (FileNotFoundError, ConnectionRefusedError):
+            s.close()
+            return None
+        except BlockingIOError:
+            s.close()
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"migd's control socket {path} stays busy (too many clients at once)") from None
+            time.sleep(delay)
+            delay = min(0.2, delay * 2)
+
+
 def request(path: str | Path, req: dict[str, Any], timeout_s: float = 3600.0) -> dict[str, Any] | None:
     """Send one request; None if no daemon is listening there."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(timeout_s)
-    try:
-        s.connect(str(path))
-    except (FileNotFoundError, ConnectionRefusedError):
-        s.close()
+    s = _connect(Path(path), timeout_s)
+    if s is None:
         return None
     with s, s.makefile("rwb") as f:
         f.write(json.dumps(req).encode() + b"\n")

@@ -47,7 +47,8 @@ from migd.yamlsrc import ValidationError
 
 __all__ = ["Clock", "Daemon", "ManualApply"]
 log = logging.getLogger("migd")
-REFUSALS = (BusyError, GpuUnhealthy, HookError, LockBusy, HardwareError, ValidationError, PlanError)
+# What stops one pass without stopping the daemon (OSError: a full or read-only state dir).
+REFUSALS = (BusyError, GpuUnhealthy, HookError, LockBusy, HardwareError, ValidationError, PlanError, OSError)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,47 @@
+"""StrictModes, as sshd checks a user's files: what root runs or applies must be rewritable by
+nobody else.
+
+A file is trusted when it is owned by root (or by the user migd runs as), is not writable by
+group or others, and every directory above it is owned the same way and not writable by group or
+others (a sticky world-writable directory such as /tmp is allowed: others cannot replace what
+they do not own there).  Each check names the file and what to fix.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from migd.yamlsrc import ValidationError
+
+
+def _owners() -> tuple[int, ...]:
+    return (0, os.geteuid())
+
+
+def refuse_untrusted(name: str, st: os.stat_result, what: str) -> None:
+    """Refuse ``name`` (already stat'ed, ideally through its open descriptor) unless trusted."""
+    if st.st_uid not in _owners():
+        raise ValidationError(name, None, None, "", f"{what} is owned by uid {st.st_uid}, not root: whoever owns it "
+                              "could reconfigure every GPU; fix with chown root")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ValidationError(name, None, None, "", f"{what} is writable by group or others "
+                              f"(mode {stat.S_IMODE(st.st_mode):04o}); fix with chmod go-w")
+    for d in Path(os.path.abspath(name)).parents:
+        ds = os.stat(d)
+        if ds.st_uid not in _owners():
+            raise ValidationError(name, None, None, "", f"directory {d} above the {what} is owned by uid "
+                                  f"{ds.st_uid}: its owner could swap the file; fix with chown root")
+        if ds.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not ds.st_mode & stat.S_ISVTX:
+            raise ValidationError(name, None, None, "", f"directory {d} above the {what} is writable by group "
+                                  f"or others (mode {stat.S_IMODE(ds.st_mode):04o}): anyone could swap the file; "
+                                  "fix with chmod go-w")
+
+
+def check_path(path: str | Path, what: str) -> None:
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ValidationError(str(path), None, None, "", f"cannot read {what}: {e.strerror}") from None
+    refuse_untrusted(str(path), st, what)
