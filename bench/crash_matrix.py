@@ -24,7 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from migd.apply.executor import Applier, ApplyOptions  # noqa: E402
+from migd.apply.executor import Applier  # noqa: E402
+from migd.apply.result import ApplyOptions  # noqa: E402
 from migd.profiles.loader import load_profile  # noqa: E402
 from migd.sim import control, sim_backend  # noqa: E402
 from migd.sim.state import StateStore  # noqa: E402

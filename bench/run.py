@@ -27,7 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from migd.apply.executor import Applier, ApplyOptions  # noqa: E402
+from migd.apply.executor import Applier  # noqa: E402
+from migd.apply.result import ApplyOptions  # noqa: E402
 from migd.hardware.catalog import MODELS  # noqa: E402
 from migd.planner import plan_gpu  # noqa: E402
 from migd.profiles.loader import load_profile  # noqa: E402

@@ -17,8 +17,9 @@ from typing import Any
 import yaml
 
 from migd import __version__, paths
-from migd.apply.executor import Applier, ApplyOptions, GpuStatus, OnBusy
+from migd.apply.executor import Applier
 from migd.apply.hooks import Hooks, parse_hooks
+from migd.apply.result import ApplyOptions, GpuStatus, OnBusy
 from migd.cliargs import Parser
 from migd.doctor import diagnose
 from migd.exits import EXPECTED, Exit, failure, for_result

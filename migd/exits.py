@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import IntEnum
 
-from migd.apply.executor import ApplyResult, BusyError, GpuStatus, GpuUnhealthy
 from migd.apply.hooks import HookError
 from migd.apply.lock import LockBusy
+from migd.apply.result import ApplyResult, BusyError, GpuStatus, GpuUnhealthy
 from migd.hardware.backend import HardwareError
 from migd.planner import PlanError
 from migd.yamlsrc import ValidationError

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from migd.apply.executor import ApplyResult
+from migd.apply.result import ApplyResult
 from migd.doctor import Finding, Verdict
 from migd.hardware.backend import GpuBackend, GpuInfo, GpuInstance
 from migd.planner import GpuPlan

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from migd.apply.executor import Applier, ApplyOptions
+from migd.apply.executor import Applier
+from migd.apply.result import ApplyOptions
 from migd.metrics.sampler import NvmlErrorCounter
 from migd.profiles.loader import load_profile
 from migd.sim import control, sim_backend

@@ -15,16 +15,23 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from migd.apply.hooks import Hooks
 from migd.apply.journal import SETTLED, Journal, layout_from_json, layout_to_json
 from migd.apply.lock import ApplyLock
 from migd.apply.owners import Owners
+from migd.apply.result import (
+    ApplyOptions,
+    ApplyResult,
+    BusyError,
+    GpuResult,
+    GpuStatus,
+    GpuUnhealthy,
+    OnBusy,
+    Unreadable,
+)
 from migd.hardware.backend import GpuBackend, GpuInfo, GpuState, HardwareError, read_state
-from migd.kinds import Word
 from migd.planner import GpuPlan, Op, OpKind, PlanError, busy_of, layout_of, plan_gpu
 from migd.profiles.model import Profile
 from migd.profiles.resolve import DesiredLayout, resolve_section
@@ -32,96 +39,6 @@ from migd.yamlsrc import ValidationError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-class BusyError(Exception):
-    """Instances that would be destroyed have running processes."""
-
-    def __init__(self, message: str, blocked: list[Op]) -> None:
-        super().__init__(message)
-        self.blocked = blocked
-
-
-class GpuUnhealthy(Exception):
-    pass
-
-
-class OnBusy(Word):
-    """What an apply does about instances with running processes that it would destroy."""
-
-    REFUSE = "refuse"
-    WAIT = "wait"  # until busy_timeout
-    FORCE = "force"  # SIGTERM, then SIGKILL: never the default
-
-
-class GpuStatus(Word):
-    UNCHANGED = "unchanged"
-    APPLIED = "applied"
-    ROLLED_BACK = "rolled_back"
-    FAILED = "failed"
-    WOULD_CHANGE = "would_change"  # dry run
-    BLOCKED = "blocked"  # busy instances; the other GPUs went ahead (ApplyOptions.partial)
-    FAULTED = "faulted"  # a GPU-wide fault mark refuses its reconfiguration (ApplyOptions.partial)
-
-
-@dataclass
-class ApplyOptions:
-    on_busy: OnBusy = OnBusy.REFUSE
-    busy_timeout_s: float = 300.0
-    dry_run: bool = False
-    parallel: bool = True
-    hooks: Hooks = field(default_factory=Hooks)
-    lock_timeout_s: float = 0.0
-    poll_s: float = 1.0
-    kill_grace_s: float = 10.0
-    unhealthy: Callable[[], dict[str, str]] | None = None  # uuid -> reason: reconfiguration refused
-    partial: bool = False  # GPUs busy instances block are left (status "blocked"); the others go ahead
-    cancel: threading.Event | None = None  # set (SIGTERM): stop waiting; roll back the GPU being changed
-
-
-@dataclass
-class GpuResult:
-    index: int
-    uuid: str
-    status: GpuStatus
-    ops: int = 0
-    error: str | None = None
-    seconds: float = 0.0
-    seen: GpuState | None = None  # read back after the change (verify): the post-apply audit uses it
-
-
-@dataclass
-class ApplyResult:
-    profile: str
-    plans: list[GpuPlan]
-    results: list[GpuResult]
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return all(r.status in _OK for r in self.results)
-
-    @property
-    def changed(self) -> bool:
-        return any(r.status not in (GpuStatus.UNCHANGED, GpuStatus.BLOCKED) for r in self.results)
-
-    def readings(self) -> dict[int, GpuState]:
-        """Each planned GPU as last read: after its change if it changed, else as planned."""
-        out = {p.gpu.index: p.seen for p in self.plans if p.seen is not None}
-        out.update({r.index: r.seen for r in self.results if r.seen is not None})
-        return out
-
-
-@dataclass(frozen=True)
-class Unreadable:
-    """A GPU NVML could not read while planning (``lost``: GPU_IS_LOST, it fell off the bus)."""
-
-    index: int
-    error: str
-    lost: bool
-
-
-_OK = (GpuStatus.UNCHANGED, GpuStatus.APPLIED, GpuStatus.WOULD_CHANGE)
 
 
 def _given(value: T | None) -> T:

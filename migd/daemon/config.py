@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from migd.apply.executor import OnBusy
 from migd.apply.hooks import Hooks, parse_hooks
+from migd.apply.result import OnBusy
 from migd.daemon.schedule import Entry, Schedule, ScheduleError
 from migd.kinds import Word
 from migd.profiles.loader import load_profile

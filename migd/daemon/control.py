@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from migd.apply.executor import ApplyResult
+from migd.apply.result import ApplyResult
 from migd.daemon.service import ManualApply
 from migd.exits import EXPECTED, Exit, failure, for_result
 from migd.profiles.loader import load_profile

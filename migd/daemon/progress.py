@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from migd.apply.executor import ApplyResult, GpuResult, GpuStatus, Unreadable
+from migd.apply.result import ApplyResult, GpuResult, GpuStatus, Unreadable
 from migd.daemon.status import GpuProgress, Progress, Status
 from migd.planner import GpuPlan
 

@@ -21,18 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from migd.apply.executor import (
-    Applier,
-    ApplyOptions,
-    ApplyResult,
-    BusyError,
-    GpuStatus,
-    GpuUnhealthy,
-    OnBusy,
-    Unreadable,
-)
+from migd.apply.executor import Applier
 from migd.apply.hooks import HookError
 from migd.apply.lock import LockBusy
+from migd.apply.result import ApplyOptions, ApplyResult, BusyError, GpuStatus, GpuUnhealthy, OnBusy, Unreadable
 from migd.daemon.clock import Clock
 from migd.daemon.config import Config, ReconcileMode
 from migd.daemon.override import Override, OverrideStore
