@@ -174,6 +174,45 @@ def read(path: str | Path, strict: bool = False, what: str = "file") -> str:
         raise ValidationError(str(path), None, None, "", f"cannot read file: {e}") from e
 
 
+MAX_BYTES = 128 * 1024
+MAX_DEPTH = 32  # a profile is 6 levels deep; PyYAML's composer recurses per level
+MAX_NODES = 20_000  # values, with aliases expanded (no "billion laughs")
+_OPEN = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
+_CLOSE = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
+
+
+def _at(ev: yaml.Event) -> tuple[int | None, int | None]:
+    m = ev.start_mark
+    return (m.line + 1, m.column + 1) if m is not None else (None, None)
+
+
+def _check_shape(name: str, text: str) -> None:
+    """Refuse, from the event stream (no recursion), YAML too deep or too large once aliases expand."""
+    depth = count = 0
+    open_: list[tuple[str | None, int]] = []  # per open collection: its anchor, the count at its start
+    sizes: dict[str, int] = {}
+    for ev in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(ev, _OPEN):
+            depth, count = depth + 1, count + 1
+            if depth > MAX_DEPTH:
+                raise ValidationError(name, *_at(ev), "", f"nested deeper than {MAX_DEPTH} levels")
+            open_.append((ev.anchor, count))
+        elif isinstance(ev, _CLOSE):
+            depth -= 1
+            anchor, start = open_.pop()
+            if anchor:
+                sizes[anchor] = count - start + 1
+        elif isinstance(ev, yaml.ScalarEvent):
+            count += 1
+            if ev.anchor:
+                sizes[ev.anchor] = 1
+        elif isinstance(ev, yaml.AliasEvent):
+            count += sizes.get(ev.anchor or "", 1)
+        if count > MAX_NODES:
+            raise ValidationError(name, *_at(ev), "", f"more than {MAX_NODES} values (aliases expanded): not a "
+                                  "profile")
+
+
 def load(path: str | Path, text: str | None = None, strict: bool = False, what: str = "file") -> Node:
     """Parse one YAML document, keeping marks.  Syntax errors become ValidationError.
 
@@ -183,7 +222,11 @@ def load(path: str | Path, text: str | None = None, strict: bool = False, what: 
     name = str(path)
     if text is None:
         text = read(path, strict, what)
+    if len(text) > MAX_BYTES:
+        raise ValidationError(name, None, None, "", f"{len(text)} bytes; a profile or config is at most {MAX_BYTES} "
+                              "(NVIDIA's whole config-default.yaml is 12 KB)")
     try:
+        _check_shape(name, text)
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark

@@ -12,7 +12,7 @@ from migd.profiles.loader import load_profile, mig_parted_configs
 from migd.profiles.resolve import resolve_section
 from migd.profiles.validate import check_section, validate_file
 from migd.yamlsrc import ValidationError
-from tests.helpers import PROFILES, REFERENCE
+from tests.helpers import PROFILES, REFERENCE, Migctl
 
 GOOD = """\
 apiVersion: migd/v1
@@ -165,3 +165,21 @@ def test_mig_parted_all_balanced_filters_by_pci_id() -> None:
                 check_section(hits[0])
             except (ValidationError, PlanError) as e:  # pragma: no cover - would be a real bug
                 pytest.fail(str(e))
+
+
+@pytest.mark.parametrize("text, words", [
+    ("apiVersion: migd/v1\nkind: Profile\nname: deep\ngpus: " + "[" * 3000 + "]" * 3000 + "\n",
+     "p.yaml:4:38: nested deeper than 32 levels"),
+    ("a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+     "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
+     "e: [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\n", "more than 20000 values (aliases expanded)"),
+    ("# padding\n" * 20000, "bytes; a profile or config is at most 131072"),
+])
+def test_hostile_yaml_is_refused_by_line_without_a_crash(tmp_path: Path, text: str, words: str) -> None:
+    """A RecursionError used to escape validate (and kill the daemon on SIGHUP)."""
+    f = tmp_path / "p.yaml"
+    f.write_text(text)
+    m = Migctl(tmp_path, "single-a100")
+    r = m("validate", str(f))
+    assert r.code == 2 and words in r.err and "Traceback" not in r.err, r.err
+    assert len(r.err.strip().splitlines()) == 1
