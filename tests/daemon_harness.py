@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -69,7 +70,9 @@ class MigdProcess:
     def socket_path(self) -> Path:
         return self.migctl.state_dir / "control.sock"
 
-    def start(self, now: str | None = None, time_scale: float = 1.0, watchdog_usec: int | None = None) -> None:
+    def start(self, now: str | None = None, time_scale: float = 1.0, watchdog_usec: int | None = None,
+              nofile: int | None = None) -> None:
+        """``nofile``: the daemon's file descriptor limit (systemd's default soft limit is 1024)."""
         env = {**os.environ, "NOTIFY_SOCKET": str(self.notify_path), "PYTHONUNBUFFERED": "1"}
         env.pop("WATCHDOG_USEC", None)
         if watchdog_usec:
@@ -81,8 +84,9 @@ class MigdProcess:
             argv += ["--now", now]
         self.messages, self.cursor = [], 0
         with open(self.log, "a") as log:  # the child keeps its own copy of the descriptor
+            limit = None if nofile is None else (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile)))
             self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
-                                         cwd=str(Path(__file__).resolve().parents[1]))
+                                         cwd=str(Path(__file__).resolve().parents[1]), preexec_fn=limit)
 
     def poll_notify(self) -> None:
         """Wait up to 0.2 s for a message, then take only what is already queued.

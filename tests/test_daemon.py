@@ -511,3 +511,38 @@ def test_a_read_only_state_dir_does_not_kill_the_daemon(tmp_path: Path) -> None:
             backend.close()
     finally:
         subprocess.run(["umount", "-l", str(fs)], check=False)
+
+
+def test_two_thousand_idle_connections_do_not_starve_the_daemon(migd: MigdProcess) -> None:
+    """Any local user can open connections to the metrics port; with 1024 descriptors (systemd's
+    default) ~1,100 idle ones used to kill migd.  Now extra ones are closed and idle ones time out."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2200:
+        pytest.skip(f"this test process may hold only {hard} descriptors")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2200), hard))
+    migd.start(now="2026-11-23T10:00:00", nofile=1024)
+    migd.wait_ready()
+    held = []
+    try:
+        for _ in range(2000):
+            try:
+                held.append(socket.create_connection(("127.0.0.1", migd.port), timeout=1))
+            except OSError:
+                pass  # the backlog is full: that is the kernel saying no, not migd dying
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{migd.port}/metrics", timeout=5).read()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "metrics never answered while idle connections were held"
+                time.sleep(0.2)
+        assert b"migd_gpu_info" in body
+        assert migd.control({"cmd": "status"})["ok"]
+        assert migd.proc is not None and migd.proc.poll() is None
+    finally:
+        for s in held:
+            s.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert migd.stop() == 0

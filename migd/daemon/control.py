@@ -22,6 +22,7 @@ from typing import Any
 from migd.apply.result import ApplyResult
 from migd.daemon.service import ManualApply
 from migd.exits import EXPECTED, Exit, failure, for_result
+from migd.netcap import CappedThreadingMixIn
 from migd.profiles.loader import load_profile
 from migd.profiles.model import Profile
 from migd.report import apply_doc
@@ -32,6 +33,7 @@ MAX_REQUEST = 1 << 20
 
 class _Handler(socketserver.StreamRequestHandler):
     server: ControlServer
+    timeout = 10.0  # for the request line; the apply it asks for may take as long as it takes
 
     def handle(self) -> None:
         line = self.rfile.readline(MAX_REQUEST)
@@ -87,11 +89,13 @@ class Handlers:
     clear_fault: Callable[[str], list[str]]  # GPU index or UUID -> fault marks cleared
 
 
-class ControlServer(socketserver.ThreadingUnixStreamServer):
+class ControlServer(CappedThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     request_queue_size = 128  # socketserver's 5 turned concurrent migctl clients away (EAGAIN)
+    max_connections = 64
 
     def __init__(self, path: Path, handlers: Handlers, mode: int = 0o600) -> None:
+        self.cap = threading.BoundedSemaphore(self.max_connections)
         self.path = path
         self.handlers = handlers
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -15,10 +15,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from migd.hardware.backend import GpuBackend
 from migd.metrics.collector import EventCounters, MigdCollector
 from migd.metrics.sampler import NvmlErrorCounter, Sampler
+from migd.netcap import CappedThreadingMixIn
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: MetricsServer
+    timeout = 5.0  # seconds a client may stay silent (idle connections must not pile up)
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         path = self.path.split("?", 1)[0]
@@ -52,12 +54,14 @@ class _Handler(BaseHTTPRequestHandler):
         pass  # scrapes are not events worth a log line
 
 
-class MetricsServer(ThreadingHTTPServer):
+class MetricsServer(CappedThreadingMixIn, HTTPServer):
     daemon_threads = True
     request_queue_size = 128
+    max_connections = 64  # Prometheus scrapes with one connection; a few more for people and curl
 
     def __init__(self, host: str, port: int, registry: CollectorRegistry, sampler: Sampler,
                  stale_after_s: float) -> None:
+        self.cap = threading.BoundedSemaphore(self.max_connections)
         self.registry = registry
         self.sampler = sampler
         self.stale_after_s = stale_after_s
