@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -239,3 +240,47 @@ def test_forty_concurrent_migctl_clients_all_get_an_answer(tmp_path: Path) -> No
     finally:
         server.close()
     assert errors == [] and len(replies) == 40
+
+
+def test_force_never_signals_a_reused_pid(tmp_path: Path) -> None:
+    """A busy process exits on SIGTERM and an unrelated process gets its PID before the SIGKILL
+    round: that process must live (the PID is made to be reused through ns_last_pid, as CRIU does)."""
+    import subprocess
+    import threading as th
+
+    from migd.apply.result import OnBusy
+    from migd.sim import sim_backend
+    if not os.access("/proc/sys/kernel/ns_last_pid", os.W_OK):
+        pytest.skip("cannot steer PID allocation here (needs root in the PID namespace)")
+    m = Migctl(tmp_path, "single-a100")
+    assert m("apply", str(PROFILES / "day.yaml")).code == 0
+    store = StateStore(m.state)
+    stubborn = subprocess.Popen(["sh", "-c", 'trap "" TERM; exec sleep 300'])
+    polite = subprocess.Popen(["sleep", "300"])
+    gis = [g.id for g in store.read().gpus[0].gis]
+    time.sleep(0.2)  # let sh set its trap before it execs sleep
+    control.start_process(store, 0, gis[0], 0, pid=stubborn.pid)
+    control.start_process(store, 0, gis[1], 0, pid=polite.pid)
+    backend = sim_backend(m.state, "single-a100")
+    outcome: list[object] = []
+    opts = ApplyOptions(on_busy=OnBusy.FORCE, busy_timeout_s=30, kill_grace_s=2.0)
+    worker = th.Thread(target=lambda: outcome.append(Applier(backend, m.state_dir).apply(
+        load_profile(PROFILES / "night.yaml"), opts)))
+    bystander = None
+    try:
+        worker.start()
+        assert polite.wait(timeout=20) == -signal.SIGTERM
+        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+            f.write(str(polite.pid - 1))
+        bystander = subprocess.Popen(["sleep", "300"])
+        if bystander.pid != polite.pid:
+            pytest.skip("another process took the PID first")
+        worker.join(60)
+        assert outcome and bystander.poll() is None, "the SIGKILL round hit an unrelated process"
+        assert stubborn.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        for p in (stubborn, polite, bystander):
+            if p is not None and p.poll() is None:
+                p.kill()
+        worker.join(30)
+        backend.close()

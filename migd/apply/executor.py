@@ -61,6 +61,17 @@ def _located(load: Callable[[], T], path: Path | None = None, field: str = "") -
         raise ValidationError(str(path), None, None, field, f"{e}; {DISCARD_HINT}") from None
 
 
+def _pidfds(pids: list[int]) -> dict[int, int]:
+    """A pidfd per PID that names a live process now (Linux >= 5.3; os.pidfd_open)."""
+    out = {}
+    for pid in pids:
+        try:
+            out[pid] = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+    return out
+
+
 def _blocked_text(ops: list[Op]) -> str:
     return "; ".join(o.describe() for o in ops)
 
@@ -195,22 +206,35 @@ class Applier:
             plans = [p for p in self.plan(profile) if p.gpu.uuid not in skip]
 
     def _stop_processes(self, pids: list[int], grace_s: float) -> None:
-        """--on-busy force: SIGTERM, wait, then SIGKILL.  Logged loudly: this ends someone's work."""
+        """--on-busy force: SIGTERM, wait, then SIGKILL.  Logged loudly: this ends someone's work.
+
+        Each signal goes only to a process NVML lists on the GPUs at that moment, through a pidfd
+        opened before that reading: a PID whose process exited and was reused by an unrelated one is
+        never signalled."""
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            for pid in pids:
-                log.warning("on-busy=force: sending %s to pid %d", sig.name, pid)
+            fds = _pidfds(pids)
+            on_gpu = self._gpu_pids()
+            for pid, fd in fds.items():
                 try:
-                    os.kill(pid, sig)
+                    if pid not in on_gpu:
+                        log.info("on-busy=force: pid %d has left the GPU; not sending %s", pid, sig.name)
+                        continue
+                    log.warning("on-busy=force: sending %s to pid %d", sig.name, pid)
+                    signal.pidfd_send_signal(fd, sig)
                 except ProcessLookupError:
                     pass
                 except PermissionError as e:
                     log.error("cannot signal pid %d: %s", pid, e)
+                finally:
+                    os.close(fd)
             deadline = time.monotonic() + grace_s
             while time.monotonic() < deadline:
-                alive = {p.pid for g in self.backend.list_gpus() for p in self.backend.gpu_processes(g.index)}
-                if not alive & set(pids):
+                if not self._gpu_pids() & set(pids):
                     return
                 time.sleep(0.1)
+
+    def _gpu_pids(self) -> set[int]:
+        return {p.pid for g in self.backend.list_gpus() for p in self.backend.gpu_processes(g.index)}
 
     def _run(self, profile: Profile, plans: list[GpuPlan], opts: ApplyOptions) -> list[GpuResult]:
         env = {"MIGD_PROFILE": profile.name, "MIGD_GPUS": ",".join(str(p.gpu.index) for p in plans)}

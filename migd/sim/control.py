@@ -11,7 +11,7 @@ import os
 
 import pynvml
 
-from migd.sim.entry import reap
+from migd.sim.entry import proc_start_time, reap
 from migd.sim.state import SimFault, SimGpu, SimProcess, SimState, StateStore
 
 GPU_WIDE = 0xFFFFFFFF
@@ -44,7 +44,8 @@ def start_process(store: StateStore, gpu: int, gi: int | None = None, ci: int = 
         if pid is None:
             s.next_pid += 1
         g.processes.append(SimProcess(pid=pid or s.next_pid, gi=gi, ci=ci if gi is not None else None,
-                                      used_mib=used_mib, real=pid is not None))
+                                      used_mib=used_mib, real=pid is not None,
+                                      started=proc_start_time(pid) if pid is not None else None))
         return pid or s.next_pid
 
 

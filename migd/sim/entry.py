@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from migd.sim.state import SimState
+from migd.sim.state import SimProcess, SimState
 
 ANY_MUTATION = "*mutation*"  # fault target: whichever mutating call comes next
 
@@ -67,12 +67,20 @@ def proc_start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
+def _alive(p: SimProcess) -> bool:
+    """A fake process lives until stopped; a real one until it exits (its PID may then name another)."""
+    if not p.real:
+        return True
+    now = proc_start_time(p.pid)
+    return now is not None and (p.started is None or now == p.started)
+
+
 def reap_processes(state: SimState) -> bool:
     """Like the driver, forget the contexts of processes that have exited (checked on every call)."""
     changed = False
     for g in state.gpus:
         if any(p.real for p in g.processes):
-            alive = [p for p in g.processes if not p.real or proc_start_time(p.pid) is not None]
+            alive = [p for p in g.processes if _alive(p)]
             if len(alive) != len(g.processes):
                 g.processes, changed = alive, True
     return changed

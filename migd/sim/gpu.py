@@ -60,6 +60,8 @@ class SimProcess:
     ci: int | None
     used_mib: int | None  # None: the driver reports NVML_VALUE_NOT_AVAILABLE
     real: bool = False  # a real OS process: dropped from NVML once it exits
+    started: int | None = None  # a real one's start time: the driver's context dies with the process,
+    # so a later process that reuses the PID is not on the GPU
 
 
 def gi_id_for(total_memory_slices: int, start: int, size: int) -> int:
