@@ -121,3 +121,34 @@ def test_fault_leaking_into_a_neighbour_is_a_breach(migd: MigdProcess) -> None:
     assert 'migd_isolation_breaches_total{gpu="0"' in scrape(migd)
     with urllib.request.urlopen(f"http://127.0.0.1:{migd.port}/healthz", timeout=10) as r:
         assert r.status == 200  # the daemon kept serving throughout
+
+
+def test_a_lost_gpu_among_eight_blinds_nothing_else(tmp_path: Path) -> None:
+    """GPU 3 falls off the bus (Xid 79, then GPU_IS_LOST): its Xid is counted and marks it, the
+    other seven keep their series, an Xid on a healthy GPU is seen at once, and the daemon's
+    status and metrics name the lost GPU."""
+    m = MigdProcess(tmp_path, fleet="dgx-h100", reconcile_interval="2s")
+    m.start(now="2026-11-23T10:00:00")
+    try:
+        m.wait_ready()
+        m.wait_until(lambda: "migd_gpu_up{" in scrape(m))
+        time.sleep(1.5)  # the watch has read every GPU once
+        store = StateStore(m.migctl.state)
+        uuid = store.read().gpus[3].uuid
+        control.raise_xid(store, 3, 79)
+        control.set_lost(store, 3)
+        m.wait_until(lambda: uuid in m.control({"cmd": "isolation"})["unhealthy"])
+        assert ("gpu", "79") in _xids(m)
+        t0 = time.monotonic()
+        gi = store.read().gpus[1].gis[0].id
+        control.raise_xid(store, 1, 43, gi=gi, ci=0)
+        m.wait_until(lambda: (str(gi), "43") in _xids(m), timeout=10)
+        assert time.monotonic() - t0 < 5  # not 44 s late
+        m.wait_until(lambda: 'migd_gpu_lost{gpu="3"} 1.0' in scrape(m))
+        text = scrape(m)
+        assert 'migd_gpu_up{gpu="3"} 0.0' in text and 'migd_gpu_up{gpu="7"} 1.0' in text
+        assert sum(1 for line in text.splitlines() if line.startswith("migd_gpu_info{")) == 7
+        m.wait_until(lambda: m.control({"cmd": "status"})["daemon"]["gpus"].get("3", {}).get("state") == "lost")
+        assert m.proc is not None and m.proc.poll() is None
+    finally:
+        m.close()

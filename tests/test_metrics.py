@@ -151,7 +151,7 @@ def test_http_serves_only_metrics_and_healthz(tmp_path: Path) -> None:
 
 
 class _FlakyBackend:
-    """Delegates to the real backend but raises a non-NVML error on the first listing (a bug, say)."""
+    """Delegates to the real backend but raises a non-NVML error on the first GPU count (a bug, say)."""
 
     def __init__(self, inner: Any) -> None:
         self.inner, self.calls = inner, 0
@@ -159,11 +159,11 @@ class _FlakyBackend:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def list_gpus(self) -> Any:
+    def gpu_count(self) -> int:
         self.calls += 1
         if self.calls == 1:
             raise RuntimeError("unexpected")
-        return self.inner.list_gpus()
+        return int(self.inner.gpu_count())
 
 
 def test_sampler_thread_survives_an_unexpected_error(fleet: Any) -> None:

@@ -6,6 +6,7 @@ nvmlGpmSampleFree, nvmlEventSetFree); both are released before a GPU reset.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
 import time
@@ -68,6 +69,10 @@ def _metrics(nvml: Nvml, gi: int, s1: Any, s2: Any, index: int) -> GpmMetrics:
                       tensor_active=vals[3], dram_active=vals[4])
 
 
+def _address(handle: Any) -> int:
+    return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
+
+
 class EventWatch:
     """The event set for Xids and MIG config changes on every GPU that supports them."""
 
@@ -76,6 +81,7 @@ class EventWatch:
         self._set: Any = None
         self._lock = threading.Lock()
         self.unwatched: dict[int, str] = {}
+        self._index_of: dict[int, int] = {}  # device handle address -> index, from registration
 
     def _ensure(self) -> Any:
         with self._lock:
@@ -94,6 +100,7 @@ class EventWatch:
         for i in range(int(self._nvml("nvmlDeviceGetCount"))):
             try:
                 dev = self._nvml("nvmlDeviceGetHandleByIndex", i, gpu=i)
+                self._index_of[_address(dev)] = i
                 mask = _WANTED_EVENTS & int(self._nvml("nvmlDeviceGetSupportedEventTypes", dev, gpu=i))
                 if mask:
                     self._nvml("nvmlDeviceRegisterEvents", dev, mask, es, gpu=i)
@@ -135,7 +142,11 @@ class EventWatch:
             data = self._nvml("nvmlEventSetWait", es, timeout_ms, absent=(pynvml.NVML_ERROR_TIMEOUT,))
             if data is None:
                 return None
-            index = int(self._nvml("nvmlDeviceGetIndex", data.device))
+            # The index as registered: a GPU that just fell off the bus (Xid 79) answers no query, and
+            # its event must still be counted against it.
+            index = self._index_of.get(_address(data.device))
+            if index is None:
+                index = int(self._nvml("nvmlDeviceGetIndex", data.device))
         gi = None if data.gpuInstanceId == GPU_WIDE else int(data.gpuInstanceId)
         ci = None if data.computeInstanceId == GPU_WIDE else int(data.computeInstanceId)
         if data.eventType & pynvml.nvmlEventTypeXidCriticalError:

@@ -38,27 +38,41 @@ class FaultWatch(BackgroundLoop):
         self.unhealthy = unhealthy  # shared with the daemon's status: uuid -> reason
         self.on_config_change = on_config_change
         self._procs: dict[int, dict[int, set[int]]] = {}  # gpu -> gi -> pids, as last seen
+        self._uuids: dict[int, str] = {}  # gpu index -> UUID, as last seen (a lost GPU tells none)
         self._last_remember = 0.0
         self.breaches: list[str] = []
 
     def remember(self) -> None:
         """Record which processes run in which instance, to tell later whether a fault took them."""
         with self.lock:
-            for g in self.backend.list_gpus():
-                if g.mig_current:
-                    per: dict[int, set[int]] = {}
-                    for d in self.backend.list_mig_devices(g.index):
-                        per.setdefault(d.gi_id, set()).update(p.pid for p in d.processes)
-                    self._procs[g.index] = per
+            for i in range(self.backend.gpu_count()):
+                try:  # one GPU that cannot be read (lost) must not blind the watch on the others
+                    g = self.backend.gpu(i)
+                    self._uuids[i] = g.uuid
+                    if g.mig_current:
+                        per: dict[int, set[int]] = {}
+                        for d in self.backend.list_mig_devices(i):
+                            per.setdefault(d.gi_id, set()).update(p.pid for p in d.processes)
+                        self._procs[i] = per
+                except HardwareError as e:
+                    log.debug("GPU %d not read for the fault watch: %s", i, e)
+
+    def _uuid(self, index: int) -> str:
+        if index not in self._uuids:
+            try:
+                self._uuids[index] = self.backend.gpu(index).uuid
+            except HardwareError:
+                return f"GPU-index-{index}"
+        return self._uuids[index]
 
     def handle(self, ev: GpuEvent) -> None:
-        gpu = self.backend.gpu(ev.gpu_index)
+        uuid = self._uuid(ev.gpu_index)
         now = time.time()
         with self.events.lock:
             self.events.last_event[(str(ev.gpu_index), ev.kind.value)] = now
             if ev.kind is EventKind.XID:
                 gi = "gpu" if ev.gi_id is None else str(ev.gi_id)
-                self.events.xids[(str(ev.gpu_index), gpu.uuid, gi, str(ev.xid))] += 1
+                self.events.xids[(str(ev.gpu_index), uuid, gi, str(ev.xid))] += 1
         if ev.kind is EventKind.MIG_CONFIG_CHANGE:
             if self.on_config_change is not None:
                 self.on_config_change()
@@ -67,7 +81,7 @@ class FaultWatch(BackgroundLoop):
             log.error("GPU %d: GPU-wide Xid %s", ev.gpu_index, ev.xid)
             if ev.xid in FATAL_GPU_XIDS:
                 stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
-                self.unhealthy[gpu.uuid] = f"Xid {ev.xid} (GPU-wide) at {stamp}"
+                self.unhealthy[uuid] = f"Xid {ev.xid} (GPU-wide) at {stamp}"
                 log.critical("GPU %d marked unhealthy after Xid %s: reconfiguration refused until cleared",
                              ev.gpu_index, ev.xid)
             return
@@ -96,12 +110,11 @@ class FaultWatch(BackgroundLoop):
                 lost = sorted(before[gi] - now_procs.get(gi, set()))
                 hurt.append(f"GI {gi} lost processes {lost}")
         if hurt:
-            gpu = self.backend.gpu(ev.gpu_index)
             msg = f"GPU {ev.gpu_index}: Xid {ev.xid} in GI {ev.gi_id} affected other instances: " + "; ".join(hurt)
             log.critical("isolation breach: %s", msg)
             self.breaches.append(msg)
             with self.events.lock:
-                self.events.breaches[(str(ev.gpu_index), gpu.uuid)] += 1
+                self.events.breaches[(str(ev.gpu_index), self._uuid(ev.gpu_index))] += 1
         self.remember()
 
     def step(self) -> float:

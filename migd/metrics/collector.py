@@ -59,6 +59,20 @@ class ApplyHistogram:
         return list(zip([*map(str, APPLY_BUCKETS), "+Inf"], itertools.accumulate(counts), strict=True)), total
 
 
+def _readable(snap: Any) -> Iterator[Metric]:
+    up = GaugeMetricFamily("migd_gpu_up", "1 if NVML answered for the GPU in the last sampling cycle",
+                           labels=["gpu"])
+    lost = GaugeMetricFamily("migd_gpu_lost", "1 if NVML says the GPU is lost (GPU_IS_LOST: fallen off the bus)",
+                             labels=["gpu"])
+    for g in snap.gpus if snap else ():
+        up.add_metric([str(g.info.index)], 1)
+        lost.add_metric([str(g.info.index)], 0)
+    for u in snap.unread if snap else ():
+        up.add_metric([str(u.index)], 0)
+        lost.add_metric([str(u.index)], 1 if u.lost else 0)
+    yield from (up, lost)
+
+
 class MigdCollector(Collector):
     def __init__(self, sampler: Sampler, status: Callable[[], Any], errors: NvmlErrorCounter,
                  events: EventCounters | None = None, audit: Callable[[], list[Any]] | None = None) -> None:
@@ -96,6 +110,7 @@ class MigdCollector(Collector):
         procs = GaugeMetricFamily("migd_instance_processes", "Running compute processes in the MIG device",
                                   labels=INSTANCE_LABELS)
         act = {k: GaugeMetricFamily(f"migd_instance_{k}_ratio", h, labels=INSTANCE_LABELS) for k, h in ACTIVITY}
+        yield from _readable(snap)
         for g in snap.gpus if snap else ():
             gl = [str(g.info.index), g.info.uuid]
             info.add_metric(gl + [g.info.model_key, g.info.name, g.info.pci_bus_id,

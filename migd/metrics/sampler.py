@@ -48,10 +48,20 @@ class GpuSample:
 
 
 @dataclass(frozen=True)
+class Unread:
+    """A GPU this cycle could not read; the others were sampled as usual."""
+
+    index: int
+    lost: bool  # NVML said GPU_IS_LOST (fallen off the bus)
+    error: str
+
+
+@dataclass(frozen=True)
 class Snapshot:
     taken_at: float
     duration_s: float
     gpus: tuple[GpuSample, ...]
+    unread: tuple[Unread, ...] = ()
 
 
 @dataclass
@@ -91,14 +101,24 @@ class Sampler(BackgroundLoop):
         t0, c0 = time.monotonic(), time.process_time()  # process CPU: the per-GPU workers count too
         owners = self.owners()
         with self.lock:
-            gpus = self.backend.list_gpus()
-            with ThreadPoolExecutor(max_workers=max(1, len(gpus)), thread_name_prefix="migd-sample") as pool:
-                samples = tuple(pool.map(lambda g: self._gpu(g, owners.get(g.uuid, {})), gpus))
-        snap = Snapshot(time.time(), time.monotonic() - t0, samples)
+            n = self.backend.gpu_count()
+            with ThreadPoolExecutor(max_workers=max(1, n), thread_name_prefix="migd-sample") as pool:
+                results = list(pool.map(lambda i: self._try_gpu(i, owners), range(n)))
+        samples = tuple(r for r in results if isinstance(r, GpuSample))
+        unread = tuple(r for r in results if isinstance(r, Unread))
+        snap = Snapshot(time.time(), time.monotonic() - t0, samples, unread)
         self.snapshot, self.last_success = snap, snap.taken_at
         self.cycles += 1
         self.cpu_seconds_last = time.process_time() - c0
         return snap
+
+    def _try_gpu(self, index: int, owners: dict[str, dict[int, str]]) -> GpuSample | Unread:
+        """One GPU's sample; a GPU that cannot be read (lost) leaves the others' series untouched."""
+        try:
+            g = self.backend.gpu(index)
+            return self._gpu(g, owners.get(g.uuid, {}))
+        except HardwareError as e:
+            return Unread(index, e.lost, str(e))
 
     def _gpu(self, g: GpuInfo, owners: dict[int, str]) -> GpuSample:
         if not g.mig_current:
