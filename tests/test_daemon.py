@@ -196,7 +196,7 @@ def test_signal_storm_never_wedges_the_daemon(migd: MigdProcess) -> None:
         time.sleep(0.002)
     migd.wait_for(lambda m: "READY=1" in m and "reloaded" in m)
     migd.cursor = len(migd.messages)
-    migd.wait_for(lambda m: m == "WATCHDOG=1", timeout=10)  # the main loop still runs
+    migd.wait_for(lambda m: m == "WATCHDOG=1", timeout=10)  # (the reload above shows the main loop runs)
     assert migd.control({"cmd": "status"})["ok"]
     assert migd.stop() == 0
 
@@ -546,3 +546,27 @@ def test_two_thousand_idle_connections_do_not_starve_the_daemon(migd: MigdProces
             s.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert migd.stop() == 0
+
+
+def test_the_watchdog_is_fed_while_a_manual_apply_waits(migd: MigdProcess) -> None:
+    """The decision loop waits for the lock a manual apply holds while busy instances drain; the
+    watchdog used to go unfed for the whole wait (12-21 s), and systemd would have killed migd."""
+    migd.write_config(reconcile_interval="1s")  # a reconcile pass comes due during the wait
+    migd.start(now="2026-11-23T10:00:00", watchdog_usec=1_000_000)
+    migd.wait_ready()
+    store = StateStore(migd.migctl.state)
+    control.start_process(store, 0, store.read().gpus[0].gis[0].id, 0)
+    apply = subprocess.Popen([sys.executable, "-m", "migd.cli", "--sim", migd.fleet, "--sim-state",
+                              str(migd.migctl.state), "--state-dir", str(migd.migctl.state_dir), "apply",
+                              str(PROFILES / "night.yaml"), "--on-busy", "wait", "--busy-timeout", "5s"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pings: list[float] = []
+    t_end = time.monotonic() + 5
+    while time.monotonic() < t_end:
+        before = len(migd.messages)
+        migd.poll_notify()
+        pings += [time.monotonic() for m in migd.messages[before:] if m == "WATCHDOG=1"]
+    out, err = apply.communicate(timeout=60)
+    assert apply.returncode == 3, out + err  # still busy after 5 s: the apply waited the whole time
+    gaps = [b - a for a, b in zip(pings, pings[1:], strict=False)]
+    assert len(pings) >= 6 and max(gaps) < 1.0, gaps

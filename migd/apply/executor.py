@@ -85,6 +85,7 @@ class Applier:
         self.journal = Journal(self.state_dir / "journal.json")
         self.owners = Owners(self.state_dir / "owners.json")
         self._cancel: threading.Event | None = None
+        self._progress: Callable[[], None] | None = None
 
     def lock(self, timeout_s: float = 0.0) -> ApplyLock:
         return ApplyLock(self.state_dir / "apply.lock", timeout_s)
@@ -203,6 +204,8 @@ class Applier:
                 raise BusyError(f"instances still busy after SIGKILL: {_blocked_text(blocked)}", blocked)
             else:
                 time.sleep(opts.poll_s)
+            if opts.progress is not None:
+                opts.progress()
             plans = [p for p in self.plan(profile) if p.gpu.uuid not in skip]
 
     def _stop_processes(self, pids: list[int], grace_s: float) -> None:
@@ -246,7 +249,7 @@ class Applier:
             "owners_before": {str(k): v for k, v in owners_before.items()}}
             for p, (before, owners_before) in zip(plans, befores, strict=True)})
         results: list[GpuResult] = []
-        self._cancel = opts.cancel
+        self._cancel, self._progress = opts.cancel, opts.progress
         try:
             opts.hooks.run("apply-start", env)
             if any(o.kind is OpKind.SET_MIG for p in plans for o in p.ops):
@@ -310,6 +313,8 @@ class Applier:
             done += 1
             if journal_uuid is not None:
                 self.journal.update(journal_uuid, done=done, status="applying")
+            if self._progress is not None:
+                self._progress()
         return done, self._verify(plan)
 
     def _verify(self, plan: GpuPlan) -> GpuState:

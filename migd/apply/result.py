@@ -55,6 +55,7 @@ class ApplyOptions:
     unhealthy: Callable[[], dict[str, str]] | None = None  # uuid -> reason: reconfiguration refused
     partial: bool = False  # GPUs busy instances block are left (status "blocked"); the others go ahead
     cancel: threading.Event | None = None  # set (SIGTERM): stop waiting; roll back the GPU being changed
+    progress: Callable[[], None] | None = None  # called at each step and busy poll (feeds the watchdog)
 
 
 @dataclass

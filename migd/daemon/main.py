@@ -18,6 +18,7 @@ from migd.daemon.control import AlreadyRunning, ControlServer, Handlers, claim
 from migd.daemon.sdnotify import Notifier
 from migd.daemon.service import Clock, Daemon
 from migd.daemon.signals import SignalRelay
+from migd.daemon.watchdog import Watchdog
 from migd.exits import Exit
 from migd.hardware.backend import GpuBackend, HardwareError
 from migd.isolation.watch import FaultWatch
@@ -154,11 +155,14 @@ def _serve(args: argparse.Namespace, cfg: Config, backend: GpuBackend, daemon: D
         daemon.wake.set()
 
     signals = SignalRelay((signal.SIGHUP, signal.SIGTERM, signal.SIGINT), on_signal)
+    watchdog = Watchdog(daemon.notifier, daemon.heartbeat)
+    watchdog.start()
     log.info("migd starting: %d GPU(s), %d profiles, timezone %s, control socket %s", len(backend.list_gpus()),
              len(cfg.profiles), cfg.timezone.key, socket_path)
     try:
         daemon.run()
     finally:
+        watchdog.stop()
         signals.close()
         watch.stop()
         control.close()

@@ -31,6 +31,7 @@ from migd.daemon.override import Override, OverrideStore
 from migd.daemon.progress import Tracker
 from migd.daemon.sdnotify import Notifier
 from migd.daemon.status import LastApply, Outcome, Status
+from migd.daemon.watchdog import Heartbeat
 from migd.hardware.backend import GpuBackend, GpuState, HardwareError
 from migd.isolation.audit import Finding, Severity, audit_readings
 from migd.planner import GpuPlan, PlanError
@@ -89,6 +90,7 @@ class Daemon:
         self.overrides = OverrideStore(Path(state_dir) / "override.json")
         self.status = Status(config_path=config.path, timezone=config.timezone, override=self.overrides.load())
         self.progress = Tracker(self.status, lambda: self.clock.real(self.config.busy_timeout_s))
+        self.heartbeat = Heartbeat()  # progress marks; the watchdog thread feeds systemd while they come
         self.lock = threading.RLock()  # the reconfiguration lock: the sampler and control socket share it
         self.wake = threading.Event()
         self.stop = threading.Event()
@@ -113,7 +115,7 @@ class Daemon:
 
     def _options(self, on_busy: OnBusy) -> ApplyOptions:
         return ApplyOptions(on_busy=on_busy, busy_timeout_s=0.0, hooks=self.config.hooks,
-                            lock_timeout_s=30.0, cancel=self.cancel,
+                            lock_timeout_s=30.0, cancel=self.cancel, progress=self.heartbeat.beat,
                             unhealthy=lambda: dict(self.status.unhealthy))
 
     def _scheduled_options(self) -> ApplyOptions:
@@ -290,8 +292,7 @@ class Daemon:
         while not self.stop.is_set():
             self.wake.wait(self._sleep_s())
             self.wake.clear()
-            if self.notifier.watchdog_interval_s:
-                self.notifier.watchdog()
+            self.heartbeat.beat()
             if self.stop.is_set():
                 break
             if self.reload_requested.is_set():
