@@ -93,6 +93,28 @@ def test_dst_never_skips_or_repeats(zone: str, spring: date, fall: date, hhmm: s
         assert all(timedelta(hours=22) <= g <= timedelta(hours=26) for g in gaps), gaps
 
 
+@pytest.mark.parametrize("zone, wall, fires_local", [
+    ("America/New_York", "2026-03-08T02:30", "2026-03-08T03:00:00-04:00"),
+    ("Europe/Berlin", "2026-03-29T02:15", "2026-03-29T03:00:00+02:00"),
+    ("Australia/Sydney", "2026-10-04T02:30", "2026-10-04T03:00:00+11:00"),
+])
+def test_a_time_in_a_dst_gap_fires_when_the_gap_ends(zone: str, wall: str, fires_local: str) -> None:
+    """Not an hour late (03:30 in New York), as zoneinfo's fold=0 reading of the gap would have it."""
+    tz = ZoneInfo(zone)
+    hhmm = wall[11:16]
+    s = Schedule((Entry.at("p", hhmm),), tz)
+    day_before = datetime.fromisoformat(wall).replace(tzinfo=tz) - timedelta(hours=20)
+    hit = s.next_fire(day_before)
+    assert hit is not None and hit[0].astimezone(tz).isoformat() == fires_local
+
+
+@pytest.mark.parametrize("expr", ["0 8 30 2 *", "0 8 31 4 *", "0 8 31 6,9,11 *"])
+def test_a_cron_date_that_never_comes_is_refused(expr: str) -> None:
+    with pytest.raises(ScheduleError, match="never fires"):
+        Entry.cron("p", expr)
+    Entry.cron("p", "0 8 29 2 *")  # leap days do come
+
+
 @pytest.mark.parametrize("zone,spring,fall", ZONES)
 def test_a_year_of_weekday_transitions(zone: str, spring: date, fall: date) -> None:
     tz = ZoneInfo(zone)

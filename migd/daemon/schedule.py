@@ -68,6 +68,24 @@ def normalize_days(spec: str) -> str:
     return ",".join(DAY_NAMES[d] for d in sorted(days))
 
 
+def place(wall: datetime, tz: ZoneInfo) -> datetime:
+    """The real instant (UTC) of local wall time ``wall``: an ambiguous one (fall-back) at its first
+    occurrence; one that does not exist (spring-forward gap) when the gap ends, i.e. at the
+    transition itself (New York 02:30 on 2026-03-08 fires at 03:00 EDT, not 03:30)."""
+    t = wall.replace(tzinfo=tz, fold=0).astimezone(UTC)
+    if t.astimezone(tz).replace(tzinfo=None) == wall:
+        return t
+    lo, hi = wall.replace(tzinfo=tz, fold=1).astimezone(UTC), t  # the transition lies between
+    after = hi.astimezone(tz).utcoffset()
+    while hi - lo > timedelta(microseconds=1):  # ~33 halvings; transitions fall on whole seconds
+        mid = lo + (hi - lo) / 2
+        if mid.astimezone(tz).utcoffset() == after:
+            hi = mid
+        else:
+            lo = mid
+    return hi.replace(microsecond=0)
+
+
 @dataclass(frozen=True)
 class Entry:
     """One schedule line: ``profile`` becomes active at every fire time of the trigger."""
@@ -94,9 +112,11 @@ class Entry:
         fields = (("minute", parts[0]), ("hour", parts[1]), ("day", parts[2]), ("month", parts[3]),
                   ("day_of_week", normalize_days(parts[4])))
         try:
-            CronTrigger(**dict(fields), timezone=UTC)
+            trigger = CronTrigger(**dict(fields), timezone=UTC)
         except ValueError as e:
             raise ScheduleError(f"{expr!r}: {e}") from None
+        if trigger.get_next_fire_time(None, datetime(2000, 1, 1, tzinfo=UTC)) is None:
+            raise ScheduleError(f"{expr!r} never fires (no such date, e.g. February 30)")
         return cls(profile, fields, f"{profile} at cron {expr!r}")
 
     def fires_on(self, day: date, tz: ZoneInfo) -> list[datetime]:
@@ -106,7 +126,7 @@ class Entry:
         out = []
         f = trig.get_next_fire_time(None, datetime.combine(day, time(0), fixed))
         while f is not None and f.date() == day:
-            out.append(f.replace(tzinfo=None).replace(tzinfo=tz).astimezone(UTC))
+            out.append(place(f.replace(tzinfo=None), tz))
             f = trig.get_next_fire_time(f, f + timedelta(microseconds=1))
         return out
 
