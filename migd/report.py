@@ -165,6 +165,8 @@ def daemon_table(doc: dict[str, Any]) -> str:
         lines.append(f"unhealthy: {uuid}: {why}")
     if doc["last_reload_error"]:
         lines.append(f"last reload rejected: {doc['last_reload_error']}")
+    if doc.get("restart_needed"):
+        lines.append(f"restart needed: {', '.join(doc['restart_needed'])} changed since start")
     return "\n".join(lines) + "\n"
 
 

@@ -570,3 +570,16 @@ def test_the_watchdog_is_fed_while_a_manual_apply_waits(migd: MigdProcess) -> No
     assert apply.returncode == 3, out + err  # still busy after 5 s: the apply waited the whole time
     gaps = [b - a for a, b in zip(pings, pings[1:], strict=False)]
     assert len(pings) >= 6 and max(gaps) < 1.0, gaps
+
+
+def test_a_reload_says_which_settings_need_a_restart(migd: MigdProcess) -> None:
+    """SIGHUP used to ignore a new listen address, socket or state dir without a word."""
+    migd.start(now="2026-11-23T10:00:00")
+    migd.wait_ready()
+    migd.config.write_text(migd.config.read_text().replace(f"127.0.0.1:{migd.port}", "127.0.0.1:1"))
+    migd.signal(signal.SIGHUP)
+    migd.wait_for(lambda m: "READY=1" in m and "restart needed for metrics.listen" in m)
+    doc = migd.control({"cmd": "status"})["daemon"]
+    assert doc["restart_needed"] == ["metrics.listen"] and doc["last_reload_error"] is None
+    assert "takes effect only after a restart" in migd.log.read_text()
+    assert urllib.request.urlopen(f"http://127.0.0.1:{migd.port}/healthz", timeout=5).status == 200  # still served

@@ -39,6 +39,14 @@ from migd.profiles.model import Profile
 from migd.yamlsrc import ValidationError
 
 __all__ = ["Clock", "Daemon", "ManualApply"]
+
+
+def restart_only(old: Config, new: Config) -> list[tuple[str, object, object]]:
+    """Settings read once at start-up (sockets, paths, threads): a reload can only report them."""
+    return [("metrics.listen", old.metrics_listen, new.metrics_listen),
+            ("control_socket", old.control_socket, new.control_socket),
+            ("state_dir", old.state_dir, new.state_dir),
+            ("sample_interval", old.sample_interval_s, new.sample_interval_s)]
 log = logging.getLogger("migd")
 # What stops one pass without stopping the daemon (OSError: a full or read-only state dir).
 REFUSALS = (BusyError, GpuUnhealthy, HookError, LockBusy, HardwareError, ValidationError, PlanError, OSError)
@@ -268,11 +276,17 @@ class Daemon:
             log.error("reload rejected, keeping the running configuration: %s", e)
             self.notifier.send("READY=1", f"STATUS=reload rejected: {e}")
             return
+        stale = [name for name, old, now in restart_only(self.config, new) if old != now]
+        if stale:
+            log.warning("reloaded, but %s changed: that takes effect only after a restart (systemctl restart "
+                        "migd)", ", ".join(stale))
         self.config = new
         self.status.timezone = new.timezone
         self.status.last_reload_error = None
+        self.status.restart_needed = stale
         log.info("configuration reloaded from %s (%d profiles)", new.path, len(new.profiles))
-        self.notifier.send("READY=1", "STATUS=configuration reloaded")
+        self.notifier.send("READY=1", "STATUS=configuration reloaded" + (
+            f"; restart needed for {', '.join(stale)}" if stale else ""))
         self.wake.set()
 
     def run(self) -> None:

@@ -76,6 +76,7 @@ class Status:
     gpus: dict[int, GpuProgress] = field(default_factory=dict)  # GPU index -> progress
     last_apply: LastApply | None = None
     last_reload_error: str | None = None
+    restart_needed: list[str] = field(default_factory=list)  # settings a reload changed but cannot apply
     apply_count: dict[Outcome, int] = field(default_factory=dict)
     unhealthy: dict[str, str] = field(default_factory=dict)  # gpu uuid -> reason (fault watch)
 
@@ -117,6 +118,6 @@ class Status:
             "last_apply": self.last_apply.to_json() if self.last_apply else None,
             "blocked_gpus": {str(i): {"since": g.since, "reason": g.reason} for i, g in waiting.items()},
             "gpus": {str(i): g.to_json() for i, g in sorted(self.gpus.items())},
-            "last_reload_error": self.last_reload_error,
+            "last_reload_error": self.last_reload_error, "restart_needed": list(self.restart_needed),
             "apply_count": {k.value: v for k, v in sorted(self.apply_count.items())},
             "unhealthy": dict(self.unhealthy)}
