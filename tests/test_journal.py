@@ -175,3 +175,22 @@ def test_a_damaged_journal_is_a_located_error_and_is_kept(tmp_path: Path, text: 
     r = m("recover", "--discard", "--yes")
     assert r.code == 0 and not journal.exists() and list(m.state_dir.glob("journal.json.discarded-*"))
     assert m("apply", NIGHT).code == 0
+
+
+def test_statefile_symlinks_are_never_followed(tmp_path: Path) -> None:
+    """Another user plants symlinks in the state dir: root's apply must not write through them."""
+    m = Migctl(tmp_path, "single-a100")
+    assert m("apply", str(PROFILES / "day.yaml")).code == 0
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    owners = m.state_dir / "owners.json"
+    owners.unlink()
+    owners.symlink_to(victim)
+    for pid in range(os.getpid() - 5, os.getpid() + 50):  # the old predictable temp names, too
+        (m.state_dir / f".owners.json.{pid}.tmp").symlink_to(victim)
+    assert m("apply", NIGHT).code == 0
+    assert victim.read_text() == "precious\n" and not owners.is_symlink()
+    journal = m.state_dir / "journal.json"
+    journal.symlink_to(victim)
+    r = m("apply", str(PROFILES / "day.yaml"))
+    assert r.code == 2 and "is a symbolic link" in r.err and victim.read_text() == "precious\n", r.err
