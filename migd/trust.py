@@ -45,3 +45,16 @@ def check_path(path: str | Path, what: str) -> None:
     except OSError as e:
         raise ValidationError(str(path), None, None, "", f"cannot read {what}: {e.strerror}") from None
     refuse_untrusted(str(path), st, what)
+
+
+def ensure_private_dir(path: Path, what: str) -> None:
+    """Create ``path`` (mode 0700) or check it: owned by root or us, writable by nobody else."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise ValidationError(str(path), None, None, "", f"{what} is not a directory (a symlink?)")
+    if st.st_uid not in _owners():
+        raise ValidationError(str(path), None, None, "", f"{what} is owned by uid {st.st_uid}; fix with chown root")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ValidationError(str(path), None, None, "", f"{what} is writable by group or others (mode "
+                              f"{stat.S_IMODE(st.st_mode):04o}): others could plant files there; fix with chmod 0700")

@@ -583,3 +583,48 @@ def test_a_reload_says_which_settings_need_a_restart(migd: MigdProcess) -> None:
     assert doc["restart_needed"] == ["metrics.listen"] and doc["last_reload_error"] is None
     assert "takes effect only after a restart" in migd.log.read_text()
     assert urllib.request.urlopen(f"http://127.0.0.1:{migd.port}/healthz", timeout=5).status == 200  # still served
+
+
+def test_a_state_dir_others_can_write_stops_the_start(migd: MigdProcess) -> None:
+    migd.migctl.state_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(migd.migctl.state_dir, 0o777)
+    p = subprocess.run(_migd_argv(migd), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "state dir is writable by group or others" in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+    os.chmod(migd.migctl.state_dir, 0o700)
+
+
+def _as_nobody(argv: list[str]) -> tuple[int, str]:
+    """Run migctl's main in a forked child that became uid 65534 (no exec: the interpreter may sit
+    where that user cannot reach it); its exit code and stderr."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 99
+        try:
+            os.close(r)
+            sys.stderr = open(w, "w")  # noqa: SIM115 - flushed below, then the child exits
+            os.setgid(65534)
+            os.setuid(65534)
+            from migd.cli import main
+            code = main(argv)
+        finally:
+            sys.stderr.flush()
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r) as f:
+        err = f.read()
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), err
+
+
+def test_migctl_as_an_ordinary_user_says_so_in_one_line(migd: MigdProcess) -> None:
+    """It used to end in a PermissionError traceback."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to become another user")
+    assert migd.migctl("apply", str(PROFILES / "day.yaml")).code == 0
+    os.chmod(migd.migctl.state, 0o666)  # the simulated driver is usable; the state dir stays root's
+    for args in (("apply", str(PROFILES / "night.yaml"), "--local"), ("recover",)):
+        code, err = _as_nobody(["--sim", migd.fleet, "--sim-state", str(migd.migctl.state), "--state-dir",
+                                str(migd.migctl.state_dir), *args])
+        assert code in (1, 2, 4) and "Traceback" not in err, err
+        assert len(err.strip().splitlines()) == 1 and ("not permitted" in err or "Permission denied" in err), err

@@ -26,6 +26,7 @@ from migd.metrics.collector import EventCounters
 from migd.metrics.sampler import NvmlErrorCounter
 from migd.paths import DEFAULT_CONFIG, DEFAULT_SOCKET
 from migd.sim.state import FLEETS
+from migd.trust import ensure_private_dir
 from migd.yamlsrc import ValidationError
 
 log = logging.getLogger("migd")
@@ -100,10 +101,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     errors = NvmlErrorCounter()
     state, state_dir, socket_path = _paths(args, cfg)
     try:
+        ensure_private_dir(state_dir, "state dir")
+        ensure_private_dir(socket_path.parent, "control socket's directory")
         claim(socket_path)
         backend = _backend(args, state, errors)
-    except AlreadyRunning as e:
-        log.critical("%s", e)
+    except (AlreadyRunning, ValidationError) as e:
+        log.critical("not starting: %s", e)
+        return Exit.INVALID
+    except OSError as e:
+        log.critical("not starting: %s: %s", e.filename or "", e.strerror or e)
         return Exit.INVALID
     except HardwareError as e:
         log.critical("cannot open NVML, not starting: %s", e)
