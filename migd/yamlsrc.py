@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import yaml
 
@@ -174,6 +174,8 @@ def read(path: str | Path, strict: bool = False, what: str = "file") -> str:
         raise ValidationError(str(path), None, None, "", f"cannot read file: {e}") from e
 
 
+# libyaml's parser when PyYAML was built with it (5-7x faster on a large file; same nodes and marks)
+LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 MAX_BYTES = 128 * 1024
 MAX_DEPTH = 32  # a profile is 6 levels deep; PyYAML's composer recurses per level
 MAX_NODES = 20_000  # values, with aliases expanded (no "billion laughs")
@@ -191,7 +193,7 @@ def _check_shape(name: str, text: str) -> None:
     depth = count = 0
     open_: list[tuple[str | None, int]] = []  # per open collection: its anchor, the count at its start
     sizes: dict[str, int] = {}
-    for ev in yaml.parse(text, Loader=yaml.SafeLoader):
+    for ev in yaml.parse(text, Loader=LOADER):
         if isinstance(ev, _OPEN):
             depth, count = depth + 1, count + 1
             if depth > MAX_DEPTH:
@@ -227,7 +229,7 @@ def load(path: str | Path, text: str | None = None, strict: bool = False, what: 
                               "(NVIDIA's whole config-default.yaml is 12 KB)")
     try:
         _check_shape(name, text)
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = yaml.compose(text, Loader=LOADER)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
         line = mark.line + 1 if mark is not None else None
