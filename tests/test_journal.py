@@ -69,8 +69,11 @@ def test_a_second_ctrl_c_keeps_the_journal(tmp_path: Path) -> None:
     out, err = p.communicate(timeout=60)
     control.set_mutation_delay(store, 0)
     # 130 when the interrupt lands between NVML calls; 4 when the simulated library takes it inside
-    # a call, fails that call and so fails the rollback: either way the journal stays for recover
-    assert p.returncode in (130, 4) and "Traceback" not in err, (out, err)
+    # a call, fails that call and so fails the rollback: either way the journal stays for recover.
+    # A Python callback can be interrupted even before its first line, where ctypes prints
+    # "Exception ignored" itself: the simulator's artefact (a real libnvidia-ml runs no Python).
+    sim_noise = "Exception ignored on calling ctypes callback function"
+    assert p.returncode in (130, 4) and (err.count("Traceback") == err.count(sim_noise)), (out, err)
     assert "migctl recover" in err or "journal keeps the previous layout" in out, (out, err)
     assert (m.state_dir / "journal.json").exists()
     r = m("recover")
