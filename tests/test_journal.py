@@ -45,29 +45,29 @@ def _under_way(store: StateStore, steps: int = 3, timeout: float = 30.0) -> None
         time.sleep(0.02)
 
 
-def test_ctrl_c_rolls_back_the_step_in_progress(tmp_path: Path) -> None:
-    m, store, before = _day(tmp_path)
-    control.set_mutation_delay(store, 0.2)
+def _interrupted(tmp: Path, times: int) -> tuple[Migctl, object, subprocess.Popen[str], str, str]:
+    """migctl apply day -> night on a slow driver, Ctrl-C'd ``times`` times once under way."""
+    m, store, before = _day(tmp)
+    control.set_mutation_delay(store, 0.3)
     p = _spawn(m, "apply", NIGHT)
     _under_way(store)
-    p.send_signal(signal.SIGINT)
+    for _ in range(times):
+        p.send_signal(signal.SIGINT)
+        time.sleep(0.1)
     out, err = p.communicate(timeout=60)
     control.set_mutation_delay(store, 0)
+    return m, before, p, out, err
+
+
+def test_ctrl_c_rolls_back_the_step_in_progress(tmp_path: Path) -> None:
+    m, before, p, out, err = _interrupted(tmp_path, 1)
     assert p.returncode == 1 and "Traceback" not in err and "rolled back" in err, (out, err)
     assert "ROLLED BACK" in out and "cancelled" in out and m.layout() == before
     assert not (m.state_dir / "journal.json").exists()
 
 
 def test_a_second_ctrl_c_keeps_the_journal(tmp_path: Path) -> None:
-    m, store, before = _day(tmp_path)
-    control.set_mutation_delay(store, 0.3)
-    p = _spawn(m, "apply", NIGHT)
-    _under_way(store)
-    p.send_signal(signal.SIGINT)
-    time.sleep(0.1)
-    p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=60)
-    control.set_mutation_delay(store, 0)
+    m, before, p, out, err = _interrupted(tmp_path, 2)
     # 130 when the interrupt lands between NVML calls; 4 when the simulated library takes it inside
     # a call, fails that call and so fails the rollback: either way the journal stays for recover.
     # A Python callback can be interrupted even before its first line, where ctypes prints

@@ -9,8 +9,6 @@ back to its previous layout.  A journal left by a crash is resolved before the n
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
+from migd.apply.force import stop_processes
 from migd.apply.journal import SETTLED, Journal, layout_from_json, layout_to_json
 from migd.apply.lock import ApplyLock
 from migd.apply.owners import Owners
@@ -59,17 +58,6 @@ def _located(load: Callable[[], T], path: Path | None = None, field: str = "") -
         raise ValidationError(e.file, e.line, e.column, e.field, f"{e.message}; {DISCARD_HINT}") from None
     except (ValueError, KeyError, TypeError) as e:
         raise ValidationError(str(path), None, None, field, f"{e}; {DISCARD_HINT}") from None
-
-
-def _pidfds(pids: list[int]) -> dict[int, int]:
-    """A pidfd per PID that names a live process now (Linux >= 5.3; os.pidfd_open)."""
-    out = {}
-    for pid in pids:
-        try:
-            out[pid] = os.pidfd_open(pid)
-        except ProcessLookupError:
-            continue
-    return out
 
 
 def _blocked_text(ops: list[Op]) -> str:
@@ -198,7 +186,7 @@ class Applier:
             if stop is not None:
                 raise BusyError(stop, blocked)
             if opts.on_busy is OnBusy.FORCE and not killed:
-                self._stop_processes(sorted({pid for o in blocked for pid in o.busy_pids}), opts.kill_grace_s)
+                stop_processes(self.backend, sorted({pid for o in blocked for pid in o.busy_pids}), opts.kill_grace_s)
                 killed = True
             elif opts.on_busy is OnBusy.FORCE and time.monotonic() >= deadline:
                 raise BusyError(f"instances still busy after SIGKILL: {_blocked_text(blocked)}", blocked)
@@ -207,37 +195,6 @@ class Applier:
             if opts.progress is not None:
                 opts.progress()
             plans = [p for p in self.plan(profile) if p.gpu.uuid not in skip]
-
-    def _stop_processes(self, pids: list[int], grace_s: float) -> None:
-        """--on-busy force: SIGTERM, wait, then SIGKILL.  Logged loudly: this ends someone's work.
-
-        Each signal goes only to a process NVML lists on the GPUs at that moment, through a pidfd
-        opened before that reading: a PID whose process exited and was reused by an unrelated one is
-        never signalled."""
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            fds = _pidfds(pids)
-            on_gpu = self._gpu_pids()
-            for pid, fd in fds.items():
-                try:
-                    if pid not in on_gpu:
-                        log.info("on-busy=force: pid %d has left the GPU; not sending %s", pid, sig.name)
-                        continue
-                    log.warning("on-busy=force: sending %s to pid %d", sig.name, pid)
-                    signal.pidfd_send_signal(fd, sig)
-                except ProcessLookupError:
-                    pass
-                except PermissionError as e:
-                    log.error("cannot signal pid %d: %s", pid, e)
-                finally:
-                    os.close(fd)
-            deadline = time.monotonic() + grace_s
-            while time.monotonic() < deadline:
-                if not self._gpu_pids() & set(pids):
-                    return
-                time.sleep(0.1)
-
-    def _gpu_pids(self) -> set[int]:
-        return {p.pid for g in self.backend.list_gpus() for p in self.backend.gpu_processes(g.index)}
 
     def _run(self, profile: Profile, plans: list[GpuPlan], opts: ApplyOptions) -> list[GpuResult]:
         env = {"MIGD_PROFILE": profile.name, "MIGD_GPUS": ",".join(str(p.gpu.index) for p in plans)}

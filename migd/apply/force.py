@@ -1,0 +1,57 @@
+"""--on-busy force: stop the processes on instances an apply must destroy.  Loud, and careful
+about whom it signals: this ends someone's work."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+from migd.hardware.backend import GpuBackend
+
+log = logging.getLogger(__name__)
+
+
+def stop_processes(backend: GpuBackend, pids: list[int], grace_s: float) -> None:
+    """--on-busy force: SIGTERM, wait, then SIGKILL.  Logged loudly: this ends someone's work.
+
+    Each signal goes only to a process NVML lists on the GPUs at that moment, through a pidfd
+    opened before that reading: a PID whose process exited and was reused by an unrelated one is
+    never signalled."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        fds = _pidfds(pids)
+        on_gpu = _gpu_pids(backend)
+        for pid, fd in fds.items():
+            try:
+                if pid not in on_gpu:
+                    log.info("on-busy=force: pid %d has left the GPU; not sending %s", pid, sig.name)
+                    continue
+                log.warning("on-busy=force: sending %s to pid %d", sig.name, pid)
+                signal.pidfd_send_signal(fd, sig)
+            except ProcessLookupError:
+                pass
+            except PermissionError as e:
+                log.error("cannot signal pid %d: %s", pid, e)
+            finally:
+                os.close(fd)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            if not _gpu_pids(backend) & set(pids):
+                return
+            time.sleep(0.1)
+
+
+def _gpu_pids(backend: GpuBackend) -> set[int]:
+    return {p.pid for g in backend.list_gpus() for p in backend.gpu_processes(g.index)}
+
+
+def _pidfds(pids: list[int]) -> dict[int, int]:
+    """A pidfd per PID that names a live process now (Linux >= 5.3; os.pidfd_open)."""
+    out = {}
+    for pid in pids:
+        try:
+            out[pid] = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+    return out
