@@ -220,15 +220,22 @@ def cmd_clear_fault(args: argparse.Namespace, backend: GpuBackend, state_dir: Pa
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    """Every config of every file is checked, each error reported (not only the first)."""
     code = Exit.OK
     for f in args.files:
         try:
-            for name, sections in validate_file(f):
-                models = sorted({m for ms in sections.values() for m in ms})
-                print(f"{f}: {name}: ok ({', '.join(models) or 'no catalog model to check'})")
+            checked = validate_file(f)
         except ValidationError as e:
             print(f"error: {e}", file=sys.stderr)
             code = Exit.INVALID
+            continue
+        for name, sections in checked:
+            if isinstance(sections, ValidationError):
+                print(f"error: {sections}", file=sys.stderr)
+                code = Exit.INVALID
+                continue
+            models = sorted({m for ms in sections.values() for m in ms})
+            print(f"{f}: {name}: ok ({', '.join(models) or 'no catalog model to check'})")
     return code
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from migd.hardware.backend import GpuInfo
 from migd.hardware.catalog import MODELS
 from migd.planner import PlanError
 from migd.profiles.loader import load_profile, mig_parted_configs
@@ -29,15 +30,18 @@ gpus:
 def bad(tmp_path: Path, text: str) -> ValidationError:
     f = tmp_path / "p.yaml"
     f.write_text(text)
-    with pytest.raises(ValidationError) as e:
-        validate_file(f)
-    assert e.value.file == str(f)
-    return e.value
+    try:
+        errors = [c for _, c in validate_file(f) if isinstance(c, ValidationError)]
+    except ValidationError as e:
+        errors = [e]
+    assert errors and errors[0].file == str(f), errors
+    return errors[0]
 
 
 def test_examples_validate_for_every_seven_slice_model() -> None:
     for name in ("day", "night", "night-two", "balanced"):
         ((_, sections),) = validate_file(PROFILES / f"{name}.yaml")
+        assert not isinstance(sections, ValidationError)
         assert set(sections[0]) == {k for k, m in MODELS.items() if m.family == "seven_slice"}
         assert sections[1] == ["A30-24GB"]
 
@@ -124,7 +128,7 @@ def test_compute_instance_splits() -> None:
 
 def test_overlapping_sections_are_an_error(tmp_path: Path) -> None:
     text = GOOD + "  - select: {index: [0]}\n    mig: disabled\n"
-    from migd.hardware.backend import GpuInfo
+
     p = load_profile("x.yaml", text=text)
     gpu = GpuInfo(0, "GPU-x", "NVIDIA A100-SXM4-80GB", "", 0x20B210DE, 7, 0, True, True, MODELS["A100-SXM4-80GB"])
     with pytest.raises(ValidationError, match="also selected"):
@@ -183,3 +187,77 @@ def test_hostile_yaml_is_refused_by_line_without_a_crash(tmp_path: Path, text: s
     r = m("validate", str(f))
     assert r.code == 2 and words in r.err and "Traceback" not in r.err, r.err
     assert len(r.err.strip().splitlines()) == 1
+
+
+
+MIG_PARTED_CASES = """\
+version: v1
+mig-configs:
+  enabled-none:
+    - devices: all
+      mig-enabled: true
+      mig-devices: {}
+  disabled-empty:
+    - devices: all
+      mig-enabled: false
+      mig-devices: {}
+  typo-no-devices:
+    - devices: all
+      mig-enabled: true
+  typo-all-zero:
+    - devices: all
+      mig-enabled: true
+      mig-devices:
+        "1g.10gb": 0
+  disabled-with-devices:
+    - devices: all
+      mig-enabled: false
+      mig-devices:
+        "1g.10gb": 7
+  subsystem:
+    - device-filter: ["0x233010DE:0x16C010DE", "0x20B210DE"]
+      devices: all
+      mig-enabled: true
+      mig-devices:
+        "1g.10gb": 7
+  two-entries:
+    - devices: all
+      mig-enabled: true
+      mig-devices:
+        "7g.80gb": 1
+    - devices: [0]
+      mig-enabled: false
+"""
+
+
+def test_mig_parted_files_are_read_as_mig_parted_reads_them(tmp_path: Path) -> None:
+    """api/spec/v1/spec.go MigConfigSpec.UnmarshalJSON and pkg/types/mig_config.go AssertValidFormat:
+    what they accept is read the same way, what they refuse is refused by line, and a typo can no
+    longer be read as "destroy every instance"; every config is reported, not only the first."""
+    f = tmp_path / "config.yaml"
+    f.write_text(MIG_PARTED_CASES)
+    results = dict(validate_file(f))
+    errors = {k: v for k, v in results.items() if isinstance(v, ValidationError)}
+    assert set(errors) == {"typo-no-devices", "typo-all-zero", "disabled-with-devices"}, results
+    assert "needs mig-devices" in str(errors["typo-no-devices"]) and errors["typo-no-devices"].line == 13
+    assert "all counts for all MIG profiles are 0" in str(errors["typo-all-zero"])
+    assert "MIG devices included when mig-enabled is false" in str(errors["disabled-with-devices"])
+    m = Migctl(tmp_path, "single-a100")
+    r = m("validate", str(f))
+    assert r.code == 2 and r.err.count("error:") == 3 and "enabled-none: ok" in r.out and "subsystem: ok" in r.out
+
+
+def test_mig_parted_device_filters_with_subsystem_and_the_last_matching_entry() -> None:
+    """pkg/types/device.go: with a subsystem all four ids must match; entries are walked in order and
+    each match applied in turn (assert.go WalkSelectedMigConfigForEachGPU), so the last one holds."""
+    p = load_profile("c.yaml", "subsystem", text=MIG_PARTED_CASES)
+    h100 = GpuInfo(0, "GPU-x", "NVIDIA H100 80GB HBM3", "", 0x233010DE, 9, 0, True, True, MODELS["H100-SXM5-80GB"],
+                   pci_subsystem_id=0x16C010DE)
+    other_board = GpuInfo(0, "GPU-y", "NVIDIA H100 80GB HBM3", "", 0x233010DE, 9, 0, True, True,
+                          MODELS["H100-SXM5-80GB"], pci_subsystem_id=0x17A610DE)
+    assert p.section_for(h100) is not None and p.section_for(other_board) is None
+    two = load_profile("c.yaml", "two-entries", text=MIG_PARTED_CASES)
+    section = two.section_for(h100)
+    assert section is not None and section.mig is False  # the later entry
+    gpu1 = GpuInfo(1, "GPU-z", "NVIDIA H100 80GB HBM3", "", 0x233010DE, 9, 0, True, True, MODELS["H100-SXM5-80GB"])
+    assert two.section_for(gpu1) is not None and two.section_for(gpu1).mig is True  # type: ignore[union-attr]

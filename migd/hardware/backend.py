@@ -43,6 +43,7 @@ class GpuInfo:
     mig_current: bool
     mig_pending: bool
     model: GpuModel | None  # None: a GPU the catalog does not know (no offline validation)
+    pci_subsystem_id: int = 0  # nvmlPciInfo_t.pciSubSystemId (mig-parted device filters may name it)
 
     @property
     def model_key(self) -> str:

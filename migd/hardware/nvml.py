@@ -103,6 +103,7 @@ class NvmlBackend:
             mig_current=bool(current),
             mig_pending=bool(pending),
             model=model_for(name=name, pci_device_id=int(pci.pciDeviceId)),
+            pci_subsystem_id=int(pci.pciSubSystemId),
         )
 
     def set_mig_mode(self, index: int, enabled: bool) -> bool:

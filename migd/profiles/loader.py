@@ -6,7 +6,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from migd.profiles.model import GpuSection, InstanceSpec, Loc, Profile, Selector
+from migd.profiles.model import GpuSection, InstanceSpec, Loc, PciId, Profile, Selector
 from migd.yamlsrc import Node, load, read
 
 API_VERSION = "migd/v1"
@@ -68,15 +68,34 @@ def _selector(n: Node) -> Selector:
     uuids = tuple(x.str() for x in many(m["uuid"])) if "uuid" in m else None
     models = tuple(x.str() for x in many(m["model"])) if "model" in m else None
     pci = tuple(_pci_id(x) for x in many(m["pci_device_id"])) if "pci_device_id" in m else None
-    return Selector(indexes=indexes, uuids=uuids, models=models, pci_device_ids=pci)
+    return Selector(indexes=indexes, uuids=uuids, models=models, pci=pci)
 
 
-def _pci_id(n: Node) -> int:
-    raw = n.node.value if n.is_scalar() else None
+def _pci_id(n: Node) -> PciId:
+    """mig-parted's NewDeviceIDFromString (pkg/types/device.go): one or two ``:``-separated 32-bit
+    numbers, each read as Go's strconv.ParseUint(s, 0, 32) reads it (0x hex, 0o/0 octal, decimal)."""
+    raw = str(n.node.value if n.is_scalar() else "")
+    parts = raw.split(":")
     try:
-        return int(str(raw), 16) if str(raw).lower().startswith("0x") else int(str(n.str()), 16)
+        if len(parts) > 2 or not n.is_scalar():
+            raise ValueError
+        ids = [_go_uint32(p) for p in parts]
     except ValueError:
-        raise n.error(f"{raw!r} is not a PCI device id like 0x20B010DE") from None
+        raise n.error(f"{raw!r} is not a PCI device id like 0x20B010DE or 0x233010DE:0x16C010DE") from None
+    return PciId(ids[0], ids[1] if len(ids) == 2 else None)
+
+
+def _go_uint32(text: str) -> int:
+    t = text.strip().lower()
+    if t.startswith(("0x", "0o", "0b")):
+        value = int(t, 0)
+    elif t.startswith("0") and len(t) > 1:
+        value = int(t, 8)  # Go's base 0: a leading 0 is octal
+    else:
+        value = int(t, 10)
+    if not 0 <= value < 1 << 32:
+        raise ValueError(text)
+    return value
 
 
 def _migd_section(n: Node) -> GpuSection:
@@ -136,6 +155,31 @@ def _load_mig_parted(root: Node, config: str | None) -> Profile:
                    sections=tuple(sections), source=root.file, kind="mig-parted")
 
 
+def _mig_devices(m: dict[str, Node], mig: bool) -> list[InstanceSpec]:
+    """mig-parted's rules (api/spec/v1/spec.go MigConfigSpec.UnmarshalJSON, pkg/types/mig_config.go
+    AssertValidFormat): mig-enabled true needs mig-devices (``{}`` for none, explicitly); mig-enabled
+    false takes none or ``{}``; a non-empty map whose counts are all 0 is refused, never read as "wipe"."""
+    null = "mig-devices" in m and m["mig-devices"].is_scalar() and m["mig-devices"].node.tag.endswith(":null")
+    if "mig-devices" not in m or null:  # (a YAML null is Go's nil map: "missing" to mig-parted)
+        if mig:
+            raise m["mig-enabled"].error("mig-enabled: true needs mig-devices (write mig-devices: {} to enable MIG "
+                                         "with no instances)")
+        return []
+    node = m["mig-devices"]
+    devices = node.mapping()
+    if devices and not mig:
+        raise node.error("MIG devices included when mig-enabled is false")
+    instances = []
+    for name, v in devices.items():
+        if not _PROFILE.match(name):
+            raise v.error(f"{name!r} is not a MIG profile name")
+        instances.append(InstanceSpec(profile=name, count=v.int(minimum=0, maximum=MAX_COUNT), owner=None,
+                                      compute=None, loc=_loc(v)))
+    if devices and all(i.count == 0 for i in instances):
+        raise node.error("all counts for all MIG profiles are 0 (write mig-devices: {} if no instances is meant)")
+    return instances
+
+
 def _mig_parted_section(n: Node) -> GpuSection:
     m = n.mapping(allowed=["devices", "device-filter", "mig-enabled", "mig-devices"],
                   required=["devices", "mig-enabled"])
@@ -150,15 +194,7 @@ def _mig_parted_section(n: Node) -> GpuSection:
         f = m["device-filter"]
         pci = tuple(_pci_id(x) for x in (f.items() if f.is_sequence() else [f]))
     mig = m["mig-enabled"].bool()
-    instances: list[InstanceSpec] = []
-    if "mig-devices" in m:
-        if not mig:
-            raise m["mig-devices"].error("mig-devices require mig-enabled: true")
-        for name, node in m["mig-devices"].mapping().items():
-            if not _PROFILE.match(name):
-                raise node.error(f"{name!r} is not a MIG profile name")
-            instances.append(InstanceSpec(profile=name, count=node.int(minimum=0, maximum=MAX_COUNT), owner=None,
-                                          compute=None, loc=_loc(node)))
-    selector = Selector(all=indexes is None and pci is None, indexes=indexes, pci_device_ids=pci)
+    instances = _mig_devices(m, mig)
+    selector = Selector(all=indexes is None and pci is None, indexes=indexes, pci=pci)
     return GpuSection(selector=selector, mig=mig, instances=tuple(i for i in instances if i.count > 0),
                       loc=_loc(n))

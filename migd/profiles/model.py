@@ -24,6 +24,21 @@ class Loc:
 
 
 @dataclass(frozen=True)
+class PciId:
+    """``0xDDDDVVVV`` or ``0xDDDDVVVV:0xSSSSVVVV`` as in mig-parted's pkg/types/device.go: with a
+    subsystem all four parts must match (``DeviceID.Matches``), else device and vendor only."""
+
+    device: int  # device << 16 | vendor, as NVML's pciDeviceId
+    subsystem: int | None = None  # subsystem device << 16 | subsystem vendor, as pciSubSystemId
+
+    def matches(self, gpu: GpuInfo) -> bool:
+        return gpu.pci_device_id == self.device and self.subsystem in (None, gpu.pci_subsystem_id)
+
+    def __str__(self) -> str:
+        return f"0x{self.device:08X}" + (f":0x{self.subsystem:08X}" if self.subsystem is not None else "")
+
+
+@dataclass(frozen=True)
 class Selector:
     """Which GPUs a section applies to; every given criterion must hold."""
 
@@ -31,14 +46,18 @@ class Selector:
     indexes: tuple[int, ...] | None = None
     uuids: tuple[str, ...] | None = None
     models: tuple[str, ...] | None = None  # fnmatch globs on the catalog key or NVML name
-    pci_device_ids: tuple[int, ...] | None = None
+    pci: tuple[PciId, ...] | None = None
+
+    @property
+    def pci_device_ids(self) -> tuple[int, ...] | None:
+        return None if self.pci is None else tuple(p.device for p in self.pci)
 
     def matches(self, gpu: GpuInfo) -> bool:
         if self.indexes is not None and gpu.index not in self.indexes:
             return False
         if self.uuids is not None and gpu.uuid not in self.uuids:
             return False
-        if self.pci_device_ids is not None and gpu.pci_device_id not in self.pci_device_ids:
+        if self.pci is not None and not any(p.matches(gpu) for p in self.pci):
             return False
         if self.models is not None:
             names = [gpu.name, gpu.name.removeprefix("NVIDIA ")] + ([gpu.model.key] if gpu.model else [])
@@ -54,8 +73,8 @@ class Selector:
             parts.append("uuid " + ",".join(self.uuids))
         if self.models is not None:
             parts.append("model " + ",".join(self.models))
-        if self.pci_device_ids is not None:
-            parts.append("pci " + ",".join(f"0x{p:08X}" for p in self.pci_device_ids))
+        if self.pci is not None:
+            parts.append("pci " + ",".join(map(str, self.pci)))
         return " and ".join(parts) or "all"
 
 
@@ -94,6 +113,10 @@ class Profile:
     def section_for(self, gpu: GpuInfo) -> GpuSection | None:
         """The one section that selects ``gpu`` (None: the profile leaves it alone)."""
         hits = [s for s in self.sections if s.selector.matches(gpu)]
+        if len(hits) > 1 and self.kind == "mig-parted":
+            # mig-parted walks the entries in order and applies each match to the GPU in turn
+            # (cmd/nvidia-mig-parted/assert/assert.go WalkSelectedMigConfigForEachGPU): the last holds.
+            return hits[-1]
         if len(hits) > 1:
             first, second = hits[0], hits[1]
             raise second.loc.error(f"GPU {gpu.index} ({gpu.model_key}) is also selected by the section at line "

@@ -66,10 +66,19 @@ def check_profile(profile: Profile) -> dict[int, list[str]]:
     return {i: check_section(s) for i, s in enumerate(profile.sections)}
 
 
-def validate_file(path: str | Path) -> list[tuple[str, dict[int, list[str]]]]:
-    """Validate a migd profile, or every config of a mig-parted file.  Raises ValidationError."""
+Checked = dict[int, list[str]] | ValidationError  # section -> model keys it is valid for, or its error
+
+
+def validate_file(path: str | Path) -> list[tuple[str, Checked]]:
+    """Validate a migd profile, or every config of a mig-parted file, each on its own: one bad
+    config does not hide the others' errors.  Raises ValidationError only for the file as a whole."""
     top = load(path).mapping()
-    if "mig-configs" in top:
-        return [(name, check_profile(load_profile(path, config=name))) for name in mig_parted_configs(path)]
-    p = load_profile(path)
-    return [(p.name, check_profile(p))]
+    names = mig_parted_configs(path) if "mig-configs" in top else [None]
+    out: list[tuple[str, Checked]] = []
+    for name in names:
+        try:
+            p = load_profile(path, config=name)
+            out.append((p.name, check_profile(p)))
+        except ValidationError as e:
+            out.append((name or str(path), e))
+    return out
