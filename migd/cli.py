@@ -79,9 +79,16 @@ def cmd_assert(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -
     pending = [p for p in plans if p.changes]
     for p in pending:
         print(f"GPU {p.gpu.index}: not as in {profile.name} ({len(p.ops)} operation(s) needed)", file=sys.stderr)
-    if not pending:
+    unmatched: list[int] = []
+    if profile.kind == "mig-parted":  # mig-parted asserts the whole node: every GPU must be matched
+        planned = {p.gpu.index for p in plans}  # (cmd/nvidia-mig-parted/assert/config.go, CountTrue(matched))
+        unmatched = [g.index for g in backend.list_gpus() if g.index not in planned]
+        for i in unmatched:
+            print(f"GPU {i}: matched by no entry of {profile.name} (a mig-parted assert covers every GPU)",
+                  file=sys.stderr)
+    if not pending and not unmatched:
         print(f"{profile.name}: applied on {len(plans)} GPU(s)")
-    return Exit.NOT_APPLIED if pending else Exit.OK
+    return Exit.NOT_APPLIED if pending or unmatched else Exit.OK
 
 
 def _hooks(path: str | None) -> Hooks:

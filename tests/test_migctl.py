@@ -307,3 +307,17 @@ def test_hooks_apply_locally_beside_a_stale_control_socket(tmp_path: Path) -> No
     os.chmod(hooks, 0o644)
     r = m("apply", str(PROFILES / "day.yaml"), "--hooks", str(hooks))
     assert r.code == 0, r.err
+
+
+def test_assert_on_a_mig_parted_file_covers_the_whole_node(tmp_path: Path) -> None:
+    """mig-parted's assert fails unless every GPU is matched (assert/config.go: CountTrue(matched) !=
+    len(deviceIDs)); a migd profile leaves unselected GPUs alone, so its assert looks at its own."""
+    m = Migctl(tmp_path, "dgx-a100")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("version: v1\nmig-configs:\n  first:\n    - devices: [0]\n      mig-enabled: false\n")
+    mine = tmp_path / "p.yaml"
+    mine.write_text("apiVersion: migd/v1\nkind: Profile\nname: first\ngpus:\n  - select: {index: 0}\n"
+                    "    mig: disabled\n")
+    r = m("assert", str(cfg), "--config", "first")
+    assert r.code == 1 and "GPU 7: matched by no entry of first" in r.err, r.err
+    assert m("assert", str(mine)).code == 0
