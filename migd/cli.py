@@ -26,6 +26,7 @@ from migd.exits import EXPECTED, Exit, failure, for_result
 from migd.hardware.backend import GpuBackend
 from migd.profiles.export import export_profile
 from migd.profiles.loader import load_profile
+from migd.profiles.model import Profile
 from migd.profiles.validate import validate_file
 from migd.report import (
     apply_doc,
@@ -67,14 +68,14 @@ def cmd_status(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -
 
 
 def cmd_plan(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
-    profile = load_profile(args.file, args.config)
+    profile = _profile(args)
     doc = plan_doc(profile.name, Applier(backend, state_dir).plan(profile))
     _out(args, doc, plan_table(doc))
     return Exit.OK
 
 
 def cmd_assert(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
-    profile = load_profile(args.file, args.config)
+    profile = _profile(args)
     plans = Applier(backend, state_dir).plan(profile)
     pending = [p for p in plans if p.changes]
     for p in pending:
@@ -99,15 +100,31 @@ def _hooks(path: str | None) -> Hooks:
     return parse_hooks(doc["hooks"], strict)
 
 
+def _stdin(args: argparse.Namespace) -> str | None:
+    """The profile's text when FILE is ``-`` (read once: the daemon path and a local fallback share it)."""
+    if args.file != "-":
+        return None
+    if getattr(args, "stdin_text", None) is None:
+        args.stdin_text = sys.stdin.read()
+    return str(args.stdin_text)
+
+
+def _profile(args: argparse.Namespace, strict: bool = False) -> Profile:
+    """FILE, or standard input for ``-`` (StrictModes applies to files: a pipe is the caller's own)."""
+    text = _stdin(args)
+    return load_profile("<stdin>" if text is not None else args.file, args.config, text=text, strict=strict)
+
+
 def apply_via_daemon(args: argparse.Namespace) -> int | None:
     """Hand the apply to a running migd, so the daemon and the CLI never race.  None: no daemon."""
     from migd.daemon.control import listening, request
-    path = Path(args.file).resolve()
+    path = "<stdin>" if args.file == "-" else str(Path(args.file).resolve())
     sock = control_socket(args)
     if args.hooks and listening(sock):
         raise ValidationError(args.hooks, None, None, "--hooks", "a running migd runs the hooks of its own "
                               "configuration, not a client's; add --local to apply in this process with these hooks")
-    reply = request(sock, {"cmd": "apply", "file": str(path), "config": args.config, "on_busy": args.on_busy,
+    reply = request(sock, {"cmd": "apply", "file": path, "text": _stdin(args), "config": args.config,
+                           "on_busy": args.on_busy,
                            "dry_run": args.dry_run, "busy_timeout_s": parse_duration(args.busy_timeout),
                            "lock_timeout_s": args.lock_timeout, "parallel": not args.sequential})
     if reply is None:
@@ -147,7 +164,7 @@ def cmd_apply(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) ->
         if via is not None:
             return via
     # StrictModes: root applies only files that nobody else can rewrite
-    profile = load_profile(args.file, args.config, strict=os.geteuid() == 0)
+    profile = _profile(args, strict=os.geteuid() == 0)
     opts = ApplyOptions(on_busy=OnBusy(args.on_busy), busy_timeout_s=parse_duration(args.busy_timeout),
                         dry_run=args.dry_run, hooks=_hooks(args.hooks), lock_timeout_s=args.lock_timeout,
                         parallel=not args.sequential)
@@ -306,7 +323,7 @@ def parser() -> argparse.ArgumentParser:
     for name, hlp in (("plan", "show the operations an apply would run"), ("assert", "exit 0 if applied"),
                       ("apply", "apply a profile")):
         sp = sub.add_parser(name, help=hlp)
-        sp.add_argument("file", help="a migd profile or a mig-parted config file")
+        sp.add_argument("file", help="a migd profile or a mig-parted config file (- reads standard input)")
         sp.add_argument("--config", help="config name in a mig-parted file")
         fmt(sp)
         if name == "apply":

@@ -321,3 +321,17 @@ def test_assert_on_a_mig_parted_file_covers_the_whole_node(tmp_path: Path) -> No
     r = m("assert", str(cfg), "--config", "first")
     assert r.code == 1 and "GPU 7: matched by no entry of first" in r.err, r.err
     assert m("assert", str(mine)).code == 0
+
+
+def test_a_profile_from_standard_input(tmp_path: Path) -> None:
+    """``-`` reads the profile from stdin (as mig-parted's ``-f -``); errors name <stdin> and the line."""
+    m = Migctl(tmp_path, "single-a100")
+    argv = [sys.executable, "-m", "migd.cli", "--sim", "single-a100", "--sim-state", str(m.state), "--state-dir",
+            str(m.state_dir)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    p = subprocess.run([*argv, "apply", "-"], input=(PROFILES / "day.yaml").read_text(), capture_output=True,
+                       text=True, env=env, timeout=60)
+    assert p.returncode == 0 and "day: applied" in p.stdout, p.stderr
+    p = subprocess.run([*argv, "plan", "-"], input="gpus: [\n", capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 2 and p.stderr.startswith("error: <stdin>:") and "Traceback" not in p.stderr
+    assert m("assert", str(PROFILES / "day.yaml")).code == 0
