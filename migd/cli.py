@@ -69,14 +69,14 @@ def cmd_status(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -
 
 def cmd_plan(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
     profile = _profile(args)
-    doc = plan_doc(profile.name, Applier(backend, state_dir).plan(profile))
+    doc = plan_doc(profile.name, Applier(backend, state_dir).plan(profile, args.mode_only))
     _out(args, doc, plan_table(doc))
     return Exit.OK
 
 
 def cmd_assert(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
     profile = _profile(args)
-    plans = Applier(backend, state_dir).plan(profile)
+    plans = Applier(backend, state_dir).plan(profile, args.mode_only)
     pending = [p for p in plans if p.changes]
     for p in pending:
         print(f"GPU {p.gpu.index}: not as in {profile.name} ({len(p.ops)} operation(s) needed)", file=sys.stderr)
@@ -126,7 +126,8 @@ def apply_via_daemon(args: argparse.Namespace) -> int | None:
     reply = request(sock, {"cmd": "apply", "file": path, "text": _stdin(args), "config": args.config,
                            "on_busy": args.on_busy,
                            "dry_run": args.dry_run, "busy_timeout_s": parse_duration(args.busy_timeout),
-                           "lock_timeout_s": args.lock_timeout, "parallel": not args.sequential})
+                           "lock_timeout_s": args.lock_timeout, "parallel": not args.sequential,
+                           "mode_only": args.mode_only})
     if reply is None:
         return None
     if "result" in reply:
@@ -167,7 +168,7 @@ def cmd_apply(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) ->
     profile = _profile(args, strict=os.geteuid() == 0)
     opts = ApplyOptions(on_busy=OnBusy(args.on_busy), busy_timeout_s=parse_duration(args.busy_timeout),
                         dry_run=args.dry_run, hooks=_hooks(args.hooks), lock_timeout_s=args.lock_timeout,
-                        parallel=not args.sequential)
+                        parallel=not args.sequential, mode_only=args.mode_only)
     opts.cancel = threading.Event()
     with _interruptible(opts.cancel):
         result = Applier(backend, state_dir).apply(profile, opts)
@@ -325,6 +326,8 @@ def parser() -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=hlp)
         sp.add_argument("file", help="a migd profile or a mig-parted config file (- reads standard input)")
         sp.add_argument("--config", help="config name in a mig-parted file")
+        sp.add_argument("--mode-only", action="store_true",
+                        help="only the MIG mode (enabled/disabled), as mig-parted's --mode-only; instances stay")
         fmt(sp)
         if name == "apply":
             sp.add_argument("--dry-run", action="store_true", help="plan and show what would change; change nothing")

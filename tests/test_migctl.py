@@ -335,3 +335,20 @@ def test_a_profile_from_standard_input(tmp_path: Path) -> None:
     p = subprocess.run([*argv, "plan", "-"], input="gpus: [\n", capture_output=True, text=True, env=env, timeout=60)
     assert p.returncode == 2 and p.stderr.startswith("error: <stdin>:") and "Traceback" not in p.stderr
     assert m("assert", str(PROFILES / "day.yaml")).code == 0
+
+
+def test_mode_only_changes_the_mig_mode_and_nothing_else(tmp_path: Path) -> None:
+    """mig-parted's --mode-only: apply and assert look at the MIG mode alone."""
+    m = Migctl(tmp_path, "dgx-a100")
+    assert m("assert", str(PROFILES / "night.yaml"), "--mode-only").code == 1  # MIG is off
+    r = m("apply", str(PROFILES / "night.yaml"), "--mode-only")
+    assert r.code == 0, r.err
+    assert all(g == [] for g in m.layout())  # MIG on, no instance created
+    assert m("assert", str(PROFILES / "night.yaml"), "--mode-only").code == 0
+    assert m("apply", str(PROFILES / "day.yaml")).code == 0
+    before = m.layout()
+    plan = m("plan", str(PROFILES / "night.yaml"), "--mode-only", "-o", "json").json()
+    assert not any(g["changes"] for g in plan["gpus"])  # instances of another profile are kept
+    assert m("apply", str(PROFILES / "night.yaml"), "--mode-only").code == 0 and m.layout() == before
+    assert m("assert", str(PROFILES / "night.yaml"), "--mode-only").code == 0
+    assert m("assert", str(PROFILES / "night.yaml")).code == 1

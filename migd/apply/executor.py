@@ -79,11 +79,13 @@ class Applier:
         return ApplyLock(self.state_dir / "apply.lock", timeout_s)
 
     # -- planning ---------------------------------------------------------------------------------
-    def plan(self, profile: Profile) -> list[GpuPlan]:
-        """One reading of every GPU the profile selects, and its plan (owners read once)."""
-        return self.plan_each(profile, tolerate=False)[0]
+    def plan(self, profile: Profile, mode_only: bool = False) -> list[GpuPlan]:
+        """One reading of every GPU the profile selects, and its plan (owners read once).  ``mode_only``:
+        only the MIG mode, as mig-parted's --mode-only (instances that exist are kept)."""
+        return self.plan_each(profile, tolerate=False, mode_only=mode_only)[0]
 
-    def plan_each(self, profile: Profile, tolerate: bool = True) -> tuple[list[GpuPlan], list[Unreadable]]:
+    def plan_each(self, profile: Profile, tolerate: bool = True,
+                  mode_only: bool = False) -> tuple[list[GpuPlan], list[Unreadable]]:
         """As :meth:`plan`, but (``tolerate``) a GPU NVML cannot read is set aside, not fatal to the rest."""
         plans, owners = [], self.owners.load()
         gpus, unreadable = self.readable_gpus(tolerate)
@@ -95,7 +97,7 @@ class Applier:
                 if gpu.model is None:
                     raise section.loc.error(f"selects GPU {gpu.index} ({gpu.name}), which is not a known "
                                             "MIG-capable model")
-                desired = resolve_section(section, gpu.model)
+                desired = resolve_section(section, gpu.model, mode_only)
                 plans.append(self.plan_layout(gpu, desired, owners.get(gpu.uuid, {}), where=f"{profile.source}: "))
             except HardwareError as e:
                 if not tolerate:
@@ -118,6 +120,8 @@ class Applier:
     def plan_layout(self, gpu: GpuInfo, desired: DesiredLayout, owners: dict[int, str],
                     where: str = "") -> GpuPlan:
         seen = read_state(self.backend, gpu)
+        if desired.mode_only and gpu.mig_current and gpu.model is not None:
+            desired = layout_of(gpu.model, list(seen.instances), owners)  # MIG stays on: keep what is there
         try:
             plan = plan_gpu(gpu, desired, list(seen.instances), busy_of(seen), owners, seen.pids)
         except PlanError as e:
@@ -130,7 +134,7 @@ class Applier:
         opts = opts or ApplyOptions()
         with self.lock(opts.lock_timeout_s):
             self.resolve_journal()
-            return self.apply_plans(profile, self.plan(profile), opts)
+            return self.apply_plans(profile, self.plan(profile, opts.mode_only), opts)
 
     def apply_plans(self, profile: Profile, plans: list[GpuPlan], opts: ApplyOptions) -> ApplyResult:
         """Carry out ``plans``, made from readings taken under the apply lock that the caller still holds."""
@@ -194,7 +198,7 @@ class Applier:
                 time.sleep(opts.poll_s)
             if opts.progress is not None:
                 opts.progress()
-            plans = [p for p in self.plan(profile) if p.gpu.uuid not in skip]
+            plans = [p for p in self.plan(profile, opts.mode_only) if p.gpu.uuid not in skip]
 
     def _run(self, profile: Profile, plans: list[GpuPlan], opts: ApplyOptions) -> list[GpuResult]:
         env = {"MIGD_PROFILE": profile.name, "MIGD_GPUS": ",".join(str(p.gpu.index) for p in plans)}

@@ -56,6 +56,7 @@ class ApplyOptions:
     partial: bool = False  # GPUs busy instances block are left (status "blocked"); the others go ahead
     cancel: threading.Event | None = None  # set (SIGTERM): stop waiting; roll back the GPU being changed
     progress: Callable[[], None] | None = None  # called at each step and busy poll (feeds the watchdog)
+    mode_only: bool = False  # only the MIG mode (mig-parted's --mode-only): existing instances are kept
 
 
 @dataclass

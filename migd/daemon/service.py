@@ -61,6 +61,7 @@ class ManualApply:
     busy_timeout_s: float | None = None  # None: the daemon's busy_timeout
     lock_timeout_s: float = 30.0
     parallel: bool = True
+    mode_only: bool = False
 
     @classmethod
     def from_request(cls, req: dict[str, Any]) -> ManualApply:
@@ -72,7 +73,7 @@ class ManualApply:
                 raise ValueError(f"{k} {v!r}")
         return cls(on_busy=on_busy, dry_run=bool(req.get("dry_run")), busy_timeout_s=numbers["busy_timeout_s"],
                    lock_timeout_s=30.0 if numbers["lock_timeout_s"] is None else float(numbers["lock_timeout_s"]),
-                   parallel=bool(req.get("parallel", True)))
+                   parallel=bool(req.get("parallel", True)), mode_only=bool(req.get("mode_only")))
 
 
 def outcome_of(result: ApplyResult) -> Outcome:
@@ -163,7 +164,8 @@ class Daemon:
             with self.applier.lock(opts.lock_timeout_s):
                 for r in self.applier.recover_locked():
                     log.warning("GPU %d: %s after an interrupted apply", r.index, r.status.replace("_", " "))
-                plans, unreadable = self.applier.plan_each(profile, tolerate=not manual and not opts.dry_run)
+                plans, unreadable = self.applier.plan_each(profile, tolerate=not manual and not opts.dry_run,
+                                                           mode_only=opts.mode_only)
                 if opts.dry_run:
                     return self.applier.apply_plans(profile, plans, opts)
                 if not manual and (not correct or not any(p.changes for p in plans)):
@@ -261,6 +263,7 @@ class Daemon:
         with self.lock:
             opts = self._options(req.on_busy)
             opts.dry_run, opts.parallel, opts.lock_timeout_s = req.dry_run, req.parallel, req.lock_timeout_s
+            opts.mode_only = req.mode_only
             opts.busy_timeout_s = self.config.busy_timeout_s if req.busy_timeout_s is None else req.busy_timeout_s
             return self._change(profile, "manual", opts, manual=True)
 

@@ -39,6 +39,7 @@ class DesiredInstance:
 class DesiredLayout:
     mig: bool
     instances: tuple[DesiredInstance, ...] = ()
+    mode_only: bool = False  # only the MIG mode is asked for: instances that exist are kept as they are
 
 
 def allowed_names(model: GpuModel) -> list[str]:
@@ -92,9 +93,11 @@ def resolve_instances(spec: InstanceSpec, model: GpuModel) -> list[DesiredInstan
     return out
 
 
-def resolve_section(section: GpuSection, model: GpuModel) -> DesiredLayout:
+def resolve_section(section: GpuSection, model: GpuModel, mode_only: bool = False) -> DesiredLayout:
     if not section.mig:
         return DesiredLayout(mig=False)
+    if mode_only:
+        return DesiredLayout(mig=True, mode_only=True)
     out: list[DesiredInstance] = []
     for spec in section.instances:
         out.extend(resolve_instances(spec, model))
