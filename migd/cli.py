@@ -24,7 +24,7 @@ from migd.cliargs import Parser
 from migd.doctor import diagnose
 from migd.exits import EXPECTED, Exit, failure, for_result
 from migd.hardware.backend import GpuBackend
-from migd.profiles.export import export_profile
+from migd.profiles.export import export_mig_parted, export_profile
 from migd.profiles.loader import load_profile
 from migd.profiles.model import Profile
 from migd.profiles.validate import validate_file
@@ -288,7 +288,8 @@ def cmd_reload(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
-    doc = export_profile(backend, Applier(backend, state_dir).owners.load(), args.name)
+    doc = export_mig_parted(backend, args.name) if args.format == "mig-parted" else \
+        export_profile(backend, Applier(backend, state_dir).owners.load(), args.name)
     sys.stdout.write(json.dumps(doc, indent=2) + "\n" if args.output == "json" else
                      yaml.safe_dump(doc, sort_keys=False, default_flow_style=None))
     return Exit.OK
@@ -361,6 +362,8 @@ def parser() -> argparse.ArgumentParser:
     fmt(sp)
     sp = sub.add_parser("export", help="print the current state as a migd profile")
     sp.add_argument("--name", default="exported", help="name of the exported profile (default exported)")
+    sp.add_argument("--format", choices=["migd", "mig-parted"], default="migd",
+                    help="a migd profile (default; keeps placements and owners) or a mig-parted config")
     fmt(sp, ("yaml", "json"))
     return p
 

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from migd.apply.journal import Journal
 from migd.apply.lock import ApplyLock
@@ -352,3 +353,18 @@ def test_mode_only_changes_the_mig_mode_and_nothing_else(tmp_path: Path) -> None
     assert m("apply", str(PROFILES / "night.yaml"), "--mode-only").code == 0 and m.layout() == before
     assert m("assert", str(PROFILES / "night.yaml"), "--mode-only").code == 0
     assert m("assert", str(PROFILES / "night.yaml")).code == 1
+
+
+def test_export_as_a_mig_parted_config_round_trips(tmp_path: Path) -> None:
+    m = Migctl(tmp_path, "mixed")
+    assert m("apply", str(PROFILES / "balanced.yaml")).code == 0
+    r = m("export", "--format", "mig-parted", "--name", "now")
+    assert r.code == 0, r.err
+    doc = yaml.safe_load(r.out)
+    assert doc["version"] == "v1" and set(doc["mig-configs"]) == {"now"}
+    cfg = tmp_path / "now.yaml"
+    cfg.write_text(r.out)
+    assert m("assert", str(cfg), "--config", "now").code == 0  # the whole node, as mig-parted asserts
+    assert m("apply", str(PROFILES / "night.yaml")).code == 0
+    assert m("assert", str(cfg), "--config", "now").code == 1
+    assert m("apply", str(cfg), "--config", "now").code == 0 and m("assert", str(cfg), "--config", "now").code == 0

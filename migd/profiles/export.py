@@ -43,3 +43,32 @@ def export_profile(backend: GpuBackend, owners: dict[str, dict[int, str]], name:
         sections.append(sec)
     return {"apiVersion": API_VERSION, "kind": "Profile", "name": name,
             "description": "exported from the current GPU state", "gpus": sections}
+
+
+def export_mig_parted(backend: GpuBackend, name: str = "exported") -> dict[str, Any]:
+    """The current state as a mig-parted config (``version: v1``): GPUs with the same layout share an
+    entry; ``mig-devices`` counts GI profiles, or CI profiles for a GI split into several CIs (mig-parted
+    keeps no placements and no owners, so neither is written)."""
+    groups: dict[tuple[bool, tuple[tuple[str, int], ...]], list[int]] = {}
+    for g in backend.list_gpus():
+        if g.model is None:
+            continue
+        counts: Counter[str] = Counter()
+        if g.mig_current:
+            for gi in backend.list_gpu_instances(g.index):
+                prof = g.model.profile_by_id(gi.profile_id)
+                if prof is None:
+                    continue
+                cps = [c for c in (prof.ci_by_id(ci.profile_id) for ci in gi.compute_instances) if c]
+                if not cps or cps == [prof.default_ci]:
+                    counts[prof.name] += 1
+                else:
+                    counts.update(c.name for c in cps)
+        groups.setdefault((g.mig_current, tuple(sorted(counts.items()))), []).append(g.index)
+    entries = []
+    for (mig, counts_), indexes in groups.items():
+        entry: dict[str, Any] = {"devices": indexes, "mig-enabled": mig}
+        if mig:
+            entry["mig-devices"] = dict(counts_)
+        entries.append(entry)
+    return {"version": "v1", "mig-configs": {name: entries}}
