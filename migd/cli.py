@@ -96,7 +96,9 @@ def _hooks(path: str | None) -> Hooks:
     if not path:
         return Hooks()
     strict = os.geteuid() == 0  # StrictModes: root runs only hooks that nobody else can rewrite
-    doc = load(path, strict=strict, what="hooks file").mapping(allowed=["hooks"], required=["hooks"])
+    doc = load(path, strict=strict, what="hooks file").mapping(allowed=["version", "hooks"], required=["hooks"])
+    if "version" in doc:  # mig-parted's hooks file (api/hooks/v1)
+        doc["version"].str(choices=["v1"])
     return parse_hooks(doc["hooks"], strict)
 
 

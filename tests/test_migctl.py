@@ -368,3 +368,20 @@ def test_export_as_a_mig_parted_config_round_trips(tmp_path: Path) -> None:
     assert m("apply", str(PROFILES / "night.yaml")).code == 0
     assert m("assert", str(cfg), "--config", "now").code == 1
     assert m("apply", str(cfg), "--config", "now").code == 0 and m("assert", str(cfg), "--config", "now").code == 0
+
+
+def test_mig_parted_hooks_files_are_accepted(tmp_path: Path) -> None:
+    """mig-parted's hooks format (deployments/systemd/hooks-default.yaml; api/hooks/v1/hooks.go):
+    version v1, a command string, args, envs and workdir; MIG_PARTED_SELECTED_CONFIG is set as
+    mig-parted sets it for its hooks.sh."""
+    m = Migctl(tmp_path, "single-a100")
+    log = tmp_path / "hooks.log"
+    hooks = tmp_path / "hooks-default.yaml"
+    hooks.write_text(
+        "version: v1\nhooks:\n" + "".join(
+            f"    {ph}:\n    - workdir: \"{tmp_path}\"\n      command: \"/bin/sh\"\n"
+            f"      args: [\"-c\", \"echo {ph} $MIG_PARTED_SELECTED_CONFIG $MY_VAR $(pwd) >> {log}\"]\n"
+            "      envs: {MY_VAR: from-envs}\n"
+            for ph in ("apply-start", "apply-exit")))
+    assert m("apply", str(PROFILES / "day.yaml"), "--hooks", str(hooks)).code == 0
+    assert log.read_text().splitlines() == [f"{ph} day from-envs {tmp_path}" for ph in ("apply-start", "apply-exit")]

@@ -201,7 +201,8 @@ class Applier:
             plans = [p for p in self.plan(profile, opts.mode_only) if p.gpu.uuid not in skip]
 
     def _run(self, profile: Profile, plans: list[GpuPlan], opts: ApplyOptions) -> list[GpuResult]:
-        env = {"MIGD_PROFILE": profile.name, "MIGD_GPUS": ",".join(str(p.gpu.index) for p in plans)}
+        env = {"MIGD_PROFILE": profile.name, "MIGD_GPUS": ",".join(str(p.gpu.index) for p in plans),
+               "MIG_PARTED_SELECTED_CONFIG": profile.name}  # what mig-parted's hooks.sh reads
         owners = self.owners.load()
         befores = [(self._before(p), owners.get(p.gpu.uuid, {})) for p in plans]  # what a rollback restores
         self.journal.begin(profile.name, {p.gpu.uuid: {

@@ -22,6 +22,7 @@ class Hook:
     argv: tuple[str, ...]
     timeout_s: float = 60.0
     workdir: str | None = None
+    env: tuple[tuple[str, str], ...] = ()  # a mig-parted hook's envs (the apply's own variables win)
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class Hooks:
     def run(self, phase: str, env: Mapping[str, str]) -> None:
         """Run a phase's hooks in order; a failing hook (except at apply-exit) stops the apply."""
         for hook in self.phases.get(phase, ()):
-            full_env = {**os.environ, **env, "MIGD_HOOK_PHASE": phase}
+            full_env = {**os.environ, **dict(hook.env), **env, "MIGD_HOOK_PHASE": phase}
             log.info("hook %s: %s", phase, " ".join(hook.argv))
             try:
                 proc = subprocess.run(list(hook.argv), env=full_env, cwd=hook.workdir, capture_output=True,
@@ -55,7 +56,9 @@ class Hooks:
 
 
 def parse_hooks(node: object, strict: bool = True) -> Hooks:
-    """``{phase: [{command: [argv...], timeout: 60s, workdir: DIR}]}`` from a located YAML node.
+    """``{phase: [{command: [argv...], timeout: 60s, workdir: DIR}]}`` from a located YAML node, or
+    mig-parted's form ``{command: PROGRAM, args: [...], envs: {K: V}, workdir: DIR}``
+    (api/hooks/v1/hooks.go HookSpec; run with exec.Command, no shell, as here).
 
     With ``strict`` (like sshd's StrictModes) a hook program that group or others may rewrite
     is refused: it runs as root whenever the GPUs are reconfigured."""
@@ -68,8 +71,11 @@ def parse_hooks(node: object, strict: bool = True) -> Hooks:
     for phase, items in node.mapping(allowed=PHASES).items():
         hooks = []
         for item in items.items():
-            m = item.mapping(allowed=["command", "timeout", "workdir"], required=["command"])
-            argv = tuple(x.str() for x in m["command"].items())
+            m = item.mapping(allowed=["command", "args", "envs", "timeout", "workdir"], required=["command"])
+            command = m["command"]
+            argv = (command.str(),) if command.is_scalar() else tuple(x.str() for x in command.items())
+            argv += tuple(x.str() for x in m["args"].items()) if "args" in m else ()
+            env = tuple((k, v.str()) for k, v in m["envs"].mapping().items()) if "envs" in m else ()
             if not argv:
                 raise m["command"].error("must list the program and its arguments")
             if not os.path.isabs(argv[0]):
@@ -80,6 +86,7 @@ def parse_hooks(node: object, strict: bool = True) -> Hooks:
                 except ValidationError as e:
                     raise m["command"].error(e.message) from None
             timeout = m["timeout"].duration() if "timeout" in m else 60.0
-            hooks.append(Hook(argv=argv, timeout_s=timeout, workdir=m["workdir"].str() if "workdir" in m else None))
+            hooks.append(Hook(argv=argv, timeout_s=timeout, workdir=m["workdir"].str() if "workdir" in m else None,
+                              env=env))
         phases[phase] = hooks
     return Hooks(phases)
