@@ -12,7 +12,7 @@ import pytest
 from migd.daemon.config import load_config
 from migd.daemon.schedule import Entry, Schedule, ScheduleError, normalize_days
 from migd.yamlsrc import ValidationError
-from tests.helpers import PROFILES
+from tests.helpers import PROFILES, REFERENCE
 
 UTC = timezone.utc
 SEOUL = ZoneInfo("Asia/Seoul")
@@ -160,3 +160,18 @@ def test_config_loads(tmp_path: Path) -> None:
     assert cfg.busy_timeout_s == 1800 and set(cfg.profiles) == {"day", "night"}
     now = datetime(2026, 11, 23, 20, tzinfo=SEOUL)
     assert cfg.schedule.active(now).profile == "night"  # type: ignore[union-attr]
+
+
+def test_a_schedule_names_configs_of_a_mig_parted_file(tmp_path: Path) -> None:
+    """A site keeps NVIDIA's config-default.yaml as the source of truth: the schedule names
+    FILE#CONFIG; configs for GPUs the catalog cannot check are an error only when scheduled."""
+    cfg = _cfg(tmp_path, "schedule:\n  - {profile: 'config-default.yaml#all-1g.10gb', at: '08:30'}\n"
+                         "  - {profile: 'config-default.yaml#all-disabled', at: '19:00'}\n")
+    (tmp_path / "profiles" / "config-default.yaml").write_text(
+        (REFERENCE / "mig-parted-config-default.yaml").read_text())
+    c = load_config(cfg)
+    assert c.profiles["config-default.yaml#all-1g.10gb"].kind == "mig-parted"
+    assert "config-default.yaml#all-disabled" in c.profiles
+    bad = _cfg(tmp_path, "schedule:\n  - {profile: 'config-default.yaml#all-1g.24gb.gfx', at: '08:30'}\n")
+    with pytest.raises(ValidationError, match="cannot be applied"):
+        load_config(bad)

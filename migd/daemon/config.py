@@ -14,7 +14,7 @@ from migd.apply.hooks import Hooks, parse_hooks
 from migd.apply.result import OnBusy
 from migd.daemon.schedule import Entry, Schedule, ScheduleError
 from migd.kinds import Word
-from migd.profiles.loader import load_profile
+from migd.profiles.loader import load_profile, mig_parted_configs
 from migd.profiles.model import Profile
 from migd.profiles.validate import check_profile
 from migd.trust import check_path
@@ -49,11 +49,14 @@ class Config:
     sample_interval_s: float = 15.0
 
 
-def _schedule(node: Node, tz: ZoneInfo, profiles: dict[str, Profile]) -> Schedule:
+def _schedule(node: Node, tz: ZoneInfo, profiles: dict[str, Profile],
+              unusable: dict[str, ValidationError]) -> Schedule:
     entries = []
     for item in node.items():
         m = item.mapping(allowed=["profile", "at", "days", "cron"], required=["profile"])
         name = m["profile"].str()
+        if name in unusable:
+            raise m["profile"].error(f"{name!r} cannot be applied: {unusable[name]}")
         if name not in profiles:
             raise m["profile"].error(f"no profile named {name!r} in the profiles directory", sorted(profiles))
         try:
@@ -72,19 +75,41 @@ def _schedule(node: Node, tz: ZoneInfo, profiles: dict[str, Profile]) -> Schedul
     return Schedule(tuple(entries), tz)
 
 
-def load_profiles(directory: Path, strict: bool) -> dict[str, Profile]:
-    """Every ``*.yaml``/``*.yml`` in the directory, each fully validated offline."""
+def load_profiles(directory: Path, strict: bool) -> tuple[dict[str, Profile], dict[str, ValidationError]]:
+    """Every ``*.yaml``/``*.yml`` in the directory, each fully validated offline.
+
+    A mig-parted file gives one profile per config, named ``FILE#CONFIG`` (``config-default.yaml#
+    all-balanced``), so a site keeps its mig-parted file as the source of truth.  Its configs for GPUs
+    this node cannot take are only an error if the schedule names them (second dict)."""
     if not directory.is_dir():
         raise ValidationError(str(directory), None, None, "", "profiles directory does not exist")
     out: dict[str, Profile] = {}
+    unusable: dict[str, ValidationError] = {}
     for f in sorted([*directory.glob("*.yaml"), *directory.glob("*.yml")]):
-        p = load_profile(f, strict=strict)
-        check_profile(p)
-        if p.name in out:
-            raise ValidationError(str(f), None, None, "name", f"profile name {p.name!r} is also used by "
-                                  f"{out[p.name].source}")
-        out[p.name] = p
-    return out
+        top = load(f, strict=strict).mapping()
+        found: list[tuple[str | None, Profile]] = []
+        if "mig-configs" not in top:
+            found.append((None, load_profile(f, strict=strict)))
+        else:
+            for config in mig_parted_configs(f):
+                try:
+                    found.append((f"{f.name}#{config}", load_profile(f, config=config, strict=strict)))
+                except ValidationError as e:
+                    unusable[f"{f.name}#{config}"] = e
+        for key, p in found:
+            try:
+                check_profile(p)
+            except ValidationError as e:
+                if key is None:
+                    raise
+                unusable[key] = e
+                continue
+            name = key or p.name
+            if name in out:
+                raise ValidationError(str(f), None, None, "name", f"profile name {name!r} is also used by "
+                                      f"{out[name].source}")
+            out[name] = p
+    return out, unusable
 
 
 def load_config(path: str | Path, text: str | None = None) -> Config:
@@ -101,7 +126,7 @@ def load_config(path: str | Path, text: str | None = None) -> Config:
     pdir = Path(m["profiles_dir"].str()) if "profiles_dir" in m else Path(path).parent / "profiles"
     if not pdir.is_absolute():
         pdir = Path(path).parent / pdir
-    profiles = load_profiles(pdir, strict)
+    profiles, unusable = load_profiles(pdir, strict)
     metrics: str | None = "127.0.0.1:9835"
     if "metrics" in m:
         mm = m["metrics"].mapping(allowed=["listen", "enabled"])
@@ -114,7 +139,7 @@ def load_config(path: str | Path, text: str | None = None) -> Config:
                 raise mm["listen"].error(f"{metrics!r} is not HOST:PORT")
     return Config(
         path=str(path), timezone=tz, profiles_dir=pdir, profiles=profiles,
-        schedule=_schedule(m["schedule"], tz, profiles),
+        schedule=_schedule(m["schedule"], tz, profiles, unusable),
         on_busy=OnBusy(m["on_busy"].str(choices=list(OnBusy))) if "on_busy" in m else OnBusy.WAIT,
         busy_timeout_s=m["busy_timeout"].duration() if "busy_timeout" in m else 1800.0,
         reconcile_interval_s=max(1.0, m["reconcile_interval"].duration()) if "reconcile_interval" in m else 60.0,
