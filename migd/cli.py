@@ -83,7 +83,7 @@ def cmd_assert(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -
     unmatched: list[int] = []
     if profile.kind == "mig-parted":  # mig-parted asserts the whole node: every GPU must be matched
         planned = {p.gpu.index for p in plans}  # (cmd/nvidia-mig-parted/assert/config.go, CountTrue(matched))
-        unmatched = [g.index for g in backend.list_gpus() if g.index not in planned]
+        unmatched = [i for i in range(backend.gpu_count()) if i not in planned]
         for i in unmatched:
             print(f"GPU {i}: matched by no entry of {profile.name} (a mig-parted assert covers every GPU)",
                   file=sys.stderr)

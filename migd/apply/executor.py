@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
@@ -381,8 +382,8 @@ class Applier:
                 log.error("GPU %s %s: its journal entry is kept", uuid, why)
                 results.append(GpuResult(entry.get("index", -1), uuid, GpuStatus.FAILED, 0, f"{uuid} {why}"))
                 continue
-            model, raw = gpu.model, entry["before"]
-            before = _located(lambda: layout_from_json(model, raw), self.journal.path, f"gpus.{uuid}.before")  # noqa: B023
+            before = _located(partial(layout_from_json, gpu.model, entry["before"]), self.journal.path,
+                              f"gpus.{uuid}.before")
             owners = {int(k): v for k, v in entry.get("owners_before", {}).items()}
             results.append(self._rollback(gpu, before, owners, "recovered after an interrupted apply",
                                           time.monotonic()))

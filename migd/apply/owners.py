@@ -33,9 +33,6 @@ class Owners:
         gpus = raw.get("gpus", {}) if "schema" in raw else raw
         return {u: {int(k): v for k, v in m.items()} for u, m in gpus.items()}
 
-    def for_gpu(self, uuid: str) -> dict[int, str]:
-        return self.load().get(uuid, {})
-
     def set_gpu(self, uuid: str, owners: dict[int, str]) -> None:
         with self._lock:
             self._set(uuid, owners)

@@ -22,9 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from migd.apply.executor import Applier
-from migd.apply.hooks import HookError
-from migd.apply.lock import LockBusy
-from migd.apply.result import ApplyOptions, ApplyResult, BusyError, GpuStatus, GpuUnhealthy, OnBusy, Unreadable
+from migd.apply.result import ApplyOptions, ApplyResult, GpuStatus, OnBusy, Unreadable
 from migd.daemon.clock import Clock
 from migd.daemon.config import Config, ReconcileMode
 from migd.daemon.override import Override, OverrideStore
@@ -32,13 +30,18 @@ from migd.daemon.progress import Tracker
 from migd.daemon.sdnotify import Notifier
 from migd.daemon.status import LastApply, Outcome, Status
 from migd.daemon.watchdog import Heartbeat
-from migd.hardware.backend import GpuBackend, GpuState, HardwareError
+from migd.exits import EXPECTED
+from migd.hardware.backend import GpuBackend, GpuState
 from migd.isolation.audit import Finding, Severity, audit_readings
-from migd.planner import GpuPlan, PlanError
+from migd.planner import GpuPlan
 from migd.profiles.model import Profile
 from migd.yamlsrc import ValidationError
 
 __all__ = ["Clock", "Daemon", "ManualApply"]
+log = logging.getLogger("migd")
+# What stops one pass without stopping the daemon: the failures migctl reports as exit codes
+# (OSError included: a full or read-only state dir).
+REFUSALS = EXPECTED
 
 
 def restart_only(old: Config, new: Config) -> list[tuple[str, object, object]]:
@@ -47,9 +50,6 @@ def restart_only(old: Config, new: Config) -> list[tuple[str, object, object]]:
             ("control_socket", old.control_socket, new.control_socket),
             ("state_dir", old.state_dir, new.state_dir),
             ("sample_interval", old.sample_interval_s, new.sample_interval_s)]
-log = logging.getLogger("migd")
-# What stops one pass without stopping the daemon (OSError: a full or read-only state dir).
-REFUSALS = (BusyError, GpuUnhealthy, HookError, LockBusy, HardwareError, ValidationError, PlanError, OSError)
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,11 @@ class Status:
         return {i: g for i, g in sorted(self.gpus.items()) if g.progress in kinds}
 
     @property
+    def drifted(self) -> list[int]:
+        """GPUs not in the active profile's layout (drift reported, waiting, or a failed change)."""
+        return sorted(self.with_progress(Progress.DRIFTED, Progress.WAITING, Progress.FAILED))
+
+    @property
     def blocked_since(self) -> float | None:
         return min((g.since for g in self.with_progress(Progress.WAITING).values()), default=None)
 
@@ -113,7 +118,7 @@ class Status:
             "applied_profile": self.applied_profile,
             "override": self.override.to_json() if self.override else None,
             "next_transition": [nxt["at"], nxt["profile"]] if nxt else None, "next": nxt,
-            "drift_gpus": sorted(self.with_progress(Progress.DRIFTED, Progress.WAITING, Progress.FAILED)),
+            "drift_gpus": self.drifted,
             "blocked_since": self.blocked_since, "blocked_reason": self.blocked_reason,
             "last_apply": self.last_apply.to_json() if self.last_apply else None,
             "blocked_gpus": {str(i): {"since": g.since, "reason": g.reason} for i, g in waiting.items()},

@@ -144,7 +144,7 @@ class MigdCollector(Collector):
             g.add_metric([st.applied_profile], 1)
         yield g
         yield GaugeMetricFamily("migd_drift_gpus", "GPUs whose layout differs from the desired profile",
-                                value=len(st.with_progress(Progress.DRIFTED, Progress.WAITING, Progress.FAILED)))
+                                value=len(st.drifted))
         yield GaugeMetricFamily("migd_transition_blocked", "1 while a transition waits for busy instances",
                                 value=1 if st.blocked_since else 0)
         g = GaugeMetricFamily("migd_gpu_blocked_since_timestamp_seconds",

@@ -3,10 +3,26 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
-from migd.hardware.backend import GpuBackend
+from migd.hardware.backend import GpuBackend, GpuInfo, GpuInstance
+from migd.hardware.catalog import CiProfile, GiProfile
 from migd.profiles.loader import API_VERSION
+
+
+def _instances(backend: GpuBackend, g: GpuInfo) -> Iterator[tuple[GpuInstance, GiProfile, list[CiProfile]]]:
+    """Each GI of a MIG GPU with its profile and its CI split: empty when it holds one full CI, or none
+    (a GI without CIs is exported with its default CI: CUDA cannot use it otherwise)."""
+    model = g.model
+    if model is None:
+        return
+    for gi in backend.list_gpu_instances(g.index):
+        prof = model.profile_by_id(gi.profile_id)
+        if prof is None:
+            continue
+        cps = [c for c in (prof.ci_by_id(ci.profile_id) for ci in gi.compute_instances) if c]
+        yield gi, prof, [] if not cps or cps == [prof.default_ci] else cps
 
 
 def export_profile(backend: GpuBackend, owners: dict[str, dict[int, str]], name: str = "exported") -> dict[str, Any]:
@@ -18,13 +34,8 @@ def export_profile(backend: GpuBackend, owners: dict[str, dict[int, str]], name:
             key: tuple[Any, ...] = ("disabled",)
         else:
             items: Counter[tuple[str, tuple[str, ...] | None, str | None]] = Counter()
-            for gi in backend.list_gpu_instances(g.index):
-                prof = g.model.profile_by_id(gi.profile_id)
-                if prof is None:
-                    continue
-                cps = [c for c in (prof.ci_by_id(ci.profile_id) for ci in gi.compute_instances) if c]
-                # a GI without CIs is exported with its default CI: CUDA cannot use it otherwise
-                compute = None if not cps or cps == [prof.default_ci] else tuple(f"{c.slices}c" for c in cps)
+            for gi, prof, split in _instances(backend, g):
+                compute = tuple(f"{c.slices}c" for c in split) if split else None
                 items[(prof.name, compute, owners.get(g.uuid, {}).get(gi.placement.start))] += 1
             key = ("enabled", tuple(sorted(items.items(), key=lambda kv: repr(kv))))
         groups.setdefault(key, []).append(g.index)
@@ -55,15 +66,8 @@ def export_mig_parted(backend: GpuBackend, name: str = "exported") -> dict[str, 
             continue
         counts: Counter[str] = Counter()
         if g.mig_current:
-            for gi in backend.list_gpu_instances(g.index):
-                prof = g.model.profile_by_id(gi.profile_id)
-                if prof is None:
-                    continue
-                cps = [c for c in (prof.ci_by_id(ci.profile_id) for ci in gi.compute_instances) if c]
-                if not cps or cps == [prof.default_ci]:
-                    counts[prof.name] += 1
-                else:
-                    counts.update(c.name for c in cps)
+            for _, prof, split in _instances(backend, g):
+                counts.update([c.name for c in split] or [prof.name])
         groups.setdefault((g.mig_current, tuple(sorted(counts.items()))), []).append(g.index)
     entries = []
     for (mig, counts_), indexes in groups.items():
