@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import KW_ONLY, dataclass, field
 
 from migd.hardware.backend import GpuInfo, GpuInstance, GpuState
-from migd.hardware.catalog import CiProfile, GpuModel, Placement
+from migd.hardware.catalog import CiProfile, GpuModel, Placement, media_conflict
 from migd.kinds import Word
 from migd.profiles.resolve import DesiredInstance, DesiredLayout
 
@@ -131,6 +131,9 @@ def _feasibility(model: GpuModel, want: list[DesiredInstance]) -> None:
     for prof, n in Counter(i.gi for i in want).items():
         if n > prof.instance_count:
             raise PlanError(f"{n} x {prof.name} exceed the {prof.instance_count} instance(s) {model.key} allows")
+    conflict = media_conflict(i.gi for i in want)
+    if conflict is not None:
+        raise PlanError(f"on {model.key}: {conflict}")
 
 
 def _place_cis(want: tuple[CiProfile, ...], pinned: tuple[Placement, ...] | None,

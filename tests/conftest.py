@@ -32,6 +32,11 @@ def no_leaked_nvml_session() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
+def reference_dir() -> Path:
+    return FACTS_DIR
+
+
+@pytest.fixture(scope="session")
 def facts() -> dict[str, Any]:
     path = FACTS_DIR / "mig-facts.yaml"
     if not path.exists():

@@ -3,66 +3,124 @@
 from __future__ import annotations
 
 import itertools
+import re
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from migd.hardware.catalog import MODELS, GpuModel, model_for
 
-# catalog key -> facts key whose gpu_instance_profiles list it must equal
+# catalog key -> facts key of its gpus entry
 FACTS_KEY = {
-    "A100-SXM4-40GB": "A100-SXM4-40GB", "A100-PCIE-40GB": "A100-SXM4-40GB",
-    "A100-SXM4-80GB": "A100-SXM4-80GB", "A100-80GB-PCIe": "A100-SXM4-80GB",
-    "A30-24GB": "A30-24GB", "H100-SXM5-80GB": "H100-SXM5-80GB", "H100-PCIe-80GB": "H100-SXM5-80GB",
-    "H100-NVL-94GB": "H100-NVL-94GB", "H200-141GB": "H200-141GB",
+    "A100-40GB-0x20B1": "A100-40GB-0x20B1", "PG506-96GB": "PG506-0x20B6", "H100-96GB": "H100-96GB-0x233D",
+    "GH200-144GB": "GH200-144G-HBM3e", "B300": "B300-SXM6",
+    "RTX-PRO-6000-Blackwell-Server": "RTX-PRO-6000-Blackwell-Server-Edition",
 }
+# entries whose profile table is one sentence ("same as ..."): the facts key of the table it names
+SIBLING = {"A100-40GB-0x20B1": "A100-SXM4-40GB", "A100-80GB-PCIe": "A100-SXM4-80GB", "A800-80GB-PCIe": "A800-SXM4-80GB",
+           "PG506-96GB": "GH200-96GB", "H100-PCIe-80GB": "H100-SXM5-80GB", "H800-SXM5-80GB": "H800-PCIe-80GB",
+           "H100-96GB": "GH200-96GB"}
+PLACEMENT_TABLE = {"seven_slice": "seven_slice_8_memory_slices", "a30": "a30_4_memory_slices"}
 ROLE_NAMES = {"1g": 0, "1g+me": 7, "1g.2m": 9, "2g": 1, "3g": 2, "4g": 3, "7g": 4}
+# facts field -> catalog attribute, for the values a row may carry
+FIELDS = {"nvml_enum_value": "nvml_enum", "slice_count": "slices", "memory_slices": "memory_slices",
+          "memory_size_mb": "memory_mib", "sm": "sm", "ce": "ce", "dec": "dec", "enc": "enc", "jpeg": "jpeg",
+          "ofa": "ofa"}
+DERIVABLE = ("memory_mib", "sm", "ce", "dec", "enc", "jpeg", "ofa")  # what the simulator needs a number for
+
+
+def _value(v: Any) -> tuple[Any, bool]:
+    """(first value, marked unconfirmed) of a facts field."""
+    if isinstance(v, dict):
+        return _first(v.get("value")), bool(v.get("unconfirmed"))
+    return _first(v), False
 
 
 def _first(v: Any) -> Any:
     return v[0] if isinstance(v, list) else v
 
 
+def _facts_rows(facts: dict[str, Any], key: str) -> tuple[list[dict[str, Any]], bool]:
+    """The facts rows of a model and whether they came from a sibling (the whole table unconfirmed)."""
+    entry = facts["gpus"][FACTS_KEY.get(key, key)]
+    rows = entry["gpu_instance_profiles"]
+    if isinstance(rows, list):
+        return rows, False
+    text = rows if isinstance(rows, str) else rows["value"]
+    sibling = facts["gpus"][SIBLING[key]]["gpu_instance_profiles"]
+    listed = dict(re.findall(r"(\d+g\.\d+gb(?:\+me)?) x(\d)", text))
+    if set(listed) != {r["name"] for r in sibling}:
+        listed = {}  # the sentence lists another thing (e.g. an all-balanced layout), not the table
+    return [{**r, "instance_count": int(listed.get(r["name"], r["instance_count"]))} for r in sibling], True
+
+
+def _placements(facts: dict[str, Any], model: GpuModel, row: dict[str, Any], pid: int) -> list[list[int]]:
+    if "placements" in row:
+        return row["placements"]
+    table = facts["placement_tables"][PLACEMENT_TABLE[model.family]]
+    entry = next(v for k, v in table.items() if k.startswith(f"profile_id_{pid}_"))
+    return [[s, entry["size"]] for s in entry["starts"]]
+
+
 @pytest.mark.parametrize("key", sorted(MODELS))
 def test_profiles_match_facts(facts: dict[str, Any], key: str) -> None:
+    """Every observed value equals the facts; every value the facts lack is marked unconfirmed."""
     model = MODELS[key]
-    rows = facts["gpus"][FACTS_KEY[key]]["gpu_instance_profiles"]
+    rows, borrowed = _facts_rows(facts, key)
     assert [p.name for p in model.profiles] == [r["name"] for r in rows]
-    table = facts["placement_tables"]["seven_slice_8_memory_slices" if model.family == "seven_slice"
-                                      else "a30_4_memory_slices"]
+    if borrowed or any(r.get("ids_engines_placements_unconfirmed") for r in rows):
+        assert model.unconfirmed, f"{key}: its table is borrowed, the catalog must say so"
     for p, r in zip(model.profiles, rows, strict=True):
-        assert p.nvml_enum == r["nvml_enum_value"], p.name
-        assert p.profile_id == r["profile_id"], p.name
-        assert p.slices == r["slice_count"] and p.memory_slices == r["memory_slices"], p.name
-        assert p.instance_count == r["instance_count"], p.name
-        assert p.memory_mib == _first(r["memory_size_mb"]), p.name
-        assert (p.sm, p.ce, p.dec, p.enc, p.jpeg, p.ofa) == (r["sm"], r["ce"], r["dec"], r["enc"], r["jpeg"],
-                                                             r["ofa"]), p.name
-        expected = r.get("placements")
-        if expected is None:  # H200: facts say "same as placement_tables.seven_slice_8_memory_slices"
-            entry = next(v for k, v in table.items() if k.startswith(f"profile_id_{p.profile_id}_"))
-            expected = [[s, entry["size"]] for s in entry["starts"]]
-        assert [[pl.start, pl.size] for pl in p.placements] == expected, p.name
+        assert (p.profile_id, p.instance_count) == (r["profile_id"], r["instance_count"]), p.name
+        marked = bool(p.unconfirmed) or borrowed or bool(r.get("ids_engines_placements_unconfirmed"))
+        if r.get("unconfirmed") or r.get("id_unconfirmed"):
+            assert marked, f"{key} {p.name}: unconfirmed in the facts, not in the catalog"
+        for fact, ours in FIELDS.items():
+            want, unsure = _value(r.get(fact))
+            if want is None and fact == "memory_size_mb" and "memory_gib_lgip" in r:
+                assert f"{p.memory_mib / 1024:.2f}" == _first(r["memory_gib_lgip"]).split()[0], p.name
+            elif want is None:
+                assert ours not in DERIVABLE or marked, f"{key} {p.name}: {ours} not in the facts, not marked"
+            else:
+                assert getattr(p, ours) == want, (key, p.name, fact)
+                assert marked or not unsure, (key, p.name, fact)
+        assert [[pl.start, pl.size] for pl in p.placements] == _placements(facts, model, r, p.profile_id), p.name
 
 
 @pytest.mark.parametrize("key", sorted(MODELS))
 def test_identity_matches_facts(facts: dict[str, Any], key: str) -> None:
     model = MODELS[key]
-    fk = {"A100-PCIE-40GB": None, "A100-80GB-PCIe": "A100-80GB-PCIe"}.get(key, key)
-    if fk is None:
-        return  # only named in a note of the facts file; checked below
-    g = facts["gpus"][fk]
+    g = facts["gpus"][FACTS_KEY.get(key, key)]
     assert int(g["pci_device_id"], 16) == model.pci_device_id
-    assert g["nvml_name"] == model.nvml_name
+    names, unsure = _value(g["nvml_name"]) if isinstance(g["nvml_name"], dict) else (g["nvml_name"], False)
+    if names is None:  # not in the driver's name table: the catalog's made-up name must say so
+        assert unsure and any("NVML name" in n for n in model.unconfirmed), key
+    else:
+        assert {model.nvml_name, *model.alt_names} == set(names if isinstance(names, list) else [names])
     assert model_for(pci_device_id=model.pci_device_id) is model
     assert model_for(name=model.nvml_name.removeprefix("NVIDIA ")) is model
+    total, unsure = _value(g.get("total_memory_mib"))
+    if total is not None and not unsure:
+        assert model.total_memory_mib == total, key
+    elif "memory" not in " ".join(model.unconfirmed) and g.get("gpu_instance_profiles") is not None:
+        assert total is not None or model.unconfirmed, key
+
+
+def test_every_device_id_of_nvidias_default_config_is_known(reference_dir: Path) -> None:
+    text = (reference_dir / "mig-parted-config-default.yaml").read_text()
+    ids = {int(x, 16) for x in re.findall(r"0x[0-9A-Fa-f]{8}", text)}
+    assert len(ids) == 27
+    assert {hex(i) for i in ids if model_for(pci_device_id=i) is None} == set()
 
 
 def test_enum_to_profile_id_table(facts: dict[str, Any]) -> None:
     table = facts["nvml"]["profile_id_vs_enum"]
     enums = facts["nvml"]["gpu_instance_profile_enum"]
     for model in MODELS.values():
+        if model.family == "gb202":
+            continue  # RTX PRO 6000: its own ids, checked row by row against the facts above
         expect = table["a30"] if model.family == "a30" else table["seven_slice_boards"]
         got = {name: model.profile_by_enum(enums[name]).profile_id  # type: ignore[union-attr]
                for name in expect}

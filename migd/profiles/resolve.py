@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from migd.hardware.catalog import CiProfile, GiProfile, GpuModel, Placement
 from migd.profiles.model import GpuSection, InstanceSpec
 
-ROLES = ("1g", "1g+me", "2g", "2g+me", "3g", "4g", "7g")
+ROLES = ("1g", "1g+me", "2g", "2g+me", "3g", "4g", "7g", "1g+gfx", "1g-me", "1g+me.all", "2g+gfx", "2g-me",
+         "2g+me.all", "4g+gfx")
 _CI_NAME = re.compile(r"^(\d+)c(?:\.(.+))?$")
 
 

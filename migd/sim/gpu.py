@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import pynvml
 
-from migd.hardware.catalog import MODELS, GiProfile, GpuModel
+from migd.hardware.catalog import MODELS, GiProfile, GpuModel, media_conflict
 
 MiB = 1024 * 1024
 
@@ -172,6 +172,8 @@ class SimGpu:
 
     def remaining_capacity(self, p: GiProfile) -> int:
         # A profile's own placements never overlap each other, so free starts == room left.
+        if media_conflict([p, *(self.profile(g.profile_id) for g in self.gis)]) is not None:
+            return 0
         left = p.instance_count - sum(1 for g in self.gis if g.profile_id == p.profile_id)
         return max(0, min(left, len(self.free_starts(p))))
 
@@ -180,6 +182,8 @@ class SimGpu:
         self.require_mig()
         if self.remaining_capacity(p) == 0 or start not in self.free_starts(p):
             raise NvmlFail(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+        if media_conflict([p, *(self.profile(g.profile_id) for g in self.gis)]) is not None:
+            raise NvmlFail(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)  # nvml.h *_SLICE_ALL_ME (see media_conflict)
         gi = SimGi(id=gi_id_for(self.catalog.memory_slices, start, p.memory_slices), serial=serial,
                    profile_id=p.profile_id, start=start, size=p.memory_slices)
         self.gis.append(gi)

@@ -39,6 +39,16 @@ FLEETS: dict[str, list[str]] = {
     "single-a100": ["A100-SXM4-80GB"],
     "single-h100": ["H100-SXM5-80GB"],
     "a100-vm": ["A100-SXM4-80GB"] * 2,
+    # Newer families (issue 14): board sizes as NVIDIA sells them (HGX: 8 GPUs; a GB200/GB300
+    # compute tray: 4; a GH200 node: 1 superchip, NVL2: 2).
+    "hgx-b200": ["B200"] * 8,
+    "hgx-b300": ["B300"] * 8,
+    "gb200-tray": ["GB200"] * 4,
+    "gb300-tray": ["GB300"] * 4,
+    "gh200": ["GH200-96GB"],
+    "gh200-nvl2": ["GH200-144GB"] * 2,
+    "h20": ["H20-96GB"] * 8,
+    "rtx-pro-6000": ["RTX-PRO-6000-Blackwell-Server"] * 8,
 }
 # Fleets that stand for a pass-through VM: the guest cannot reset the GPU itself, so an Ampere
 # MIG mode change answers NVML_ERROR_RESET_REQUIRED and stays pending until `nvidia-smi -r`
