@@ -27,7 +27,7 @@ from migd.hardware.backend import GpuBackend
 from migd.profiles.export import export_mig_parted, export_profile
 from migd.profiles.loader import load_profile
 from migd.profiles.model import Profile
-from migd.profiles.validate import validate_file
+from migd.profiles.validate import validate_file_caveats
 from migd.report import (
     apply_doc,
     apply_table,
@@ -251,7 +251,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     code = Exit.OK
     for f in args.files:
         try:
-            checked = validate_file(f)
+            checked, caveats = validate_file_caveats(f)
         except ValidationError as e:
             print(f"error: {e}", file=sys.stderr)
             code = Exit.INVALID
@@ -262,8 +262,25 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 code = Exit.INVALID
                 continue
             models = sorted({m for ms in sections.values() for m in ms})
-            print(f"{f}: {name}: ok ({', '.join(models) or 'no catalog model to check'})")
+            print(f"{f}: {name}: ok ({', '.join(models) or _NO_MODEL})")
+        _warn_caveats(f, caveats, args.verbose)
     return code
+
+
+_NO_MODEL = "no catalog model offers its profiles: the GPU's own table decides at apply time"
+
+
+def _warn_caveats(f: str, caveats: dict[str, list[str]], verbose: bool) -> None:
+    """Unconfirmed catalog facts stay visible: one line per file, or per model with -v."""
+    if not caveats:
+        return
+    if not verbose:
+        print(f"warning: {f}: on {', '.join(sorted(caveats))} this relies on unconfirmed catalog facts (the GPU's "
+              "live table decides; -v says which)", file=sys.stderr)
+        return
+    for key, notes in sorted(caveats.items()):
+        print(f"warning: {f}: on {key} this relies on unconfirmed catalog facts (the GPU's live table decides): "
+              f"{'; '.join(notes)}", file=sys.stderr)
 
 
 def _daemon_request(args: argparse.Namespace, req: dict[str, Any]) -> dict[str, Any]:
@@ -355,6 +372,8 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("gpu", help="GPU index or UUID")
     sp = sub.add_parser("validate", help="check profile files offline")
     sp.add_argument("files", nargs="+", help="profile or mig-parted files")
+    sp.add_argument("-v", "--verbose", action="store_true",
+                    help="name, per GPU model, the unconfirmed catalog facts a valid layout relies on")
     sp = sub.add_parser("daemon", help="the running migd: active profile and why, next transition, blocked "
                         "reason, last apply")
     fmt(sp)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from migd.hardware.backend import GpuInfo, HardwareError
-from migd.hardware.catalog import GiProfile, GpuModel, Placement, model_for
+from migd.hardware.catalog import Family, GiProfile, GpuModel, Placement, model_for
 
 MiB = 1024 * 1024
 
@@ -66,8 +66,10 @@ def _gpu(src: DoctorSource, g: GpuInfo, model: GpuModel | None, unwatched: str |
     i = g.index
     ident = f"{g.name}, PCI device id {g.pci_device_id:#010x}, bus {g.pci_bus_id}"
     if model is None:
-        yield Finding(i, "identity", Verdict.MISMATCH, f"{ident}: not in migd's catalog (offline validation "
-                      "and planning have no table for it)")
+        live = g.model is not None and g.model.family is Family.LIVE
+        yield Finding(i, "identity", Verdict.MISMATCH, f"{ident}: not in migd's catalog: offline validation has "
+                      "no table for it; " + (f"migd plans on the {len(g.model.profiles)} profiles its driver reports"
+                                             if live and g.model else "no profile table read from the driver either"))
     else:
         same = model.nvml_name == g.name and model.pci_device_id == g.pci_device_id
         yield Finding(i, "identity", Verdict.OK if same else Verdict.MISMATCH,
@@ -77,6 +79,11 @@ def _gpu(src: DoctorSource, g: GpuInfo, model: GpuModel | None, unwatched: str |
         yield Finding(i, "memory", Verdict.OK if mib == model.total_memory_mib else Verdict.MISMATCH,
                       f"{mib} MiB" + ("" if mib == model.total_memory_mib else
                                       f"; catalog says {model.total_memory_mib} MiB"))
+    if model is not None:
+        notes = [model.identity_unconfirmed, *model.caveats(model.profiles, split_cis=True)]
+        if any(notes):
+            yield Finding(i, "catalog", Verdict.INFO, f"{model.key}: unconfirmed in the catalog (the driver's values "
+                          "decide): " + "; ".join(n for n in notes if n))
     mode = f"current {'on' if g.mig_current else 'off'}, pending {'on' if g.mig_pending else 'off'}"
     yield Finding(i, "mig-mode", Verdict.INFO, mode + ("" if g.mig_current == g.mig_pending else
                                                        " (a change waits for a GPU reset)"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,17 @@ from migd.cli import main
 REPO = Path(__file__).resolve().parents[1]
 PROFILES = REPO / "profiles"
 REFERENCE = REPO / "tests" / "fixtures" / "reference"  # copies, see SOURCES.md there
+GOLDEN = REPO / "tests" / "golden"
+
+
+def check_golden(name: str, text: str) -> None:
+    """Pin ``text`` byte for byte; ``MIGD_UPDATE_GOLDEN=1`` rewrites the file (review the diff)."""
+    path = GOLDEN / name
+    if os.environ.get("MIGD_UPDATE_GOLDEN") == "1":
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"{path} missing: run with MIGD_UPDATE_GOLDEN=1 to create it"
+    assert text == path.read_text(), f"{name} differs from its golden file (MIGD_UPDATE_GOLDEN=1 rewrites it)"
 
 
 @dataclass

@@ -15,7 +15,7 @@ from migd.doctor import Verdict, diagnose
 from migd.hardware.catalog import GpuModel, model_for
 from migd.report import doctor_doc
 from migd.sim import control, sim_backend
-from migd.sim.state import FLEETS, StateStore
+from migd.sim.state import CATALOG_FLEETS, FLEETS, StateStore
 from tests.helpers import PROFILES, Migctl
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -26,7 +26,7 @@ def _gpu_state(store: StateStore) -> str:
     return json.dumps([{k: v for k, v in g.items()} for g in s.to_json()["gpus"]]) + f"/{s.mutations}"
 
 
-@pytest.mark.parametrize("fleet", sorted(FLEETS))
+@pytest.mark.parametrize("fleet", CATALOG_FLEETS)
 @pytest.mark.parametrize("profile", [None, "day"])
 def test_doctor_is_clean_and_read_only_on_every_fleet(tmp_path: Path, fleet: str, profile: str | None) -> None:
     m = Migctl(tmp_path, fleet)
@@ -110,3 +110,16 @@ def test_gpustat_sees_the_simulated_fleet(tmp_path: Path) -> None:
     uuids = {g.uuid for g in StateStore(m.state).read().gpus}
     assert {g["uuid"] for g in doc["gpus"]} == uuids
     assert doc["driver_version"] == StateStore(m.state).read().driver_version
+
+
+def test_doctor_names_the_unconfirmed_catalog_facts_of_a_newer_gpu(tmp_path: Path) -> None:
+    """On a B200 the catalog's placements are assumed and some rows derived: doctor says so, so an
+    operator knows which of its comparisons test a guess (and a real B200's table then decides)."""
+    m = Migctl(tmp_path, "hgx-b200")
+    doc = m("doctor", "-o", "json").json()
+    notes = [f["detail"] for f in doc["findings"] if f["check"] == "catalog" and f["gpu"] == 0]
+    assert len(notes) == 1 and "placements assumed" in notes[0] and "3g.90gb: not observed" in notes[0]
+    assert doc["ok"]  # the simulated driver serves the catalog's table: no difference
+    m_h100 = Migctl(tmp_path / "h", "single-h100")
+    (note,) = [f["detail"] for f in m_h100("doctor", "-o", "json").json()["findings"] if f["check"] == "catalog"]
+    assert "placements assumed" not in note  # observed on an H100 80GB: only the CI split is assumed

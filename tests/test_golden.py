@@ -27,7 +27,7 @@ from migd.metrics.sampler import NvmlErrorCounter, Sampler
 from migd.report import daemon_table
 from migd.sim import control, sim_backend
 from migd.sim.state import StateStore
-from tests.helpers import PROFILES, Migctl
+from tests.helpers import PROFILES, Migctl, check_golden
 
 GOLDEN = Path(__file__).parent / "golden"
 _SECONDS = re.compile(r'("seconds": )[0-9.]+|( in )[0-9.]+s\b')
@@ -37,13 +37,7 @@ def _mask(text: str) -> str:
     return _SECONDS.sub(lambda m: (m.group(1) or m.group(2)) + ("0" if m.group(1) else "0.00s"), text)
 
 
-def _check(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("MIGD_UPDATE_GOLDEN") == "1":
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(text)
-    assert path.exists(), f"{path} missing: run with MIGD_UPDATE_GOLDEN=1 to create it"
-    assert text == path.read_text(), f"{name} differs from its golden file (MIGD_UPDATE_GOLDEN=1 rewrites it)"
+_check = check_golden
 
 
 @pytest.fixture

@@ -17,13 +17,13 @@ import yaml
 from migd.apply.journal import Journal
 from migd.apply.lock import ApplyLock
 from migd.sim import control
-from migd.sim.state import FLEETS, StateStore
+from migd.sim.state import CATALOG_FLEETS, StateStore
 from tests.helpers import PROFILES, REFERENCE, Migctl
 
 EXAMPLES = ["day", "night", "night-two", "balanced"]
 
 
-@pytest.mark.parametrize("fleet", sorted(FLEETS))
+@pytest.mark.parametrize("fleet", CATALOG_FLEETS)
 def test_example_profiles_round_trip(tmp_path: Path, fleet: str) -> None:
     m = Migctl(tmp_path, fleet)
     for name in EXAMPLES:
@@ -271,7 +271,7 @@ def test_crash_mid_apply_is_recovered(tmp_path: Path) -> None:
     assert m("recover").out.startswith("no interrupted apply")
 
 
-@pytest.mark.parametrize("fleet", sorted(FLEETS))
+@pytest.mark.parametrize("fleet", CATALOG_FLEETS)
 def test_mig_parted_all_balanced_applies_on_every_fleet(tmp_path: Path, fleet: str) -> None:
     path = REFERENCE / "mig-parted-config-default.yaml"
     m = Migctl(tmp_path, fleet)

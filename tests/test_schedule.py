@@ -172,6 +172,14 @@ def test_a_schedule_names_configs_of_a_mig_parted_file(tmp_path: Path) -> None:
     c = load_config(cfg)
     assert c.profiles["config-default.yaml#all-1g.10gb"].kind == "mig-parted"
     assert "config-default.yaml#all-disabled" in c.profiles
-    bad = _cfg(tmp_path, "schedule:\n  - {profile: 'config-default.yaml#all-1g.24gb.gfx', at: '08:30'}\n")
+    # Every config of NVIDIA's file plans on some catalog model (tests/test_config_default.py); a
+    # site file with one that fits no GPU still loads, and fails only where the schedule names it.
+    (tmp_path / "profiles" / "site.yaml").write_text(
+        "version: v1\nmig-configs:\n  fits:\n    - devices: all\n      mig-enabled: true\n"
+        "      mig-devices: {\"3g.40gb\": 2}\n  overfull:\n    - device-filter: \"0x20B210DE\"\n"
+        "      devices: all\n      mig-enabled: true\n      mig-devices: {\"4g.40gb\": 1, \"3g.40gb\": 1, "
+        "\"1g.10gb\": 1}\n")
+    assert "site.yaml#fits" in load_config(cfg).profiles
+    bad = _cfg(tmp_path, "schedule:\n  - {profile: 'site.yaml#overfull', at: '08:30'}\n")
     with pytest.raises(ValidationError, match="cannot be applied"):
         load_config(bad)

@@ -36,6 +36,7 @@ class Family(Word):
     SEVEN_SLICE = "seven_slice"  # GA100/GH100/GB100: 8 memory slices, 7 compute slices
     A30 = "a30"  # 4 memory slices, 4 compute slices
     GB202 = "gb202"  # RTX PRO 6000 Blackwell: 12 placement units, 4 compute slices
+    LIVE = "live"  # not in the catalog: geometry as the driver's placements say (livetable.py)
 
 
 class Media(Word):
@@ -65,7 +66,7 @@ _SIZE = {Family.SEVEN_SLICE: (8, 7), Family.A30: (4, 4), Family.GB202: (12, 4)}
 # CI structure per GI compute-slice count: (ci slices, instance count, starts).
 # facts: gpus.A100-SXM4-40GB.compute_instance_profiles and its notes (go-nvml mock placements,
 # unconfirmed); the same structure is assumed for every other model (facts: H100 structure_unconfirmed).
-_CI_LAYOUT: dict[int, tuple[tuple[int, int, tuple[int, ...]], ...]] = {
+CI_LAYOUT: dict[int, tuple[tuple[int, int, tuple[int, ...]], ...]] = {
     1: ((1, 1, (0,)),),
     2: ((1, 2, (0, 1)), (2, 1, (0,))),
     3: ((1, 3, (0, 1, 2)), (2, 1, (0,)), (3, 1, (0,))),
@@ -169,6 +170,8 @@ class GpuModel:
     family: Family
     alt_names: tuple[str, ...] = ()  # other names NVML gives the same device id (subsystem, driver)
     unconfirmed: tuple[str, ...] = field(default=(), compare=False)  # model-wide facts nobody observed
+    ci_unconfirmed: str = field(default="", compare=False)  # the split of a GI into several CIs, if unobserved
+    identity_unconfirmed: str = field(default="", compare=False)  # NVML name, memory or architecture unobserved
 
     @property
     def is_hopper_or_newer(self) -> bool:
@@ -191,10 +194,12 @@ class GpuModel:
     def profile_by_role(self, role: str) -> GiProfile | None:
         return next((p for p in self.profiles if p.role == role), None)
 
-    def caveats(self, used: Iterable[GiProfile] = ()) -> list[str]:
-        """The unconfirmed facts a layout of ``used`` profiles relies on (for warnings)."""
+    def caveats(self, used: Iterable[GiProfile] = (), split_cis: bool = False) -> list[str]:
+        """The unconfirmed facts a layout of ``used`` profiles relies on (for warnings);
+        ``split_cis``: the layout splits a GI into several compute instances."""
         rows = sorted({p.name: p.unconfirmed for p in used if p.unconfirmed}.items())
-        return list(self.unconfirmed) + [f"{name}: {note}" for name, note in rows]
+        ci = [self.ci_unconfirmed] if split_cis and self.ci_unconfirmed else []
+        return list(self.unconfirmed) + [f"{name}: {note}" for name, note in rows] + ci
 
 
 def media_conflict(profiles: Iterable[GiProfile]) -> str | None:
@@ -230,10 +235,10 @@ class Row:
     unconfirmed: str = ""
 
 
-def _ci_profiles(gi_name: str, role: str, gi_slices: int, gi_sm: int, sm_per_slice: int,
+def ci_profiles_for(gi_name: str, role: str, gi_slices: int, gi_sm: int, sm_per_slice: int,
                  rev2_ci_enum: int | None) -> tuple[CiProfile, ...]:
     out = []
-    for ci_slices, count, starts in _CI_LAYOUT[gi_slices]:
+    for ci_slices, count, starts in CI_LAYOUT[gi_slices]:
         full = ci_slices == gi_slices
         pid = CI_ENUM_BY_SLICES[ci_slices]
         if full and role == "1g.2m" and rev2_ci_enum is not None:
@@ -246,7 +251,8 @@ def _ci_profiles(gi_name: str, role: str, gi_slices: int, gi_sm: int, sm_per_sli
 
 def build_model(key: str, nvml_name: str, pci: int, arch: int, total_mib: int, sm_count: int,
                 rows: Iterable[Row], family: Family = Family.SEVEN_SLICE, *, alt_names: tuple[str, ...] = (),
-                unconfirmed: tuple[str, ...] = (), rev2_ci_enum: int | None = None) -> GpuModel:
+                unconfirmed: tuple[str, ...] = (), ci_unconfirmed: str = "", identity_unconfirmed: str = "",
+                rev2_ci_enum: int | None = None) -> GpuModel:
     """A model from its rows; ``rev2_ci_enum``: the full CI of the double-memory 1g GI where it was
     observed not to be CI profile 0 (GH200: 1_SLICE_REV1, facts GH200-96GB [S23])."""
     rows = list(rows)
@@ -260,8 +266,9 @@ def build_model(key: str, nvml_name: str, pci: int, arch: int, total_mib: int, s
             name=r.name, role=r.role, nvml_enum=ROLE_ENUM[r.role], profile_id=r.profile_id, slices=slices,
             memory_slices=size, instance_count=r.instances, memory_mib=r.memory_mib, sm=r.sm, ce=r.ce, dec=r.dec,
             enc=r.enc, jpeg=r.jpeg, ofa=r.ofa, starts=starts, unconfirmed=r.unconfirmed,
-            ci_profiles=_ci_profiles(r.name, r.role, slices, r.sm, sm_per_slice, rev2_ci_enum)))
+            ci_profiles=ci_profiles_for(r.name, r.role, slices, r.sm, sm_per_slice, rev2_ci_enum)))
     mem, comp = _SIZE[family]
     return GpuModel(key=key, nvml_name=nvml_name, pci_device_id=pci, architecture=arch, total_memory_mib=total_mib,
                     sm_count=sm_count, memory_slices=mem, compute_slices=comp, profiles=tuple(profiles),
-                    family=family, alt_names=alt_names, unconfirmed=unconfirmed)
+                    family=family, alt_names=alt_names, unconfirmed=unconfirmed, ci_unconfirmed=ci_unconfirmed,
+                    identity_unconfirmed=identity_unconfirmed)

@@ -9,6 +9,7 @@ down, as NVIDIA's mig-parted does (a reset is refused while any client holds the
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import subprocess
 import time
@@ -28,7 +29,8 @@ from migd.hardware.backend import (
     MigDevice,
     ProcessInfo,
 )
-from migd.hardware.catalog import CI_ENUM_COUNT, GI_ENUM_COUNT, Placement, model_for
+from migd.hardware.catalog import CI_ENUM_COUNT, GI_ENUM_COUNT, GpuModel, Placement, model_for
+from migd.hardware.livetable import live_model
 from migd.hardware.nvml_telemetry import EventWatch, gpm_sample
 from migd.hardware.nvmlcall import ALL_ERRORS, Nvml, error_name
 
@@ -55,6 +57,7 @@ class NvmlBackend:
         self.nvml.init()
         self._open = True
         self._events = EventWatch(self.nvml)
+        self._live: dict[str, GpuModel] = {}  # uuid -> table read from a GPU the catalog lacks
 
     def _dev(self, index: int) -> Any:
         # Handles are fetched per call: a reset or mode change may replace them (nvml.h SetMigMode).
@@ -92,7 +95,7 @@ class NvmlBackend:
         pci = self.nvml("nvmlDeviceGetPciInfo", dev, gpu=index)
         modes = self.nvml("nvmlDeviceGetMigMode", dev, gpu=index, absent=(pynvml.NVML_ERROR_NOT_SUPPORTED,))
         current, pending = modes if modes is not None else (0, 0)
-        return GpuInfo(
+        info = GpuInfo(
             index=index,
             uuid=self._str(self.nvml("nvmlDeviceGetUUID", dev, gpu=index)),
             name=name,
@@ -105,6 +108,21 @@ class NvmlBackend:
             model=model_for(name=name, pci_device_id=int(pci.pciDeviceId)),
             pci_subsystem_id=int(pci.pciSubSystemId),
         )
+        if info.model is None and modes is not None:
+            info = dataclasses.replace(info, model=self._live_model(info))
+        return info
+
+    def _live_model(self, g: GpuInfo) -> GpuModel | None:
+        """The driver's own table for a MIG-capable GPU the catalog lacks, read once per GPU."""
+        if g.uuid not in self._live:
+            model = live_model(g.name, g.pci_device_id, g.architecture, g.memory_total_bytes >> 20,
+                               self.gi_profile_table(g.index), lambda pid: self.possible_placements(g.index, pid))
+            if model is None:
+                return None  # no table yet (MIG off on some drivers): asked again next time
+            log.warning("GPU %d: %s (PCI 0x%08X) is not in migd's catalog; planning on the table its driver "
+                        "reports", g.index, g.name, g.pci_device_id)
+            self._live[g.uuid] = model
+        return self._live[g.uuid]
 
     def set_mig_mode(self, index: int, enabled: bool) -> bool:
         """nvml.h: the call may reset the GPU itself; ``activationStatus`` says IN_USE when the GPU
@@ -148,12 +166,16 @@ class NvmlBackend:
 
     # -- instances --------------------------------------------------------------------------------
     def gi_profiles(self, index: int) -> list[Any]:
-        """The GPU's live GI profile table (nvmlGpuInstanceProfileInfo_v2_t); a real H100 answers it with
+        """The GPU's live GI profile table (nvmlGpuInstanceProfileInfo_t); a real H100 answers it with
         MIG off too (tests/fixtures), other drivers may answer NOT_SUPPORTED: then the list is empty."""
+        return [info for _, info in self.gi_profile_table(index)]
+
+    def gi_profile_table(self, index: int) -> list[tuple[int, Any]]:
+        """(NVML_GPU_INSTANCE_PROFILE_* enum, info) for every profile the GPU offers."""
         dev = self._dev(index)
-        infos = (self.nvml("nvmlDeviceGetGpuInstanceProfileInfo", dev, e, gpu=index, absent=_NO_SUCH_PROFILE)
+        infos = ((e, self.nvml("nvmlDeviceGetGpuInstanceProfileInfo", dev, e, gpu=index, absent=_NO_SUCH_PROFILE))
                  for e in range(GI_ENUM_COUNT))
-        return [i for i in infos if i is not None]
+        return [(e, i) for e, i in infos if i is not None]
 
     def possible_placements(self, index: int, profile_id: int) -> list[Placement]:
         """nvml.h: every placement of a profile "regardless of whether MIG is enabled"."""

@@ -152,19 +152,20 @@ B300 = _blackwell_named(("1g.34gb", "1g.34gb+me", "1g.67gb", "2g.67gb", "3g.135g
 GB300 = _blackwell_named(("1g.35gb", "1g.35gb+me", "1g.70gb", "2g.70gb", "3g.139gb", "4g.139gb", "7g.278gb"),
                          "only the name and count are known (ids per a DGX Station playbook list [S26]): SMs, "
                          "engines as B200's row, memory from the name")
+_GFX = "whether +gfx and plain GIs may share the GPU is not documented (allowed here)"
 # facts: gpus.RTX-PRO-6000-Blackwell-Server-Edition (lgip [S19,S20]; lgipp [S19]).
 RTX_PRO_6000 = [
     Row("1g.24gb", "1g", 14, 4, 24192, 46, 1, 1, 1, 1, 0),
     Row("1g.24gb+me", "1g+me", 21, 1, 24192, 46, 1, 1, 1, 1, 1),
-    Row("1g.24gb+gfx", "1g+gfx", 47, 4, 24192, 46, 1, 1, 1, 1, 0),
+    Row("1g.24gb+gfx", "1g+gfx", 47, 4, 24192, 46, 1, 1, 1, 1, 0, unconfirmed=_GFX),
     Row("1g.24gb+me.all", "1g+me.all", 65, 1, 24192, 46, 1, 4, 4, 4, 1),
     Row("1g.24gb-me", "1g-me", 67, 4, 24192, 46, 1, 0, 0, 0, 0),
     Row("2g.48gb", "2g", 5, 2, 48512, 94, 2, 2, 2, 2, 0),
-    Row("2g.48gb+gfx", "2g+gfx", 35, 2, 48512, 94, 2, 2, 2, 2, 0),
+    Row("2g.48gb+gfx", "2g+gfx", 35, 2, 48512, 94, 2, 2, 2, 2, 0, unconfirmed=_GFX),
     Row("2g.48gb+me.all", "2g+me.all", 64, 1, 48512, 94, 2, 4, 4, 4, 1),
     Row("2g.48gb-me", "2g-me", 66, 2, 48512, 94, 2, 0, 0, 0, 0),
     Row("4g.96gb", "4g", 0, 1, 97408, 188, 4, 4, 4, 4, 1),
-    Row("4g.96gb+gfx", "4g+gfx", 32, 1, 97408, 188, 4, 4, 4, 4, 1),
+    Row("4g.96gb+gfx", "4g+gfx", 32, 1, 97408, 188, 4, 4, 4, 4, 1, unconfirmed=_GFX),
 ]
 
 _PLACEMENTS = "placements assumed to be the 8-slice table: no -lgipp output seen for this model"
@@ -174,61 +175,68 @@ A, H, B = ARCH_AMPERE, ARCH_HOPPER, ARCH_BLACKWELL
 
 
 def _sibling(key: str, name: str, pci: int, arch: int, total: int, sm: int, rows: list[Row], sibling: str,
-             *more: str, alt: tuple[str, ...] = ()) -> GpuModel:
-    return build_model(key, name, pci, arch, total, sm, rows, alt_names=alt,
-                       unconfirmed=(_NAMES_ONLY.format(sibling=sibling), *more))
+             identity: str = "", alt: tuple[str, ...] = ()) -> GpuModel:
+    return build_model(key, name, pci, arch, total, sm, rows, alt_names=alt, ci_unconfirmed=_CI,
+                       unconfirmed=(_NAMES_ONLY.format(sibling=sibling),),
+                       identity_unconfirmed=identity or f"total memory and SM count copied from {sibling}")
 
 
+_MEM = "total memory not observed in an nvidia-smi capture"
 # total memory / SM counts: facts gpus.<model>.total_memory_mib / sm_count_full_gpu; device ids and
 # names: driver README table [S9] and mig-parted config-default device filters [S8].
 ALL: tuple[GpuModel, ...] = (
     # -- Ampere (GA100)
-    build_model("A100-SXM4-40GB", "NVIDIA A100-SXM4-40GB", 0x20B010DE, A, 40960, 108, A100_40,
-                unconfirmed=(_CI,)),
+    build_model("A100-SXM4-40GB", "NVIDIA A100-SXM4-40GB", 0x20B010DE, A, 40960, 108, A100_40, ci_unconfirmed=_CI),
     _sibling("A100-PCIE-40GB", "NVIDIA A100-PCIE-40GB", 0x20F110DE, A, 40960, 108, A100_40, "A100-SXM4-40GB"),
     _sibling("A100-40GB-0x20B1", "NVIDIA A100 40GB (device 0x20B1)", 0x20B110DE, A, 40960, 108, A100_40,
              "A100-SXM4-40GB", "device 0x20B1 is only named 'A100-40GB, A800-40GB' in mig-parted: NVML name, "
              "architecture and memory unknown"),
     _sibling("A800-40GB-Active", "NVIDIA A800 40GB Active", 0x20F610DE, A, 40960, 108, A100_40, "A100-SXM4-40GB"),
-    build_model("A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB", 0x20B210DE, A, 81920, 108, A100_80, unconfirmed=(_CI,)),
-    build_model("A100-80GB-PCIe", "NVIDIA A100 80GB PCIe", 0x20B510DE, A, 81920, 108, A100_80,
-                unconfirmed=(_CI, "total memory not observed on the PCIe card")),
+    build_model("A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB", 0x20B210DE, A, 81920, 108, A100_80, ci_unconfirmed=_CI),
+    build_model("A100-80GB-PCIe", "NVIDIA A100 80GB PCIe", 0x20B510DE, A, 81920, 108, A100_80, ci_unconfirmed=_CI,
+                unconfirmed=("placements not observed on the PCIe card (its lgip matches the SXM4's [S13])",),
+                identity_unconfirmed=_MEM),
     _sibling("A800-SXM4-80GB", "NVIDIA A800-SXM4-80GB", 0x20F310DE, A, 81920, 108, A100_80, "A100-SXM4-80GB"),
     _sibling("A800-80GB-PCIe", "NVIDIA A800 80GB PCIe", 0x20F510DE, A, 81920, 108, A100_80, "A100-SXM4-80GB",
              alt=("NVIDIA A800 80GB PCIe LC",)),
-    build_model("A30-24GB", "NVIDIA A30", 0x20B710DE, A, 24576, 56, A30, Family.A30, unconfirmed=(_CI,)),
+    build_model("A30-24GB", "NVIDIA A30", 0x20B710DE, A, 24576, 56, A30, Family.A30, ci_unconfirmed=_CI),
     _sibling("PG506-96GB", "NVIDIA PG506-232", 0x20B610DE, A, 97871, 132, H100_96, "GH200-96GB",
-             "mig-parted gives device 0x20B6 the Hopper 96GB profile set; its architecture (GA100 id range) and "
-             "memory are unknown"),
+             "mig-parted gives device 0x20B6 the Hopper 96GB profile set; its architecture (GA100 id range), "
+             "memory and SM count are unknown"),
     # -- Hopper (GH100)
-    build_model("H100-SXM5-80GB", "NVIDIA H100 80GB HBM3", 0x233010DE, H, 81559, 132, H100_80, unconfirmed=(_CI,)),
-    build_model("H100-PCIe-80GB", "NVIDIA H100 PCIe", 0x233110DE, H, 81559, 114, H100_80,
-                unconfirmed=(_CI, "SM counts of the PCIe card's MIG profiles not observed: SXM5 values used")),
+    build_model("H100-SXM5-80GB", "NVIDIA H100 80GB HBM3", 0x233010DE, H, 81559, 132, H100_80, ci_unconfirmed=_CI),
+    build_model("H100-PCIe-80GB", "NVIDIA H100 PCIe", 0x233110DE, H, 81559, 114, H100_80, ci_unconfirmed=_CI,
+                unconfirmed=("SM counts of the PCIe card's MIG profiles not observed: SXM5 values used",),
+                identity_unconfirmed=_MEM + " (the SXM5's value used)"),
     _sibling("H800-PCIe-80GB", "NVIDIA H800 PCIe", 0x232210DE, H, 81559, 114, H100_80, "H100-SXM5-80GB"),
     _sibling("H800-SXM5-80GB", "NVIDIA H800", 0x232410DE, H, 81559, 132, H100_80, "H100-SXM5-80GB"),
-    build_model("H100-NVL-94GB", "NVIDIA H100 NVL", 0x232110DE, H, 95830, 132, H100_NVL, unconfirmed=(_CI,)),
+    build_model("H100-NVL-94GB", "NVIDIA H100 NVL", 0x232110DE, H, 95830, 132, H100_NVL, ci_unconfirmed=_CI),
     _sibling("H800-NVL-94GB", "NVIDIA H800 NVL", 0x233A10DE, H, 95830, 132, H100_NVL, "H100-NVL-94GB"),
     build_model("GH200-96GB", "NVIDIA GH200 480GB", 0x234210DE, H, 97871, 132, H100_96,
-                alt_names=("NVIDIA GH200 120GB",), rev2_ci_enum=CI_ENUM_1_SLICE_REV1,
-                unconfirmed=(_PLACEMENTS, "total memory not observed (96GB HBM3 nominal)",
-                             "the lgip capture printed no device id: paired with 0x2342 by product [S23]")),
-    _sibling("H20-96GB", "NVIDIA H20", 0x232910DE, H, 97871, 78, H100_96, "GH200-96GB"),
+                alt_names=("NVIDIA GH200 120GB",), rev2_ci_enum=CI_ENUM_1_SLICE_REV1, ci_unconfirmed=_CI,
+                unconfirmed=(_PLACEMENTS, "the lgip capture printed no device id: paired with 0x2342 by product "
+                             "[S23]"), identity_unconfirmed=_MEM + " (96GB HBM3 nominal)"),
+    _sibling("H20-96GB", "NVIDIA H20", 0x232910DE, H, 97871, 78, H100_96, "GH200-96GB",
+             "total memory copied from GH200-96GB; SM count 78 is the product's, not observed by NVML"),
     _sibling("H100-96GB", "NVIDIA H100 96GB (device 0x233D)", 0x233D10DE, H, 97871, 132, H100_96, "GH200-96GB",
-             "device 0x233D is only named 'H100-96GB' in mig-parted: NVML name unknown"),
-    build_model("H200-141GB", "NVIDIA H200", 0x233510DE, H, 143771, 132, H200,
-                unconfirmed=(_PLACEMENTS, _CI, "total memory not observed in a primary capture")),
+             "device 0x233D is only named 'H100-96GB' in mig-parted: NVML name and memory unknown"),
+    build_model("H200-141GB", "NVIDIA H200", 0x233510DE, H, 143771, 132, H200, ci_unconfirmed=_CI,
+                unconfirmed=(_PLACEMENTS,), identity_unconfirmed=_MEM + " (143771 MiB as users report)"),
     _sibling("H200-NVL-141GB", "NVIDIA H200 NVL", 0x233B10DE, H, 143771, 132, H200, "H200-141GB"),
     build_model("GH200-144GB", "NVIDIA GH200 144G HBM3e", 0x234810DE, H, 146831, 132, GH200_144,
-                unconfirmed=(_PLACEMENTS, _CI, "total memory not observed")),
+                ci_unconfirmed=_CI, unconfirmed=(_PLACEMENTS,), identity_unconfirmed=_MEM),
     # -- Blackwell
-    build_model("B200", "NVIDIA B200", 0x290110DE, B, 183359, 148, B200, unconfirmed=(_PLACEMENTS, _CI)),
-    build_model("GB200", "NVIDIA GB200", 0x294110DE, B, 189471, 148, GB200, unconfirmed=(_PLACEMENTS, _CI)),
-    build_model("B300", "NVIDIA B300 SXM6 AC", 0x318210DE, B, _mib(288), 148, B300,
-                unconfirmed=(_PLACEMENTS, _CI, "no nvidia-smi capture of a B300 seen: total memory from the nominal "
-                             "288 GB")),
-    build_model("GB300", "NVIDIA GB300", 0x31C210DE, B, 284208, 148, GB300, unconfirmed=(_PLACEMENTS, _CI)),
+    build_model("B200", "NVIDIA B200", 0x290110DE, B, 183359, 148, B200, ci_unconfirmed=_CI,
+                unconfirmed=(_PLACEMENTS,), identity_unconfirmed="SM count (148) is the product's, not observed"),
+    build_model("GB200", "NVIDIA GB200", 0x294110DE, B, 189471, 148, GB200, ci_unconfirmed=_CI,
+                unconfirmed=(_PLACEMENTS,), identity_unconfirmed="SM count (148) is the product's, not observed"),
+    build_model("B300", "NVIDIA B300 SXM6 AC", 0x318210DE, B, _mib(288), 148, B300, ci_unconfirmed=_CI,
+                unconfirmed=(_PLACEMENTS,), identity_unconfirmed="no nvidia-smi capture of a B300 seen: memory "
+                "from the nominal 288 GB, SM count a guess; architecture Blackwell Ultra unconfirmed"),
+    build_model("GB300", "NVIDIA GB300", 0x31C210DE, B, 284208, 148, GB300, ci_unconfirmed=_CI,
+                unconfirmed=(_PLACEMENTS,), identity_unconfirmed="SM count (148) a guess"),
     build_model("RTX-PRO-6000-Blackwell-Server", "NVIDIA RTX PRO 6000 Blackwell Server Edition", 0x2BB510DE, B,
                 97887, 188, RTX_PRO_6000, Family.GB202,
-                unconfirmed=("compute-instance profiles other than the full one not observed (assumed as on A30)",
-                             "whether +gfx and plain GIs may share the GPU is not documented (allowed here)")),
+                ci_unconfirmed="compute-instance profiles other than the full one not observed (assumed as on A30)",
+                identity_unconfirmed="total memory from a third-party capture without a driver version [S19]"),
 )

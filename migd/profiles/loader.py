@@ -197,4 +197,4 @@ def _mig_parted_section(n: Node) -> GpuSection:
     instances = _mig_devices(m, mig)
     selector = Selector(all=indexes is None and pci is None, indexes=indexes, pci=pci)
     return GpuSection(selector=selector, mig=mig, instances=tuple(i for i in instances if i.count > 0),
-                      loc=_loc(n))
+                      loc=_loc(n), mig_parted=True)

@@ -93,6 +93,7 @@ class GpuSection:
     mig: bool
     instances: tuple[InstanceSpec, ...]
     loc: Loc
+    mig_parted: bool = False  # read from a mig-parted file: CIs of one GI type pack as mig-parted packs them
 
 
 @dataclass(frozen=True)

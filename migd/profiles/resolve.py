@@ -94,11 +94,52 @@ def resolve_instances(spec: InstanceSpec, model: GpuModel) -> list[DesiredInstan
     return out
 
 
+def _cis_fit(gi: GiProfile, cis: list[CiProfile]) -> bool:
+    """Whether these CIs can sit in one GI together: CI caps and non-overlapping placements."""
+    if any(cis.count(c) > c.instance_count for c in set(cis)):
+        return False
+
+    def place(k: int, used: list[Placement]) -> bool:
+        return k == len(cis) or any(place(k + 1, used + [p]) for p in cis[k].placements
+                                    if not any(p.overlaps(u) for u in used))
+    return place(0, [])
+
+
+def _mig_parted_order(item: tuple[GiProfile, CiProfile]) -> tuple[int, int, str, str]:
+    """mig-parted's MigConfig.Flatten order (pkg/types/mig_config.go): GI slices descending, then CI
+    slices descending, then attributes descending (the name breaks ties: Go's sort is not stable)."""
+    gi, ci = item
+    attrs = gi.name.split("gb", 1)[1] if "gb" in gi.name else ""
+    return (-gi.slices, -ci.slices, "".join(chr(0x10FFFF - ord(ch)) for ch in attrs), gi.name)
+
+
+def pack_mig_parted(section: GpuSection, model: GpuModel) -> list[DesiredInstance]:
+    """GPU instances as mig-parted builds them from a config (pkg/mig/config/config.go SetMigConfig):
+    every MIG device is flattened in Flatten order; a device whose GI profile equals the previous
+    one's goes into that GI when its CI still fits there, otherwise a new GI is made.  So
+    ``{"4c.7g.40gb": 1, "1c.7g.40gb": 3}`` is one 7g GI, and ``3g.20gb: 2`` two GIs.  mig-parted lets
+    the driver place CIs and, if creation fails, retries other orders; migd checks fit exactly."""
+    items: list[tuple[GiProfile, CiProfile]] = []
+    for spec in section.instances:
+        for d in resolve_instances(spec, model):
+            items.extend((d.gi, c) for c in d.cis)
+    items.sort(key=_mig_parted_order)
+    groups: list[tuple[GiProfile, list[CiProfile]]] = []
+    for gi, ci in items:
+        if groups and groups[-1][0] == gi and _cis_fit(gi, groups[-1][1] + [ci]):
+            groups[-1][1].append(ci)
+        else:
+            groups.append((gi, [ci]))
+    return [DesiredInstance(gi=gi, cis=tuple(cis)) for gi, cis in groups]
+
+
 def resolve_section(section: GpuSection, model: GpuModel, mode_only: bool = False) -> DesiredLayout:
     if not section.mig:
         return DesiredLayout(mig=False)
     if mode_only:
         return DesiredLayout(mig=True, mode_only=True)
+    if section.mig_parted:
+        return DesiredLayout(mig=True, instances=tuple(pack_mig_parted(section, model)))
     out: list[DesiredInstance] = []
     for spec in section.instances:
         out.extend(resolve_instances(spec, model))

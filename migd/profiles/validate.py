@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import re
 from pathlib import Path
 
 from migd.hardware.backend import GpuInfo
@@ -12,6 +13,8 @@ from migd.profiles.loader import load_profile, mig_parted_configs
 from migd.profiles.model import GpuSection, Profile
 from migd.profiles.resolve import resolve_section
 from migd.yamlsrc import ValidationError, load
+
+CI_PREFIX = re.compile(r"^\d+c\.")
 
 
 def fake_gpu(model: GpuModel, index: int = 0, mig: bool = True) -> GpuInfo:
@@ -34,11 +37,23 @@ def _candidates(section: GpuSection) -> list[GpuModel]:
     return out
 
 
+def _offers(model: GpuModel, section: GpuSection) -> bool:
+    """Whether the model has every GI profile a mig-parted section names (a full name, maybe 1c.-prefixed)."""
+    return all(model.profile_by_name(i.profile.split(".", 1)[1] if CI_PREFIX.match(i.profile) else i.profile)
+               for i in section.instances)
+
+
 def check_section(section: GpuSection) -> list[str]:
     """Model keys this section is valid for; raises the first error if it is valid for none
-    (or, when the selector pins models, for any pinned model)."""
+    (or, when the selector pins models, for any pinned model).  A mig-parted section for all GPUs
+    is checked on the models that offer its profiles, as mig-parted applies it (to any GPU, the
+    driver's table deciding); one whose names no model offers cannot be checked offline: []."""
     pinned = section.selector.models is not None or section.selector.pci_device_ids is not None
     candidates = _candidates(section)
+    if section.mig_parted and not pinned:
+        candidates = [m for m in candidates if _offers(m, section)]
+        if not candidates:
+            return []
     if pinned and not candidates:
         if section.selector.pci_device_ids is not None:
             return []  # a device filter naming GPUs migd has no catalog entry for: nothing to check offline
@@ -72,13 +87,31 @@ Checked = dict[int, list[str]] | ValidationError  # section -> model keys it is 
 def validate_file(path: str | Path) -> list[tuple[str, Checked]]:
     """Validate a migd profile, or every config of a mig-parted file, each on its own: one bad
     config does not hide the others' errors.  Raises ValidationError only for the file as a whole."""
+    return validate_file_caveats(path)[0]
+
+
+Caveats = dict[str, list[str]]  # model key -> unconfirmed catalog facts a valid layout relies on
+
+
+def validate_file_caveats(path: str | Path) -> tuple[list[tuple[str, Checked]], Caveats]:
+    """:func:`validate_file` plus the unconfirmed facts the valid layouts rely on, per model: a
+    layout planned on a borrowed or derived table may differ on the real GPU (its live table decides)."""
     top = load(path).mapping()
     names = mig_parted_configs(path) if "mig-configs" in top else [None]
     out: list[tuple[str, Checked]] = []
+    notes: Caveats = {}
     for name in names:
         try:
             p = load_profile(path, config=name)
-            out.append((p.name, check_profile(p)))
+            checked = check_profile(p)
         except ValidationError as e:
             out.append((name or str(path), e))
-    return out
+            continue
+        out.append((p.name, checked))
+        for i, keys in checked.items():
+            for key in keys:
+                want = resolve_section(p.sections[i], MODELS[key]).instances
+                split = any(len(d.cis) != 1 or not d.cis[0].default for d in want)
+                have = notes.setdefault(key, [])
+                have.extend(n for n in MODELS[key].caveats({d.gi for d in want}, split) if n not in have)
+    return out, {k: v for k, v in notes.items() if v}

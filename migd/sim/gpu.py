@@ -9,7 +9,7 @@ summarised in mig-facts.yaml (``rules:``), and the catalog built from that file.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pynvml
 
@@ -64,6 +64,19 @@ class SimProcess:
     # so a later process that reuses the PID is not on the GPU
 
 
+# A GPU released after migd's catalog was written: the simulated driver knows it, the catalog does
+# not, so migd must plan on the table the driver reports (hardware/livetable.py).  Its table is
+# an H100 80GB's under a device id and name no catalog entry has.
+UNLISTED = {"unlisted-7slice": replace(MODELS["H100-SXM5-80GB"], key="unlisted-7slice",
+                                                   nvml_name="NVIDIA X100 (simulated, not in the catalog)",
+                                                   pci_device_id=0x2F0010DE)}
+
+
+def sim_model(key: str) -> GpuModel:
+    """The profile table the simulated driver serves for a GPU of this kind."""
+    return MODELS[key] if key in MODELS else UNLISTED[key]
+
+
 def gi_id_for(total_memory_slices: int, start: int, size: int) -> int:
     """The GPU-instance id the driver hands out for a placement.
 
@@ -90,7 +103,7 @@ class SimGpu:
 
     @property
     def catalog(self) -> GpuModel:
-        return MODELS[self.model]
+        return sim_model(self.model)
 
     def gi(self, gi_id: int) -> SimGi | None:
         return next((g for g in self.gis if g.id == gi_id), None)

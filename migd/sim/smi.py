@@ -13,9 +13,9 @@ from collections.abc import Iterator, Sequence
 
 import pynvml
 
-from migd.hardware.catalog import MODELS, GiProfile
+from migd.hardware.catalog import GiProfile
 from migd.sim.control import SimError, reset_gpu
-from migd.sim.gpu import mig_uuid
+from migd.sim.gpu import mig_uuid, sim_model
 from migd.sim.state import SimGi, SimGpu, SimState, StateStore
 
 GIB = 1024.0
@@ -24,7 +24,7 @@ GIB = 1024.0
 def list_gpus(state: SimState) -> str:
     lines = []
     for g in state.gpus:
-        m = MODELS[g.model]
+        m = sim_model(g.model)
         lines.append(f"GPU {g.index}: {m.nvml_name} (UUID: {g.uuid})")
         if not g.mig_current:
             continue
@@ -53,7 +53,7 @@ def _table(title: str, header: list[str], rows: list[str], width: int) -> str:
 def _gis(gpus: list[SimGpu]) -> Iterator[tuple[SimGpu, SimGi, GiProfile]]:
     for g in gpus:
         for gi in g.gis:
-            prof = MODELS[g.model].profile_by_id(gi.profile_id)
+            prof = sim_model(g.model).profile_by_id(gi.profile_id)
             assert prof is not None
             yield g, gi, prof
 
@@ -82,7 +82,7 @@ def list_cis(state: SimState, gpus: list[SimGpu]) -> str:
 def list_gi_profiles(gpus: list[SimGpu]) -> str:
     rows = []
     for g in gpus:
-        m = MODELS[g.model]
+        m = sim_model(g.model)
         for p in m.profiles:
             free = g.remaining_capacity(p)  # a real H100 with MIG off listed 7/7 (tests/fixtures)
             first = (f" {g.index:>3}  MIG {p.name:<14}{p.profile_id:>4}{free:>6}/{p.instance_count:<9}"
@@ -96,7 +96,7 @@ def list_gi_profiles(gpus: list[SimGpu]) -> str:
 def list_gi_placements(gpus: list[SimGpu]) -> str:
     lines = []
     for g in gpus:
-        for p in MODELS[g.model].profiles:
+        for p in sim_model(g.model).profiles:
             starts = ",".join(str(s) for s in p.starts)
             word = "Placements" if len(p.starts) > 1 else "Placement "
             lines.append(f"GPU {g.index:>2} Profile ID {p.profile_id:>2} {word}: {{{starts}}}:{p.memory_slices}")

@@ -21,8 +21,8 @@ from typing import Any
 
 from migd.sim.gpu import SimCi, SimGi, SimGpu, SimProcess
 
-__all__ = ["FLEETS", "PASSTHROUGH_FLEETS", "DEFAULT_FLEET", "SimCi", "SimGi", "SimGpu", "SimProcess", "SimFault",
-           "SimState", "StateStore", "new_state", "open_store"]
+__all__ = ["CATALOG_FLEETS", "FLEETS", "PASSTHROUGH_FLEETS", "DEFAULT_FLEET", "SimCi", "SimGi", "SimGpu",
+           "SimProcess", "SimFault", "SimState", "StateStore", "new_state", "open_store"]
 
 MAX_EVENTS = 200
 MAX_CONFIG_EVENTS = 32  # MIG-config-change events are a hint to re-read; Xids are kept longer
@@ -49,7 +49,10 @@ FLEETS: dict[str, list[str]] = {
     "gh200-nvl2": ["GH200-144GB"] * 2,
     "h20": ["H20-96GB"] * 8,
     "rtx-pro-6000": ["RTX-PRO-6000-Blackwell-Server"] * 8,
+    "unlisted": ["unlisted-7slice"] * 2,  # a GPU migd's catalog does not know (sim/gpu.py UNLISTED)
 }
+# Fleets of catalog models only (the doctor finds no difference there; "unlisted" is the exception).
+CATALOG_FLEETS = sorted(f for f, keys in FLEETS.items() if all(not k.startswith("unlisted") for k in keys))
 # Fleets that stand for a pass-through VM: the guest cannot reset the GPU itself, so an Ampere
 # MIG mode change answers NVML_ERROR_RESET_REQUIRED and stays pending until `nvidia-smi -r`
 # (nvml.h, nvmlDeviceSetMigMode).  On bare metal the driver resets the GPU itself.
