@@ -167,6 +167,12 @@ def daemon_table(doc: dict[str, Any]) -> str:
         lines.append(f"last reload rejected: {doc['last_reload_error']}")
     if doc.get("restart_needed"):
         lines.append(f"restart needed: {', '.join(doc['restart_needed'])} changed since start")
+    sl = doc.get("slurm")
+    if sl:
+        sync = {True: "in sync", False: "NOT in sync", None: "not checked yet"}[sl.get("gres_in_sync")]
+        res = f"; reserved ({sl['reservation']})" if sl.get("reservation") else ""
+        lines.append(f"slurm node {sl['node']}: {sl['phase']} since {when(sl.get('since'))}; GRES {sync}{res}"
+                     + (f": {sl['reason']}" if sl.get("reason") else ""))
     return "\n".join(lines) + "\n"
 
 

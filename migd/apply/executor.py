@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -166,6 +166,14 @@ class Applier:
         results.sort(key=lambda r: r.index)
         every = sorted(plans + blocked + faulted, key=lambda p: p.gpu.index)
         return ApplyResult(profile.name, every, results, time.monotonic() - t0)
+
+    def restore(self, plans: list[GpuPlan], owners: Mapping[str, dict[int, str]], opts: ApplyOptions,
+                name: str) -> ApplyResult:
+        """Put every GPU these plans changed back as it was when planned (Slurm refused the new
+        layout's GRES, say): a plan to the pinned old layout, applied like any other."""
+        back = [self.plan_layout(self.backend.gpu(p.gpu.index), self._before(p), dict(owners.get(p.gpu.uuid, {})))
+                for p in plans if p.changes]
+        return self.apply_plans(Profile(name=name, description="restore", sections=(), source=""), back, opts)
 
     def _settle_busy(self, profile: Profile, plans: list[GpuPlan], opts: ApplyOptions,
                      skip: set[str]) -> tuple[list[GpuPlan], list[GpuPlan]]:

@@ -21,12 +21,16 @@ from migd.yamlsrc import ValidationError
 
 
 def atomic_write_json(path: Path, data: Any, mode: int = 0o600) -> None:
+    atomic_write_text(path, json.dumps(data, separators=(",", ":")), mode)
+
+
+def atomic_write_text(path: Path, text: str, mode: int = 0o600) -> None:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, mode)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(data, separators=(",", ":")))
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

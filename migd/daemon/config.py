@@ -17,11 +17,12 @@ from migd.kinds import Word
 from migd.profiles.loader import load_profile, mig_parted_configs
 from migd.profiles.model import Profile
 from migd.profiles.validate import check_profile
+from migd.slurm.settings import SlurmSettings, parse_slurm
 from migd.trust import check_path
 from migd.yamlsrc import Node, ValidationError, load
 
 KEYS = ["timezone", "profiles_dir", "schedule", "on_busy", "busy_timeout", "reconcile_interval", "reconcile",
-        "metrics", "hooks", "control_socket", "state_dir", "strict_permissions", "sample_interval"]
+        "metrics", "hooks", "control_socket", "state_dir", "strict_permissions", "sample_interval", "slurm"]
 
 
 class ReconcileMode(Word):
@@ -47,6 +48,7 @@ class Config:
     control_socket: str | None = None
     state_dir: str | None = None
     sample_interval_s: float = 15.0
+    slurm: SlurmSettings | None = None  # Slurm mode: drain, switch, publish GRES, resume
 
 
 def _schedule(node: Node, tz: ZoneInfo, profiles: dict[str, Profile],
@@ -150,4 +152,5 @@ def load_config(path: str | Path, text: str | None = None) -> Config:
         control_socket=m["control_socket"].str() if "control_socket" in m else None,
         state_dir=m["state_dir"].str() if "state_dir" in m else None,
         sample_interval_s=max(1.0, m["sample_interval"].duration()) if "sample_interval" in m else 15.0,
+        slurm=parse_slurm(m["slurm"]) if "slurm" in m else None,
     )

@@ -28,6 +28,7 @@ from migd.daemon.config import Config, ReconcileMode
 from migd.daemon.override import Override, OverrideStore
 from migd.daemon.progress import Tracker
 from migd.daemon.sdnotify import Notifier
+from migd.daemon.slurmpass import slurm_switch
 from migd.daemon.status import LastApply, Outcome, Status
 from migd.daemon.watchdog import Heartbeat
 from migd.exits import EXPECTED
@@ -49,7 +50,8 @@ def restart_only(old: Config, new: Config) -> list[tuple[str, object, object]]:
     return [("metrics.listen", old.metrics_listen, new.metrics_listen),
             ("control_socket", old.control_socket, new.control_socket),
             ("state_dir", old.state_dir, new.state_dir),
-            ("sample_interval", old.sample_interval_s, new.sample_interval_s)]
+            ("sample_interval", old.sample_interval_s, new.sample_interval_s),
+            ("slurm", old.slurm, new.slurm)]
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,7 @@ class Daemon:
         self.config_changed = threading.Event()  # NVML reported a MIG config change: look for drift now
         self.audit_findings: list[Finding] = []
         self.on_apply: list[Callable[[ApplyResult | None, Outcome, float], None]] = []
+        self.slurm = slurm_switch(config, backend, self.applier, Path(state_dir), clock.now)
 
     # -- decisions --------------------------------------------------------------------------------
     def desired(self) -> Profile | None:
@@ -143,6 +146,8 @@ class Daemon:
             profile = self.desired()
             nxt = self.config.schedule.next_fire(self.clock.now())
             self.status.next_transition = (nxt[0], nxt[1].profile) if nxt else None
+            if self.slurm is not None:
+                self.slurm.reserve_ahead(nxt[0] if nxt else None, self.clock.now())
             if profile is None:
                 log.info("no schedule entry has fired yet; leaving GPUs as they are")
                 return
@@ -154,6 +159,9 @@ class Daemon:
                 self._change(profile, reason, self._scheduled_options(), correct=correct)
             except REFUSALS:
                 pass  # logged and counted by _change; the next pass tries again
+            finally:
+                if self.slurm is not None:
+                    self.status.slurm = self.slurm.snapshot()
 
     def _change(self, profile: Profile, reason: str, opts: ApplyOptions, *, manual: bool = False,
                 correct: bool = True) -> ApplyResult:
@@ -168,10 +176,23 @@ class Daemon:
                                                            mode_only=opts.mode_only)
                 if opts.dry_run:
                     return self.applier.apply_plans(profile, plans, opts)
-                if not manual and (not correct or not any(p.changes for p in plans)):
+                changes = any(p.changes for p in plans)
+                if self.slurm is not None and not changes:
+                    if self.slurm.mid_switch:
+                        self.slurm.settle(profile, plans)
+                    else:
+                        self.slurm.check_sync(plans)
+                if not manual and (not correct or not changes):
                     self._unchanged(profile, plans, unreadable)
                     return ApplyResult(profile.name, plans, [])
-                result = self.applier.apply_plans(profile, plans, opts)
+                if self.slurm is not None and changes:
+                    under_slurm = self.slurm.apply(profile, plans, opts)
+                    if under_slurm is None:  # drained, jobs still hold GPUs: the next pass looks again
+                        self.progress.update(profile.name, plans, None, unreadable)
+                        return ApplyResult(profile.name, plans, [])
+                    result = under_slurm
+                else:
+                    result = self.applier.apply_plans(profile, plans, opts)
                 if manual and result.ok:
                     self._hold(profile)  # published before the locks are released
         except REFUSALS as e:

@@ -79,6 +79,7 @@ class Status:
     restart_needed: list[str] = field(default_factory=list)  # settings a reload changed but cannot apply
     apply_count: dict[Outcome, int] = field(default_factory=dict)
     unhealthy: dict[str, str] = field(default_factory=dict)  # gpu uuid -> reason (fault watch)
+    slurm: dict[str, Any] | None = None  # Slurm mode: the node's switch state (migd.slurm/v1 fields)
 
     def with_progress(self, *kinds: Progress) -> dict[int, GpuProgress]:
         return {i: g for i, g in sorted(self.gpus.items()) if g.progress in kinds}
@@ -125,4 +126,4 @@ class Status:
             "gpus": {str(i): g.to_json() for i, g in sorted(self.gpus.items())},
             "last_reload_error": self.last_reload_error, "restart_needed": list(self.restart_needed),
             "apply_count": {k.value: v for k, v in sorted(self.apply_count.items())},
-            "unhealthy": dict(self.unhealthy)}
+            "unhealthy": dict(self.unhealthy), "slurm": self.slurm}

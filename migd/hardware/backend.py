@@ -137,6 +137,10 @@ class GpuBackend(Protocol):
 
     def gpu(self, index: int) -> GpuInfo: ...
 
+    def minor_number(self, index: int) -> int:
+        """The N of the GPU's /dev/nvidiaN (nvml.h nvmlDeviceGetMinorNumber): not always its index."""
+        ...
+
     def set_mig_mode(self, index: int, enabled: bool) -> bool:
         """Request a MIG mode; True if it is now current, False if it waits for a GPU reset."""
         ...

@@ -124,6 +124,9 @@ class NvmlBackend:
             self._live[g.uuid] = model
         return self._live[g.uuid]
 
+    def minor_number(self, index: int) -> int:
+        return int(self.nvml("nvmlDeviceGetMinorNumber", self._dev(index), gpu=index))
+
     def set_mig_mode(self, index: int, enabled: bool) -> bool:
         """nvml.h: the call may reset the GPU itself; ``activationStatus`` says IN_USE when the GPU
         is not idle and RESET_REQUIRED where reset is not exposed (pass-through VMs).  Both leave

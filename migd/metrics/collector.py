@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from migd.daemon.status import Outcome, Progress
 from migd.metrics.sampler import NvmlErrorCounter, Sampler
+from migd.slurm.transition import Phase
 
 INSTANCE_LABELS = ["gpu", "gpu_uuid", "gi", "ci", "profile", "mig_uuid", "owner"]
 GPU_LABELS = ["gpu", "gpu_uuid"]
@@ -177,6 +178,8 @@ class MigdCollector(Collector):
         yield GaugeMetricFamily("migd_sampler_cpu_seconds", "Process CPU time during the last sampling cycle",
                                 value=self.sampler.cpu_seconds_last)
         yield CounterMetricFamily("migd_sampler_cycles", "Completed NVML sampling cycles", value=self.sampler.cycles)
+        if st.slurm is not None:
+            yield from _slurm(st.slurm)
 
     def _faults(self) -> Iterator[Metric]:
         ev = self.events
@@ -205,3 +208,26 @@ class MigdCollector(Collector):
             for finding in self.audit():
                 f.add_metric([str(finding.gpu), finding.check.value, finding.severity.value], 1)
             yield f
+
+
+
+def _slurm(doc: dict[str, Any]) -> Iterator[Metric]:
+    """Slurm mode: where the node's switch stands (every phase listed, so series never vanish)."""
+    node = str(doc.get("node", ""))
+    g = GaugeMetricFamily("migd_slurm_phase", "1 for the Slurm switch phase the node is in", labels=["node", "phase"])
+    for phase in Phase:
+        g.add_metric([node, phase.value], 1 if doc.get("phase") == phase.value else 0)
+    yield g
+    g = GaugeMetricFamily("migd_slurm_jobs_waiting", "Jobs holding GPUs that the drained node waits for",
+                          labels=["node"])
+    g.add_metric([node], float(doc.get("jobs_waiting") or 0))
+    yield g
+    g = GaugeMetricFamily("migd_slurm_gres_in_sync", "1 if Slurm registered the node with the GRES of its layout "
+                          "(after migd's last switch)", labels=["node"])
+    if doc.get("gres_in_sync") is not None:
+        g.add_metric([node], 1 if doc["gres_in_sync"] else 0)
+    yield g
+    g = GaugeMetricFamily("migd_slurm_reserved", "1 while a MAINT reservation holds the node for the next transition",
+                          labels=["node"])
+    g.add_metric([node], 1 if doc.get("reservation") else 0)
+    yield g

@@ -1,0 +1,131 @@
+"""Slurm's own commands (scontrol, squeue, sinfo) as typed calls: no private protocol.
+
+Every call goes through one ``Runner`` (argv, timeout -> stdout), so tests and the daemon share
+the path and a failing command is one SlurmError naming it.  Output formats are the documented
+ones: ``scontrol show node -o`` (one line of Key=Value), ``squeue -h -o`` and ``sinfo -h -o``
+with explicit fields.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from types import MappingProxyType
+
+Runner = Callable[[Sequence[str], float], str]
+
+_FIELD = re.compile(r" (?=[A-Za-z_]+=)")
+# Node states that mean slurmctld does not (yet) accept the node's registration (scontrol man page).
+UNREGISTERED = frozenset({"NOT_RESPONDING", "INVALID_REG", "INVALID", "DOWN", "UNKNOWN", "FUTURE", "NO_RESPOND"})
+ACTIVE_JOB_STATES = "RUNNING,COMPLETING,CONFIGURING,SUSPENDED,STAGE_OUT"
+
+
+class SlurmError(Exception):
+    """A Slurm command failed or answered something migd cannot read."""
+
+
+def command_runner(env: Mapping[str, str] = MappingProxyType({})) -> Runner:
+    """A Runner that adds ``env`` (settings ``env:``) to migd's own environment."""
+    full = {**os.environ, **env}
+    return lambda argv, timeout_s: run_command(argv, timeout_s, full)
+
+
+def run_command(argv: Sequence[str], timeout_s: float, env: Mapping[str, str] | None = None) -> str:
+    try:
+        p = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, check=False,
+                           env=None if env is None else dict(env))
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise SlurmError(f"{' '.join(argv)}: {e}") from None
+    if p.returncode != 0:
+        detail = (p.stderr or p.stdout).strip().splitlines()
+        raise SlurmError(f"{' '.join(argv)} exited {p.returncode}: {detail[-1] if detail else 'no output'}")
+    return p.stdout
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    states: frozenset[str]  # e.g. {"IDLE", "DRAIN"} from State=IDLE+DRAIN
+    reason: str
+    gres: str
+
+    @property
+    def drained(self) -> bool:
+        return bool(self.states & {"DRAIN", "DRAINED", "DRAINING"})
+
+    @property
+    def registered(self) -> bool:
+        return not self.states & UNREGISTERED
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str
+    state: str
+    gres: str  # what the job asked per node, e.g. "gres:gpu:1g.10gb:1" ("N/A": none)
+
+    @property
+    def uses_gpus(self) -> bool:
+        return "gpu" in self.gres
+
+
+class SlurmCtl:
+    """The commands migd needs, for one node."""
+
+    def __init__(self, node: str, run: Runner, timeout_s: float = 30.0) -> None:
+        self.node = node
+        self._run = run
+        self._timeout_s = timeout_s
+
+    def _call(self, *argv: str) -> str:
+        return self._run(argv, self._timeout_s)
+
+    def ping(self) -> bool:
+        try:
+            return " is UP" in self._call("scontrol", "ping")
+        except SlurmError:
+            return False
+
+    def info(self) -> NodeInfo:
+        line = self._call("scontrol", "show", "node", "-o", self.node).strip()
+        fields = dict(f.split("=", 1) for f in _FIELD.split(line) if "=" in f)
+        if fields.get("NodeName") != self.node:
+            raise SlurmError(f"scontrol show node {self.node}: no such node ({line[:80]!r})")
+        gres = fields.get("Gres", "(null)").strip()
+        return NodeInfo(self.node, frozenset(fields.get("State", "").strip().split("+")),
+                        fields.get("Reason", "").strip(), "" if gres == "(null)" else gres)
+
+    def jobs(self) -> list[Job]:
+        out = self._call("squeue", "-h", "-w", self.node, "-t", ACTIVE_JOB_STATES, "-o", "%A|%T|%b")
+        return [Job(*line.split("|", 2)) for line in out.splitlines() if line.count("|") == 2]
+
+    def drain(self, reason: str) -> None:
+        self._call("scontrol", "update", f"nodename={self.node}", "state=drain", f"reason={reason}")
+
+    def resume(self) -> None:
+        self._call("scontrol", "update", f"nodename={self.node}", "state=resume")
+
+    def reserve(self, name: str, start: datetime, minutes: int) -> None:
+        """A MAINT reservation on this node: no job starts there that would run into the window."""
+        at = start.astimezone().strftime("%Y-%m-%dT%H:%M:%S")  # scontrol reads local time
+        self._call("scontrol", "create", "reservation", f"reservationname={name}", f"nodes={self.node}",
+                   f"starttime={at}", f"duration={max(1, minutes)}", "flags=maint,ignore_jobs", "users=root")
+
+    def unreserve(self, name: str) -> None:
+        self._call("scontrol", "delete", f"reservationname={name}")
+
+    def reservations(self) -> list[str]:
+        out = self._call("scontrol", "show", "reservation", "-o")
+        return [m.group(1) for m in re.finditer(r"ReservationName=(\S+)", out)]
+
+    def delete_node(self) -> None:
+        self._call("scontrol", "delete", f"nodename={self.node}")
+
+    def partition_states(self, partition: str) -> dict[str, str]:
+        """Node -> state word of every node in a partition (fleet waves count the drained ones)."""
+        out = self._call("sinfo", "-h", "-N", "-p", partition, "-o", "%N|%T")
+        return dict(line.split("|", 1) for line in out.splitlines() if "|" in line)

@@ -1,0 +1,248 @@
+"""A MIG layout change on a Slurm node without killing a job.
+
+gres.conf(5): "Drain a node before changing the count of records with the MultipleFiles
+parameter ... Failure to do so will result in any job using those GRES being aborted."  So a
+switch is: (ahead of time) a MAINT reservation, so no job starts that would run into the
+switch; at the transition, drain with a reason naming it; wait until no job holds a GPU of the
+node (the daemon's passes come back; nothing blocks); apply through the normal transactional
+apply; write gres.conf and the node's Gres=; make Slurm take them; wait until the node has
+registered with the new GRES; resume (only if it was serving before migd drained it); drop the
+reservation.  If Slurm does not take the new GRES, the files are restored and the caller puts
+the old layout back, so the node serves what it served before, never left INVALID.
+
+The state (phase, whether the node was serving, the reservation) is kept in the state dir, so a
+restarted migd finishes or undoes what it started.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+
+from migd.apply.statefile import atomic_write_json, atomic_write_text, read_json
+from migd.hardware.backend import GpuState
+from migd.kinds import Word
+from migd.slurm.ctl import NodeInfo, Runner, SlurmCtl, SlurmError
+from migd.slurm.gres import GresError, gres_conf, node_gres, read_minors, records, set_node_gres
+from migd.slurm.settings import GresUpdate, SlurmSettings
+
+log = logging.getLogger(__name__)
+SCHEMA = "migd.slurm/v1"
+_DRAINED = ("drain", "drained", "draining", "maint")
+
+
+class Phase(Word):
+    SERVING = "serving"  # no switch in progress
+    DRAINING = "draining"  # drained for a switch; jobs holding GPUs still run
+    SWITCHING = "switching"  # applying the layout and publishing the GRES
+    FAILED = "failed"  # the last switch failed; the node serves its old layout
+
+
+@dataclass
+class SlurmState:
+    phase: Phase = Phase.SERVING
+    profile: str | None = None
+    was_serving: bool = True  # resume after the switch only if it was serving when migd drained it
+    reservation: str | None = None
+    reserved_for: float | None = None  # the transition (epoch) the reservation is for
+    jobs_waiting: int = 0
+    gres_in_sync: bool | None = None
+    reason: str = ""
+    since: float = 0.0
+
+    def to_json(self) -> dict[str, object]:
+        return {"schema": SCHEMA, **asdict(self)}
+
+
+class SlurmGate:
+    """What the daemon asks before and after an apply on a Slurm node."""
+
+    def __init__(self, settings: SlurmSettings, ctl: SlurmCtl, run: Runner, minor_of: Callable[[int], int],
+                 state_path: Path, now: Callable[[], datetime]) -> None:
+        self.s = settings
+        self._now = now  # the daemon's clock: reservations are for its transitions
+        self.ctl = ctl
+        self._run = run
+        self._minor_of = minor_of
+        self._path = state_path
+        self.state = self._load()
+
+    # -- state ------------------------------------------------------------------------------------
+    def _load(self) -> SlurmState:
+        try:
+            doc = read_json(self._path)
+        except FileNotFoundError:
+            return SlurmState()
+        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+            log.error("%s: not a %s file; starting from 'serving'", self._path, SCHEMA)
+            return SlurmState()
+        doc = {k: v for k, v in doc.items() if k in SlurmState.__dataclass_fields__}
+        doc["phase"] = Phase(doc.get("phase", Phase.SERVING))
+        return SlurmState(**doc)
+
+    def _set(self, phase: Phase, reason: str) -> None:
+        if phase is not self.state.phase:
+            self.state.since = time.time()
+        self.state.phase, self.state.reason = phase, reason
+        atomic_write_json(self._path, self.state.to_json())
+
+    # -- ahead of a transition --------------------------------------------------------------------
+    def reserve_ahead(self, transition: datetime | None, now: datetime) -> None:
+        """A MAINT reservation from the transition on, made ``maintenance_ahead`` before it: Slurm
+        then starts no job whose time limit would run into the switch (slurm.conf: reservations)."""
+        if transition is None or self.state.reservation is not None:
+            return
+        if (transition - now).total_seconds() > self.s.maintenance_ahead_s:
+            return
+        name = f"migd-{self.s.node}-{int(transition.timestamp())}"
+        self.ctl.reserve(name, transition, int(self.s.maintenance_window_s // 60))
+        self.state.reservation, self.state.reserved_for = name, transition.timestamp()
+        atomic_write_json(self._path, self.state.to_json())
+        log.info("Slurm: MAINT reservation %s on %s from %s", name, self.s.node, transition.isoformat())
+
+    # -- the switch -------------------------------------------------------------------------------
+    def ready(self, profile: str) -> bool:
+        """Drain once, then True when no job holds a GPU of the node (the apply may start)."""
+        if self.state.phase in (Phase.SERVING, Phase.FAILED):
+            info = self.ctl.info()
+            slot = self._wave_slot()
+            if slot is not None:
+                self.state.reason = slot
+                log.info("Slurm: %s", slot)
+                return False
+            self.state.was_serving = not info.drained
+            self.state.profile = profile
+            self.ctl.drain(f"migd: switching MIG layout to {profile}")
+            self._set(Phase.DRAINING, f"drained to switch to {profile}")
+            log.info("Slurm: drained %s to switch to %s", self.s.node, profile)
+        jobs = [j for j in self.ctl.jobs() if j.uses_gpus]
+        self.state.jobs_waiting = len(jobs)
+        if jobs:
+            self._set(Phase.DRAINING, f"waiting for {len(jobs)} job(s) holding GPUs: "
+                      + ",".join(j.id for j in jobs[:10]))
+            return False
+        self._set(Phase.SWITCHING, f"switching to {profile}")
+        return True
+
+    def _wave_slot(self) -> str | None:
+        """None when this node may drain now; else why not (fleet waves, read from Slurm itself)."""
+        if self.s.max_in_maintenance is None or self.s.partition is None:
+            return None
+        states = self.ctl.partition_states(self.s.partition)
+        busy = sorted(n for n, st in states.items() if n != self.s.node and st.rstrip("*~#!%$@^-").lower()
+                      in _DRAINED)
+        if len(busy) < self.s.max_in_maintenance:
+            return None
+        return (f"waiting for a maintenance slot: {len(busy)} node(s) of partition {self.s.partition} are "
+                f"drained ({','.join(busy[:5])}), max_in_maintenance is {self.s.max_in_maintenance}")
+
+    def publish(self, profile: str, states: Sequence[GpuState]) -> None:
+        """Write the layout's GRES and make Slurm take it; on failure the old files are back (raises)."""
+        recs = records(states, self._minor_of, read_minors(self.s.mig_minors), self.s.device_dir)
+        gres = node_gres(recs)
+        old_gres = self.s.gres_conf.read_text() if self.s.gres_conf.exists() else None
+        old_conf = self.s.slurm_conf.read_text()
+        try:
+            self._write(self.s.gres_conf, gres_conf(self.s.node, recs, profile))
+            self._write(self.s.slurm_conf, set_node_gres(old_conf, self.s.node, gres))
+            self._take()
+            self._await_registration(gres)
+        except (SlurmError, GresError, OSError) as e:
+            log.error("Slurm did not take the GRES of %s (%s); restoring the previous files", profile, e)
+            self._restore(old_gres, old_conf)
+            raise SlurmError(str(e)) from None
+        self.state.gres_in_sync = True
+        log.info("Slurm: %s registered with Gres=%s", self.s.node, gres)
+
+    def check_sync(self, states: Sequence[GpuState]) -> None:
+        """Whether Slurm's view of the node's GRES matches the layout there (someone may have edited
+        slurm.conf, or a switch was interrupted): reported, never corrected behind Slurm's back."""
+        try:
+            want = node_gres(records(states, self._minor_of, read_minors(self.s.mig_minors), self.s.device_dir))
+            have = self.ctl.info().gres
+        except (SlurmError, GresError, OSError) as e:
+            log.warning("Slurm: cannot compare the node's GRES with its layout: %s", e)
+            self.state.gres_in_sync = None
+            return
+        in_sync = _same_gres(have, want)
+        if not in_sync and self.state.gres_in_sync is not False:
+            log.error("Slurm: node %s has Gres=%s but its MIG layout is Gres=%s", self.s.node, have, want)
+        self.state.gres_in_sync = in_sync
+
+    def _restore(self, old_gres: str | None, old_conf: str) -> None:
+        try:
+            if old_gres is None:
+                self.s.gres_conf.unlink(missing_ok=True)
+            else:
+                self._write(self.s.gres_conf, old_gres)
+            self._write(self.s.slurm_conf, old_conf)
+            self._take()
+        except (SlurmError, OSError) as e:
+            log.critical("Slurm: restoring the previous GRES files failed too: %s", e)
+
+    @staticmethod
+    def _write(path: Path, text: str) -> None:
+        mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
+        atomic_write_text(path, text, mode)
+
+    def _take(self) -> None:
+        """Make Slurm read the files, the way this node's Slurm supports (settings.GresUpdate)."""
+        t = self.s.command_timeout_s
+        if self.s.update is GresUpdate.RECONFIGURE:
+            self._run(("scontrol", "reconfigure"), t)
+            return
+        self._run(self.s.stop_slurmd, t)
+        if self.s.update is GresUpdate.DYNAMIC:
+            self.ctl.delete_node()
+        else:
+            self._run(self.s.restart_slurmctld, t)
+            self._until(self.ctl.ping, "slurmctld to answer")
+        self._run(self.s.start_slurmd, t)
+
+    def _await_registration(self, gres: str) -> NodeInfo:
+        last: list[NodeInfo] = []
+
+        def registered() -> bool:
+            try:
+                info = self.ctl.info()
+            except SlurmError:
+                return False
+            last[:] = [info]
+            return info.registered and _same_gres(info.gres, gres)
+        self._until(registered, f"{self.s.node} to register with Gres={gres}",
+                    lambda: f" (last seen: state {'+'.join(sorted(last[0].states))}, Gres={last[0].gres})"
+                    if last else "")
+        return last[0]
+
+    def _until(self, ok: Callable[[], bool], what: str, detail: Callable[[], str] = lambda: "") -> None:
+        deadline = time.monotonic() + self.s.register_timeout_s
+        while not ok():
+            if time.monotonic() > deadline:
+                raise SlurmError(f"timed out after {self.s.register_timeout_s:g}s waiting for {what}{detail()}")
+            time.sleep(0.2)
+
+    def finish(self, ok: bool, reason: str) -> None:
+        """Resume the node (if it was serving) and drop the reservation, whatever the outcome."""
+        try:
+            if self.state.was_serving:
+                self.ctl.resume()
+            due = self.state.reserved_for is not None and self.state.reserved_for <= self._now().timestamp() + 60
+            if self.state.reservation is not None and due:  # (not one made for the next transition)
+                self.ctl.unreserve(self.state.reservation)
+                self.state.reservation, self.state.reserved_for = None, None
+        except SlurmError as e:
+            log.error("Slurm: %s", e)
+            reason = f"{reason}; {e}"
+        self.state.jobs_waiting = 0
+        self._set(Phase.SERVING if ok else Phase.FAILED, reason)
+
+
+def _same_gres(a: str, b: str) -> bool:
+    """Slurm may print the GRES with socket/index details (``gpu:1g.10gb:2(S:0)``): compare counts."""
+    def norm(s: str) -> list[str]:
+        return sorted(part.split("(")[0] for part in s.split(",") if part)
+    return norm(a) == norm(b)

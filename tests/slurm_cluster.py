@@ -1,0 +1,202 @@
+"""A one-node Slurm cluster on 127.0.0.1 in a temp dir: Debian's slurmctld, slurmd and munge,
+no systemd, no accounting (issue 15).  Device files are real character nodes made with mknod
+(migd.sim.devnodes), so slurmd checks gres.conf exactly as on a GPU node.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from migd.sim.devnodes import make_device_nodes
+
+TOOLS = ("slurmctld", "slurmd", "scontrol", "squeue", "sbatch", "munged", "mungekey")
+NODE = "gpu1"
+
+
+def missing_reason() -> str | None:
+    absent = [t for t in TOOLS if shutil.which(t) is None and not Path("/usr/sbin", t).exists()]
+    if absent:
+        return f"Slurm is not installed ({', '.join(absent)} missing; .ci/run installs slurmctld slurmd " \
+               "slurm-client munge)"
+    if os.geteuid() != 0:
+        return "the one-node Slurm cluster needs root (munged, slurmd and mknod of device files)"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+SLURM_CONF = """\
+ClusterName=migd
+SlurmctldHost={host}(127.0.0.1)
+AuthType=auth/munge
+AuthInfo=socket={d}/run/munge.sock
+CredType=cred/munge
+SlurmUser=root
+SlurmdUser=root
+SlurmctldPort={ctld_port}
+SlurmdPort={d_port}
+StateSaveLocation={d}/spool/ctld
+SlurmdSpoolDir={d}/spool/d
+SlurmctldPidFile={d}/run/slurmctld.pid
+SlurmdPidFile={d}/run/slurmd.pid
+SlurmctldLogFile={d}/log/slurmctld.log
+SlurmdLogFile={d}/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=2,bf_interval=2
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+GresTypes=gpu
+ReturnToService=2
+MpiDefault=none
+MailProg=/bin/true
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SlurmdTimeout=30
+NodeName={node} NodeAddr=127.0.0.1 CPUs=2 RealMemory=500 Gres={gres} State=UNKNOWN
+{others}PartitionName=main Nodes={nodes} Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+class SlurmCluster:
+    def __init__(self, gpus: int) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="migd-slurm-", dir="/tmp"))  # short: socket paths
+        for sub in ("run", "log", "spool/ctld", "spool/d", "etc"):
+            (self.dir / sub).mkdir(parents=True)
+        os.chmod(self.dir, 0o700)
+        self.dev = self.dir / "dev"
+        self.mig_minors = make_device_nodes(self.dev, gpus)
+        self.conf = self.dir / "etc" / "slurm.conf"
+        self.gres_conf = self.dir / "etc" / "gres.conf"
+        self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+        self.node = NODE
+
+    def sbin(self, name: str) -> str:
+        return shutil.which(name) or f"/usr/sbin/{name}"
+
+    # -- life cycle -------------------------------------------------------------------------------
+    def start(self, gres: str, gres_conf: str, others: tuple[str, ...] = ()) -> None:
+        """``others``: more nodes of the partition that never run a slurmd (fleet-wave tests drain them)."""
+        d = self.dir
+        key = d / "etc" / "munge.key"
+        subprocess.run([self.sbin("mungekey"), "-c", "-k", str(key)], check=True, capture_output=True)
+        os.chmod(key, 0o600)
+        subprocess.run([self.sbin("munged"), "--force", f"--socket={d}/run/munge.sock", f"--key-file={key}",
+                        f"--pid-file={d}/run/munged.pid", f"--log-file={d}/log/munged.log",
+                        f"--seed-file={d}/run/munge.seed"], check=True, capture_output=True)
+        self.conf.write_text(SLURM_CONF.format(host=socket.gethostname(), d=d, ctld_port=_free_port(),
+                                               d_port=_free_port(), node=self.node, gres=gres,
+                                               nodes=",".join((self.node, *others)),
+                                               others="".join(f"NodeName={o} NodeAddr=127.0.0.1 CPUs=2 "
+                                                              "RealMemory=500 State=UNKNOWN\n" for o in others)))
+        self.gres_conf.write_text(gres_conf)
+        self.run_sbin("slurmctld", "-i")
+        self.wait(lambda: self.ok("scontrol", "ping"), "slurmctld")
+        self.run_sbin("slurmd", "-N", self.node)
+        self.wait(lambda: "IDLE" in self.state(), "the node to register")
+
+    def run_sbin(self, name: str, *args: str) -> None:
+        subprocess.run([self.sbin(name), *args], env=self.env, check=True, capture_output=True, timeout=30)
+
+    def stop(self) -> None:
+        for pid_file in ("slurmd.pid", "slurmctld.pid", "munged.pid"):
+            p = self.dir / "run" / pid_file
+            try:
+                os.kill(int(p.read_text()), signal.SIGTERM)
+            except (OSError, ValueError):
+                pass
+        time.sleep(0.3)
+        self._kill_leftovers()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _kill_leftovers(self) -> None:
+        """Job steps (slurmstepd, the jobs' shells) outlive slurmd: every process whose environment
+        names this cluster's SLURM_CONF is ours."""
+        mark = f"SLURM_CONF={self.conf}".encode()
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit() or int(proc.name) == os.getpid():
+                continue
+            try:
+                if mark in (proc / "environ").read_bytes().split(b"\0"):
+                    os.kill(int(proc.name), signal.SIGKILL)
+            except OSError:
+                pass
+
+    # -- commands the tests and migd's settings use -----------------------------------------------
+    def cmd(self, *argv: str, check: bool = True) -> str:
+        p = subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=30)
+        if check and p.returncode != 0:
+            raise AssertionError(f"{' '.join(argv)}: {p.stderr.strip()}")
+        return p.stdout
+
+    def ok(self, *argv: str) -> bool:
+        return subprocess.run(list(argv), env=self.env, capture_output=True, timeout=30).returncode == 0
+
+    def pid_script(self, name: str, body: str) -> list[str]:
+        """An executable script in the cluster dir (migd's restart commands point at these)."""
+        path = self.dir / "etc" / name
+        path.write_text("#!/bin/sh\nexport SLURM_CONF=" + str(self.conf) + "\n" + body)
+        path.chmod(0o755)
+        return [str(path)]
+
+    def restart_commands(self) -> dict[str, list[str]]:
+        d, sbin = self.dir, self.sbin
+        stop_d = self.pid_script("stop-slurmd", f"kill $(cat {d}/run/slurmd.pid)\n"
+                                 f"while kill -0 $(cat {d}/run/slurmd.pid 2>/dev/null) 2>/dev/null; do sleep 0.05;"
+                                 " done\n")
+        restart_ctld = self.pid_script("restart-slurmctld", f"kill $(cat {d}/run/slurmctld.pid)\n"
+                                       f"while kill -0 $(cat {d}/run/slurmctld.pid 2>/dev/null) 2>/dev/null; do "
+                                       f"sleep 0.05; done\nexec {sbin('slurmctld')}\n")
+        start_d = self.pid_script("start-slurmd", f"exec {sbin('slurmd')} -N {self.node}\n")
+        return {"stop_slurmd": stop_d, "restart_slurmctld": restart_ctld, "start_slurmd": start_d}
+
+    # -- what the tests look at -------------------------------------------------------------------
+    def show(self) -> dict[str, str]:
+        line = self.cmd("scontrol", "show", "node", "-o", self.node).strip()
+        import re
+        return dict(f.split("=", 1) for f in re.split(r" (?=[A-Za-z_]+=)", line) if "=" in f)
+
+    def state(self) -> str:
+        try:
+            return self.show().get("State", "")
+        except AssertionError:
+            return ""
+
+    def submit(self, gres: str, script: str, *extra: str) -> str:
+        out = self.cmd("sbatch", "--parsable", f"--gres={gres}", "-o", str(self.dir / "job-%j.out"), *extra,
+                       "--wrap", script)
+        return out.strip().split(";")[0]
+
+    def job_state(self, job: str) -> str:
+        out = self.cmd("squeue", "-h", "-j", job, "-o", "%T", check=False).strip()
+        return out or "GONE"
+
+    @staticmethod
+    def wait(ok: object, what: str, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not ok():  # type: ignore[operator]
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}")
+            time.sleep(0.2)
+
+
+def skip_without_slurm() -> None:
+    reason = missing_reason()
+    if reason is not None:
+        if os.environ.get("MIGD_REQUIRE_SLURM") == "1":
+            pytest.fail(f"MIGD_REQUIRE_SLURM=1 but {reason}")
+        pytest.skip(reason)

@@ -1,0 +1,245 @@
+"""Slurm mode on a real one-node Slurm 22.05 cluster over the simulated GPU (issue 15).
+
+The daemon runs in-process with its virtual clock just after the 19:00 day->night transition;
+the Slurm daemons are real (tests/slurm_cluster.py).  Skipped where Slurm is not installed;
+.ci/run installs it and sets MIGD_REQUIRE_SLURM=1 so a missing Slurm fails there.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pynvml
+import pytest
+
+from migd.daemon.clock import Clock
+from migd.daemon.config import load_config
+from migd.daemon.service import Daemon
+from migd.hardware.backend import read_state
+from migd.hardware.nvml import NvmlBackend
+from migd.metrics.collector import _slurm
+from migd.report import daemon_table
+from migd.sim import control, sim_backend
+from migd.sim.state import StateStore
+from migd.slurm.gres import gres_conf, node_gres, read_minors, records
+from migd.slurm.transition import Phase
+from tests.helpers import PROFILES, Migctl
+from tests.slurm_cluster import SlurmCluster, skip_without_slurm
+
+FLEET = "single-a100"
+NIGHT = datetime.fromisoformat("2026-11-23T19:00:05+09:00")  # Monday, just after the night transition
+DAY_LAYOUT = [("1g.10gb", s, ["1g.10gb"]) for s in range(7)]
+NIGHT_LAYOUT = [("7g.80gb", 0, ["7g.80gb"])]
+CONFIG = """\
+timezone: Asia/Seoul
+profiles_dir: profiles
+schedule:
+  - {{profile: day,   at: "{day_at}", days: "{days}"}}
+  - {{profile: night, at: "19:00", days: "{days}"}}
+metrics: {{enabled: false}}
+slurm:
+  node: {node}
+  slurm_conf: {conf}
+  gres_conf: {gres}
+  device_dir: {dev}
+  mig_minors: {minors}
+  register_timeout: 30s
+  env: {{SLURM_CONF: {conf}}}
+  maintenance_ahead: 15m
+  maintenance_window: 30m
+  partition: main
+  {waves}
+  stop_slurmd: {stop_slurmd}
+  restart_slurmctld: {restart_slurmctld}
+  start_slurmd: {start_slurmd}
+"""
+
+
+@dataclass
+class Node:
+    cluster: SlurmCluster
+    migctl: Migctl
+    backend: NvmlBackend
+    tmp: Path
+
+    def daemon(self, clock: Clock, day_at: str = "08:30", days: str = "mon-fri", waves: int | None = None,
+               **commands: list[str]) -> Daemon:
+        cmds = {**self.cluster.restart_commands(), **commands}
+        cfg = self.tmp / "migd.yaml"
+        c = self.cluster
+        cfg.write_text(CONFIG.format(day_at=day_at, days=days, waves=f"max_in_maintenance: {waves}" if waves else "",
+                                     node=c.node, conf=c.conf, gres=c.gres_conf, dev=c.dev,
+                                     minors=c.mig_minors, **{k: str(v).replace("'", '"') for k, v in cmds.items()}))
+        os.chmod(cfg, 0o644)
+        return Daemon(load_config(cfg), self.backend, self.migctl.state_dir, clock)
+
+    def layout(self) -> list[tuple[str, int, list[str]]]:
+        return self.migctl.layout()[0]
+
+
+@pytest.fixture
+def node(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Node]:
+    skip_without_slurm()
+    others = tuple(getattr(request, "param", ()))
+    m = Migctl(tmp_path, FLEET)
+    assert m("apply", str(PROFILES / "day.yaml")).code == 0
+    (tmp_path / "profiles").mkdir()
+    for f in PROFILES.glob("*.yaml"):
+        shutil.copy(f, tmp_path / "profiles" / f.name)
+        os.chmod(tmp_path / "profiles" / f.name, 0o644)
+    backend = sim_backend(m.state, FLEET)
+    cluster = SlurmCluster(gpus=1)
+    try:
+        recs = records([read_state(backend, g) for g in backend.list_gpus()], backend.minor_number,
+                       read_minors(cluster.mig_minors), cluster.dev)
+        cluster.start(node_gres(recs), gres_conf(cluster.node, recs, "day"), others)
+        yield Node(cluster, m, backend, tmp_path)
+    finally:
+        backend.close()
+        cluster.stop()
+
+
+def test_a_running_job_is_not_killed_and_the_switch_waits_for_it(node: Node) -> None:
+    c = node.cluster
+    finished = c.dir / "finished"
+    job = c.submit("gpu:1g.10gb:1", f"sleep 4; touch {finished}")
+    c.wait(lambda: c.job_state(job) == "RUNNING", "the job to start")
+    d = node.daemon(Clock(NIGHT))
+    d.reconcile("transition")
+    assert d.slurm is not None
+    state = d.slurm.gate.state
+    assert state.phase is Phase.DRAINING and state.jobs_waiting == 1 and job in state.reason
+    assert "DRAIN" in c.state() and "switching MIG layout to night" in c.show()["Reason"]
+    doc = d.status.to_json()["slurm"]
+    assert doc["node"] == c.node and doc["phase"] == "draining" and doc["jobs_waiting"] == 1
+    metrics = {f.name: {tuple(smp.labels.values()): smp.value for smp in f.samples} for f in _slurm(doc)}
+    assert metrics["migd_slurm_phase"][(c.node, "draining")] == 1
+    assert metrics["migd_slurm_phase"][(c.node, "serving")] == 0
+    assert metrics["migd_slurm_jobs_waiting"][(c.node,)] == 1
+    assert c.job_state(job) == "RUNNING" and node.layout() == DAY_LAYOUT  # nothing touched under the job
+    d.reconcile("reconcile")  # a later pass while the job runs: still waiting, still nothing touched
+    assert node.layout() == DAY_LAYOUT and state.phase is Phase.DRAINING
+    c.wait(lambda: c.job_state(job) == "GONE", "the job to end")
+    assert finished.exists()  # it ran to its end: not killed
+    d.reconcile("reconcile")
+    assert node.layout() == NIGHT_LAYOUT
+    show = c.show()
+    assert show["Gres"] == "gpu:7g.80gb:1" and "DRAIN" not in show["State"], show
+    assert "gpu:7g.80gb:1" in c.cmd("sinfo", "-h", "-N", "-o", "%N %G")
+    assert "Type=7g.80gb MultipleFiles=" in c.gres_conf.read_text()
+    assert d.slurm.gate.state.phase is Phase.SERVING
+    d.reconcile("reconcile")  # nothing to change: the pass compares Slurm's GRES with the layout
+    assert d.status.slurm is not None and d.status.slurm["gres_in_sync"] is True
+    assert "slurm node gpu1: serving" in daemon_table(d.status.to_json())
+    night_job = c.submit("gpu:7g.80gb:1", f"touch {c.dir / 'night-ran'}")
+    c.wait(lambda: (c.dir / "night-ran").exists(), "a job on the night GPU to run")
+    assert c.job_state(night_job) in ("GONE", "COMPLETING")
+
+
+def test_a_job_queued_for_the_day_layout_waits_out_the_night(node: Node) -> None:
+    """Queued while the node drains for the night, it stays PENDING through the night (Slurm: no
+    node offers its GRES) and runs once the day layout returns.  Slurm 22.05 refuses at submit time
+    a job for a GRES type no node has, so a night-time submission needs another node offering it."""
+    c = node.cluster
+    blocker = c.submit("gpu:1g.10gb:1", "sleep 3")
+    c.wait(lambda: c.job_state(blocker) == "RUNNING", "the job to start")
+    d = node.daemon(Clock(NIGHT))
+    d.reconcile("transition")
+    queued = c.submit("gpu:1g.10gb:1", f"touch {c.dir / 'day-ran'}")
+    c.wait(lambda: c.job_state(blocker) == "GONE", "the running job to end")
+    d.reconcile("reconcile")
+    assert node.layout() == NIGHT_LAYOUT and c.job_state(queued) == "PENDING"
+    morning = Node.daemon(node, Clock(NIGHT + timedelta(hours=13, minutes=30)))  # Tuesday 08:30:05
+    morning.reconcile("transition")
+    assert node.layout() == DAY_LAYOUT and c.show()["Gres"] == "gpu:1g.10gb:7"
+    c.wait(lambda: (c.dir / "day-ran").exists(), "the queued job to run on the day layout", 60)
+
+
+def test_slurm_refusing_the_new_gres_leaves_the_node_serving_the_old_layout(node: Node) -> None:
+    c = node.cluster
+    cmds = c.restart_commands()
+    flag = c.dir / "failed-once"
+    flaky = c.pid_script("start-slurmd-flaky", f"if [ ! -e {flag} ]; then touch {flag}; exit 1; fi\n"
+                         f"exec {cmds['start_slurmd'][0]}\n")
+    d = node.daemon(Clock(NIGHT), start_slurmd=flaky)
+    result = d._change(d.desired(), "transition", d._scheduled_options())  # type: ignore[arg-type]
+    assert not result.ok and "Slurm did not take the new GRES" in (result.results[0].error or "")
+    assert node.layout() == DAY_LAYOUT  # the old layout is back
+    show = c.show()
+    assert show["Gres"] == "gpu:1g.10gb:7" and "DRAIN" not in show["State"] and "INVALID" not in show["State"]
+    assert "Type=1g.10gb" in c.gres_conf.read_text() and "7g" not in c.gres_conf.read_text()
+    assert d.slurm is not None and d.slurm.gate.state.phase is Phase.FAILED
+    job = c.submit("gpu:1g.10gb:1", f"touch {c.dir / 'served'}")
+    c.wait(lambda: (c.dir / "served").exists(), "the node to serve the day layout again")
+    assert c.job_state(job) in ("GONE", "COMPLETING")
+
+
+def test_an_nvml_failure_mid_apply_resumes_the_node_on_its_old_layout(node: Node) -> None:
+    c = node.cluster
+    control.fail_call(StateStore(node.migctl.state), "nvmlDeviceCreateGpuInstanceWithPlacement",
+                      pynvml.NVML_ERROR_UNKNOWN, nth=1)
+    d = node.daemon(Clock(NIGHT))
+    d.reconcile("transition")
+    assert node.layout() == DAY_LAYOUT
+    show = c.show()
+    assert "DRAIN" not in show["State"] and show["Gres"] == "gpu:1g.10gb:7"
+    assert d.slurm is not None and d.slurm.gate.state.phase is Phase.FAILED
+
+
+def test_a_maint_reservation_keeps_a_too_long_job_from_starting(node: Node) -> None:
+    """Ten minutes before the switch the node is reserved from the switch on: a job whose time
+    limit would run into it waits; a short one still runs."""
+    c = node.cluster
+    now = datetime.now().astimezone()
+    at = (now + timedelta(minutes=10)).astimezone(ZoneInfo("Asia/Seoul")).strftime("%H:%M")
+    d = node.daemon(Clock(now), day_at=at, days="*")
+    d.reconcile("reconcile")  # whichever profile is active now, the next transition is <= 10 minutes away
+    assert d.slurm is not None and d.slurm.gate.state.reservation is not None
+    assert d.slurm.gate.state.reservation in c.cmd("scontrol", "show", "reservation")
+    gres = c.show()["Gres"].split(",")[0].rsplit(":", 1)[0] + ":1"  # a GPU of the layout there now
+    long_job = c.submit(gres, "true", "-t", "60")
+    short_job = c.submit(gres, f"touch {c.dir / 'short-ran'}", "-t", "2")
+    c.wait(lambda: (c.dir / "short-ran").exists(), "the short job to run", 30)
+    assert c.job_state(long_job) == "PENDING"
+    assert c.job_state(short_job) in ("GONE", "COMPLETING")
+
+
+def test_a_node_whose_slurm_gres_differs_from_its_layout_is_reported(node: Node) -> None:
+    """Someone edited slurm.conf: reported (status, metric), not corrected behind Slurm's back."""
+    c = node.cluster
+    c.conf.write_text(c.conf.read_text().replace("Gres=gpu:1g.10gb:7", "Gres=gpu:1g.10gb:6"))
+    lines = c.gres_conf.read_text().splitlines()
+    c.gres_conf.write_text("\n".join(lines[:-1]) + "\n")
+    for k in ("stop_slurmd", "restart_slurmctld"):
+        c.cmd(*c.restart_commands()[k])
+    c.wait(lambda: c.ok("scontrol", "ping"), "slurmctld")
+    c.cmd(*c.restart_commands()["start_slurmd"])
+    c.wait(lambda: c.show().get("Gres") == "gpu:1g.10gb:6", "the edited GRES")
+    d = node.daemon(Clock(NIGHT + timedelta(hours=13, minutes=30)))  # day: the layout is as asked
+    d.reconcile("reconcile")
+    assert node.layout() == DAY_LAYOUT
+    assert d.status.slurm is not None and d.status.slurm["gres_in_sync"] is False
+    assert "GRES NOT in sync" in daemon_table(d.status.to_json())
+
+
+@pytest.mark.parametrize("node", [("gpu2",)], indirect=True)
+def test_fleet_waves_wait_for_a_maintenance_slot(node: Node) -> None:
+    """max_in_maintenance: 1 and another node of the partition drained: this node does not drain
+    (read from Slurm itself, sinfo) while the slot is taken; with a free slot it switches."""
+    c = node.cluster
+    c.cmd("scontrol", "update", "nodename=gpu2", "state=drain", "reason=other switch")
+    d = node.daemon(Clock(NIGHT), waves=1)
+    d.reconcile("transition")
+    assert d.slurm is not None and "waiting for a maintenance slot" in d.slurm.gate.state.reason
+    assert "DRAIN" not in c.state() and node.layout() == DAY_LAYOUT
+    d.reconcile("reconcile")  # still one node in maintenance: still waiting
+    assert "DRAIN" not in c.state() and node.layout() == DAY_LAYOUT
+    d = node.daemon(Clock(NIGHT), waves=2)  # two at a time allowed: one slot is free
+    d.reconcile("reconcile")
+    assert node.layout() == NIGHT_LAYOUT and c.show()["Gres"] == "gpu:7g.80gb:1"
