@@ -18,9 +18,10 @@ from zoneinfo import ZoneInfo
 import pynvml
 import pytest
 
+from migd.apply.result import GpuStatus
 from migd.daemon.clock import Clock
 from migd.daemon.config import load_config
-from migd.daemon.service import Daemon
+from migd.daemon.service import Daemon, ManualApply
 from migd.hardware.backend import read_state
 from migd.hardware.nvml import NvmlBackend
 from migd.metrics.collector import _slurm
@@ -122,6 +123,8 @@ def test_a_running_job_is_not_killed_and_the_switch_waits_for_it(node: Node) -> 
     assert metrics["migd_slurm_phase"][(c.node, "draining")] == 1
     assert metrics["migd_slurm_phase"][(c.node, "serving")] == 0
     assert metrics["migd_slurm_jobs_waiting"][(c.node,)] == 1
+    gpu = d.status.to_json()["gpus"]["0"]
+    assert gpu["state"] == "waiting" and gpu["reason"].startswith("Slurm: waiting for 1 job(s)")
     assert c.job_state(job) == "RUNNING" and node.layout() == DAY_LAYOUT  # nothing touched under the job
     d.reconcile("reconcile")  # a later pass while the job runs: still waiting, still nothing touched
     assert node.layout() == DAY_LAYOUT and state.phase is Phase.DRAINING
@@ -243,3 +246,22 @@ def test_fleet_waves_wait_for_a_maintenance_slot(node: Node) -> None:
     d = node.daemon(Clock(NIGHT), waves=2)  # two at a time allowed: one slot is free
     d.reconcile("reconcile")
     assert node.layout() == NIGHT_LAYOUT and c.show()["Gres"] == "gpu:7g.80gb:1"
+
+
+def test_a_manual_apply_under_slurm_waits_for_the_jobs_and_then_holds(node: Node) -> None:
+    """migctl apply through the daemon takes the same path: the node drains, the GPUs report
+    BLOCKED with Slurm's reason, and the daemon finishes that switch (not the schedule's) later."""
+    c = node.cluster
+    job = c.submit("gpu:1g.10gb:1", "sleep 3")
+    c.wait(lambda: c.job_state(job) == "RUNNING", "the job to start")
+    d = node.daemon(Clock(NIGHT))
+    two = d.config.profiles["night-two"]
+    result = d.manual_apply(two, ManualApply())
+    assert [r.status for r in result.results] == [GpuStatus.BLOCKED]
+    assert "Slurm: waiting for 1 job(s)" in (result.results[0].error or "")
+    assert d.status.override is not None and d.status.override.profile.name == "night-two"
+    assert node.layout() == DAY_LAYOUT and "DRAIN" in c.state()
+    c.wait(lambda: c.job_state(job) == "GONE", "the job to end")
+    d.reconcile("reconcile")
+    assert node.layout() == [("3g.40gb", 0, ["3g.40gb"]), ("3g.40gb", 4, ["3g.40gb"])]
+    assert c.show()["Gres"] == "gpu:3g.40gb:2" and "DRAIN" not in c.state()

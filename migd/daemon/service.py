@@ -159,9 +159,6 @@ class Daemon:
                 self._change(profile, reason, self._scheduled_options(), correct=correct)
             except REFUSALS:
                 pass  # logged and counted by _change; the next pass tries again
-            finally:
-                if self.slurm is not None:
-                    self.status.slurm = self.slurm.snapshot()
 
     def _change(self, profile: Profile, reason: str, opts: ApplyOptions, *, manual: bool = False,
                 correct: bool = True) -> ApplyResult:
@@ -186,11 +183,9 @@ class Daemon:
                     self._unchanged(profile, plans, unreadable)
                     return ApplyResult(profile.name, plans, [])
                 if self.slurm is not None and changes:
-                    under_slurm = self.slurm.apply(profile, plans, opts)
-                    if under_slurm is None:  # drained, jobs still hold GPUs: the next pass looks again
-                        self.progress.update(profile.name, plans, None, unreadable)
-                        return ApplyResult(profile.name, plans, [])
-                    result = under_slurm
+                    result = self.slurm.apply(profile, plans, opts)
+                    if manual and self.slurm.waiting:
+                        self._hold(profile)  # the passes that follow finish this switch when the jobs end
                 else:
                     result = self.applier.apply_plans(profile, plans, opts)
                 if manual and result.ok:
@@ -199,6 +194,9 @@ class Daemon:
             log.error("%s of %s refused: %s", "manual apply" if manual else "apply", profile.name, e)
             self._record(None, Outcome.ERROR, time.monotonic() - t0, profile.name)
             raise
+        finally:
+            if self.slurm is not None:
+                self.status.slurm = self.slurm.snapshot()
         self.progress.update(profile.name, plans, result, unreadable)
         if manual or result.changed or result.ok:  # a retry finding the same GPUs busy is not another apply
             self._finish(profile, result, reason, t0)

@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 
 from migd.apply.executor import Applier
-from migd.apply.result import ApplyOptions, ApplyResult, GpuStatus
+from migd.apply.result import ApplyOptions, ApplyResult, GpuResult, GpuStatus
 from migd.daemon.config import Config
 from migd.hardware.backend import GpuBackend
 from migd.planner import GpuPlan
@@ -60,15 +60,24 @@ class SlurmSwitch:
         """A switch was started (by this or a previous migd) and not finished."""
         return self.gate.state.phase in (Phase.DRAINING, Phase.SWITCHING)
 
-    def apply(self, profile: Profile, plans: list[GpuPlan], opts: ApplyOptions) -> ApplyResult | None:
-        """The apply under Slurm; None while the node drains (jobs still hold GPUs)."""
+    @property
+    def waiting(self) -> bool:
+        """The node is drained for a switch and jobs still hold its GPUs."""
+        return self.gate.state.phase is Phase.DRAINING
+
+    def apply(self, profile: Profile, plans: list[GpuPlan], opts: ApplyOptions) -> ApplyResult:
+        """The apply under Slurm.  While the node drains (or cannot drain yet) every GPU that would
+        change is BLOCKED with Slurm's reason, as busy instances are elsewhere; the next pass looks again."""
         try:
-            if not self.gate.ready(profile.name):
-                return None
+            ready = self.gate.ready(profile.name)
         except SlurmError as e:
             log.error("Slurm: cannot drain for %s: %s", profile.name, e)
-            self.gate.state.reason = str(e)
-            return None
+            self.gate.state.reason = f"cannot drain: {e}"
+            ready = False
+        if not ready:
+            return ApplyResult(profile.name, plans, [
+                GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.BLOCKED if p.changes else GpuStatus.UNCHANGED,
+                          len(p.ops), f"Slurm: {self.gate.state.reason}" if p.changes else None) for p in plans])
         owners = self.applier.owners.load()
         result = self.applier.apply_plans(profile, plans, opts)
         if not result.changed:
