@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo
 import pynvml
 import pytest
 
-from migd.apply.result import GpuStatus
+from migd.apply.result import GpuStatus, OnBusy
 from migd.daemon.clock import Clock
 from migd.daemon.config import load_config
 from migd.daemon.service import Daemon, ManualApply
@@ -256,7 +256,7 @@ def test_a_manual_apply_under_slurm_waits_for_the_jobs_and_then_holds(node: Node
     c.wait(lambda: c.job_state(job) == "RUNNING", "the job to start")
     d = node.daemon(Clock(NIGHT))
     two = d.config.profiles["night-two"]
-    result = d.manual_apply(two, ManualApply())
+    result = d.manual_apply(two, ManualApply(on_busy=OnBusy.WAIT))
     assert [r.status for r in result.results] == [GpuStatus.BLOCKED]
     assert "Slurm: waiting for 1 job(s)" in (result.results[0].error or "")
     assert d.status.override is not None and d.status.override.profile.name == "night-two"
@@ -265,3 +265,30 @@ def test_a_manual_apply_under_slurm_waits_for_the_jobs_and_then_holds(node: Node
     d.reconcile("reconcile")
     assert node.layout() == [("3g.40gb", 0, ["3g.40gb"]), ("3g.40gb", 4, ["3g.40gb"])]
     assert c.show()["Gres"] == "gpu:3g.40gb:2" and "DRAIN" not in c.state()
+
+
+def test_on_busy_refuse_does_not_drain_a_node_with_gpu_jobs(node: Node) -> None:
+    c = node.cluster
+    job = c.submit("gpu:1g.10gb:1", "sleep 3")
+    c.wait(lambda: c.job_state(job) == "RUNNING", "the job to start")
+    d = node.daemon(Clock(NIGHT))
+    result = d.manual_apply(d.config.profiles["night"], ManualApply(on_busy=OnBusy.REFUSE))
+    assert [r.status for r in result.results] == [GpuStatus.BLOCKED]
+    assert "on_busy is refuse; the node was not drained" in (result.results[0].error or "")
+    assert "DRAIN" not in c.state() and d.status.override is None and node.layout() == DAY_LAYOUT
+
+
+def test_on_busy_force_requeues_the_jobs_after_busy_timeout(node: Node) -> None:
+    """force (never the default): after busy_timeout the GPU jobs are requeued, not killed: they
+    are back in the queue, and the switch goes ahead."""
+    c = node.cluster
+    job = c.submit("gpu:1g.10gb:1", "sleep 300")
+    c.wait(lambda: c.job_state(job) == "RUNNING", "the job to start")
+    d = node.daemon(Clock(NIGHT))
+    d.manual_apply(d.config.profiles["night"], ManualApply(on_busy=OnBusy.FORCE, busy_timeout_s=0.0))
+    c.wait(lambda: c.job_state(job) != "RUNNING", "the job to be requeued")
+    if node.layout() != NIGHT_LAYOUT:  # the requeue took a moment: the next pass switches
+        d.reconcile("reconcile")
+    assert node.layout() == NIGHT_LAYOUT and c.show()["Gres"] == "gpu:7g.80gb:1"
+    assert c.job_state(job) in ("PENDING", "REQUEUED")  # back in the queue for a day GPU, not lost
+    assert "Restarts=1" in c.cmd("scontrol", "show", "job", job)  # requeued once by migd

@@ -183,7 +183,10 @@ class Daemon:
                     self._unchanged(profile, plans, unreadable)
                     return ApplyResult(profile.name, plans, [])
                 if self.slurm is not None and changes:
-                    result = self.slurm.apply(profile, plans, opts)
+                    policy = opts.on_busy if manual else self.config.on_busy  # (opts map wait to retries)
+                    result = self.slurm.apply(profile, plans, opts, policy,
+                                              self.clock.real(opts.busy_timeout_s if manual else
+                                                              self.config.busy_timeout_s))
                     if manual and self.slurm.waiting:
                         self._hold(profile)  # the passes that follow finish this switch when the jobs end
                 else:

@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 
 from migd.apply.executor import Applier
-from migd.apply.result import ApplyOptions, ApplyResult, GpuResult, GpuStatus
+from migd.apply.result import ApplyOptions, ApplyResult, GpuResult, GpuStatus, OnBusy
 from migd.daemon.config import Config
 from migd.hardware.backend import GpuBackend
 from migd.planner import GpuPlan
@@ -65,11 +65,12 @@ class SlurmSwitch:
         """The node is drained for a switch and jobs still hold its GPUs."""
         return self.gate.state.phase is Phase.DRAINING
 
-    def apply(self, profile: Profile, plans: list[GpuPlan], opts: ApplyOptions) -> ApplyResult:
+    def apply(self, profile: Profile, plans: list[GpuPlan], opts: ApplyOptions, policy: OnBusy,
+              force_after_s: float) -> ApplyResult:
         """The apply under Slurm.  While the node drains (or cannot drain yet) every GPU that would
         change is BLOCKED with Slurm's reason, as busy instances are elsewhere; the next pass looks again."""
         try:
-            ready = self.gate.ready(profile.name)
+            ready = self.gate.ready(profile.name, policy, force_after_s)
         except SlurmError as e:
             log.error("Slurm: cannot drain for %s: %s", profile.name, e)
             self.gate.state.reason = f"cannot drain: {e}"

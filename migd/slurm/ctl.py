@@ -106,6 +106,9 @@ class SlurmCtl:
     def drain(self, reason: str) -> None:
         self._call("scontrol", "update", f"nodename={self.node}", "state=drain", f"reason={reason}")
 
+    def requeue(self, job: str) -> None:
+        self._call("scontrol", "requeue", job)
+
     def resume(self) -> None:
         self._call("scontrol", "update", f"nodename={self.node}", "state=resume")
 

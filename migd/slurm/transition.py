@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 
+from migd.apply.result import OnBusy
 from migd.apply.statefile import atomic_write_json, atomic_write_text, read_json
 from migd.hardware.backend import GpuState
 from migd.kinds import Word
@@ -105,27 +106,46 @@ class SlurmGate:
         log.info("Slurm: MAINT reservation %s on %s from %s", name, self.s.node, transition.isoformat())
 
     # -- the switch -------------------------------------------------------------------------------
-    def ready(self, profile: str) -> bool:
-        """Drain once, then True when no job holds a GPU of the node (the apply may start)."""
+    def ready(self, profile: str, policy: OnBusy = OnBusy.WAIT, force_after_s: float = float("inf")) -> bool:
+        """Drain once, then True when no job holds a GPU of the node (the apply may start).
+
+        ``policy`` is the busy policy of migd's apply: refuse (do not drain while GPU jobs run),
+        wait (drain and wait for them), force (drain, wait ``force_after_s``, then requeue them:
+        ``scontrol requeue`` puts a job back in the queue, it is not lost)."""
         if self.state.phase in (Phase.SERVING, Phase.FAILED):
-            info = self.ctl.info()
-            slot = self._wave_slot()
-            if slot is not None:
-                self.state.reason = slot
-                log.info("Slurm: %s", slot)
+            if not self._may_drain(policy):
                 return False
-            self.state.was_serving = not info.drained
+            self.state.was_serving = not self.ctl.info().drained
             self.state.profile = profile
             self.ctl.drain(f"migd: switching MIG layout to {profile}")
             self._set(Phase.DRAINING, f"drained to switch to {profile}")
             log.info("Slurm: drained %s to switch to %s", self.s.node, profile)
         jobs = [j for j in self.ctl.jobs() if j.uses_gpus]
+        if jobs and policy is OnBusy.FORCE and time.time() - self.state.since >= force_after_s:
+            for j in jobs:
+                self.ctl.requeue(j.id)
+            log.warning("Slurm: requeued job(s) %s after waiting %.0fs (on_busy: force)",
+                        ",".join(j.id for j in jobs), force_after_s)
+            jobs = [j for j in self.ctl.jobs() if j.uses_gpus]
         self.state.jobs_waiting = len(jobs)
         if jobs:
             self._set(Phase.DRAINING, f"waiting for {len(jobs)} job(s) holding GPUs: "
                       + ",".join(j.id for j in jobs[:10]))
             return False
         self._set(Phase.SWITCHING, f"switching to {profile}")
+        return True
+
+    def _may_drain(self, policy: OnBusy) -> bool:
+        slot = self._wave_slot()
+        if slot is None and policy is OnBusy.REFUSE:
+            jobs = [j for j in self.ctl.jobs() if j.uses_gpus]
+            if jobs:
+                slot = (f"refused: {len(jobs)} job(s) hold GPUs ({','.join(j.id for j in jobs[:10])}) and on_busy "
+                        "is refuse; the node was not drained")
+        if slot is not None:
+            self.state.reason = slot
+            log.info("Slurm: %s", slot)
+            return False
         return True
 
     def _wave_slot(self) -> str | None:
