@@ -292,3 +292,19 @@ def test_on_busy_force_requeues_the_jobs_after_busy_timeout(node: Node) -> None:
     assert node.layout() == NIGHT_LAYOUT and c.show()["Gres"] == "gpu:7g.80gb:1"
     assert c.job_state(job) in ("PENDING", "REQUEUED")  # back in the queue for a day GPU, not lost
     assert "Restarts=1" in c.cmd("scontrol", "show", "job", job)  # requeued once by migd
+
+
+def test_a_switch_left_open_by_a_stopped_migd_is_finished_at_restart(node: Node) -> None:
+    """migd stopped after the apply, before Slurm took the GRES: the node is drained and its
+    layout is already night.  The restarted daemon publishes the GRES and resumes the node."""
+    c = node.cluster
+    c.cmd("scontrol", "update", f"nodename={c.node}", "state=drain", "reason=migd: switching MIG layout to night")
+    assert node.migctl("apply", str(PROFILES / "night.yaml")).code == 0
+    (node.migctl.state_dir / "slurm.json").write_text(
+        '{"schema": "migd.slurm/v1", "phase": "switching", "profile": "night", "was_serving": true}')
+    d = node.daemon(Clock(NIGHT))
+    d.reconcile("start")
+    show = c.show()
+    assert show["Gres"] == "gpu:7g.80gb:1" and "DRAIN" not in show["State"]
+    assert d.slurm is not None and d.slurm.gate.state.phase is Phase.SERVING
+    assert "finished after a restart" in d.slurm.gate.state.reason
