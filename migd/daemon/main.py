@@ -142,7 +142,13 @@ def _serve(args: argparse.Namespace, cfg: Config, backend: GpuBackend, daemon: D
             log.critical("cannot serve metrics on %s: %s; not starting", listen, e.strerror or e)
             return Exit.INVALID
         daemon.on_apply.append(collector.observe_apply)
-    watch = FaultWatch(backend, daemon.lock, events, daemon.status.unhealthy, on_config_change=daemon.drift_suspected)
+        daemon.on_apply.append(collector.sampler.invalidate)  # the sampler reads changed layouts afresh
+
+    def config_changed() -> None:
+        daemon.drift_suspected()
+        if metrics is not None:
+            collector.sampler.invalidate()
+    watch = FaultWatch(backend, daemon.lock, events, daemon.status.unhealthy, on_config_change=config_changed)
     control = ControlServer(socket_path, Handlers(
         status=lambda: daemon.status.to_json(), reload=daemon.request_reload, apply=daemon.manual_apply,
         isolation=lambda: {"unhealthy": dict(daemon.status.unhealthy), "breaches": list(watch.breaches),

@@ -7,10 +7,13 @@ tests and the demo run that same class over the simulated NVML library (``migd.s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from migd.hardware.catalog import GpuModel, Placement
 from migd.kinds import Word
+
+if TYPE_CHECKING:
+    from migd.hardware.nvml_view import GpuView
 
 NVML_ERROR_GPU_IS_LOST = 15  # nvml.h nvmlReturn_t
 GPU_WIDE = 0xFFFFFFFF  # gpuInstanceId of an event that is not scoped to one instance
@@ -136,6 +139,13 @@ class GpuBackend(Protocol):
     def list_gpus(self) -> list[GpuInfo]: ...
 
     def gpu(self, index: int) -> GpuInfo: ...
+
+    # The sampler's per-layout view (hardware/nvml_view.py): read once, then only what changes.
+    def open_view(self, index: int) -> GpuView: ...
+    def close_view(self, view: GpuView) -> None: ...
+    def view_mode(self, view: GpuView) -> tuple[bool, bool]: ...
+    def view_devices(self, view: GpuView) -> list[MigDevice]: ...
+    def view_activity(self, view: GpuView, interval_s: float) -> dict[int, GpmMetrics]: ...
 
     def minor_number(self, index: int) -> int:
         """The N of the GPU's /dev/nvidiaN (nvml.h nvmlDeviceGetMinorNumber): not always its index."""

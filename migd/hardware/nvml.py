@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import pynvml
 
+from migd.hardware import nvml_view
 from migd.hardware.backend import (
     GPU_WIDE,
     ComputeInstance,
@@ -32,6 +33,7 @@ from migd.hardware.backend import (
 from migd.hardware.catalog import CI_ENUM_COUNT, GI_ENUM_COUNT, GpuModel, Placement, model_for
 from migd.hardware.livetable import live_model
 from migd.hardware.nvml_telemetry import EventWatch, gpm_sample
+from migd.hardware.nvml_view import GpuView
 from migd.hardware.nvmlcall import ALL_ERRORS, Nvml, error_name
 
 log = logging.getLogger(__name__)
@@ -329,6 +331,29 @@ class NvmlBackend:
 
     def gpm_sample(self, index: int, gi_ids: list[int], interval_s: float = 0.1) -> dict[int, GpmMetrics]:
         return gpm_sample(self.nvml, self._dev(index), index, gi_ids, interval_s)
+
+    # -- the sampler's cached view (nvml_view.py) ---------------------------------------------------
+    def open_view(self, index: int) -> GpuView:
+        info = self.gpu(index)
+        dev = self._dev(index)
+        if not info.mig_current:
+            return GpuView(index, info, dev)
+        instances = tuple(self.list_gpu_instances(index))
+        gpm = bool(instances) and info.model is not None and info.model.is_hopper_or_newer \
+            and self.gpm_supported(index)
+        return nvml_view.open_view(self.nvml, info, dev, instances, self._mig_handles(index), gpm)
+
+    def close_view(self, view: GpuView) -> None:
+        nvml_view.close_view(self.nvml, view)
+
+    def view_mode(self, view: GpuView) -> tuple[bool, bool]:
+        return nvml_view.view_mode(self.nvml, view)
+
+    def view_devices(self, view: GpuView) -> list[MigDevice]:
+        return nvml_view.read_devices(self.nvml, view)
+
+    def view_activity(self, view: GpuView, interval_s: float) -> dict[int, GpmMetrics]:
+        return nvml_view.read_activity(self.nvml, view, interval_s)
 
     def wait_event(self, timeout_ms: int) -> GpuEvent | None:
         return self._events.wait(timeout_ms)

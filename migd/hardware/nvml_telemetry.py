@@ -46,7 +46,7 @@ def gpm_sample(nvml: Nvml, dev: Any, index: int, gi_ids: list[int], interval_s: 
             time.sleep(max(0.1, interval_s))
             for gi, (_, s2) in pairs.items():
                 nvml("nvmlGpmMigSampleGet", dev, gi, s2, gpu=index)
-            return {gi: _metrics(nvml, gi, s1, s2, index) for gi, (s1, s2) in pairs.items()}
+            return {gi: gpm_metrics(nvml, gi, s1, s2, index) for gi, (s1, s2) in pairs.items()}
         finally:
             for s in samples:
                 try:
@@ -55,7 +55,7 @@ def gpm_sample(nvml: Nvml, dev: Any, index: int, gi_ids: list[int], interval_s: 
                     log.warning("GPU %d: freeing a GPM sample failed: %s", index, e)
 
 
-def _metrics(nvml: Nvml, gi: int, s1: Any, s2: Any, index: int) -> GpmMetrics:
+def gpm_metrics(nvml: Nvml, gi: int, s1: Any, s2: Any, index: int) -> GpmMetrics:
     mg = pynvml.c_nvmlGpmMetricsGet_t()
     mg.version, mg.numMetrics, mg.sample1, mg.sample2 = pynvml.NVML_GPM_METRICS_GET_VERSION, \
         len(_GPM_METRICS), s1, s2

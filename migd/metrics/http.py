@@ -12,9 +12,8 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from migd.hardware.backend import GpuBackend
 from migd.metrics.collector import EventCounters, MigdCollector
-from migd.metrics.sampler import NvmlErrorCounter, Sampler
+from migd.metrics.sampler import NvmlErrorCounter, Sampler, ViewSource
 from migd.netcap import CappedThreadingMixIn
 
 
@@ -98,7 +97,7 @@ class MetricsServer(CappedThreadingMixIn, HTTPServer):
 class Sources:
     """What the metrics side reads, each passed as the narrow thing it needs (never the daemon)."""
 
-    backend: GpuBackend
+    backend: ViewSource
     lock: AbstractContextManager[Any]  # the reconfiguration lock: no NVML sample during an apply
     owners: Callable[[], dict[str, dict[int, str]]]
     status: Callable[[], Any]  # the daemon's Status

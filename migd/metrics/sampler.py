@@ -16,9 +16,10 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from migd.hardware.backend import GpmMetrics, GpuBackend, GpuInfo, HardwareError
+from migd.hardware.backend import GpmMetrics, GpuInfo, HardwareError, MigDevice, ProcessInfo
+from migd.hardware.nvml_view import GpuView
 from migd.loop import BackgroundLoop
 
 log = logging.getLogger("migd.sampler")
@@ -81,10 +82,27 @@ class NvmlErrorCounter:
             return dict(self.counts)
 
 
+class ViewSource(Protocol):
+    """What the sampler needs from a backend: a per-layout view and the per-cycle readings."""
+
+    def gpu_count(self) -> int: ...
+    def gpu_processes(self, index: int) -> list[ProcessInfo]: ...
+    def open_view(self, index: int) -> GpuView: ...
+    def close_view(self, view: GpuView) -> None: ...
+    def view_mode(self, view: GpuView) -> tuple[bool, bool]: ...
+    def view_devices(self, view: GpuView) -> list[MigDevice]: ...
+    def view_activity(self, view: GpuView, interval_s: float) -> dict[int, GpmMetrics]: ...
+
+
 class Sampler(BackgroundLoop):
+    """Reads each GPU's layout once (a :class:`GpuView`) and per cycle only what changes: the MIG
+    mode, each MIG device's memory and processes, GPM (about 290 NVML calls for 8 GPUs x 7
+    instances instead of ~1,770).  ``invalidate`` (an apply, a MIG-config-change event) and any
+    error or mode change make the next read of a GPU start afresh."""
+
     thread_name = "migd-sampler"
 
-    def __init__(self, backend: GpuBackend, lock: Any, owners: Callable[[], dict[str, dict[int, str]]],
+    def __init__(self, backend: ViewSource, lock: Any, owners: Callable[[], dict[str, dict[int, str]]],
                  interval_s: float = 15.0, gpm_interval_s: float = 0.1) -> None:
         super().__init__(log, "sampling")
         self.backend = backend
@@ -96,12 +114,39 @@ class Sampler(BackgroundLoop):
         self.last_success: float | None = None
         self.cycles = 0
         self.cpu_seconds_last = 0.0
+        self._views: dict[int, GpuView] = {}
+        self._stale = threading.Event()
+
+    def invalidate(self, *_: object) -> None:
+        """The layout may have changed: every GPU is read afresh next cycle (any thread may call)."""
+        self._stale.set()
+
+    def close(self) -> None:
+        with self.lock:
+            self._drop_all()
+
+    def _drop_all(self) -> None:
+        for index in list(self._views):
+            self._drop(index)
+
+    def _drop(self, index: int) -> None:
+        view = self._views.pop(index, None)
+        if view is not None:
+            try:
+                self.backend.close_view(view)
+            except HardwareError as e:
+                log.warning("GPU %d: %s", index, e)
 
     def sample_once(self) -> Snapshot:
         t0, c0 = time.monotonic(), time.process_time()  # process CPU: the per-GPU workers count too
         owners = self.owners()
         with self.lock:
+            if self._stale.is_set():
+                self._stale.clear()
+                self._drop_all()
             n = self.backend.gpu_count()
+            for index in [i for i in self._views if i >= n]:
+                self._drop(index)
             with ThreadPoolExecutor(max_workers=max(1, n), thread_name_prefix="migd-sample") as pool:
                 results = list(pool.map(lambda i: self._try_gpu(i, owners), range(n)))
         samples = tuple(r for r in results if isinstance(r, GpuSample))
@@ -113,24 +158,41 @@ class Sampler(BackgroundLoop):
         return snap
 
     def _try_gpu(self, index: int, owners: dict[str, dict[int, str]]) -> GpuSample | Unread:
-        """One GPU's sample; a GPU that cannot be read (lost) leaves the others' series untouched."""
-        try:
-            g = self.backend.gpu(index)
-            return self._gpu(g, owners.get(g.uuid, {}))
-        except HardwareError as e:
-            return Unread(index, e.lost, str(e))
+        """One GPU's sample; a GPU that cannot be read (lost) leaves the others' series untouched.
+        An error with a cached view (a handle the layout invalidated) is retried once afresh."""
+        for fresh in (index not in self._views, True):
+            try:
+                return self._gpu(self._view(index, fresh), owners)
+            except HardwareError as e:
+                self._drop(index)
+                if fresh or e.lost:
+                    return Unread(index, e.lost, str(e))
+        raise AssertionError("unreachable")  # (the second pass always returns)
 
-    def _gpu(self, g: GpuInfo, owners: dict[int, str]) -> GpuSample:
+    def _view(self, index: int, fresh: bool) -> GpuView:
+        view = self._views.get(index)
+        if view is not None and not fresh:
+            if self.backend.view_mode(view) == (view.info.mig_current, view.info.mig_pending):
+                return view
+            log.info("GPU %d: MIG mode changed; reading its layout afresh", index)
+        self._drop(index)
+        view = self._views[index] = self.backend.open_view(index)
+        return view
+
+    def _gpu(self, view: GpuView, owners_by_uuid: dict[str, dict[int, str]]) -> GpuSample:
+        g = view.info
         if not g.mig_current:
             return GpuSample(g, (), len(self.backend.gpu_processes(g.index)))
-        gis = {gi.id: gi for gi in self.backend.list_gpu_instances(g.index)}
-        devs = self.backend.list_mig_devices(g.index)
+        owners = owners_by_uuid.get(g.uuid, {})
+        gis = {gi.id: gi for gi in view.instances}
+        devs = self.backend.view_devices(view)
         activity: dict[int, GpmMetrics] = {}
-        if g.model is not None and g.model.is_hopper_or_newer and gis and self.backend.gpm_supported(g.index):
+        if view.gpm:
             try:
-                activity = self.backend.gpm_sample(g.index, sorted(gis), self.gpm_interval_s)
+                activity = self.backend.view_activity(view, self.gpm_interval_s)
             except HardwareError as e:
                 log.warning("GPU %d: GPM sample failed: %s", g.index, e)
+                self._stale.set()  # buffers or handles may be stale: read afresh next cycle
         out = []
         for d in devs:
             gi = gis.get(d.gi_id)
