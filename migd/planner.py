@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import KW_ONLY, dataclass, field
+from functools import lru_cache
 
 from migd.hardware.backend import GpuInfo, GpuInstance, GpuState
 from migd.hardware.catalog import CiProfile, GpuModel, Placement, media_conflict
@@ -136,9 +137,11 @@ def _feasibility(model: GpuModel, want: list[DesiredInstance]) -> None:
         raise PlanError(f"on {model.key}: {conflict}")
 
 
+@lru_cache(maxsize=4096)
 def _place_cis(want: tuple[CiProfile, ...], pinned: tuple[Placement, ...] | None,
                have: tuple[tuple[int, Placement], ...]) -> tuple[tuple[int, Placement], ...] | None:
-    """CI placements inside one GI, keeping as many existing CIs as possible."""
+    """CI placements inside one GI, keeping as many existing CIs as possible.  A pure function of
+    hashable arguments, memoised: a search asks the same question for every leaf (issue 16)."""
     if pinned is not None:
         return tuple((c.profile_id, p) for c, p in zip(want, pinned, strict=True))
     order = sorted(range(len(want)), key=lambda i: -want[i].slices)
@@ -200,35 +203,101 @@ class _Search:
         cost += sum(self.gi_destroy_cost(g) for g in self.current.values() if g.id not in kept_ids)
         return cost, targets
 
+    def item_cost(self, item: DesiredInstance, pl: Placement, fresh: float) -> float:
+        """What placing ``item`` at ``pl`` costs by itself (destroys of GIs not kept come at the
+        leaf); ``fresh``: its cost where no GI of its profile sits at that start (create GI + CIs)."""
+        existing = self.current.get((item.gi.profile_id, pl.start))
+        if existing is None:
+            return fresh
+        have = tuple((c.profile_id, c.placement) for c in existing.compute_instances)
+        cis = _place_cis(item.cis, item.ci_placements, have)
+        if cis is None:
+            return float("inf")
+        owner_moves = item.owner != self.owners.get(pl.start, item.owner)
+        return self.ci_cost(existing, cis) + (OWNER_COST if owner_moves else 0.0)
+
     def run(self) -> None:
-        order = sorted(range(len(self.want)), key=lambda i: (-self.want[i].gi.memory_slices, self._key(i)))
-        self.want = [self.want[i] for i in order]
+        """Depth-first over placements in ascending start order, so leaves come in the order of the
+        tie-break key; a branch whose cost so far plus a lower bound of the rest cannot beat the
+        best leaf is cut (branch and bound: same plans as the exhaustive search, issue 16)."""
+        keyed = sorted(((-d.gi.memory_slices, _item_key(d)), d) for d in self.want)
+        self.want = [d for _, d in keyed]
+        keys = [k for (_, k), _ in keyed]
+        fresh = [float("inf") if cis is None else 1.0 + len(cis)
+                 for cis in (_place_cis(d.cis, d.ci_placements, ()) for d in self.want)]
+        bound = _Bound(self, fresh)
+        options = [[(pl, _mask(pl)) for pl in ((d.placement,) if d.placement is not None else d.gi.placements)]
+                   for d in self.want]
+        twins = [k > 0 and keys[k - 1] == keys[k] for k in range(len(self.want))]
         chosen: list[Placement] = []
 
-        def go(k: int, used: list[Placement]) -> None:
+        def go(k: int, used: int, kept: int, spent: float) -> None:
             if k == len(self.want):
                 cost, targets = self.score(chosen)
-                key = tuple(t.placement.start for t in targets)
-                if cost < self.best_cost or (cost == self.best_cost and self.best is not None
-                                             and key < tuple(t.placement.start for t in self.best)):
+                if cost < self.best_cost:
                     self.best_cost, self.best = cost, targets
                 return
-            item = self.want[k]
-            twin = k > 0 and self._key(k - 1) == self._key(k)  # identical items: only increasing starts
-            options = (item.placement,) if item.placement is not None else item.gi.placements
-            for pl in options:
-                if twin and pl.start < chosen[k - 1].start:
+            floor = spent + bound.rest(k, used, kept)
+            for pl, mask in options[k]:
+                if floor >= self.best_cost - 1e-9:
+                    return  # a leaf found below already beats (or ties, with a smaller key) all that is left
+                if used & mask or (twins[k] and pl.start < chosen[k - 1].start):
                     continue
-                if any(pl.overlaps(u) for u in used):
-                    continue
+                c = self.item_cost(self.want[k], pl, fresh[k])
+                keeps = kept | bound.index.get((self.want[k].gi.profile_id, pl.start), 0)
+                if c == float("inf") or spent + c + bound.rest(k + 1, used | mask, keeps) >= self.best_cost - 1e-9:
+                    continue  # cannot beat the best leaf (an equal one found later loses the tie on its key)
                 chosen.append(pl)
-                go(k + 1, used + [pl])
+                go(k + 1, used | mask, keeps, spent + c)
                 chosen.pop()
-        go(0, [])
+        go(0, 0, 0, 0.0)
 
-    def _key(self, i: int) -> tuple[object, ...]:
-        d = self.want[i]
-        return (d.gi.profile_id, tuple(c.profile_id for c in d.cis), d.owner or "", d.placement, d.ci_placements)
+
+def _mask(pl: Placement) -> int:
+    return ((1 << pl.size) - 1) << pl.start
+
+
+class _Bound:
+    """A lower bound of what the items from ``k`` on and the GIs they leave behind still cost: an
+    existing GI overlapped by a chosen placement (not kept) is destroyed; per profile, items beyond
+    the existing GIs still available are created; available GIs beyond the items left are destroyed."""
+
+    def __init__(self, search: _Search, fresh: list[float]) -> None:
+        want = search.want
+        existing = list(search.current.values())
+        self.index = {(g.profile_id, g.placement.start): 1 << n for n, g in enumerate(existing)}
+        self.gis = [(1 << n, _mask(g.placement), g.profile_id, search.gi_destroy_cost(g))
+                    for n, g in enumerate(existing)]
+        self.cheapest_create: dict[int, float] = {}
+        for d, f in zip(want, fresh, strict=True):
+            self.cheapest_create[d.gi.profile_id] = min(f, self.cheapest_create.get(d.gi.profile_id, f))
+        self.cheapest_destroy: dict[int, float] = {}
+        for _, _, pid, cost in self.gis:
+            self.cheapest_destroy[pid] = min(cost, self.cheapest_destroy.get(pid, cost))
+        self.left = [Counter(d.gi.profile_id for d in want[k:]) for k in range(len(want) + 1)]
+        self.suffix = [sum(fresh[k:]) for k in range(len(want) + 1)]  # exact when nothing exists yet
+
+    def rest(self, k: int, used: int, kept: int) -> float:
+        if not self.gis:
+            return self.suffix[k]
+        certain, avail = 0.0, Counter[int]()
+        for bit, mask, pid, cost in self.gis:
+            if kept & bit:
+                continue
+            if used & mask:
+                certain += cost
+            else:
+                avail[pid] += 1
+        left = self.left[k]
+        creates = sum(max(0, n - avail[pid]) * self.cheapest_create[pid] for pid, n in left.items())
+        destroys = sum(max(0, n - left[pid]) * self.cheapest_destroy[pid] for pid, n in avail.items())
+        return certain + creates + destroys
+
+
+def _item_key(d: DesiredInstance) -> tuple[object, ...]:
+    """Identical items are interchangeable: the search places them in increasing start order only."""
+    return (d.gi.profile_id, tuple(c.profile_id for c in d.cis), d.owner or "", d.placement or Placement(-1, 0),
+            d.ci_placements or ())
 
 
 def _destroy_ops(gpu: int, gi: GpuInstance, busy: Busy, name: str) -> list[Op]:
@@ -249,7 +318,7 @@ def plan_gpu(gpu: GpuInfo, desired: DesiredLayout, current: list[GpuInstance],
     if model is None:
         raise PlanError(f"GPU {gpu.index}: {gpu.name} (PCI 0x{gpu.pci_device_id:08X}) is not a known MIG-capable "
                         "model")
-    names = {p.profile_id: p.name for p in model.profiles}
+    names = {pid: p.name for pid, p in model.by_id.items()}
     ops: list[Op] = []
     i = gpu.index
     if not desired.mig:

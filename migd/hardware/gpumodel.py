@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from migd.kinds import Word
 
@@ -105,7 +106,7 @@ class CiProfile:
     starts: tuple[int, ...]
     default: bool = False
 
-    @property
+    @cached_property  # frozen: computed once, kept in __dict__
     def placements(self) -> tuple[Placement, ...]:
         return tuple(Placement(s, self.slices) for s in self.starts)
 
@@ -132,11 +133,11 @@ class GiProfile:
     ci_profiles: tuple[CiProfile, ...] = field(default=(), compare=False)
     unconfirmed: str = field(default="", compare=False)  # which of these numbers nobody has observed
 
-    @property
+    @cached_property  # frozen: computed once, kept in __dict__
     def placements(self) -> tuple[Placement, ...]:
         return tuple(Placement(s, self.memory_slices) for s in self.starts)
 
-    @property
+    @cached_property  # frozen: computed once, kept in __dict__
     def media(self) -> Media:
         for m in (Media.ME_ALL, Media.ME, Media.NO_ME, Media.GFX):
             if self.role.endswith(m.value):
@@ -182,8 +183,12 @@ class GpuModel:
         """Ampere keeps a MIG mode change pending until a GPU reset; Hopper+ applies it at once."""
         return self.architecture < ARCH_HOPPER
 
+    @cached_property
+    def by_id(self) -> dict[int, GiProfile]:
+        return {p.profile_id: p for p in self.profiles}
+
     def profile_by_id(self, profile_id: int) -> GiProfile | None:
-        return next((p for p in self.profiles if p.profile_id == profile_id), None)
+        return self.by_id.get(profile_id)
 
     def profile_by_enum(self, nvml_enum: int) -> GiProfile | None:
         return next((p for p in self.profiles if p.nvml_enum == nvml_enum), None)
