@@ -197,3 +197,21 @@ def test_statefile_symlinks_are_never_followed(tmp_path: Path) -> None:
     journal.symlink_to(victim)
     r = m("apply", str(PROFILES / "day.yaml"))
     assert r.code == 2 and "is a symbolic link" in r.err and victim.read_text() == "precious\n", r.err
+
+
+def test_an_apply_writes_the_journal_at_most_twice_per_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 16: what recovery needs is the before-layouts (one write) and each GPU's outcome (one
+    write per GPU), not every step: 145 synced writes for day->night on 8 GPUs became 9."""
+    import migd.apply.journal as journal_module
+    writes: list[str] = []
+    real = journal_module.atomic_write_json
+
+    def counting(path: Path, data: object, mode: int = 0o600) -> None:
+        writes.append(str(path))
+        real(path, data, mode)
+    monkeypatch.setattr(journal_module, "atomic_write_json", counting)
+    m = Migctl(tmp_path, "dgx-a100")
+    assert m("apply", str(PROFILES / "day.yaml")).code == 0
+    writes.clear()
+    assert m("apply", NIGHT).code == 0
+    assert 0 < len(writes) <= 2 * 8 and len(writes) == 1 + 8

@@ -272,7 +272,7 @@ class Applier:
         gi_ids = {g.placement.start: g.id for g in plan.current}
         done, mode_applied = 0, False
         if journal_uuid is not None:  # before the first step: an interrupt from here on keeps the journal
-            self.journal.update(journal_uuid, status="applying")
+            self.journal.mark(journal_uuid, status="applying")
         for op in plan.ops:
             if journal_uuid is not None and self._cancel is not None and self._cancel.is_set():
                 raise HardwareError(f"GPU {op.gpu}: apply cancelled (SIGTERM or Ctrl-C)", gpu=op.gpu)
@@ -283,7 +283,7 @@ class Applier:
                 mode_applied = applied
             done += 1
             if journal_uuid is not None:
-                self.journal.update(journal_uuid, done=done, status="applying")
+                self.journal.mark(journal_uuid, done=done)
             if self._progress is not None:
                 self._progress()
         return done, self._verify(plan)
@@ -312,12 +312,14 @@ class Applier:
         uuid, i = plan.gpu.uuid, plan.gpu.index
         try:
             done, seen = self._execute_ops(plan, uuid)
+            # The GPU's one journal write (issue 16: <= 2 per GPU): what cannot be recorded as done is
+            # undone, so the record on disk (this GPU's before-layout) stays the truth.
+            self.journal.update(uuid, status="done")
         except (HardwareError, OSError) as e:  # OSError: the journal cannot be written (disk full, EIO)
             why = str(e) if isinstance(e, HardwareError) else f"cannot write the journal: {e.strerror or e}"
             log.error("GPU %d: apply failed (%s); rolling back to the previous layout", i, why)
             return self._rollback(plan.gpu, *before, why, t0)
         self._set_owners(uuid, {t.placement.start: t.owner for t in plan.targets if t.owner})
-        self._note(uuid, status="done")
         log.info("GPU %d: applied %d operations in %.2fs", i, done, time.monotonic() - t0)
         return GpuResult(i, uuid, GpuStatus.APPLIED, done, None, time.monotonic() - t0, seen)
 

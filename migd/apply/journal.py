@@ -105,6 +105,12 @@ class Journal:
             self.data["gpus"][uuid].update(fields)
             self._save()
 
+    def mark(self, uuid: str, **fields: Any) -> None:
+        """Record progress in memory only: recovery needs the before-layout (written by ``begin``) and
+        each GPU's outcome (``update``), not every step; an unsettled GPU is rolled back either way."""
+        with self._lock:
+            self.data["gpus"][uuid].update(fields)
+
     def touched(self) -> bool:
         """Whether any GPU it names may have been changed (a step ran, or its outcome is unknown)."""
         return any(e.get("done", 0) or e["status"] != "pending" for e in self.data.get("gpus", {}).values())
