@@ -38,19 +38,9 @@ CONFIG = """\
 timezone: Asia/Seoul
 profiles_dir: profiles
 schedule:
-  - {{profile: day, at: "08:30", days: mon-fri}}
-  - {{profile: night, at: "19:00", days: mon-fri}}
-metrics: {{enabled: false}}
-slurm:
-  node: {node}
-  slurm_conf: {conf}
-  gres_conf: {gres}
-  device_dir: {dev}
-  mig_minors: {minors}
-  env: {{SLURM_CONF: {conf}}}
-  stop_slurmd: {stop_slurmd}
-  restart_slurmctld: {restart_slurmctld}
-  start_slurmd: {start_slurmd}
+  - {profile: day, at: "08:30", days: mon-fri}
+  - {profile: night, at: "19:00", days: mon-fri}
+metrics: {enabled: false}
 """
 
 
@@ -87,9 +77,7 @@ def migd_switch(tmp: Path) -> dict[str, float]:
         recs = records([read_state(backend, g) for g in backend.list_gpus()], backend.minor_number,
                        read_minors(c.mig_minors), c.dev)
         c.start(node_gres(recs), gres_conf(c.node, recs, "day"))
-        cmds = {k: str(v).replace("'", '"') for k, v in c.restart_commands().items()}
-        (tmp / "migd.yaml").write_text(CONFIG.format(node=c.node, conf=c.conf, gres=c.gres_conf, dev=c.dev,
-                                                     minors=c.mig_minors, **cmds))
+        (tmp / "migd.yaml").write_text(CONFIG + c.slurm_section())
         os.chmod(tmp / "migd.yaml", 0o644)
         d = Daemon(load_config(tmp / "migd.yaml"), backend, m.state_dir, Clock(NIGHT))
         assert d.slurm is not None

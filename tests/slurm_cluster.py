@@ -5,6 +5,7 @@ no systemd, no accounting (issue 15).  Device files are real character nodes mad
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -163,6 +164,17 @@ class SlurmCluster:
                                        f"sleep 0.05; done\nexec {sbin('slurmctld')}\n")
         start_d = self.pid_script("start-slurmd", f"exec {sbin('slurmd')} -N {self.node}\n")
         return {"stop_slurmd": stop_d, "restart_slurmctld": restart_ctld, "start_slurmd": start_d}
+
+    def slurm_section(self, waves: int | None = None, **commands: list[str]) -> str:
+        """migd's ``slurm:`` config section for this cluster (restart commands overridable)."""
+        cmds = {**self.restart_commands(), **commands}
+        lines = ["slurm:", f"  node: {self.node}", f"  slurm_conf: {self.conf}", f"  gres_conf: {self.gres_conf}",
+                 f"  device_dir: {self.dev}", f"  mig_minors: {self.mig_minors}", "  register_timeout: 30s",
+                 f"  env: {{SLURM_CONF: {self.conf}}}", "  maintenance_ahead: 15m", "  maintenance_window: 30m",
+                 "  partition: main"]
+        lines += [f"  max_in_maintenance: {waves}"] if waves else []
+        lines += [f"  {k}: {json.dumps(v)}" for k, v in cmds.items()]
+        return "\n".join(lines) + "\n"
 
     # -- what the tests look at -------------------------------------------------------------------
     def show(self) -> dict[str, str]:

@@ -44,21 +44,6 @@ schedule:
   - {{profile: day,   at: "{day_at}", days: "{days}"}}
   - {{profile: night, at: "19:00", days: "{days}"}}
 metrics: {{enabled: false}}
-slurm:
-  node: {node}
-  slurm_conf: {conf}
-  gres_conf: {gres}
-  device_dir: {dev}
-  mig_minors: {minors}
-  register_timeout: 30s
-  env: {{SLURM_CONF: {conf}}}
-  maintenance_ahead: 15m
-  maintenance_window: 30m
-  partition: main
-  {waves}
-  stop_slurmd: {stop_slurmd}
-  restart_slurmctld: {restart_slurmctld}
-  start_slurmd: {start_slurmd}
 """
 
 
@@ -71,12 +56,8 @@ class Node:
 
     def daemon(self, clock: Clock, day_at: str = "08:30", days: str = "mon-fri", waves: int | None = None,
                **commands: list[str]) -> Daemon:
-        cmds = {**self.cluster.restart_commands(), **commands}
         cfg = self.tmp / "migd.yaml"
-        c = self.cluster
-        cfg.write_text(CONFIG.format(day_at=day_at, days=days, waves=f"max_in_maintenance: {waves}" if waves else "",
-                                     node=c.node, conf=c.conf, gres=c.gres_conf, dev=c.dev,
-                                     minors=c.mig_minors, **{k: str(v).replace("'", '"') for k, v in cmds.items()}))
+        cfg.write_text(CONFIG.format(day_at=day_at, days=days) + self.cluster.slurm_section(waves, **commands))
         os.chmod(cfg, 0o644)
         return Daemon(load_config(cfg), self.backend, self.migctl.state_dir, clock)
 
