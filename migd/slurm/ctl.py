@@ -52,6 +52,7 @@ class NodeInfo:
     states: frozenset[str]  # e.g. {"IDLE", "DRAIN"} from State=IDLE+DRAIN
     reason: str
     gres: str
+    comment: str = ""
 
     @property
     def drained(self) -> bool:
@@ -96,8 +97,10 @@ class SlurmCtl:
         if fields.get("NodeName") != self.node:
             raise SlurmError(f"scontrol show node {self.node}: no such node ({line[:80]!r})")
         gres = fields.get("Gres", "(null)").strip()
+        comment = fields.get("Comment", "(null)").strip()
         return NodeInfo(self.node, frozenset(fields.get("State", "").strip().split("+")),
-                        fields.get("Reason", "").strip(), "" if gres == "(null)" else gres)
+                        fields.get("Reason", "").strip(), "" if gres == "(null)" else gres,
+                        "" if comment == "(null)" else comment)
 
     def jobs(self) -> list[Job]:
         out = self._call("squeue", "-h", "-w", self.node, "-t", ACTIVE_JOB_STATES, "-o", "%A|%T|%b")
@@ -105,6 +108,10 @@ class SlurmCtl:
 
     def drain(self, reason: str) -> None:
         self._call("scontrol", "update", f"nodename={self.node}", "state=drain", f"reason={reason}")
+
+    def set_comment(self, text: str) -> None:
+        """The node's Comment (scontrol(1): "Arbitrary descriptive string"): why the last switch failed."""
+        self._call("scontrol", "update", f"nodename={self.node}", f"comment={text}")
 
     def requeue(self, job: str) -> None:
         self._call("scontrol", "requeue", job)

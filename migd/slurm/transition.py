@@ -245,9 +245,18 @@ class SlurmGate:
                 raise SlurmError(f"timed out after {self.s.register_timeout_s:g}s waiting for {what}{detail()}")
             time.sleep(0.2)
 
+    def _comment(self, ok: bool, reason: str) -> None:
+        """A failed switch leaves its reason on the node in Slurm (``scontrol show node``: Comment),
+        since the resumed node has no drain Reason; a later success clears only migd's own comment."""
+        if not ok:
+            self.ctl.set_comment(_short(f"migd: {reason}"))
+        elif self.ctl.info().comment.startswith("migd:"):
+            self.ctl.set_comment("")
+
     def finish(self, ok: bool, reason: str) -> None:
         """Resume the node (if it was serving) and drop the reservation, whatever the outcome."""
         try:
+            self._comment(ok, reason)
             if self.state.was_serving:
                 self.ctl.resume()
             due = self.state.reserved_for is not None and self.state.reserved_for <= self._now().timestamp() + 60
@@ -259,6 +268,10 @@ class SlurmGate:
             reason = f"{reason}; {e}"
         self.state.jobs_waiting = 0
         self._set(Phase.SERVING if ok else Phase.FAILED, reason)
+
+
+def _short(text: str, n: int = 200) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."
 
 
 def _same_gres(a: str, b: str) -> bool:
