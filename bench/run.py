@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -120,6 +121,58 @@ def bench_ops(tmp: Path) -> list[tuple[str, int, int]]:
     return rows
 
 
+def scrape_latencies(url: str, scrapes: int) -> list[float]:
+    """50 concurrent clients, each scraping in turn (a new connection per scrape, like ab -c 50)."""
+    lat: list[float] = []
+    lock = threading.Lock()
+
+    def client(n: int) -> None:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            with urllib.request.urlopen(url, timeout=30) as r:
+                r.read()
+            with lock:
+                lat.append(time.perf_counter() - t0)
+    threads = [threading.Thread(target=client, args=(max(1, scrapes // 50),)) for _ in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return lat
+
+
+# The reference: a minimal asyncio HTTP server serving the same bytes from its own process.
+MINIMAL_SERVER = """
+import asyncio, sys
+body = open(sys.argv[2], "rb").read()
+head = b"HTTP/1.1 200 OK\\r\\nContent-Length: %d\\r\\nConnection: close\\r\\n\\r\\n" % len(body)
+async def client(r, w):
+    await r.readuntil(b"\\r\\n\\r\\n")
+    w.write(head + body)
+    await w.drain()
+    w.close()
+async def main():
+    server = await asyncio.start_server(client, "127.0.0.1", int(sys.argv[1]), backlog=128)
+    print("ready", flush=True)
+    await server.serve_forever()
+asyncio.run(main())
+"""
+
+
+def reference_latencies(tmp: Path, body: bytes, scrapes: int) -> list[float]:
+    from tests.daemon_harness import free_port
+    (tmp / "body").write_bytes(body)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", MINIMAL_SERVER, str(port), str(tmp / "body")],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        return scrape_latencies(f"http://127.0.0.1:{port}/metrics", scrapes)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def bench_daemon(tmp: Path, scrapes: int, window_s: float) -> dict[str, float]:
     sys.path.insert(0, str(ROOT))
     from tests.daemon_harness import MigdProcess
@@ -130,23 +183,10 @@ def bench_daemon(tmp: Path, scrapes: int, window_s: float) -> dict[str, float]:
         m.wait_ready(60)
         time.sleep(2)
         url = f"http://127.0.0.1:{m.port}/metrics"
-        lat: list[float] = []
-        lock = threading.Lock()
-
-        def client(n: int) -> None:
-            for _ in range(n):
-                t0 = time.perf_counter()
-                with urllib.request.urlopen(url, timeout=30) as r:
-                    r.read()
-                with lock:
-                    lat.append(time.perf_counter() - t0)
-        threads = [threading.Thread(target=client, args=(max(1, scrapes // 50),)) for _ in range(50)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        lat = scrape_latencies(url, scrapes)
         with urllib.request.urlopen(url, timeout=30) as r:
             body = r.read().decode()
+        ref = reference_latencies(tmp, body.encode(), scrapes)
         series = sum(1 for line in body.splitlines() if line.startswith("migd_instance_info{"))
         pid = m.proc.pid  # type: ignore[union-attr]
 
@@ -166,7 +206,9 @@ def bench_daemon(tmp: Path, scrapes: int, window_s: float) -> dict[str, float]:
         rss = next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
                    if line.startswith("VmRSS:"))
         return {"instances": series, "scrapes": len(lat), "p50_ms": 1e3 * statistics.median(lat),
-                "p99_ms": 1e3 * pct(lat, 0.99), "rss_mib": rss / 1024, "cpu_per_cycle_ms": 1e3 * (c1 - c0) / n_cycles,
+                "p99_ms": 1e3 * pct(lat, 0.99), "ref_p50_ms": 1e3 * statistics.median(ref),
+                "ref_p99_ms": 1e3 * pct(ref, 0.99), "rss_mib": rss / 1024,
+                "cpu_per_cycle_ms": 1e3 * (c1 - c0) / n_cycles,
                 "idle_cpu_pct": 100 * (c1 - c0) / (time.time() - t0)}
     finally:
         m.close()
@@ -195,6 +237,9 @@ def main() -> int:
         print(f"{'ops ' + name + ': migd vs destroy-all-and-recreate':<52} {ours:>6} vs {naive}")
     print(f"{'scrape latency, 50 clients, ' + str(daemon['instances']) + ' instances: p50 / p99':<52} "
           f"{daemon['p50_ms']:>6.1f} / {daemon['p99_ms']:.1f} ms")
+    print(f"{'  minimal asyncio server, same bytes: p50 / p99':<52} "
+          f"{daemon['ref_p50_ms']:>6.1f} / {daemon['ref_p99_ms']:.1f} ms  "
+          f"(p99 ratio {daemon['p99_ms'] / daemon['ref_p99_ms']:.2f})")
     print(f"{'scrapes served':<52} {daemon['scrapes']:>10.0f}")
     print(f"{'daemon RSS':<52} {daemon['rss_mib']:>8.1f} MiB")
     print(f"{'daemon CPU per sampling cycle (8 H100, GPM)':<52} {daemon['cpu_per_cycle_ms']:>8.1f} ms")
