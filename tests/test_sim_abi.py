@@ -7,6 +7,7 @@ import ctypes
 import json
 import mmap
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -276,11 +277,16 @@ def test_a_forked_child_checks_its_own_memory(node: Any) -> None:
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
 
 
-def test_ctrl_c_inside_a_library_call_reaches_the_caller(node: Any) -> None:
+def test_ctrl_c_inside_a_library_call_reaches_the_caller(node: Any, request: pytest.FixtureRequest) -> None:
     """ctypes swallows exceptions in callbacks (the call would look successful): the simulator fails
     the call and re-posts Ctrl-C to the main thread, where the program sees it."""
     backend, _, lib = node("single-h100")
     gi = backend.create_gpu_instance(0, 19, Placement(0, 1))
+    # A program started as a background job of a non-interactive shell inherits SIGINT ignored, and
+    # then Python delivers no Ctrl-C at all (interrupt_main does nothing): the program under test is
+    # one that takes Ctrl-C, whatever launched the test run.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
 
     def interrupted() -> float:
         raise KeyboardInterrupt
