@@ -292,18 +292,8 @@ class NvmlBackend:
         return self._settled(self._list_mig_devices, index)
 
     def _list_mig_devices(self, index: int) -> list[MigDevice]:
-        out = []
-        for mig, gi_id, ci_id in self._mig_handles(index):
-            mem = self.nvml("nvmlDeviceGetMemoryInfo", mig, gpu=index)
-            procs = self.nvml("nvmlDeviceGetComputeRunningProcesses", mig, gpu=index)
-            out.append(MigDevice(
-                gpu_index=index, gi_id=gi_id, ci_id=ci_id,
-                uuid=self._str(self.nvml("nvmlDeviceGetUUID", mig, gpu=index)),
-                name=self._str(self.nvml("nvmlDeviceGetName", mig, gpu=index)),
-                memory_total_bytes=int(mem.total), memory_used_bytes=int(mem.used),
-                processes=tuple(ProcessInfo(pid=int(p.pid), used_memory_bytes=p.usedGpuMemory,
-                                            gi_id=gi_id, ci_id=ci_id) for p in procs)))
-        return out
+        return nvml_view.read_devices(self.nvml, index, nvml_view.view_devices(self.nvml, index,
+                                                                               self._mig_handles(index)))
 
     def probe_mig_devices(self, index: int) -> dict[tuple[int, int], str | None]:
         out: dict[tuple[int, int], str | None] = {}
@@ -350,7 +340,7 @@ class NvmlBackend:
         return nvml_view.view_mode(self.nvml, view)
 
     def view_devices(self, view: GpuView) -> list[MigDevice]:
-        return nvml_view.read_devices(self.nvml, view)
+        return nvml_view.read_devices(self.nvml, view.index, view.devices)
 
     def view_activity(self, view: GpuView, interval_s: float) -> dict[int, GpmMetrics]:
         return nvml_view.read_activity(self.nvml, view, interval_s)

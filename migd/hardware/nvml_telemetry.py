@@ -31,28 +31,56 @@ _WANTED_EVENTS = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventMigConfi
 _SKIP_GPU = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_GPU_IS_LOST)
 
 
+Samples = dict[int, tuple[Any, Any]]  # GPU-instance id -> the two GPM sample buffers read into
+
+
+def alloc_samples(nvml: Nvml, gi_ids: list[int]) -> Samples:
+    """Two sample buffers per GPU instance; on a failure the ones already allocated are freed."""
+    samples: Samples = {}
+    try:
+        for gi in gi_ids:
+            first = nvml("nvmlGpmSampleAlloc")
+            samples[gi] = (first, None)  # kept at once: a failing second alloc still frees it
+            samples[gi] = (first, nvml("nvmlGpmSampleAlloc"))
+    except HardwareError:
+        free_samples(nvml, samples, -1)
+        raise
+    return samples
+
+
+def free_samples(nvml: Nvml, samples: Samples, index: int) -> None:
+    """Give the buffers back (library memory: nvml.h nvmlGpmSampleFree); a failure is only logged."""
+    for pair in samples.values():
+        for s in pair:
+            if s is None:
+                continue
+            try:
+                nvml("nvmlGpmSampleFree", s)
+            except HardwareError as e:
+                log.warning("GPU %d: freeing a GPM sample failed: %s", index, e)
+    samples.clear()
+
+
+def read_samples(nvml: Nvml, dev: Any, index: int, samples: Samples, interval_s: float) -> dict[int, GpmMetrics]:
+    """Two GPM samples per GPU instance at least ``interval_s`` apart (nvml.h: "greater than 100ms")
+    into the given buffers, then one metrics read per instance."""
+    with nvml.session.shared():  # a reset waits until the samples are read
+        for gi, (s1, _) in samples.items():
+            nvml("nvmlGpmMigSampleGet", dev, gi, s1, gpu=index)
+        time.sleep(max(0.1, interval_s))
+        for gi, (_, s2) in samples.items():
+            nvml("nvmlGpmMigSampleGet", dev, gi, s2, gpu=index)
+        return {gi: gpm_metrics(nvml, gi, s1, s2, index) for gi, (s1, s2) in samples.items()}
+
+
 def gpm_sample(nvml: Nvml, dev: Any, index: int, gi_ids: list[int], interval_s: float) -> dict[int, GpmMetrics]:
-    """Two GPM samples per GPU instance at least ``interval_s`` apart (nvml.h: "greater than 100ms")."""
-    samples: list[Any] = []
+    """One-off activity of the given GPU instances: buffers allocated, read and freed on every path."""
     with nvml.session.shared():  # a reset waits until the samples are freed
+        samples = alloc_samples(nvml, gi_ids)
         try:
-            pairs = {}
-            for gi in gi_ids:
-                samples.append(nvml("nvmlGpmSampleAlloc"))
-                samples.append(nvml("nvmlGpmSampleAlloc"))
-                pairs[gi] = (samples[-2], samples[-1])
-            for gi, (s1, _) in pairs.items():
-                nvml("nvmlGpmMigSampleGet", dev, gi, s1, gpu=index)
-            time.sleep(max(0.1, interval_s))
-            for gi, (_, s2) in pairs.items():
-                nvml("nvmlGpmMigSampleGet", dev, gi, s2, gpu=index)
-            return {gi: gpm_metrics(nvml, gi, s1, s2, index) for gi, (s1, s2) in pairs.items()}
+            return read_samples(nvml, dev, index, samples, interval_s)
         finally:
-            for s in samples:
-                try:
-                    nvml("nvmlGpmSampleFree", s)
-                except HardwareError as e:
-                    log.warning("GPU %d: freeing a GPM sample failed: %s", index, e)
+            free_samples(nvml, samples, index)
 
 
 def gpm_metrics(nvml: Nvml, gi: int, s1: Any, s2: Any, index: int) -> GpmMetrics:

@@ -11,16 +11,12 @@ an apply, a mode change or any error while it is used; the next cycle reads the 
 
 from __future__ import annotations
 
-import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from migd.hardware.backend import GpmMetrics, GpuInfo, GpuInstance, HardwareError, MigDevice, ProcessInfo
-from migd.hardware.nvml_telemetry import gpm_metrics
+from migd.hardware.backend import GpmMetrics, GpuInfo, GpuInstance, MigDevice, ProcessInfo
+from migd.hardware.nvml_telemetry import Samples, alloc_samples, free_samples, read_samples
 from migd.hardware.nvmlcall import Nvml
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -39,7 +35,7 @@ class GpuView:
     handle: Any
     instances: tuple[GpuInstance, ...] = ()
     devices: tuple[ViewDevice, ...] = ()
-    samples: dict[int, tuple[Any, Any]] = field(default_factory=dict)  # GI id -> GPM sample pair
+    samples: Samples = field(default_factory=dict)  # GI id -> GPM sample pair (kept per layout)
 
     @property
     def gpm(self) -> bool:
@@ -50,35 +46,22 @@ def _str(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+def view_devices(nvml: Nvml, index: int, mig_handles: list[tuple[Any, int, int]]) -> tuple[ViewDevice, ...]:
+    """What stays of each MIG device while it lives: its handle, ids, UUID and name."""
+    return tuple(ViewDevice(h, gi, ci, _str(nvml("nvmlDeviceGetUUID", h, gpu=index)),
+                            _str(nvml("nvmlDeviceGetName", h, gpu=index))) for h, gi, ci in mig_handles)
+
+
 def open_view(nvml: Nvml, info: GpuInfo, handle: Any, instances: tuple[GpuInstance, ...],
               mig_handles: list[tuple[Any, int, int]], gpm: bool) -> GpuView:
-    i = info.index
-    devices = tuple(ViewDevice(h, gi, ci, _str(nvml("nvmlDeviceGetUUID", h, gpu=i)),
-                               _str(nvml("nvmlDeviceGetName", h, gpu=i))) for h, gi, ci in mig_handles)
-    view = GpuView(i, info, handle, instances, devices)
+    view = GpuView(info.index, info, handle, instances, view_devices(nvml, info.index, mig_handles))
     if gpm:
-        try:
-            for gi in sorted({g.id for g in instances}):
-                first = nvml("nvmlGpmSampleAlloc")
-                view.samples[gi] = (first, None)  # kept at once: a failing second alloc still frees it
-                view.samples[gi] = (first, nvml("nvmlGpmSampleAlloc"))
-        except HardwareError:
-            close_view(nvml, view)
-            raise
+        view.samples = alloc_samples(nvml, sorted({g.id for g in instances}))
     return view
 
 
 def close_view(nvml: Nvml, view: GpuView) -> None:
-    """Give the GPM sample buffers back (library memory: nvml.h nvmlGpmSampleFree)."""
-    for pair in view.samples.values():
-        for s in pair:
-            if s is None:
-                continue
-            try:
-                nvml("nvmlGpmSampleFree", s)
-            except HardwareError as e:
-                log.warning("GPU %d: freeing a GPM sample failed: %s", view.index, e)
-    view.samples.clear()
+    free_samples(nvml, view.samples, view.index)
 
 
 def view_mode(nvml: Nvml, view: GpuView) -> tuple[bool, bool]:
@@ -86,13 +69,13 @@ def view_mode(nvml: Nvml, view: GpuView) -> tuple[bool, bool]:
     return bool(current), bool(pending)
 
 
-def read_devices(nvml: Nvml, view: GpuView) -> list[MigDevice]:
+def read_devices(nvml: Nvml, index: int, devices: tuple[ViewDevice, ...]) -> list[MigDevice]:
     """Memory and processes of each MIG device: the two calls a cycle needs per device."""
     out = []
-    for d in view.devices:
-        mem = nvml("nvmlDeviceGetMemoryInfo", d.handle, gpu=view.index)
-        procs = nvml("nvmlDeviceGetComputeRunningProcesses", d.handle, gpu=view.index)
-        out.append(MigDevice(gpu_index=view.index, gi_id=d.gi_id, ci_id=d.ci_id, uuid=d.uuid, name=d.name,
+    for d in devices:
+        mem = nvml("nvmlDeviceGetMemoryInfo", d.handle, gpu=index)
+        procs = nvml("nvmlDeviceGetComputeRunningProcesses", d.handle, gpu=index)
+        out.append(MigDevice(gpu_index=index, gi_id=d.gi_id, ci_id=d.ci_id, uuid=d.uuid, name=d.name,
                              memory_total_bytes=int(mem.total), memory_used_bytes=int(mem.used),
                              processes=tuple(ProcessInfo(pid=int(p.pid), used_memory_bytes=p.usedGpuMemory,
                                                          gi_id=d.gi_id, ci_id=d.ci_id) for p in procs)))
@@ -100,12 +83,4 @@ def read_devices(nvml: Nvml, view: GpuView) -> list[MigDevice]:
 
 
 def read_activity(nvml: Nvml, view: GpuView, interval_s: float) -> dict[int, GpmMetrics]:
-    """Two GPM samples per GPU instance at least ``interval_s`` apart (nvml.h: "greater than 100ms")
-    into the view's own buffers, then one metrics read per instance."""
-    with nvml.session.shared():  # a reset waits until the samples are read
-        for gi, (s1, _) in view.samples.items():
-            nvml("nvmlGpmMigSampleGet", view.handle, gi, s1, gpu=view.index)
-        time.sleep(max(0.1, interval_s))
-        for gi, (_, s2) in view.samples.items():
-            nvml("nvmlGpmMigSampleGet", view.handle, gi, s2, gpu=view.index)
-        return {gi: gpm_metrics(nvml, gi, s1, s2, view.index) for gi, (s1, s2) in view.samples.items()}
+    return read_samples(nvml, view.handle, view.index, view.samples, interval_s)
