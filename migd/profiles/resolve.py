@@ -47,6 +47,12 @@ def allowed_names(model: GpuModel) -> list[str]:
     return [p.name for p in model.profiles] + [r for r in ROLES if model.profile_by_role(r)]
 
 
+def gi_name_of(name: str) -> str:
+    """The GPU-instance profile a MIG device name sits in: ``1c.3g.20gb`` -> ``3g.20gb``."""
+    m = _CI_NAME.match(name)
+    return m.group(2) if m and m.group(2) else name
+
+
 def _gi_profile(spec: InstanceSpec, name: str, model: GpuModel) -> GiProfile | None:
     return model.profile_by_role(name) if name in ROLES else model.profile_by_name(name)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import fnmatch
-import re
 from pathlib import Path
 
 from migd.hardware.backend import GpuInfo
@@ -11,10 +10,8 @@ from migd.hardware.catalog import MODELS, GpuModel
 from migd.planner import PlanError, plan_gpu
 from migd.profiles.loader import load_profile, mig_parted_configs
 from migd.profiles.model import GpuSection, Profile
-from migd.profiles.resolve import resolve_section
+from migd.profiles.resolve import gi_name_of, resolve_section
 from migd.yamlsrc import ValidationError, load
-
-CI_PREFIX = re.compile(r"^\d+c\.")
 
 
 def fake_gpu(model: GpuModel, index: int = 0, mig: bool = True) -> GpuInfo:
@@ -39,8 +36,7 @@ def _candidates(section: GpuSection) -> list[GpuModel]:
 
 def _offers(model: GpuModel, section: GpuSection) -> bool:
     """Whether the model has every GI profile a mig-parted section names (a full name, maybe 1c.-prefixed)."""
-    return all(model.profile_by_name(i.profile.split(".", 1)[1] if CI_PREFIX.match(i.profile) else i.profile)
-               for i in section.instances)
+    return all(model.profile_by_name(gi_name_of(i.profile)) for i in section.instances)
 
 
 def check_section(section: GpuSection) -> list[str]:
