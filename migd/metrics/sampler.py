@@ -160,14 +160,18 @@ class Sampler(BackgroundLoop):
     def _try_gpu(self, index: int, owners: dict[str, dict[int, str]]) -> GpuSample | Unread:
         """One GPU's sample; a GPU that cannot be read (lost) leaves the others' series untouched.
         An error with a cached view (a handle the layout invalidated) is retried once afresh."""
-        for fresh in (index not in self._views, True):
-            try:
-                return self._gpu(self._view(index, fresh), owners)
-            except HardwareError as e:
-                self._drop(index)
-                if fresh or e.lost:
-                    return Unread(index, e.lost, str(e))
-        raise AssertionError("unreachable")  # (the second pass always returns)
+        cached = index in self._views
+        try:
+            return self._gpu(self._view(index, fresh=False), owners)
+        except HardwareError as e:
+            self._drop(index)
+            if not cached or e.lost:
+                return Unread(index, e.lost, str(e))
+        try:
+            return self._gpu(self._view(index, fresh=True), owners)
+        except HardwareError as e:
+            self._drop(index)
+            return Unread(index, e.lost, str(e))
 
     def _view(self, index: int, fresh: bool) -> GpuView:
         view = self._views.get(index)
@@ -192,7 +196,7 @@ class Sampler(BackgroundLoop):
                 activity = self.backend.view_activity(view, self.gpm_interval_s)
             except HardwareError as e:
                 log.warning("GPU %d: GPM sample failed: %s", g.index, e)
-                self._stale.set()  # buffers or handles may be stale: read afresh next cycle
+                self._drop(g.index)  # its buffers or handle may be stale: this GPU is read afresh next cycle
         out = []
         for d in devs:
             gi = gis.get(d.gi_id)
