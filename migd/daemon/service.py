@@ -147,7 +147,7 @@ class Daemon:
             nxt = self.config.schedule.next_fire(self.clock.now())
             self.status.next_transition = (nxt[0], nxt[1].profile) if nxt else None
             if self.slurm is not None:
-                self.slurm.reserve_ahead(nxt[0] if nxt else None, self.clock.now())
+                self.slurm.reserve_ahead(nxt[0] if nxt else None)
             if profile is None:
                 log.info("no schedule entry has fired yet; leaving GPUs as they are")
                 return

@@ -49,9 +49,9 @@ class SlurmSwitch:
         doc.pop("schema", None)
         return {"node": self.gate.s.node, **doc}
 
-    def reserve_ahead(self, transition: datetime | None, now: datetime) -> None:
+    def reserve_ahead(self, transition: datetime | None) -> None:
         try:
-            self.gate.reserve_ahead(transition, now)
+            self.gate.reserve_ahead(transition)
         except SlurmError as e:
             log.error("Slurm: cannot reserve the node ahead of the transition: %s", e)
 

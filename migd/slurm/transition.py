@@ -28,7 +28,7 @@ from migd.apply.statefile import atomic_write_json, atomic_write_text, read_json
 from migd.hardware.backend import GpuState
 from migd.kinds import Word
 from migd.slurm.ctl import NodeInfo, Runner, SlurmCtl, SlurmError
-from migd.slurm.gres import GresError, gres_conf, node_gres, read_minors, records, set_node_gres
+from migd.slurm.gres import GresError, GresRecord, gres_conf, node_gres, read_minors, records, set_node_gres
 from migd.slurm.settings import GresUpdate, SlurmSettings
 
 log = logging.getLogger(__name__)
@@ -92,12 +92,12 @@ class SlurmGate:
         atomic_write_json(self._path, self.state.to_json())
 
     # -- ahead of a transition --------------------------------------------------------------------
-    def reserve_ahead(self, transition: datetime | None, now: datetime) -> None:
+    def reserve_ahead(self, transition: datetime | None) -> None:
         """A MAINT reservation from the transition on, made ``maintenance_ahead`` before it: Slurm
         then starts no job whose time limit would run into the switch (slurm.conf: reservations)."""
         if transition is None or self.state.reservation is not None:
             return
-        if (transition - now).total_seconds() > self.s.maintenance_ahead_s:
+        if (transition - self._now()).total_seconds() > self.s.maintenance_ahead_s:
             return
         name = f"migd-{self.s.node}-{int(transition.timestamp())}"
         self.ctl.reserve(name, transition, int(self.s.maintenance_window_s // 60))
@@ -162,7 +162,7 @@ class SlurmGate:
 
     def publish(self, profile: str, states: Sequence[GpuState]) -> None:
         """Write the layout's GRES and make Slurm take it; on failure the old files are back (raises)."""
-        recs = records(states, self._minor_of, read_minors(self.s.mig_minors), self.s.device_dir)
+        recs = self._records(states)
         gres = node_gres(recs)
         old_gres = self.s.gres_conf.read_text() if self.s.gres_conf.exists() else None
         old_conf = self.s.slurm_conf.read_text()
@@ -178,11 +178,14 @@ class SlurmGate:
         self.state.gres_in_sync = True
         log.info("Slurm: %s registered with Gres=%s", self.s.node, gres)
 
+    def _records(self, states: Sequence[GpuState]) -> list[GresRecord]:
+        return records(states, self._minor_of, read_minors(self.s.mig_minors), self.s.device_dir)
+
     def check_sync(self, states: Sequence[GpuState]) -> None:
         """Whether Slurm's view of the node's GRES matches the layout there (someone may have edited
         slurm.conf, or a switch was interrupted): reported, never corrected behind Slurm's back."""
         try:
-            want = node_gres(records(states, self._minor_of, read_minors(self.s.mig_minors), self.s.device_dir))
+            want = node_gres(self._records(states))
             have = self.ctl.info().gres
         except (SlurmError, GresError, OSError) as e:
             log.warning("Slurm: cannot compare the node's GRES with its layout: %s", e)
@@ -223,7 +226,7 @@ class SlurmGate:
             self._until(self.ctl.ping, "slurmctld to answer")
         self._run(self.s.start_slurmd, t)
 
-    def _await_registration(self, gres: str) -> NodeInfo:
+    def _await_registration(self, gres: str) -> None:
         last: list[NodeInfo] = []
 
         def registered() -> bool:
@@ -236,7 +239,6 @@ class SlurmGate:
         self._until(registered, f"{self.s.node} to register with Gres={gres}",
                     lambda: f" (last seen: state {'+'.join(sorted(last[0].states))}, Gres={last[0].gres})"
                     if last else "")
-        return last[0]
 
     def _until(self, ok: Callable[[], bool], what: str, detail: Callable[[], str] = lambda: "") -> None:
         deadline = time.monotonic() + self.s.register_timeout_s
