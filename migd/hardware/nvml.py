@@ -340,7 +340,7 @@ class NvmlBackend:
         return nvml_view.view_mode(self.nvml, view)
 
     def view_devices(self, view: GpuView) -> list[MigDevice]:
-        return nvml_view.read_devices(self.nvml, view.index, view.devices)
+        return nvml_view.read_view_devices(self.nvml, view)
 
     def view_activity(self, view: GpuView, interval_s: float) -> dict[int, GpmMetrics]:
         return nvml_view.read_activity(self.nvml, view, interval_s)

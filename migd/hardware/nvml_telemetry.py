@@ -61,16 +61,58 @@ def free_samples(nvml: Nvml, samples: Samples, index: int) -> None:
     samples.clear()
 
 
+def _take(nvml: Nvml, dev: Any, index: int, samples: Samples, slot: int) -> None:
+    for gi, pair in samples.items():
+        nvml("nvmlGpmMigSampleGet", dev, gi, pair[slot], gpu=index)
+
+
 def read_samples(nvml: Nvml, dev: Any, index: int, samples: Samples, interval_s: float) -> dict[int, GpmMetrics]:
     """Two GPM samples per GPU instance at least ``interval_s`` apart (nvml.h: "greater than 100ms")
     into the given buffers, then one metrics read per instance."""
     with nvml.session.shared():  # a reset waits until the samples are read
-        for gi, (s1, _) in samples.items():
-            nvml("nvmlGpmMigSampleGet", dev, gi, s1, gpu=index)
+        _take(nvml, dev, index, samples, 0)
         time.sleep(max(0.1, interval_s))
-        for gi, (_, s2) in samples.items():
-            nvml("nvmlGpmMigSampleGet", dev, gi, s2, gpu=index)
+        _take(nvml, dev, index, samples, 1)
         return {gi: gpm_metrics(nvml, gi, s1, s2, index) for gi, (s1, s2) in samples.items()}
+
+
+class GpmRing:
+    """Rolling GPM samples of one GPU's instances: each read takes one new sample per instance into
+    the buffer that does not hold the newest one, and the metrics span the time since that newest
+    one.  So a sampler cycle costs one sample and one metrics read per instance, sleeps only on the
+    first read of a layout, and reports activity averaged over the whole interval between cycles
+    instead of a 100 ms window.  nvml.h (nvmlGpmSampleGet, 12.x headers) asks for more than 100 ms
+    between two samples "due to the internal sample refresh rate"; it names no longest interval,
+    so how far apart two samples may lie is **undocumented** (migd uses its sample interval,
+    15 s by default)."""
+
+    def __init__(self, samples: Samples) -> None:
+        self.samples = samples
+        # Per GPU instance the two requests, from buffer 0 to 1 and from 1 to 0, built once.
+        self.requests = {gi: (metrics_request(a, b), metrics_request(b, a)) for gi, (a, b) in samples.items()}
+        self.newest = 0  # which buffer of each pair holds the newest sample
+        self.taken_at: float | None = None  # monotonic time of the newest sample
+
+    def prime(self, nvml: Nvml, dev: Any, index: int) -> float:
+        """The first sample of a layout (taken when its view opens, so the first read waits least)."""
+        with nvml.session.shared():
+            _take(nvml, dev, index, self.samples, self.newest)
+            self.taken_at = time.monotonic()
+            return self.taken_at
+
+    def read(self, nvml: Nvml, dev: Any, index: int, min_interval_s: float) -> dict[int, GpmMetrics]:
+        if self.taken_at is None:  # the sample at the view's opening failed: this one starts the ring
+            self.prime(nvml, dev, index)
+            return {}  # activity absent this cycle, never a made-up value
+        wait = self.taken_at + max(0.1, min_interval_s) - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)  # only right after the layout was read: later cycles are further apart
+        old, new = self.newest, 1 - self.newest
+        with nvml.session.shared():  # a reset waits until the samples are read
+            self.taken_at = None  # a failure below leaves no half-taken pair behind
+            _take(nvml, dev, index, self.samples, new)
+            self.newest, self.taken_at = new, time.monotonic()
+            return {gi: read_metrics(nvml, gi, pair[old], index) for gi, pair in self.requests.items()}
 
 
 def gpm_sample(nvml: Nvml, dev: Any, index: int, gi_ids: list[int], interval_s: float) -> dict[int, GpmMetrics]:
@@ -83,16 +125,25 @@ def gpm_sample(nvml: Nvml, dev: Any, index: int, gi_ids: list[int], interval_s: 
             free_samples(nvml, samples, index)
 
 
-def gpm_metrics(nvml: Nvml, gi: int, s1: Any, s2: Any, index: int) -> GpmMetrics:
+def metrics_request(s1: Any, s2: Any) -> Any:
+    """An nvmlGpmMetricsGet_t asking for migd's metrics between two sample buffers (metricsGet is
+    IN/OUT in nvml.h: the ids and buffers stay, each call overwrites the values, so it is reusable)."""
     mg = pynvml.c_nvmlGpmMetricsGet_t()
     mg.version, mg.numMetrics, mg.sample1, mg.sample2 = pynvml.NVML_GPM_METRICS_GET_VERSION, \
         len(_GPM_METRICS), s1, s2
     for i, metric in enumerate(_GPM_METRICS):
         mg.metrics[i].metricId = metric
+    return mg
+
+
+def gpm_metrics(nvml: Nvml, gi: int, s1: Any, s2: Any, index: int) -> GpmMetrics:
+    return read_metrics(nvml, gi, metrics_request(s1, s2), index)
+
+
+def read_metrics(nvml: Nvml, gi: int, mg: Any, index: int) -> GpmMetrics:
     nvml("nvmlGpmMetricsGet", mg, gpu=index)
-    vals: list[float | None] = [
-        mg.metrics[i].value / 100.0 if mg.metrics[i].nvmlReturn == pynvml.NVML_SUCCESS else None
-        for i in range(len(_GPM_METRICS))]
+    vals: list[float | None] = [m.value / 100.0 if m.nvmlReturn == pynvml.NVML_SUCCESS else None
+                                for m in mg.metrics[:len(_GPM_METRICS)]]
     return GpmMetrics(gi_id=gi, sm_active=vals[0], sm_occupancy=vals[1], graphics_active=vals[2],
                       tensor_active=vals[3], dram_active=vals[4])
 

@@ -40,10 +40,10 @@ class Nvml:
             return self.unlocked(fn, *args, gpu=gpu, absent=absent)
 
     def unlocked(self, fn: str, *args: Any, gpu: int | None = None, absent: tuple[int, ...] = ()) -> Any:
-        where = f"GPU {gpu}: " if gpu is not None else ""
         try:
             return getattr(pynvml, fn)(*args)
         except pynvml.NVMLError as e:
+            where = f"GPU {gpu}: " if gpu is not None else ""
             code = int(getattr(e, "value", 0) or 0)
             if code in absent:
                 return None
@@ -54,6 +54,7 @@ class Nvml:
             # pynvml raises this (not an NVMLError) when the driver's library lacks the versioned
             # entry point it calls, e.g. nvmlDeviceGetComputeRunningProcesses_v3 before R510.
             code = int(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+            where = f"GPU {gpu}: " if gpu is not None else ""
             if self._on_error is not None:
                 self._on_error(fn, code)
             raise HardwareError(f"{where}{fn}: the NVIDIA driver's NVML library is older than nvidia-ml-py "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 
 
 class SessionLock:
@@ -24,24 +25,27 @@ class SessionLock:
         self._writers_waiting = 0
         self._local = threading.local()
 
-    @contextlib.contextmanager
-    def shared(self) -> Iterator[None]:
-        depth = getattr(self._local, "depth", 0)
+    def shared(self) -> AbstractContextManager[None]:
+        """Shared, re-entrant use (a class, not a generator: every NVML call enters one)."""
+        return _Shared(self)
+
+    def _enter_shared(self) -> int:
+        depth: int = getattr(self._local, "depth", 0)
         if depth == 0:
             with self._cond:
                 while self._writer or self._writers_waiting:
                     self._cond.wait()
                 self._readers += 1
         self._local.depth = depth + 1
-        try:
-            yield
-        finally:
-            self._local.depth = depth
-            if depth == 0:
-                with self._cond:
-                    self._readers -= 1
-                    if self._readers == 0:
-                        self._cond.notify_all()
+        return depth
+
+    def _exit_shared(self, depth: int) -> None:
+        self._local.depth = depth
+        if depth == 0:
+            with self._cond:
+                self._readers -= 1
+                if self._readers == 0:
+                    self._cond.notify_all()
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
@@ -61,3 +65,16 @@ class SessionLock:
             with self._cond:
                 self._writer = False
                 self._cond.notify_all()
+
+
+class _Shared:
+    __slots__ = ("lock", "depth")
+
+    def __init__(self, lock: SessionLock) -> None:
+        self.lock = lock
+
+    def __enter__(self) -> None:
+        self.depth = self.lock._enter_shared()
+
+    def __exit__(self, *_: object) -> None:
+        self.lock._exit_shared(self.depth)

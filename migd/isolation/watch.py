@@ -43,17 +43,18 @@ class FaultWatch(BackgroundLoop):
         self.breaches: list[str] = []
 
     def remember(self) -> None:
-        """Record which processes run in which instance, to tell later whether a fault took them."""
+        """Record which processes run in which instance, to tell later whether a fault took them.
+        One process listing of the parent GPU per GPU (nvml.h nvmlProcessInfo_t: "If MIG is enabled,
+        stores a valid GPU instance ID"), not a walk over every MIG device: this runs every 5 s."""
         with self.lock:
             for i in range(self.backend.gpu_count()):
                 try:  # one GPU that cannot be read (lost) must not blind the watch on the others
-                    g = self.backend.gpu(i)
-                    self._uuids[i] = g.uuid
-                    if g.mig_current:
-                        per: dict[int, set[int]] = {}
-                        for d in self.backend.list_mig_devices(i):
-                            per.setdefault(d.gi_id, set()).update(p.pid for p in d.processes)
-                        self._procs[i] = per
+                    self._uuid(i)
+                    per: dict[int, set[int]] = {}
+                    for p in self.backend.gpu_processes(i):
+                        if p.gi_id is not None:
+                            per.setdefault(p.gi_id, set()).add(p.pid)
+                    self._procs[i] = per
                 except HardwareError as e:
                     log.debug("GPU %d not read for the fault watch: %s", i, e)
 

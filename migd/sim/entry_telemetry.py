@@ -104,13 +104,12 @@ def gpm_metrics_get(call: Any, mg_p: int) -> None:
     if b["busy"]:
         level = (_activity_integral(b["uuid"], b["start"], b["t"])
                  - _activity_integral(a["uuid"], a["start"], a["t"])) / dt
-    for i in range(mg.numMetrics):
-        m = mg.metrics[i]
+    for m in mg.metrics[:mg.numMetrics]:  # elements share the caller's memory: written in place
         shape = _GPM_SHAPE.get(m.metricId)
         if shape is None:
-            put(m, nvmlReturn=pynvml.NVML_ERROR_NOT_SUPPORTED, value=0.0)
+            m.nvmlReturn, m.value = pynvml.NVML_ERROR_NOT_SUPPORTED, 0.0
         else:
-            put(m, nvmlReturn=pynvml.NVML_SUCCESS, value=round(100.0 * shape * level, 6))
+            m.nvmlReturn, m.value = pynvml.NVML_SUCCESS, round(100.0 * shape * level, 6)
 
 
 # -- events --------------------------------------------------------------------------------------
@@ -148,7 +147,9 @@ def event_set_wait(call: Any, event_set: int, data_p: int, timeout_ms: int) -> N
     """nvml.h: waits up to ``timeoutms`` for an event of a registered type; NVML_ERROR_TIMEOUT if none."""
     data = call.mem.at("nvmlEventSetWait_v2", "data", data_p, pynvml.c_nvmlEventData_t)
     deadline = time.monotonic() + timeout_ms / 1000.0
+    store = call.lib.store
     while True:
+        seen = store.generation()  # read before looking: a write after the look changes it
         with call.state() as s:
             es = call.lib.eventsets.get(event_set or 0)
             if es is None:
@@ -163,9 +164,10 @@ def event_set_wait(call: Any, event_set: int, data_p: int, timeout_ms: int) -> N
                         eventType=ev["type"], eventData=ev["data"], gpuInstanceId=ev["gi"],
                         computeInstanceId=ev["ci"])
                     return
-        if time.monotonic() >= deadline:
+        left = deadline - time.monotonic()
+        if left <= 0:
             raise NvmlFail(pynvml.NVML_ERROR_TIMEOUT)
-        time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
+        store.wait_changed(seen, left)  # sleeps until some process writes the state (no 20 ms poll)
 
 
 @export(HANDLE, name="nvmlEventSetFree")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import _thread
 import contextlib
 import ctypes
+import functools
 import os
 import re
 import signal
@@ -23,7 +24,8 @@ import threading
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,12 +48,13 @@ class _CFunction(ctypes._CFuncPtr):  # type: ignore[name-defined,misc]
     _restype_ = ctypes.c_int
 
 
+@functools.cache
 def base_name(symbol: str) -> str:
     """``nvmlDeviceGetCount_v2`` -> ``nvmlDeviceGetCount``: faults name the API, not its version."""
     return re.sub(r"(_v\d+|(?<=Info)V)$", "", symbol)
 
 
-@dataclass
+@dataclass(slots=True)
 class Call:
     """One C call in flight: its entry point, the library, and the state it may open."""
 
@@ -69,29 +72,12 @@ class Call:
     def handles(self) -> Handles:
         return self.lib.handles
 
-    @contextlib.contextmanager
-    def state(self) -> Iterator[SimState]:
+    def state(self) -> AbstractContextManager[SimState]:
         """One transaction over the shared state; the first also runs the per-call checks.
 
         An NVML error ends the call but still commits the state: entry points check before they
         change anything, and a fault that fired must stay consumed."""
-        error: NvmlFail | None = None
-        with self.lib.store.transaction() as state:
-            state.touched = False
-            try:
-                if not self.entered:  # once per C call, however often it opens the state
-                    self.entered = True
-                    self.lib.enter(self, state)
-                yield state
-            except NvmlFail as e:
-                error = e
-            else:
-                if self.export.mutating:
-                    self.lib.mutated(state)
-                    self.delay_s = state.mutation_delay_s
-                    state.touched = True
-        if error is not None:
-            raise error
+        return _CallState(self)
 
     def gpu_of(self, state: SimState, addr: int | None, *kinds: str) -> tuple[SimGpu, Ref]:
         ref = self.handles.ref(addr, *(kinds or ("gpu",)))
@@ -101,6 +87,48 @@ class Call:
 
     def handle(self, ref: Ref) -> int:
         return self.handles.address(ref)
+
+
+class _CallState:
+    """:meth:`Call.state` as a class (it runs on every simulated call): commit on success or on an
+    NVML error, which then propagates; any other exception leaves the state unwritten."""
+
+    __slots__ = ("call", "txn", "state")
+
+    def __init__(self, call: Call) -> None:
+        self.call = call
+
+    def __enter__(self) -> SimState:
+        call = self.call
+        self.txn = txn = call.lib.store.transaction()
+        self.state = state = txn.__enter__()
+        state.touched = False
+        if not call.entered:  # once per C call, however often it opens the state
+            call.entered = True
+            try:
+                call.lib.enter(call, state)
+            except NvmlFail:
+                txn.__exit__(None, None, None)
+                raise
+            except BaseException as e:
+                txn.__exit__(type(e), e, e.__traceback__)
+                raise
+        return state
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        call, state, txn = self.call, self.state, self.txn
+        if exc_type is None and call.export.mutating:
+            try:
+                call.lib.mutated(state)
+            except BaseException as e:
+                txn.__exit__(type(e), e, e.__traceback__)
+                raise
+            call.delay_s = state.mutation_delay_s
+            state.touched = True
+        if exc_type is None or issubclass(exc_type, NvmlFail):
+            txn.__exit__(None, None, None)
+        else:
+            txn.__exit__(exc_type, exc, tb)
 
 
 class SimLibrary:
@@ -193,6 +221,8 @@ class SimLibrary:
             raise NvmlFail(pynvml.NVML_ERROR_UNINITIALIZED)
         if reap_processes(state):
             state.touched = True
+        if not state.faults:
+            return self._check_lost(call, state)
         name, base = call.export.name, base_name(call.export.name)
         for fault in list(state.faults):
             if (fault.fn in (name, base) or (fault.fn == ANY_MUTATION and call.export.mutating)) and \
@@ -202,6 +232,10 @@ class SimLibrary:
                 if fault.calls >= fault.nth:
                     state.faults.remove(fault)
                     raise NvmlFail(fault.code)
+        self._check_lost(call, state)
+
+    @staticmethod
+    def _check_lost(call: Call, state: SimState) -> None:
         if call.gpu is not None and state.gpus[call.gpu].lost:
             raise NvmlFail(pynvml.NVML_ERROR_GPU_IS_LOST)
 

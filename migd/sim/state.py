@@ -13,12 +13,16 @@ import fcntl
 import json
 import os
 import threading
+import time
 import uuid
+import weakref
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from migd.sim.filewatch import FileWatch
 from migd.sim.gpu import SimCi, SimGi, SimGpu, SimProcess
 
 __all__ = ["CATALOG_FLEETS", "FLEETS", "PASSTHROUGH_FLEETS", "DEFAULT_FLEET", "SimCi", "SimGi", "SimGpu",
@@ -142,18 +146,35 @@ def new_state(fleet: str = DEFAULT_FLEET, mig_enabled: bool = False) -> SimState
     return SimState(fleet=fleet, gpus=gpus, passthrough=fleet in PASSTHROUGH_FLEETS)
 
 
+_PID = [os.getpid()]  # this process's pid, kept current across fork (getpid is a system call)
+os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
+
+
 class StateStore:
-    """Transactions over the simulated state: in memory, or in a JSON file shared by processes."""
+    """Transactions over the simulated state: in memory, or in a JSON file shared by processes.
+
+    A file store keeps the parsed state in memory and re-reads the file only when a writer changed
+    it (issue 16): every write bumps a generation counter kept in the lock file, read with one
+    ``pread`` under the lock.  (The file's inode and mtime cannot stand in for it: ``os.replace``
+    frees inode numbers for reuse and mtimes tick coarsely.)  So every writer goes through a
+    StateStore: the simulated library, ``migd.sim.control``, the fake nvidia-smi and tests do."""
 
     def __init__(self, path: str | os.PathLike[str] | None = None, state: SimState | None = None) -> None:
         self.path = Path(path) if path is not None else None
         self._lock = threading.RLock()
         self._memory = state
-        self._cache: tuple[bytes, SimState] | None = None  # file bytes, parsed state
+        self._changed = threading.Condition(self._lock)  # an in-memory store's writes wake its waiters
+        self._memory_generation = 0
+        self._cache: tuple[int, SimState] | None = None  # (generation, parsed state)
+        self._watches = threading.local()  # per waiting thread: its inotify watch of the lock file
+        self._lock_fd: tuple[int, int] | None = None  # (pid that opened it, fd): a forked child opens its own
         if self.path is None and state is None:
             raise ValueError("StateStore needs a path or an initial state")
-        if self.path is not None and state is not None:
-            self.save(state)
+        if self.path is not None:
+            self._path_str = str(self.path)
+            self._lock_path = str(self.path.with_name(self.path.name + ".lock"))
+            if state is not None:
+                self.save(state)
 
     def save(self, state: SimState) -> None:
         with self._lock:
@@ -161,73 +182,160 @@ class StateStore:
                 self._memory = state
                 return
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self._file_lock():
-                self._write(state)
+            with self._file_lock() as fd:
+                self._write(fd, state)
+
+    def _fd(self) -> int:
+        pid = _PID[0]
+        if self._lock_fd is None or self._lock_fd[0] != pid:
+            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self._lock_fd = (pid, fd)
+            weakref.finalize(self, os.close, fd)
+        return self._lock_fd[1]
 
     @contextlib.contextmanager
-    def _file_lock(self) -> Iterator[None]:
-        assert self.path is not None
-        lock_path = self.path.with_name(self.path.name + ".lock")
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    def _file_lock(self) -> Iterator[int]:
+        fd = self._fd()
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
+            yield fd
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
 
-    def _read(self) -> SimState:
-        assert self.path is not None
+    @staticmethod
+    def _generation_of(fd: int) -> int:
+        return int.from_bytes(os.pread(fd, 8, 0).ljust(8, b"\0"), "little")
+
+    def generation(self) -> int:
+        """A number that changes with every write (read without the lock: a torn read only means
+        'changed', and the caller looks again)."""
+        if self.path is None:
+            return self._memory_generation
+        return self._generation_of(self._fd())
+
+    def _read(self, fd: int) -> SimState:
+        generation = self._generation_of(fd)
+        if self._cache is not None and self._cache[0] == generation:
+            return self._cache[1]  # nobody wrote since we parsed it
         try:
-            with open(self.path, "rb") as f:
-                raw = f.read()
-            if self._cache is not None and self._cache[0] == raw:
-                return self._cache[1]  # nobody wrote since we parsed it: skip the parse
-            state = SimState.from_json(json.loads(raw))
-            self._cache = (raw, state)
+            with open(self._path_str, "rb") as f:
+                state = SimState.from_json(json.loads(f.read()))
+            self._cache = (generation, state)
             return state
         except FileNotFoundError:
             raise FileNotFoundError(f"simulator state {self.path} does not exist; create it with "
                                     f"`migctl --sim FLEET --sim-state {self.path} status`") from None
 
-    def _write(self, state: SimState) -> None:
+    def _write(self, fd: int, state: SimState) -> None:
         assert self.path is not None
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp = f"{self.path.parent}/.{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp"
         raw = json.dumps(state.to_json(), separators=(",", ":")).encode()
         with open(tmp, "wb") as f:
             f.write(raw)
-        os.replace(tmp, self.path)
-        self._cache = (raw, state)
+        os.replace(tmp, self._path_str)
+        generation = self._generation_of(fd) + 1
+        os.pwrite(fd, generation.to_bytes(8, "little"), 0)
+        self._cache = (generation, state)
 
-    @contextlib.contextmanager
-    def transaction(self, write: bool = True) -> Iterator[SimState]:
-        """Yield the current state; on normal exit persist it (if ``write``)."""
-        with self._lock:
-            if self.path is None:
-                assert self._memory is not None
-                yield self._memory
-                return
-            with self._file_lock():
-                state = self._read()
-                state.touched = True
-                try:
-                    yield state
-                except BaseException:
-                    self._cache = None  # the body may have half-changed the cached object
-                    raise
-                if write and state.touched:
-                    self._write(state)
-                elif not write:
-                    state.touched = True
+    def transaction(self, write: bool = True) -> AbstractContextManager[SimState]:
+        """The current state; on normal exit persisted (if ``write``).  A class, not a generator:
+        every simulated NVML call opens one."""
+        if self.path is None:
+            return _MemoryTransaction(self, write)
+        return _FileTransaction(self, write)
 
     def write_held(self, state: SimState) -> None:
         """Persist now, from inside a transaction (the lock is already held)."""
         if self.path is not None:
-            self._write(state)
+            self._write(self._fd(), state)
 
     def read(self) -> SimState:
         with self.transaction(write=False) as s:
             return s
+
+    def wait_changed(self, seen: int, timeout_s: float) -> None:
+        """Return once the generation differs from ``seen`` or ``timeout_s`` passed: inotify on the
+        lock file, not a poll of the state (issue 16); a 20 ms poll of the generation where
+        inotify is unavailable."""
+        deadline = time.monotonic() + timeout_s
+        if self.path is None:
+            with self._changed:
+                self._changed.wait_for(lambda: self._memory_generation != seen, timeout_s)
+            return
+        watch: FileWatch | None = getattr(self._watches, "watch", None)
+        if watch is None:  # one per waiting thread, kept: it goes when the thread does
+            watch = self._watches.watch = FileWatch(self._lock_path)
+        while self.generation() == seen:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if watch.works:
+                watch.wait(left)
+            else:
+                time.sleep(min(0.02, left))
+
+
+class _MemoryTransaction:
+    __slots__ = ("store", "write")
+
+    def __init__(self, store: StateStore, write: bool) -> None:
+        self.store, self.write = store, write
+
+    def __enter__(self) -> SimState:
+        store = self.store
+        store._lock.acquire()
+        if store._memory is None:
+            store._lock.release()
+            raise ValueError("in-memory StateStore without a state")
+        return store._memory
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        store = self.store
+        try:
+            if exc_type is None and self.write:
+                store._memory_generation += 1
+                store._changed.notify_all()
+        finally:
+            store._lock.release()
+
+
+class _FileTransaction:
+    """Thread lock, then the file lock, then the state (parsed again only if someone wrote)."""
+
+    __slots__ = ("store", "write", "fd", "state")
+
+    def __init__(self, store: StateStore, write: bool) -> None:
+        self.store, self.write = store, write
+
+    def __enter__(self) -> SimState:
+        store = self.store
+        store._lock.acquire()
+        try:
+            self.fd = fd = store._fd()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                self.state = state = store._read(fd)
+            except BaseException:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                raise
+        except BaseException:
+            store._lock.release()
+            raise
+        state.touched = True
+        return state
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        store, state = self.store, self.state
+        try:
+            if exc_type is not None:
+                store._cache = None  # the body may have half-changed the cached object
+            elif self.write and state.touched:
+                store._write(self.fd, state)
+            elif not self.write:
+                state.touched = True
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            store._lock.release()
 
 
 def open_store(path: str | os.PathLike[str], fleet: str = DEFAULT_FLEET, mig_enabled: bool = False) -> StateStore:
