@@ -15,13 +15,10 @@ from dataclasses import KW_ONLY, dataclass, field
 from functools import lru_cache
 
 from migd.hardware.backend import GpuInfo, GpuInstance, GpuState
-from migd.hardware.catalog import CiProfile, GpuModel, Placement, media_conflict
+from migd.hardware.catalog import GpuModel, Placement, media_conflict
 from migd.kinds import Word
+from migd.placement import Busy, search
 from migd.profiles.resolve import DesiredInstance, DesiredLayout
-
-Busy = dict[int, dict[int, tuple[int, ...]]]  # GI id -> CI id -> pids running there
-BUSY_COST = 1000.0  # destroying an instance with processes: only when nothing else works
-OWNER_COST = 0.001  # prefer keeping a GI for the tenant that already has it
 
 
 class PlanError(Exception):
@@ -137,169 +134,6 @@ def _feasibility(model: GpuModel, want: list[DesiredInstance]) -> None:
         raise PlanError(f"on {model.key}: {conflict}")
 
 
-@lru_cache(maxsize=4096)
-def _place_cis(want: tuple[CiProfile, ...], pinned: tuple[Placement, ...] | None,
-               have: tuple[tuple[int, Placement], ...]) -> tuple[tuple[int, Placement], ...] | None:
-    """CI placements inside one GI, keeping as many existing CIs as possible.  A pure function of
-    hashable arguments, memoised: a search asks the same question for every leaf (issue 16)."""
-    if pinned is not None:
-        return tuple((c.profile_id, p) for c, p in zip(want, pinned, strict=True))
-    order = sorted(range(len(want)), key=lambda i: -want[i].slices)
-    best: list[tuple[int, list[Placement]]] = []
-
-    def go(k: int, used: list[Placement], kept: int) -> None:
-        if k == len(order):
-            if not best or kept > best[0][0]:
-                best[:] = [(kept, list(used))]
-            return
-        ci = want[order[k]]
-        for pl in ci.placements:
-            if not any(pl.overlaps(u) for u in used):
-                go(k + 1, used + [pl], kept + ((ci.profile_id, pl) in have))
-    go(0, [], 0)
-    if not best:
-        return None
-    placed = dict(zip(order, best[0][1], strict=True))
-    return tuple(sorted((want[i].profile_id, placed[i]) for i in range(len(want))))
-
-
-@dataclass
-class _Search:
-    model: GpuModel
-    want: list[DesiredInstance]
-    current: dict[tuple[int, int], GpuInstance]  # (profile id, start) -> existing GI
-    busy: Busy
-    owners: Mapping[int, str]  # GI start -> recorded owner
-    best_cost: float = float("inf")
-    best: list[Target] | None = None
-
-    def ci_cost(self, gi: GpuInstance, cis: tuple[tuple[int, Placement], ...]) -> float:
-        have = {(c.profile_id, c.placement): c for c in gi.compute_instances}
-        cost = 0.0
-        for key, c in have.items():
-            if key not in cis:
-                cost += 1 + (BUSY_COST if c.id in self.busy.get(gi.id, {}) else 0)
-        return cost + sum(1 for key in cis if key not in have)
-
-    def gi_destroy_cost(self, gi: GpuInstance) -> float:
-        return 1 + len(gi.compute_instances) + (BUSY_COST if self.busy.get(gi.id) else 0)
-
-    def score(self, chosen: list[Placement]) -> tuple[float, list[Target]]:
-        cost, targets, kept_ids = 0.0, [], set()
-        for item, pl in zip(self.want, chosen, strict=True):
-            existing = self.current.get((item.gi.profile_id, pl.start))
-            have = tuple((c.profile_id, c.placement) for c in existing.compute_instances) if existing else ()
-            cis = _place_cis(item.cis, item.ci_placements, have)
-            if cis is None:
-                return float("inf"), []
-            if existing is not None:
-                kept_ids.add(existing.id)
-                cost += self.ci_cost(existing, cis)
-                if item.owner != self.owners.get(pl.start, item.owner):
-                    cost += OWNER_COST
-            else:
-                cost += 1 + len(cis)
-            targets.append(Target(item.gi.profile_id, pl, cis, item.label, item.owner))
-        cost += sum(self.gi_destroy_cost(g) for g in self.current.values() if g.id not in kept_ids)
-        return cost, targets
-
-    def item_cost(self, item: DesiredInstance, pl: Placement, fresh: float) -> float:
-        """What placing ``item`` at ``pl`` costs by itself (destroys of GIs not kept come at the
-        leaf); ``fresh``: its cost where no GI of its profile sits at that start (create GI + CIs)."""
-        existing = self.current.get((item.gi.profile_id, pl.start))
-        if existing is None:
-            return fresh
-        have = tuple((c.profile_id, c.placement) for c in existing.compute_instances)
-        cis = _place_cis(item.cis, item.ci_placements, have)
-        if cis is None:
-            return float("inf")
-        owner_moves = item.owner != self.owners.get(pl.start, item.owner)
-        return self.ci_cost(existing, cis) + (OWNER_COST if owner_moves else 0.0)
-
-    def run(self) -> None:
-        """Depth-first over placements in ascending start order, so leaves come in the order of the
-        tie-break key; a branch whose cost so far plus a lower bound of the rest cannot beat the
-        best leaf is cut (branch and bound: same plans as the exhaustive search, issue 16)."""
-        keyed = sorted(((-d.gi.memory_slices, _item_key(d)), d) for d in self.want)
-        self.want = [d for _, d in keyed]
-        keys = [k for (_, k), _ in keyed]
-        fresh = [float("inf") if cis is None else 1.0 + len(cis)
-                 for cis in (_place_cis(d.cis, d.ci_placements, ()) for d in self.want)]
-        bound = _Bound(self, fresh)
-        options = [[(pl, _mask(pl)) for pl in ((d.placement,) if d.placement is not None else d.gi.placements)]
-                   for d in self.want]
-        twins = [k > 0 and keys[k - 1] == keys[k] for k in range(len(self.want))]
-        chosen: list[Placement] = []
-
-        def go(k: int, used: int, kept: int, spent: float) -> None:
-            if k == len(self.want):
-                cost, targets = self.score(chosen)
-                if cost < self.best_cost:
-                    self.best_cost, self.best = cost, targets
-                return
-            floor = spent + bound.rest(k, used, kept)
-            for pl, mask in options[k]:
-                if floor >= self.best_cost - 1e-9:
-                    return  # a leaf found below already beats (or ties, with a smaller key) all that is left
-                if used & mask or (twins[k] and pl.start < chosen[k - 1].start):
-                    continue
-                c = self.item_cost(self.want[k], pl, fresh[k])
-                keeps = kept | bound.index.get((self.want[k].gi.profile_id, pl.start), 0)
-                if c == float("inf") or spent + c + bound.rest(k + 1, used | mask, keeps) >= self.best_cost - 1e-9:
-                    continue  # cannot beat the best leaf (an equal one found later loses the tie on its key)
-                chosen.append(pl)
-                go(k + 1, used | mask, keeps, spent + c)
-                chosen.pop()
-        go(0, 0, 0, 0.0)
-
-
-def _mask(pl: Placement) -> int:
-    return ((1 << pl.size) - 1) << pl.start
-
-
-class _Bound:
-    """A lower bound of what the items from ``k`` on and the GIs they leave behind still cost: an
-    existing GI overlapped by a chosen placement (not kept) is destroyed; per profile, items beyond
-    the existing GIs still available are created; available GIs beyond the items left are destroyed."""
-
-    def __init__(self, search: _Search, fresh: list[float]) -> None:
-        want = search.want
-        existing = list(search.current.values())
-        self.index = {(g.profile_id, g.placement.start): 1 << n for n, g in enumerate(existing)}
-        self.gis = [(1 << n, _mask(g.placement), g.profile_id, search.gi_destroy_cost(g))
-                    for n, g in enumerate(existing)]
-        self.cheapest_create: dict[int, float] = {}
-        for d, f in zip(want, fresh, strict=True):
-            self.cheapest_create[d.gi.profile_id] = min(f, self.cheapest_create.get(d.gi.profile_id, f))
-        self.cheapest_destroy: dict[int, float] = {}
-        for _, _, pid, cost in self.gis:
-            self.cheapest_destroy[pid] = min(cost, self.cheapest_destroy.get(pid, cost))
-        self.left = [Counter(d.gi.profile_id for d in want[k:]) for k in range(len(want) + 1)]
-        self.suffix = [sum(fresh[k:]) for k in range(len(want) + 1)]  # exact when nothing exists yet
-
-    def rest(self, k: int, used: int, kept: int) -> float:
-        if not self.gis:
-            return self.suffix[k]
-        certain, avail = 0.0, Counter[int]()
-        for bit, mask, pid, cost in self.gis:
-            if kept & bit:
-                continue
-            if used & mask:
-                certain += cost
-            else:
-                avail[pid] += 1
-        left = self.left[k]
-        creates = sum(max(0, n - avail[pid]) * self.cheapest_create[pid] for pid, n in left.items())
-        destroys = sum(max(0, n - left[pid]) * self.cheapest_destroy[pid] for pid, n in avail.items())
-        return certain + creates + destroys
-
-
-def _item_key(d: DesiredInstance) -> tuple[object, ...]:
-    """Identical items are interchangeable: the search places them in increasing start order only."""
-    return (d.gi.profile_id, tuple(c.profile_id for c in d.cis), d.owner or "", d.placement or Placement(-1, 0),
-            d.ci_placements or ())
-
-
 def _destroy_ops(gpu: int, gi: GpuInstance, busy: Busy, name: str) -> list[Op]:
     pids = busy.get(gi.id, {})
     ops = [Op(OpKind.DESTROY_CI, gpu, gi_start=gi.placement.start, gi_id=gi.id, ci_id=c.id, profile_id=c.profile_id,
@@ -318,65 +152,88 @@ def plan_gpu(gpu: GpuInfo, desired: DesiredLayout, current: list[GpuInstance],
     if model is None:
         raise PlanError(f"GPU {gpu.index}: {gpu.name} (PCI 0x{gpu.pci_device_id:08X}) is not a known MIG-capable "
                         "model")
-    names = {pid: p.name for pid, p in model.by_id.items()}
-    ops: list[Op] = []
-    i = gpu.index
-    if not desired.mig:
-        if gpu.mig_current or gpu.mig_pending:
-            for gi in current:
-                ops += _destroy_ops(i, gi, busy, names.get(gi.profile_id, "?"))
-            ops.append(Op(OpKind.SET_MIG, i, mig=False, busy_pids=gpu_pids))
-            if gpu.mig_current and model.mode_change_needs_reset:
-                ops.append(Op(OpKind.RESET, i, busy_pids=gpu_pids))
-        return GpuPlan(gpu, desired, [], ops, busy=busy, current=list(current))
+    frozen_busy = tuple(sorted((gi, tuple(sorted(cis.items()))) for gi, cis in busy.items()))
+    targets, ops, kept = _solve(model, gpu.index, gpu.mig_current, gpu.mig_pending, desired, tuple(current),
+                                frozen_busy, tuple(sorted((owners or {}).items())), gpu_pids)
+    kept_current = current if not desired.mig or gpu.mig_current else []
+    return GpuPlan(gpu, desired, list(targets), list(ops), kept=kept, busy=busy, current=list(kept_current))
 
+
+@lru_cache(maxsize=1024)
+def _solve(model: GpuModel, i: int, mig_current: bool, mig_pending: bool, desired: DesiredLayout,
+           current: tuple[GpuInstance, ...],
+           frozen_busy: tuple[tuple[int, tuple[tuple[int, tuple[int, ...]], ...]], ...],
+           frozen_owners: tuple[tuple[int, str], ...],
+           gpu_pids: tuple[int, ...]) -> tuple[tuple[Target, ...], tuple[Op, ...], int]:
+    """The plan (targets, ops, GIs kept) as a pure function of hashable inputs, memoised: the daemon
+    plans every GPU on every pass, mostly with nothing changed since the last one (issue 16)."""
+    busy: Busy = {gi: dict(cis) for gi, cis in frozen_busy}
+    ops: list[Op] = []
+    if not desired.mig:
+        if mig_current or mig_pending:
+            for gi in current:
+                ops += _destroy_ops(i, gi, busy, _name(model, gi.profile_id))
+            ops.append(Op(OpKind.SET_MIG, i, mig=False, busy_pids=gpu_pids))
+            if mig_current and model.mode_change_needs_reset:
+                ops.append(Op(OpKind.RESET, i, busy_pids=gpu_pids))
+        return (), tuple(ops), 0
     want = list(desired.instances)
     _feasibility(model, want)
-    existing = current if gpu.mig_current else []
-    search = _Search(model, want, {(g.profile_id, g.placement.start): g for g in existing}, busy, owners or {})
-    search.run()
-    if search.best is None:
+    existing = current if mig_current else ()
+    by_key = {(g.profile_id, g.placement.start): g for g in existing}
+    solution = search(want, by_key, busy, dict(frozen_owners))
+    if solution is None:
         raise PlanError(f"no non-overlapping placement of {summary(want)} exists on {model.key} "
                         f"(placement table in memory slices: " + ", ".join(
                             f"{p.name} {{{','.join(map(str, p.starts))}}}:{p.memory_slices}"
                             for p in model.profiles if p in {d.gi for d in want}) + ")")
-    targets = sorted(search.best, key=lambda t: t.placement.start)
-    if not gpu.mig_current:
-        if not gpu.mig_pending:
+    targets = sorted((Target(d.gi.profile_id, o.placement, o.cis, d.label, d.owner)
+                      for d, o in zip(solution.items, solution.options, strict=True)), key=lambda t: t.placement.start)
+    if not mig_current:
+        if not mig_pending:
             ops.append(Op(OpKind.SET_MIG, i, mig=True, busy_pids=gpu_pids))
         if model.mode_change_needs_reset:
             ops.append(Op(OpKind.RESET, i, busy_pids=gpu_pids))
-    by_key = {(g.profile_id, g.placement.start): g for g in existing}
-    kept_ids = set()
+    ci_destroys, creates, kept_ids = _changes(model, i, targets, by_key, busy)
+    destroys = [op for g in existing if g.id not in kept_ids
+                for op in _destroy_ops(i, g, busy, _name(model, g.profile_id))]
+    return tuple(targets), tuple(ci_destroys + destroys + ops + creates), len(kept_ids)
+
+
+def _name(model: GpuModel, profile_id: int) -> str:
+    p = model.by_id.get(profile_id)
+    return p.name if p is not None else "?"
+
+
+def _changes(model: GpuModel, i: int, targets: list[Target], by_key: dict[tuple[int, int], GpuInstance],
+             busy: Busy) -> tuple[list[Op], list[Op], set[int]]:
+    """CI destroys inside kept GIs, creates (GIs and CIs), and the ids of the GIs kept."""
+    ci_destroys: list[Op] = []
     creates: list[Op] = []
+    kept_ids = set()
     for t in targets:
         g = by_key.get((t.gi_profile_id, t.placement.start))
+        gi_prof = model.profile_by_id(t.gi_profile_id)
+        if gi_prof is None:  # targets come from the model's own table
+            raise PlanError(f"GPU {i}: GI profile id {t.gi_profile_id} is not in the {model.key} table")
         if g is None:
             creates.append(Op(OpKind.CREATE_GI, i, gi_start=t.placement.start, profile_id=t.gi_profile_id,
-                              placement=t.placement, name=names[t.gi_profile_id]))
+                              placement=t.placement, name=gi_prof.name))
             have: dict[tuple[int, Placement], int] = {}
         else:
             kept_ids.add(g.id)
             have = {(c.profile_id, c.placement): c.id for c in g.compute_instances}
             for c in g.compute_instances:
                 if (c.profile_id, c.placement) not in t.ci:
-                    ops.append(Op(OpKind.DESTROY_CI, i, gi_start=g.placement.start, gi_id=g.id, ci_id=c.id,
-                                  profile_id=c.profile_id, placement=c.placement, name=names[g.profile_id],
-                                  busy_pids=busy.get(g.id, {}).get(c.id, ())))
-        gi_prof = model.profile_by_id(t.gi_profile_id)
-        if gi_prof is None:  # targets come from the model's own table
-            raise PlanError(f"GPU {i}: GI profile id {t.gi_profile_id} is not in the {model.key} table")
+                    ci_destroys.append(Op(OpKind.DESTROY_CI, i, gi_start=g.placement.start, gi_id=g.id, ci_id=c.id,
+                                          profile_id=c.profile_id, placement=c.placement, name=gi_prof.name,
+                                          busy_pids=busy.get(g.id, {}).get(c.id, ())))
         for pid, pl in t.ci:
             if (pid, pl) not in have:
                 ci_prof = gi_prof.ci_by_id(pid)
                 creates.append(Op(OpKind.CREATE_CI, i, gi_start=t.placement.start, profile_id=pid, placement=pl,
                                   name=ci_prof.name if ci_prof else "?"))
-    destroys = [op for g in existing if g.id not in kept_ids
-                for op in _destroy_ops(i, g, busy, names.get(g.profile_id, "?"))]
-    ci_destroys = ops[:]
-    mode_ops = [o for o in ci_destroys if o.kind in (OpKind.SET_MIG, OpKind.RESET)]
-    ops = [o for o in ci_destroys if o.kind is OpKind.DESTROY_CI] + destroys + mode_ops + creates
-    return GpuPlan(gpu, desired, targets, ops, kept=len(kept_ids), busy=busy, current=list(existing))
+    return ci_destroys, creates, kept_ids
 
 
 def layout_of(model: GpuModel, instances: list[GpuInstance], owners: Mapping[int, str] | None = None) -> \

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import resource
+import select
 import shutil
 import signal
 import socket
@@ -54,7 +55,7 @@ class MigdProcess:
         self.notify_path = tmp / "notify.sock"
         self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.notify.bind(str(self.notify_path))
-        self.notify.settimeout(0.2)
+        self.notify.setblocking(False)  # poll_notify waits with select, then drains what is queued
         self.messages: list[str] = []
         self.cursor = 0  # messages before this were already matched by a wait_for
         self.proc: subprocess.Popen[str] | None = None
@@ -91,15 +92,17 @@ class MigdProcess:
     def poll_notify(self) -> None:
         """Wait up to 0.2 s for a message, then take only what is already queued.
 
-        Draining until a quiet 0.2 s would never return while the watchdog pings every 0.2 s.
+        Draining until a quiet 0.2 s would never return while migd sends more often than that (the
+        watchdog, a fast clock's passes).  The socket is non-blocking: on a socket with a timeout
+        Python waits out that timeout even for MSG_DONTWAIT, which made this drain until migd paused.
         """
-        flags = 0
+        if not select.select([self.notify], [], [], 0.2)[0]:
+            return
         while True:
             try:
-                self.messages.append(self.notify.recv(4096, flags).decode())
-            except (TimeoutError, BlockingIOError):
+                self.messages.append(self.notify.recv(4096).decode())
+            except BlockingIOError:
                 return
-            flags = socket.MSG_DONTWAIT
 
     def wait_for(self, pred: Callable[[str], bool], timeout: float = 30.0) -> str:
         deadline = time.monotonic() + timeout

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -279,7 +280,7 @@ def test_a_forked_child_checks_its_own_memory(node: Any) -> None:
 
 def test_ctrl_c_inside_a_library_call_reaches_the_caller(node: Any, request: pytest.FixtureRequest) -> None:
     """ctypes swallows exceptions in callbacks (the call would look successful): the simulator fails
-    the call and re-posts Ctrl-C to the main thread, where the program sees it."""
+    the call and raises Ctrl-C in the caller once the call returned, where the program sees it."""
     backend, _, lib = node("single-h100")
     gi = backend.create_gpu_instance(0, 19, Placement(0, 1))
     # A program started as a background job of a non-interactive shell inherits SIGINT ignored, and
@@ -301,6 +302,26 @@ def test_ctrl_c_inside_a_library_call_reaches_the_caller(node: Any, request: pyt
             while time.monotonic() < deadline:  # the re-posted interrupt lands here
                 pass
     N.nvmlGpmSampleFree(sample)
+
+
+def test_ctrl_c_during_a_slow_call_is_raised_as_the_call_returns(node: Any, request: pytest.FixtureRequest) -> None:
+    """With C, a SIGINT during a call is raised in the caller once that call returns.  A caller that
+    goes straight into the next slow call must see it there, not after its whole loop (an earlier
+    re-post from a helper thread kept landing inside the next call, deferring a second Ctrl-C in a
+    rollback until the rollback had finished)."""
+    backend, store, _ = node("single-a100")
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
+    control.set_mutation_delay(store, 0.2)
+    created = []
+    threading.Timer(0.1, os.kill, args=(os.getpid(), signal.SIGINT)).start()  # lands in the first call
+    with pytest.raises(KeyboardInterrupt):
+        for start in range(7):
+            created.append(backend.create_gpu_instance(0, 19, Placement(start, 1)))
+    control.set_mutation_delay(store, 0)
+    # The first creation took effect (the driver had done it) and the interrupt came as it returned:
+    # before create_gpu_instance read the new GI's id, and before any second creation.
+    assert created == [] and len(store.read().gpus[0].gis) == 1
 
 
 def _rows(text: str) -> list[list[str]]:

@@ -110,6 +110,9 @@ class CiProfile:
     def placements(self) -> tuple[Placement, ...]:
         return tuple(Placement(s, self.slices) for s in self.starts)
 
+    def __hash__(self) -> int:  # cheap (plans are memoised by their inputs); equality compares every field
+        return hash((self.profile_id, self.name))
+
 
 @dataclass(frozen=True)
 class GiProfile:
@@ -136,6 +139,14 @@ class GiProfile:
     @cached_property  # frozen: computed once, kept in __dict__
     def placements(self) -> tuple[Placement, ...]:
         return tuple(Placement(s, self.memory_slices) for s in self.starts)
+
+    def __hash__(self) -> int:  # cheap (plans are memoised by their inputs); equality compares every field
+        return hash((self.profile_id, self.name, self.memory_mib))
+
+    @cached_property
+    def masks(self) -> tuple[tuple[Placement, int], ...]:
+        """Each placement with the memory slices it takes as bits (the planner's search works on these)."""
+        return tuple((p, ((1 << p.size) - 1) << p.start) for p in self.placements)
 
     @cached_property  # frozen: computed once, kept in __dict__
     def media(self) -> Media:
@@ -173,6 +184,9 @@ class GpuModel:
     unconfirmed: tuple[str, ...] = field(default=(), compare=False)  # model-wide facts nobody observed
     ci_unconfirmed: str = field(default="", compare=False)  # the split of a GI into several CIs, if unobserved
     identity_unconfirmed: str = field(default="", compare=False)  # NVML name, memory or architecture unobserved
+
+    def __hash__(self) -> int:  # cheap (plans are memoised by their inputs); equality compares every field
+        return hash((self.key, self.pci_device_id, self.total_memory_mib))
 
     @property
     def is_hopper_or_newer(self) -> bool:

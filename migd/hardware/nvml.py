@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 import logging
 import subprocess
 import time
@@ -35,6 +36,7 @@ from migd.hardware.livetable import live_model
 from migd.hardware.nvml_telemetry import EventWatch, gpm_sample
 from migd.hardware.nvml_view import GpuView
 from migd.hardware.nvmlcall import ALL_ERRORS, Nvml, error_name
+from migd.hardware.profiletables import ProfileTables
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,7 @@ class NvmlBackend:
         self._open = True
         self._events = EventWatch(self.nvml)
         self._live: dict[str, GpuModel] = {}  # uuid -> table read from a GPU the catalog lacks
+        self._tables = ProfileTables()  # GI/CI profile infos per GPU and MIG mode
 
     def _dev(self, index: int) -> Any:
         # Handles are fetched per call: a reset or mode change may replace them (nvml.h SetMigMode).
@@ -135,6 +138,7 @@ class NvmlBackend:
         the mode pending: False here, and the caller resets the GPU once it is free."""
         mode = pynvml.NVML_DEVICE_MIG_ENABLE if enabled else pynvml.NVML_DEVICE_MIG_DISABLE
         dev = self._dev(index)
+        self._tables.forget(index)
         status = self.nvml("nvmlDeviceSetMigMode", dev, mode, gpu=index)
         current, _ = self.nvml("nvmlDeviceGetMigMode", self._dev(index), gpu=index)
         if bool(current) == enabled:
@@ -152,6 +156,7 @@ class NvmlBackend:
         with self.nvml.session.exclusive():
             # No NVML client may hold the GPU during a reset: release events and NVML itself first.
             self._events.release()
+            self._tables.forget()
             self.nvml.shutdown()
             try:
                 log.info("resetting GPU %d (%s): %s", index, bus_id, " ".join(argv))
@@ -176,11 +181,19 @@ class NvmlBackend:
         return [info for _, info in self.gi_profile_table(index)]
 
     def gi_profile_table(self, index: int) -> list[tuple[int, Any]]:
-        """(NVML_GPU_INSTANCE_PROFILE_* enum, info) for every profile the GPU offers."""
+        """(NVML_GPU_INSTANCE_PROFILE_* enum, info) for every profile the GPU offers (read once per
+        MIG mode: profiletables.py)."""
         dev = self._dev(index)
-        infos = ((e, self.nvml("nvmlDeviceGetGpuInstanceProfileInfo", dev, e, gpu=index, absent=_NO_SUCH_PROFILE))
-                 for e in range(GI_ENUM_COUNT))
-        return [(e, i) for e, i in infos if i is not None]
+
+        def read() -> list[tuple[int, Any]]:
+            infos = ((e, self.nvml("nvmlDeviceGetGpuInstanceProfileInfo", dev, e, gpu=index,
+                                   absent=_NO_SUCH_PROFILE)) for e in range(GI_ENUM_COUNT))
+            return [(e, i) for e, i in infos if i is not None]
+        return self._tables.gi(index, self._mode(dev, index), read)
+
+    def _mode(self, dev: Any, index: int) -> tuple[bool, bool]:
+        modes = self.nvml("nvmlDeviceGetMigMode", dev, gpu=index, absent=(pynvml.NVML_ERROR_NOT_SUPPORTED,))
+        return (bool(modes[0]), bool(modes[1])) if modes is not None else (False, False)
 
     def possible_placements(self, index: int, profile_id: int) -> list[Placement]:
         """nvml.h: every placement of a profile "regardless of whether MIG is enabled"."""
@@ -224,21 +237,27 @@ class NvmlBackend:
 
     def _list_gpu_instances(self, index: int) -> list[GpuInstance]:
         dev = self._dev(index)
+        mode = self._mode(dev, index)
         out = []
         for info in self.gi_profiles(index):
             for gi in self._handles("nvmlDeviceGetGpuInstances", dev, info, pynvml.c_nvmlGpuInstance_t, index):
                 gi_info = self.nvml("nvmlGpuInstanceGetInfo", gi, gpu=index)
+                cis = self._compute_instances(gi, index, self._tables.ci(
+                    index, mode, int(gi_info.profileId), functools.partial(self._ci_profiles, gi, index)))
                 out.append(GpuInstance(id=int(gi_info.id), profile_id=int(gi_info.profileId),
                                        placement=Placement(int(gi_info.placement.start), int(gi_info.placement.size)),
-                                       compute_instances=tuple(self._compute_instances(gi, index))))
+                                       compute_instances=tuple(cis)))
         return sorted(out, key=lambda g: (g.placement.start, g.id))
 
-    def _compute_instances(self, gi: Any, index: int) -> list[ComputeInstance]:
+    def _ci_profiles(self, gi: Any, index: int) -> list[Any]:
         shared = pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
         infos = (self.nvml("nvmlGpuInstanceGetComputeInstanceProfileInfo", gi, e, shared, gpu=index,
                            absent=_NO_SUCH_PROFILE) for e in range(CI_ENUM_COUNT))
+        return [i for i in infos if i is not None]
+
+    def _compute_instances(self, gi: Any, index: int, profiles: list[Any]) -> list[ComputeInstance]:
         out = []
-        for info in (i for i in infos if i is not None):
+        for info in profiles:
             for ref in self._handles("nvmlGpuInstanceGetComputeInstances", gi, info, pynvml.c_nvmlComputeInstance_t,
                                      index):
                 ci = self.nvml("nvmlComputeInstanceGetInfo", ref, gpu=index)

@@ -12,7 +12,6 @@ would for an older driver.  One library per process, like a loaded shared object
 
 from __future__ import annotations
 
-import _thread
 import contextlib
 import ctypes
 import functools
@@ -35,6 +34,7 @@ from migd.sim import entry_devices, entry_instances, entry_telemetry
 from migd.sim.cmem import Handles, Memory, Ref
 from migd.sim.entry import ANY_MUTATION, Export, proc_start_time, reap_processes
 from migd.sim.gpu import NvmlFail, SimGpu
+from migd.sim.interrupts import raise_after_return, watch_unraisable
 from migd.sim.state import SimState, StateStore
 
 EXPORTS: dict[str, Export] = {e.name: e for m in (entry_devices, entry_instances, entry_telemetry)
@@ -146,7 +146,6 @@ class SimLibrary:
         self._missing = frozenset(store.read().missing_symbols)
         self._functions: dict[str, Any] = {}
         self._callbacks: list[Any] = []  # keep the C trampolines alive
-        self._inside: set[int] = set()  # threads now running a simulated entry point
         self.calls: Counter[str] = Counter()  # entry point -> calls made (tests count what an action costs)
         self._calls_lock = threading.Lock()  # GPU workers call in parallel
 
@@ -162,7 +161,16 @@ class SimLibrary:
     def _make(self, export: Export) -> Any:
         restype = ctypes.c_void_p if export.returns_string else ctypes.c_int
         proto = ctypes.CFUNCTYPE(restype, *export.argtypes)
-        trampoline = proto(lambda *raw: self._dispatch(export, raw))
+        dispatch = self._dispatch
+
+        def entry(*raw: Any) -> int:
+            try:
+                return dispatch(export, raw)
+            except KeyboardInterrupt:  # landed outside the entry point's own handler
+                raise_after_return()
+                return int(pynvml.NVML_ERROR_UNKNOWN)
+        entry.migd_sim_entry = True  # type: ignore[attr-defined]  # recognised by the unraisable hook
+        trampoline = proto(entry)
         self._callbacks.append(trampoline)
         fn = _CFunction(ctypes.cast(trampoline, ctypes.c_void_p).value)
         if export.returns_string:
@@ -171,23 +179,9 @@ class SimLibrary:
 
     def _dispatch(self, export: Export, raw: tuple[Any, ...]) -> int:
         """Run one entry point; every failure becomes a return code, as C has no exceptions."""
-        me = threading.get_ident()
         with self._calls_lock:
             self.calls[export.name] += 1
-        self._inside.add(me)
-        try:
-            return self._run(export, raw)
-        finally:
-            self._inside.discard(me)
-
-    def _interrupt_after_return(self) -> None:
-        threading.Thread(target=self._repost_interrupt, args=(threading.get_ident(),), daemon=True).start()
-
-    def _repost_interrupt(self, caller: int) -> None:
-        while caller in self._inside:  # wait until the caller is back in C, out of our Python
-            time.sleep(0.001)
-        time.sleep(0.005)
-        _thread.interrupt_main()
+        return self._run(export, raw)
 
     def _run(self, export: Export, raw: tuple[Any, ...]) -> int:
         try:
@@ -200,15 +194,15 @@ class SimLibrary:
                 try:
                     time.sleep(call.delay_s)  # a slow driver, outside the state lock
                 except KeyboardInterrupt:  # the call already took effect: it succeeds, Ctrl-C follows it
-                    self._interrupt_after_return()
+                    raise_after_return()
             return int(pynvml.NVML_SUCCESS)
         except NvmlFail as e:
             return e.code
         except KeyboardInterrupt:
             # A real library runs no Python, so Ctrl-C reaches the caller after the call returns.
             # A callback cannot raise (ctypes would print it and return 0, i.e. SUCCESS): fail the
-            # call (it was cut short before taking effect), and re-post SIGINT once it returned.
-            self._interrupt_after_return()
+            # call (it was cut short before taking effect), and raise it in the caller once it returned.
+            raise_after_return()
             return int(pynvml.NVML_ERROR_UNKNOWN)
         except Exception:  # a simulator bug: say so, and fail the call as the driver would
             print(f"migd-sim: internal error in {export.name}:\n{traceback.format_exc()}", file=sys.stderr)
@@ -305,6 +299,7 @@ def load(store: StateStore, clock: Callable[[], float] | None = None) -> SimLibr
             raise RuntimeError("pynvml already loaded the real libnvidia-ml in this process")
         if _LIBRARY is None:
             _LIBRARY = SimLibrary(store)
+            watch_unraisable(lambda fn: getattr(fn, "migd_sim_entry", False))
         else:
             _LIBRARY.bind(store)
         _LIBRARY.clock = clock or time.time

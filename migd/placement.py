@@ -1,0 +1,164 @@
+"""The planner's search: one placement per wanted GPU instance, fewest operations.
+
+Costs are integers (an operation is 1,000 units, moving a GI to another tenant 1, destroying an
+instance with running processes 1,000,000), so ties are exact.  A layout's cost is what destroying
+every existing GI would cost plus, per wanted instance, a ``delta``: creating it (GI and its CIs),
+or, where an existing GI of its profile already sits at that start, changing that GI's CIs minus
+the destroy it saves.  The search walks placements depth first over memory-slice bitmasks in a
+fixed order (largest instances first, starts ascending, identical instances in ascending starts
+only) and keeps the first layout of least cost; a branch whose cost so far plus the least each
+remaining instance could add cannot beat the best layout found is cut.  With nothing to keep the
+first complete layout is optimal and everything after it is cut (issue 16).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import NamedTuple
+
+from migd.hardware.backend import GpuInstance
+from migd.hardware.catalog import CiProfile, Placement
+from migd.profiles.resolve import DesiredInstance
+
+Busy = dict[int, dict[int, tuple[int, ...]]]  # GI id -> CI id -> pids running there
+OP = 1000  # one create or destroy
+OWNER = 1  # prefer keeping a GI for the tenant that already has it
+BUSY = 1_000_000  # destroying an instance with processes: only when nothing else works
+CiLayout = tuple[tuple[int, Placement], ...]  # (CI profile id, placement) per CI
+
+
+@lru_cache(maxsize=4096)
+def place_cis(want: tuple[CiProfile, ...], pinned: tuple[Placement, ...] | None, have: CiLayout) -> CiLayout | None:
+    """CI placements inside one GI, keeping as many existing CIs as possible.  A pure function of
+    hashable arguments, memoised: a search asks the same question for many placements."""
+    if pinned is not None:
+        return tuple((c.profile_id, p) for c, p in zip(want, pinned, strict=True))
+    order = sorted(range(len(want)), key=lambda i: -want[i].slices)
+    best: list[tuple[int, list[Placement]]] = []
+
+    def go(k: int, used: list[Placement], kept: int) -> None:
+        if k == len(order):
+            if not best or kept > best[0][0]:
+                best[:] = [(kept, list(used))]
+            return
+        ci = want[order[k]]
+        for pl in ci.placements:
+            if not any(pl.overlaps(u) for u in used):
+                go(k + 1, used + [pl], kept + ((ci.profile_id, pl) in have))
+    go(0, [], 0)
+    if not best:
+        return None
+    placed = dict(zip(order, best[0][1], strict=True))
+    return tuple(sorted((want[i].profile_id, placed[i]) for i in range(len(want))))
+
+
+def item_key(d: DesiredInstance) -> tuple[object, ...]:
+    """Identical items are interchangeable: the search places them in increasing start order only."""
+    return (d.gi.profile_id, tuple(c.profile_id for c in d.cis), d.owner or "", d.placement or Placement(-1, 0),
+            d.ci_placements or ())
+
+
+def destroy_cost(gi: GpuInstance, busy: Busy) -> int:
+    return OP * (1 + len(gi.compute_instances)) + (BUSY if busy.get(gi.id) else 0)
+
+
+def _ci_cost(gi: GpuInstance, cis: CiLayout, busy: Busy) -> int:
+    have = {(c.profile_id, c.placement): c for c in gi.compute_instances}
+    gone = sum(OP + (BUSY if c.id in busy.get(gi.id, {}) else 0) for key, c in have.items() if key not in cis)
+    return gone + OP * sum(1 for key in cis if key not in have)
+
+
+class Option(NamedTuple):
+    """Where one wanted instance may go (a tuple: the search makes many of them)."""
+
+    placement: Placement
+    mask: int  # the memory slices it takes, as bits
+    delta: int  # what choosing it adds to the layout's cost
+    cis: CiLayout
+
+
+@dataclass(frozen=True)
+class Solution:
+    items: tuple[DesiredInstance, ...]  # in search order
+    options: tuple[Option, ...]  # the chosen option of each item
+
+
+Existing = tuple[GpuInstance, CiLayout, int]  # an existing GI, its CIs as a layout, what destroying it costs
+
+
+def _options(d: DesiredInstance, current: Mapping[tuple[int, int], Existing], busy: Busy,
+             owners: Mapping[int, str]) -> list[Option]:
+    fresh = place_cis(d.cis, d.ci_placements, ())
+    fresh_delta = OP * (1 + len(fresh)) if fresh is not None else 0
+    out = []
+    for pl, mask in ((d.placement, _mask(d.placement)),) if d.placement is not None else d.gi.masks:
+        hit = current.get((d.gi.profile_id, pl.start)) if current else None
+        if hit is None:
+            if fresh is not None:
+                out.append(Option(pl, mask, fresh_delta, fresh))
+            continue
+        existing, have, destroy = hit
+        cis = place_cis(d.cis, d.ci_placements, have)
+        if cis is None:
+            continue
+        change = 0 if cis == have else _ci_cost(existing, cis, busy)
+        moved = OWNER if d.owner != owners.get(pl.start, d.owner) else 0
+        out.append(Option(pl, mask, change + moved - destroy, cis))
+    return out
+
+
+def _mask(pl: Placement) -> int:
+    return ((1 << pl.size) - 1) << pl.start
+
+
+def _floors(options: list[list[Option]], twins: list[bool]) -> list[int]:
+    """The least the items from k on can add.  Identical items (twins) take distinct placements, so
+    r remaining twins add at least their options' r smallest deltas, not r times the smallest."""
+    n = len(options)
+    floor = [0] * (n + 1)
+    run = 0  # twins of item k that come after it
+    for k in range(n - 1, -1, -1):
+        run = run + 1 if k + 1 < n and twins[k + 1] else 0
+        deltas = sorted(o.delta for o in options[k])
+        r = min(run + 1, len(deltas))
+        # floor[k] = what item k and its later twins add at least, plus everything after the twins
+        floor[k] = sum(deltas[:r]) + floor[k + run + 1]
+    return floor
+
+
+def search(want: list[DesiredInstance], current: Mapping[tuple[int, int], GpuInstance], busy: Busy,
+           owners: Mapping[int, str]) -> Solution | None:
+    """The first layout of least cost in search order; None if no placement of ``want`` exists.
+    ``current``: existing GIs by (profile id, placement start)."""
+    keys = [(-d.gi.memory_slices, item_key(d)) for d in want]
+    order = sorted(range(len(want)), key=keys.__getitem__)
+    items = [want[i] for i in order]
+    twins = [k > 0 and keys[order[k - 1]] == keys[order[k]] for k in range(len(items))]
+    known = {key: (g, tuple((c.profile_id, c.placement) for c in g.compute_instances), destroy_cost(g, busy))
+             for key, g in current.items()}
+    options: list[list[Option]] = []
+    for k, d in enumerate(items):  # twins have the same options
+        options.append(options[k - 1] if twins[k] else _options(d, known, busy, owners))
+    if any(not o for o in options):
+        return None
+    floor = _floors(options, twins)
+    best: list[tuple[int, tuple[Option, ...]]] = []
+    chosen: list[Option] = []
+
+    def go(k: int, used: int, spent: int) -> None:
+        if k == len(items):
+            best[:] = [(spent, tuple(chosen))]
+            return
+        for o in options[k]:
+            if used & o.mask or (twins[k] and o.placement.start < chosen[k - 1].placement.start):
+                continue
+            total = spent + o.delta
+            if best and total + floor[k + 1] >= best[0][0]:
+                continue  # cannot beat the best layout (an equal one found later loses the tie)
+            chosen.append(o)
+            go(k + 1, used | o.mask, total)
+            chosen.pop()
+    go(0, 0, 0)
+    return Solution(tuple(items), best[0][1]) if best else None
