@@ -1,37 +1,45 @@
 #!/usr/bin/env python3
-"""migd benchmarks on the simulator; prints one table.  ``--short`` is what CI runs.
+"""migd benchmarks on the simulator: one table, each figure beside a reference measured in the same
+run (issue 16).  ``--short`` is what CI runs (fewer repetitions; the same rows).
 
     python3 bench/run.py            # full
-    python3 bench/run.py --short    # fewer repetitions (CI)
+    python3 bench/run.py --short    # CI
 
-Figures: plan time for all 127 feasible layouts; apply time of day->night on 8 GPUs,
-parallel vs sequential (the simulated driver takes --driver-ms per mutating call, outside
-its lock, as a real driver does); create/destroy operations of migd's plans vs
-destroy-all-and-recreate; scrape latency under 50 concurrent scrapers (8 GPUs x 7
-instances); daemon RSS and CPU per sampling cycle.
+Rows: NVML calls and CPU per sampling cycle (beside a bare pynvml loop); daemon CPU at 1 s
+sampling; scrape p99 under ``ab -c 50`` (beside a minimal asyncio server serving the same bytes);
+journal writes and apply time of day->night on 8 GPUs (beside NVIDIA mig-parted's NVML call
+sequence replayed on the same simulated driver, bench/migparted_replay.py); plan times (beside an
+independent bitmask search); create/destroy operations (beside destroy-all-and-recreate).  The
+simulated driver takes --driver-ms per mutating call, outside its lock, as a real driver does.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
-import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import daemon_bench  # noqa: E402
+import migparted_replay  # noqa: E402
+import pynvml  # noqa: E402
+import refs  # noqa: E402
+
+import migd.apply.journal as journal_module  # noqa: E402
 from migd.apply.executor import Applier  # noqa: E402
 from migd.apply.result import ApplyOptions  # noqa: E402
-from migd.hardware.catalog import MODELS  # noqa: E402
-from migd.planner import plan_gpu  # noqa: E402
+from migd.hardware.backend import ComputeInstance, GpuInstance  # noqa: E402
+from migd.hardware.catalog import MODELS, GiProfile  # noqa: E402
+from migd.placement import place_cis  # noqa: E402
+from migd.planner import _solve, plan_gpu  # noqa: E402
 from migd.profiles.loader import load_profile  # noqa: E402
 from migd.profiles.resolve import DesiredInstance, DesiredLayout  # noqa: E402
 from migd.profiles.validate import fake_gpu  # noqa: E402
@@ -39,7 +47,7 @@ from migd.sim import control, sim_backend  # noqa: E402
 from migd.sim.state import StateStore  # noqa: E402
 
 PROFILES = ROOT / "profiles"
-ROLES = ("1g", "1g+me", "1g.2m", "2g", "3g", "4g", "7g")
+MODEL = MODELS["A100-SXM4-80GB"]
 
 
 def pct(values: list[float], q: float) -> float:
@@ -47,54 +55,85 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def feasible_multisets() -> list[Counter[str]]:
-    """All 127 feasible multisets of a 7-slice board, by brute force over placements."""
-    import itertools
-    m = MODELS["A100-SXM4-80GB"]
-    opts = [(p.role, pl) for p in m.profiles if p.role in ROLES for pl in p.placements]
-    out: set[tuple[tuple[str, int], ...]] = set()
+def layouts() -> list[tuple[GiProfile, ...]]:
+    """All 127 feasible GI multisets of a 7-slice A100, by brute force over placements."""
+    opts = [(p, pl) for p in MODEL.profiles for pl in p.placements]
+    out: set[tuple[GiProfile, ...]] = set()
     for n in range(1, 8):
         for combo in itertools.combinations(opts, n):
             pls = [pl for _, pl in combo]
             if any(a.overlaps(b) for a, b in itertools.combinations(pls, 2)):
                 continue
-            c = Counter(r for r, _ in combo)
-            if all(c[r] <= m.profile_by_role(r).instance_count for r in c):  # type: ignore[union-attr]
-                out.add(tuple(sorted(c.items())))
-    return [Counter(dict(x)) for x in sorted(out)]
+            c = Counter(p for p, _ in combo)
+            if all(c[p] <= p.instance_count for p in c):
+                out.add(tuple(sorted((p for p, _ in combo), key=lambda p: (-p.memory_slices, p.profile_id))))
+    assert len(out) == 127, len(out)
+    return sorted(out, key=lambda t: [p.profile_id for p in t])
 
 
-def bench_plan(reps: int) -> dict[str, float]:
-    m = MODELS["A100-SXM4-80GB"]
-    layouts = feasible_multisets()
-    assert len(layouts) == 127
-    gpu = fake_gpu(m)
-    times = []
-    for _ in range(reps):
-        for ms in layouts:
-            want = tuple(DesiredInstance(gi=m.profile_by_role(r), cis=(m.profile_by_role(r).default_ci,))  # type: ignore
-                         for r, n in ms.items() for _ in range(n))
-            t0 = time.perf_counter()
-            plan_gpu(gpu, DesiredLayout(True, want), [])
-            times.append(time.perf_counter() - t0)
-    return {"layouts": len(layouts), "p50_ms": 1e3 * pct(times, 0.5), "p99_ms": 1e3 * pct(times, 0.99),
-            "max_ms": 1e3 * max(times), "total_ms": 1e3 * sum(times) / reps}
+def _desired(gis: tuple[GiProfile, ...]) -> DesiredLayout:
+    return DesiredLayout(True, tuple(DesiredInstance(gi=p, cis=(p.default_ci,)) for p in gis))
+
+
+def _timed(fn: Any, *args: Any) -> float:
+    t0 = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t0
+
+
+def bench_plan() -> dict[str, float]:
+    """All 127 layouts from an empty GPU, then all 127 x 127 transitions: first time (memo cleared)
+    and again (memoised), beside the independent bitmask search of bench/refs.py."""
+    lays, gpu = layouts(), fake_gpu(MODEL)
+    _solve.cache_clear()
+    place_cis.cache_clear()
+    out = {"empty_first_ms": 1e3 * sum(_timed(plan_gpu, gpu, _desired(w), []) for w in lays),
+           "empty_again_ms": 1e3 * sum(_timed(plan_gpu, gpu, _desired(w), []) for w in lays),
+           "empty_ref_ms": 1e3 * sum(_timed(refs.fewest_ops, w, ()) for w in lays)}
+    current = [tuple(GpuInstance(n + 1, t.gi_profile_id, t.placement,
+                                 tuple(ComputeInstance(0, pid, pl) for pid, pl in t.ci))
+                     for n, t in enumerate(plan_gpu(gpu, _desired(w), []).targets)) for w in lays]
+    _solve.cache_clear()
+    first, again, ref = [], [], []
+    for cur in current:
+        keys = [(g.profile_id, g.placement.start) for g in cur]
+        for w in lays:
+            first.append(_timed(plan_gpu, gpu, _desired(w), list(cur)))
+            again.append(_timed(plan_gpu, gpu, _desired(w), list(cur)))
+            ref.append(_timed(refs.fewest_ops, w, keys))
+    out.update(trans_first_p99_us=1e6 * pct(first, 0.99), trans_again_p99_us=1e6 * pct(again, 0.99),
+               trans_ref_p99_us=1e6 * pct(ref, 0.99), trans_first_p50_us=1e6 * pct(first, 0.5))
+    return out
 
 
 def bench_apply(driver_ms: float, tmp: Path) -> dict[str, float]:
-    out = {}
-    for mode in ("parallel", "sequential"):
-        state = tmp / f"apply-{mode}.json"
-        b = sim_backend(state, "dgx-a100")
-        a = Applier(b, tmp / f"apply-{mode}.d")
-        a.apply(load_profile(PROFILES / "day.yaml"))
-        control.set_mutation_delay(StateStore(state), driver_ms / 1000)
-        t0 = time.perf_counter()
-        r = a.apply(load_profile(PROFILES / "night.yaml"), ApplyOptions(parallel=mode == "parallel"))
-        out[mode] = time.perf_counter() - t0
-        assert r.ok
-        b.close()
-    out["ratio"] = out["sequential"] / out["parallel"]
+    """day->night on 8 A100s: migd parallel and sequential (journal writes counted), and mig-parted's
+    call sequence replayed on the same simulated driver latency."""
+    out: dict[str, float] = {}
+    writes: list[str] = []
+    real = journal_module.atomic_write_json
+    journal_module.atomic_write_json = lambda path, data, mode=0o600: (writes.append(str(path)), real(path, data, mode))
+    try:
+        for mode in ("parallel", "sequential", "mig-parted"):
+            state = tmp / f"apply-{mode}.json"
+            b = sim_backend(state, "dgx-a100")
+            a = Applier(b, tmp / f"apply-{mode}.d")
+            a.apply(load_profile(PROFILES / "day.yaml"))
+            control.set_mutation_delay(StateStore(state), driver_ms / 1000)
+            writes.clear()
+            t0 = time.perf_counter()
+            if mode == "mig-parted":
+                migparted_replay.apply([(pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE,
+                                         pynvml.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE)])
+                out[mode] = time.perf_counter() - t0
+                assert not any(p.changes for p in a.plan(load_profile(PROFILES / "night.yaml"))), "replay missed"
+            else:
+                assert a.apply(load_profile(PROFILES / "night.yaml"), ApplyOptions(parallel=mode == "parallel")).ok
+                out[mode] = time.perf_counter() - t0
+                out[f"writes_{mode}"] = len(writes)
+            b.close()
+    finally:
+        journal_module.atomic_write_json = real
     return out
 
 
@@ -121,97 +160,49 @@ def bench_ops(tmp: Path) -> list[tuple[str, int, int]]:
     return rows
 
 
-def scrape_latencies(url: str, scrapes: int) -> list[float]:
-    """50 concurrent clients, each scraping in turn (a new connection per scrape, like ab -c 50)."""
-    lat: list[float] = []
-    lock = threading.Lock()
-
-    def client(n: int) -> None:
-        for _ in range(n):
-            t0 = time.perf_counter()
-            with urllib.request.urlopen(url, timeout=30) as r:
-                r.read()
-            with lock:
-                lat.append(time.perf_counter() - t0)
-    threads = [threading.Thread(target=client, args=(max(1, scrapes // 50),)) for _ in range(50)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return lat
+Row = tuple[str, str, str, str, str]  # figure, migd, reference, ratio (migd / reference), target
 
 
-# The reference: a minimal asyncio HTTP server serving the same bytes from its own process.
-MINIMAL_SERVER = """
-import asyncio, sys
-body = open(sys.argv[2], "rb").read()
-head = b"HTTP/1.1 200 OK\\r\\nContent-Length: %d\\r\\nConnection: close\\r\\n\\r\\n" % len(body)
-async def client(r, w):
-    await r.readuntil(b"\\r\\n\\r\\n")
-    w.write(head + body)
-    await w.drain()
-    w.close()
-async def main():
-    server = await asyncio.start_server(client, "127.0.0.1", int(sys.argv[1]), backlog=128)
-    print("ready", flush=True)
-    await server.serve_forever()
-asyncio.run(main())
-"""
+def _row(figure: str, ours: float, ref: float | None, unit: str, target: str, fmt: str = ".1f") -> Row:
+    ratio = f"{ours / ref:.2f}" if ref else "-"
+    return figure, f"{ours:{fmt}} {unit}".strip(), f"{ref:{fmt}} {unit}".strip() if ref is not None else "-", \
+        ratio, target
 
 
-def reference_latencies(tmp: Path, body: bytes, scrapes: int) -> list[float]:
-    from tests.daemon_harness import free_port
-    (tmp / "body").write_bytes(body)
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", MINIMAL_SERVER, str(port), str(tmp / "body")],
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        return scrape_latencies(f"http://127.0.0.1:{port}/metrics", scrapes)
-    finally:
-        proc.kill()
-        proc.wait()
+def rows(s: dict[str, float], cpu: dict[str, float], scrape: dict[str, Any], apply: dict[str, float],
+         plan: dict[str, float], driver_ms: float) -> list[Row]:
+    rep = "mig-parted sequence replayed"
+    return [
+        ("NVML calls per sampling cycle, 8 H100 x 7 (ref: bare pynvml loop)", f"{s['calls']:.0f}",
+         f"{s['ref_calls']:.0f}", f"{s['calls'] / s['ref_calls']:.2f}", "<= 300"),
+        _row("CPU per sampling cycle (ref: bare pynvml loop)", s["cpu_ms"], s["ref_cpu_ms"], "ms", "-"),
+        _row("daemon CPU at 1 s sampling, % of a core", cpu["cpu_pct"], None, "%", "<= 1%", ".2f"),
+        _row(f"scrape p99, 50 clients, {scrape['bytes'] // 1024} KiB (ref: minimal asyncio server)",
+             scrape["p99_ms"], scrape["ref_p99_ms"], "ms", "ratio <= 1.2"),
+        ("journal writes, day->night on 8 GPUs (sequential / parallel)",
+         f"{apply['writes_sequential']:.0f} / {apply['writes_parallel']:.0f}", "-", "-", "<= 2 per GPU (16)"),
+        _row(f"apply day->night, 8 GPUs, sequential (ref: {rep})", apply["sequential"], apply["mig-parted"], "s",
+             "ratio <= 1.0", ".2f"),
+        (f"apply day->night, 8 GPUs, parallel (ref: {rep}; {driver_ms:g} ms per mutation)",
+         f"{apply['parallel']:.2f} s", f"{apply['mig-parted']:.2f} s",
+         f"1/{apply['mig-parted'] / apply['parallel']:.1f}", ">= 6x faster"),
+        _row("plan 127 layouts from empty, first time (ref: bitmask search)", plan["empty_first_ms"],
+             plan["empty_ref_ms"], "ms", "<= 2 ms", ".2f"),
+        _row("plan 127 layouts from empty, again (memoised)", plan["empty_again_ms"], plan["empty_ref_ms"], "ms",
+             "<= 2 ms", ".2f"),
+        _row("plan 127 x 127 transitions, first time, p99", plan["trans_first_p99_us"], plan["trans_ref_p99_us"],
+             "us", "<= 100 us", ".0f"),
+        _row("plan 127 x 127 transitions, again (memoised), p99", plan["trans_again_p99_us"],
+             plan["trans_ref_p99_us"], "us", "<= 100 us", ".0f"),
+    ]
 
 
-def bench_daemon(tmp: Path, scrapes: int, window_s: float) -> dict[str, float]:
-    sys.path.insert(0, str(ROOT))
-    from tests.daemon_harness import MigdProcess
-    (tmp / "daemon").mkdir(exist_ok=True)
-    m = MigdProcess(tmp / "daemon", fleet="dgx-h100", reconcile_interval="1h")
-    try:
-        m.start(now="2026-11-23T10:00:00")  # Monday 10:00: day, 7 instances on each of 8 H100s
-        m.wait_ready(60)
-        time.sleep(2)
-        url = f"http://127.0.0.1:{m.port}/metrics"
-        lat = scrape_latencies(url, scrapes)
-        with urllib.request.urlopen(url, timeout=30) as r:
-            body = r.read().decode()
-        ref = reference_latencies(tmp, body.encode(), scrapes)
-        series = sum(1 for line in body.splitlines() if line.startswith("migd_instance_info{"))
-        pid = m.proc.pid  # type: ignore[union-attr]
-
-        def cpu() -> float:
-            f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-
-        def cycles() -> float:
-            with urllib.request.urlopen(url, timeout=30) as r:
-                text = r.read().decode()
-            return float(next(line.split()[-1] for line in text.splitlines()
-                              if line.startswith("migd_sampler_cycles_total ")))
-        c0, s0, t0 = cpu(), cycles(), time.time()
-        time.sleep(window_s)
-        c1, s1 = cpu(), cycles()
-        n_cycles = max(1.0, s1 - s0)
-        rss = next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                   if line.startswith("VmRSS:"))
-        return {"instances": series, "scrapes": len(lat), "p50_ms": 1e3 * statistics.median(lat),
-                "p99_ms": 1e3 * pct(lat, 0.99), "ref_p50_ms": 1e3 * statistics.median(ref),
-                "ref_p99_ms": 1e3 * pct(ref, 0.99), "rss_mib": rss / 1024,
-                "cpu_per_cycle_ms": 1e3 * (c1 - c0) / n_cycles,
-                "idle_cpu_pct": 100 * (c1 - c0) / (time.time() - t0)}
-    finally:
-        m.close()
+def print_table(table: list[Row]) -> None:
+    widths = [max(len(r[i]) for r in table) for i in range(5)]
+    head = ("figure", "migd", "reference", "ratio", "target")
+    widths = [max(w, len(h)) for w, h in zip(widths, head, strict=True)]
+    for r in (head, tuple("-" * w for w in widths), *table):
+        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))))
 
 
 def main() -> int:
@@ -219,30 +210,24 @@ def main() -> int:
     ap.add_argument("--short", action="store_true", help="fewer repetitions (CI)")
     ap.add_argument("--driver-ms", type=float, default=20.0, help="simulated latency of each mutating NVML call")
     args = ap.parse_args()
+    load0 = os.getloadavg()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        plan = bench_plan(1 if args.short else 10)
+        plan = bench_plan()
         apply = bench_apply(args.driver_ms, tmp)
         ops = bench_ops(tmp)
-        daemon = bench_daemon(tmp, 250 if args.short else 1000, 5 if args.short else 20)
-    print(f"{'benchmark':<52} {'value':>12}")
-    print("-" * 65)
-    print(f"{'plan, 127 feasible layouts: p50 / p99 per layout':<52} {plan['p50_ms']:>6.2f} / {plan['p99_ms']:.2f} ms")
-    print(f"{'plan, all 127 layouts in total':<52} {plan['total_ms']:>9.1f} ms")
-    print(f"{'apply day->night, 8 GPUs, parallel':<52} {apply['parallel']:>10.2f} s")
-    print(f"{'apply day->night, 8 GPUs, sequential':<52} {apply['sequential']:>10.2f} s")
-    print(f"{'  speed-up (driver ' + format(args.driver_ms, 'g') + ' ms per mutating call)':<52} "
-          f"{apply['ratio']:>10.1f} x")
-    for name, ours, naive in ops:
-        print(f"{'ops ' + name + ': migd vs destroy-all-and-recreate':<52} {ours:>6} vs {naive}")
-    print(f"{'scrape latency, 50 clients, ' + str(daemon['instances']) + ' instances: p50 / p99':<52} "
-          f"{daemon['p50_ms']:>6.1f} / {daemon['p99_ms']:.1f} ms")
-    print(f"{'  minimal asyncio server, same bytes: p50 / p99':<52} "
-          f"{daemon['ref_p50_ms']:>6.1f} / {daemon['ref_p99_ms']:.1f} ms  "
-          f"(p99 ratio {daemon['p99_ms'] / daemon['ref_p99_ms']:.2f})")
-    print(f"{'scrapes served':<52} {daemon['scrapes']:>10.0f}")
-    print(f"{'daemon RSS':<52} {daemon['rss_mib']:>8.1f} MiB")
-    print(f"{'daemon CPU per sampling cycle (8 H100, GPM)':<52} {daemon['cpu_per_cycle_ms']:>8.1f} ms")
+        sampler = daemon_bench.bench_sampler(tmp, 5 if args.short else 20)
+        cpu = daemon_bench.bench_daemon_cpu(tmp, 15 if args.short else 60)
+        scrape = daemon_bench.bench_scrape(tmp, 1000, 5 if args.short else 9, "15s")
+    load1 = os.getloadavg()
+    print(f"migd benchmarks ({'short' if args.short else 'full'}), {os.cpu_count()} CPUs, load average "
+          f"{load0[0]:.2f} before, {load1[0]:.2f} after; scrape client: {scrape['client']}, daemon sampling every "
+          f"15 s (the default) while scraped")
+    print_table(rows(sampler, cpu, scrape, apply, plan, args.driver_ms) + [
+        (f"ops {name}: migd (ref: destroy-all-and-recreate)", str(ours), str(naive), f"{ours / naive:.2f}", "-")
+        for name, ours, naive in ops])
+    print(f"daemon RSS {cpu['rss_mib']:.1f} MiB, {cpu['rss_growth_mib']:+.2f} MiB over the CPU window "
+          "(bench/soak.py measures growth per hour)")
     return 0
 
 

@@ -29,7 +29,7 @@ on_busy: {on_busy}
 busy_timeout: {busy_timeout}
 reconcile_interval: {reconcile_interval}
 reconcile: {reconcile}
-sample_interval: 1s
+sample_interval: {sample_interval}
 metrics: {{listen: "127.0.0.1:{port}"}}
 """
 
@@ -62,9 +62,10 @@ class MigdProcess:
         self.log = tmp / "migd.log"
 
     def write_config(self, on_busy: str = "wait", busy_timeout: str = "30m", reconcile_interval: str = "60s",
-                     reconcile: str = "correct") -> None:
+                     reconcile: str = "correct", sample_interval: str = "1s") -> None:
         self.config.write_text(CONFIG.format(on_busy=on_busy, busy_timeout=busy_timeout, port=self.port,
-                                             reconcile_interval=reconcile_interval, reconcile=reconcile))
+                                             reconcile_interval=reconcile_interval, reconcile=reconcile,
+                                             sample_interval=sample_interval))
         os.chmod(self.config, 0o644)
 
     @property

@@ -496,7 +496,7 @@ def test_a_read_only_state_dir_does_not_kill_the_daemon(tmp_path: Path) -> None:
             (tmp_path / "profiles" / f.name).write_text(f.read_text())
         cfg = tmp_path / "migd.yaml"
         cfg.write_text(CONFIG.format(on_busy="wait", busy_timeout="30m", reconcile_interval="60s",
-                                     reconcile="correct", port=free_port()))
+                                     reconcile="correct", port=free_port(), sample_interval="1s"))
         backend = sim_backend(tmp_path / "sim.json", "single-a100")
         try:
             d = Daemon(load_config(cfg), backend, fs / "state", Clock(datetime.fromisoformat(

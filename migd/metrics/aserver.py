@@ -1,8 +1,8 @@
 """The /metrics and /healthz endpoint on one asyncio loop: no thread per connection (issue 16).
 
 A thread per connection cost 38% of a scrape and header parsing through http.server another
-27%.  Here one thread runs an event loop; the exposition is rendered once per sampler snapshot
-and served as bytes; HTTP/1.1 keep-alive is honoured (Prometheus keeps its connection); a client
+27%.  Here one thread runs an event loop; the exposition is rendered as often as it changes
+(exposition.py) and served as bytes; HTTP/1.1 keep-alive is honoured (Prometheus keeps its connection); a client
 silent for ``idle_timeout_s`` is dropped; beyond ``max_connections`` a new connection is closed
 at once (the bound that kept ~1,100 idle connections from exhausting the daemon's descriptors).
 Only GET /metrics and GET /healthz exist; nothing here can change a GPU.
@@ -11,12 +11,11 @@ Only GET /metrics and GET /healthz exist; nothing here can change a GPU.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
-from migd.metrics.sampler import Sampler
+from migd.metrics.exposition import Exposition
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
             503: "Service Unavailable"}
@@ -29,30 +28,17 @@ class MetricsServer:
     idle_timeout_s = 5.0
     max_header_bytes = 16384
 
-    def __init__(self, host: str, port: int, registry: CollectorRegistry, sampler: Sampler,
-                 stale_after_s: float) -> None:
-        self.registry = registry
-        self.sampler = sampler
+    def __init__(self, host: str, port: int, exposition: Exposition, stale_after_s: float) -> None:
+        self.exposition = exposition
+        self.sampler = exposition.sampler
         self.stale_after_s = stale_after_s
         self.refused = 0
         self._active = 0
-        self._rendered: tuple[float, object, bytes] | None = None  # (time, snapshot, exposition)
-        self._render_lock = threading.Lock()
+        self._responses: dict[bool, tuple[tuple[bytes, bytes], bytes]] = {}  # keep-alive -> (parts, response)
         self._loop = asyncio.new_event_loop()
         self._server = self._loop.run_until_complete(  # binding errors surface here, as OSError
             asyncio.start_server(self._client, host, port, backlog=self.backlog, limit=self.max_header_bytes))
         self.server_address = self._server.sockets[0].getsockname()
-
-    # -- content --------------------------------------------------------------------------------
-    def render(self, max_age_s: float = 1.0) -> bytes:
-        """The exposition, rendered at most once a second (or per new snapshot) however many scrape."""
-        with self._render_lock:
-            now = time.monotonic()
-            cached = self._rendered
-            if cached is None or now - cached[0] > max_age_s or cached[1] is not self.sampler.snapshot:
-                cached = (now, self.sampler.snapshot, generate_latest(self.registry))
-                self._rendered = cached
-            return cached[2]
 
     def health(self) -> tuple[bool, str]:
         last = self.sampler.last_success
@@ -63,11 +49,19 @@ class MetricsServer:
             return False, f"last NVML sample {age:.0f}s ago\n"
         return True, "ok\n"
 
+    def _metrics_response(self, keep: bool) -> bytes:
+        """The whole response, built once per rendering (110 KiB are not copied per scrape)."""
+        parts = self.exposition.parts()
+        cached = self._responses.get(keep)
+        if cached is None or cached[0][0] is not parts[0] or cached[0][1] is not parts[1]:
+            cached = self._responses[keep] = (parts, _response(200, CONTENT_TYPE_LATEST, b"".join(parts), "", keep))
+        return cached[1]
+
     def _route(self, method: str, path: str) -> tuple[int, str, bytes, str]:
         if method != "GET":
             return 405, _TEXT, b"", "Allow: GET\r\n"
         if path == "/metrics":
-            return 200, CONTENT_TYPE_LATEST, self.render(), ""
+            return 200, CONTENT_TYPE_LATEST, self.exposition.render(), ""
         if path == "/healthz":
             ok, text = self.health()
             return 200 if ok else 503, _TEXT, text.encode(), ""
@@ -90,8 +84,13 @@ class MetricsServer:
             writer.close()
 
     async def _one_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        """Answer one request; True when the connection stays open for another (keep-alive)."""
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.idle_timeout_s)
+        """Answer one request; True when the connection stays open for another (keep-alive).  A client
+        silent for ``idle_timeout_s`` is cut off by a timer (cheaper than a wait_for task per request)."""
+        timer = self._loop.call_later(self.idle_timeout_s, writer.transport.abort)
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        finally:
+            timer.cancel()
         lines = head.decode("latin-1").split("\r\n")
         parts = lines[0].split()
         if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
@@ -99,10 +98,14 @@ class MetricsServer:
             return False
         method, target, version = parts
         headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:] if h)}
-        code, ctype, body, extra = self._route(method, target.split("?", 1)[0])
+        path = target.split("?", 1)[0]
         keep = (version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
                 and method == "GET" and "content-length" not in headers)
-        writer.write(_response(code, ctype, body, extra, keep))
+        if method == "GET" and path == "/metrics":
+            writer.write(self._metrics_response(keep))
+        else:
+            code, ctype, body, extra = self._route(method, path)
+            writer.write(_response(code, ctype, body, extra, keep))
         await writer.drain()
         return keep
 

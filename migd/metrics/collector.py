@@ -89,9 +89,18 @@ class MigdCollector(Collector):
         self.histogram.observe(seconds)
 
     def collect(self) -> Iterator[Metric]:
+        yield from self.snapshot_families()
+        yield from self.live_families()
+
+    def snapshot_families(self) -> Iterator[Metric]:
+        """What the sampler's last snapshot holds: most of the bytes, new once per sampling cycle."""
         yield from self._gpus()
+
+    def live_families(self) -> Iterator[Metric]:
+        """The daemon's own series (status, counters, faults): few, and current at every scrape."""
         yield from self._daemon()
         yield from self._faults()
+
 
     def _gpus(self) -> Iterator[Metric]:
         snap = self.sampler.snapshot
@@ -231,3 +240,13 @@ def _slurm(doc: dict[str, Any]) -> Iterator[Metric]:
                           labels=["node"])
     g.add_metric([node], 1 if doc.get("reservation") else 0)
     yield g
+
+
+class Part(Collector):
+    """One part of a collector as a collector of its own (the server renders the parts separately)."""
+
+    def __init__(self, families: Callable[[], Iterator[Metric]]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return self.families()

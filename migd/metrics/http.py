@@ -11,7 +11,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from migd.metrics.aserver import MetricsServer
-from migd.metrics.collector import EventCounters, MigdCollector
+from migd.metrics.collector import EventCounters, MigdCollector, Part
+from migd.metrics.exposition import Exposition
 from migd.metrics.sampler import NvmlErrorCounter, Sampler, ViewSource
 
 
@@ -34,10 +35,13 @@ def start_metrics(listen: str, sources: Sources, interval_s: float) -> tuple[Met
     sampler = Sampler(sources.backend, sources.lock, sources.owners, interval_s)
     sampler.sample_once()
     sampler.start()
-    registry = CollectorRegistry(auto_describe=True)
     collector = MigdCollector(sampler, sources.status, sources.errors or NvmlErrorCounter(), sources.events,
                               sources.audit)
-    registry.register(collector)
-    server = MetricsServer(host.strip("[]"), int(port), registry, sampler, stale_after_s=max(60.0, 4 * interval_s))
+    snapshot, live = CollectorRegistry(auto_describe=True), CollectorRegistry(auto_describe=True)
+    snapshot.register(Part(collector.snapshot_families))
+    live.register(Part(collector.live_families))
+    server = MetricsServer(host.strip("[]"), int(port), Exposition(snapshot, live, sampler),
+                           stale_after_s=max(60.0, 4 * interval_s))
+    sampler.on_snapshot.append(server.exposition.refresh)
     threading.Thread(target=server.serve_forever, name="migd-http", daemon=True).start()
     return server, collector

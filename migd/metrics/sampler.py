@@ -116,6 +116,7 @@ class Sampler(BackgroundLoop):
         self.cpu_seconds_last = 0.0
         self._views: dict[int, GpuView] = {}
         self._stale = threading.Event()
+        self.on_snapshot: list[Callable[[Snapshot], None]] = []  # called in this thread after each cycle
 
     def invalidate(self, *_: object) -> None:
         """The layout may have changed: every GPU is read afresh next cycle (any thread may call)."""
@@ -229,7 +230,9 @@ class Sampler(BackgroundLoop):
         return GpuSample(g, tuple(out), 0)
 
     def step(self) -> float:
-        self.sample_once()
+        snap = self.sample_once()
+        for callback in self.on_snapshot:
+            callback(snap)
         return self.interval_s
 
     def error_pause_s(self) -> float:

@@ -33,17 +33,24 @@ class Export:
     mutating: bool = False  # counts towards crash_after_mutations and the mutation delay
     needs_init: bool = True  # nvml.h: UNINITIALIZED "if library has not been successfully initialized"
     returns_string: bool = False  # nvmlErrorString returns const char *, not nvmlReturn_t
+    writes: bool = False  # changes the shared state though not a mutation (init/shutdown register the caller)
+
+    @property
+    def read_only(self) -> bool:
+        """Reads the state only (unless a fault or a real process's exit is pending): may run
+        without the file lock when nobody wrote since the state was last read."""
+        return not (self.mutating or self.writes)
 
 
 def exporter(table: list[Export]) -> Callable[..., Callable[[Callable[..., Any]], Callable[..., Any]]]:
     """A decorator that declares C entry points into ``table``."""
 
     def export(*argtypes: Any, name: str | None = None, handle: tuple[str, ...] = (), mutating: bool = False,
-               needs_init: bool = True, returns_string: bool = False,
+               needs_init: bool = True, returns_string: bool = False, writes: bool = False,
                aliases: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
             for n in (name or fn.__name__, *aliases):
-                table.append(Export(n, tuple(argtypes), fn, handle, mutating, needs_init, returns_string))
+                table.append(Export(n, tuple(argtypes), fn, handle, mutating, needs_init, returns_string, writes))
             return fn
         return wrap
     return export

@@ -12,7 +12,7 @@ from typing import Any
 
 import pynvml
 
-from migd.sim.cmem import Ref
+from migd.sim.cmem import Ref, plain
 from migd.sim.entry import GPU_WIDE, HANDLE, PTR, UINT, Export, exporter, put, reap_clients
 from migd.sim.gpu import MiB, NvmlFail, SimGpu
 from migd.sim.state import SimState
@@ -26,19 +26,19 @@ _UNKNOWN_ERROR = ctypes.create_string_buffer(b"Unknown Error")
 
 
 # -- library lifetime ----------------------------------------------------------------------------
-@export(UINT, name="nvmlInitWithFlags", needs_init=False)
+@export(UINT, name="nvmlInitWithFlags", needs_init=False, writes=True)
 def init_with_flags(call: Any, flags: int = 0) -> None:
     with call.state() as s:
         call.lib.init_count += 1
         call.lib.register_client(s, os.getpid(), +1)
 
 
-@export(name="nvmlInit_v2", needs_init=False, aliases=("nvmlInit",))
+@export(name="nvmlInit_v2", needs_init=False, writes=True, aliases=("nvmlInit",))
 def init(call: Any) -> None:
     init_with_flags(call, 0)
 
 
-@export(name="nvmlShutdown", needs_init=True)
+@export(name="nvmlShutdown", needs_init=True, writes=True)
 def shutdown(call: Any) -> None:
     with call.state() as s:
         call.lib.init_count -= 1
@@ -188,7 +188,7 @@ def _memory(s: SimState, gpu: SimGpu, ref: Ref) -> tuple[int, int]:
 
 @export(HANDLE, PTR, name="nvmlDeviceGetMemoryInfo", handle=("gpu", "mig"))
 def memory_info(call: Any, handle: int, mem_p: int) -> None:
-    mem = call.mem.at("nvmlDeviceGetMemoryInfo", "memory", mem_p, pynvml.c_nvmlMemory_t)
+    mem = call.mem.at("nvmlDeviceGetMemoryInfo", "memory", mem_p, plain(pynvml.c_nvmlMemory_t))
     with call.state() as s:
         total, used = _memory(s, *call.gpu_of(s, handle, "gpu", "mig"))
     put(mem, total=total, used=used, free=total - used)

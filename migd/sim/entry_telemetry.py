@@ -8,6 +8,7 @@ invalid argument (nvml.h: nvmlGpmSampleFree "Free an allocated sample buffer").
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import time
 import zlib
@@ -15,7 +16,7 @@ from typing import Any
 
 import pynvml
 
-from migd.sim.cmem import Ref
+from migd.sim.cmem import Ref, plain
 from migd.sim.entry import HANDLE, PTR, UINT, ULL, Export, exporter, put
 from migd.sim.gpu import NvmlFail
 
@@ -33,14 +34,18 @@ _GPM_SHAPE = {
 _EVENTS = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventMigConfigChange | pynvml.nvmlEventTypeDoubleBitEccError
 
 
+@functools.lru_cache(maxsize=4096)
+def _phase(gpu_uuid: str, gi_start: int) -> float:
+    return (zlib.crc32(f"{gpu_uuid}/{gi_start}".encode()) % 1000) / 1000.0
+
+
 def activity(gpu_uuid: str, gi_start: int, t: float) -> float:
     """Deterministic synthetic busy ratio of a loaded instance at time ``t`` (0.1..0.95)."""
-    phase = (zlib.crc32(f"{gpu_uuid}/{gi_start}".encode()) % 1000) / 1000.0
-    return 0.525 + 0.425 * math.sin(2 * math.pi * (t / 300.0 + phase))
+    return 0.525 + 0.425 * math.sin(2 * math.pi * (t / 300.0 + _phase(gpu_uuid, gi_start)))
 
 
 def _activity_integral(gpu_uuid: str, gi_start: int, t: float) -> float:
-    phase = (zlib.crc32(f"{gpu_uuid}/{gi_start}".encode()) % 1000) / 1000.0
+    phase = _phase(gpu_uuid, gi_start)
     w = 2 * math.pi / 300.0
     return 0.525 * t - 0.425 / w * math.cos(w * t + 2 * math.pi * phase)
 
@@ -89,7 +94,7 @@ def gpm_mig_sample_get(call: Any, handle: int, gi_id: int, sample: int) -> None:
 
 @export(PTR, name="nvmlGpmMetricsGet")
 def gpm_metrics_get(call: Any, mg_p: int) -> None:
-    mg = call.mem.versioned("nvmlGpmMetricsGet", "metricsGet", mg_p, pynvml.c_nvmlGpmMetricsGet_t,
+    mg = call.mem.versioned("nvmlGpmMetricsGet", "metricsGet", mg_p, plain(pynvml.c_nvmlGpmMetricsGet_t),
                             pynvml.NVML_GPM_METRICS_GET_VERSION)
     with call.state():
         a = call.lib.samples.get(ctypes.cast(mg.sample1, ctypes.c_void_p).value or 0)

@@ -100,7 +100,7 @@ class _CallState:
 
     def __enter__(self) -> SimState:
         call = self.call
-        self.txn = txn = call.lib.store.transaction()
+        self.txn = txn = call.lib.store.transaction(read_only=call.export.read_only)
         self.state = state = txn.__enter__()
         state.touched = False
         if not call.entered:  # once per C call, however often it opens the state

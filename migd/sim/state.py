@@ -93,6 +93,12 @@ class SimState:
     clients: dict[str, list[int]] = field(default_factory=dict)  # pid -> [start time, nvmlInit count]
     touched: bool = field(default=True, repr=False, compare=False)  # not persisted: "write me back"
 
+    @property
+    def quiet(self) -> bool:
+        """Nothing armed that a read would trip (a fault) and no real process whose exit a read
+        would notice: reading changes nothing."""
+        return not self.faults and not any(p.real for g in self.gpus for p in g.processes)
+
     def next_serial(self) -> int:
         self.serial += 1
         return self.serial
@@ -165,7 +171,7 @@ class StateStore:
         self._memory = state
         self._changed = threading.Condition(self._lock)  # an in-memory store's writes wake its waiters
         self._memory_generation = 0
-        self._cache: tuple[int, SimState] | None = None  # (generation, parsed state)
+        self._cache: tuple[int, SimState, bool] | None = None  # (generation, parsed state, state.quiet)
         self._watches = threading.local()  # per waiting thread: its inotify watch of the lock file
         self._lock_fd: tuple[int, int] | None = None  # (pid that opened it, fd): a forked child opens its own
         if self.path is None and state is None:
@@ -220,7 +226,7 @@ class StateStore:
         try:
             with open(self._path_str, "rb") as f:
                 state = SimState.from_json(json.loads(f.read()))
-            self._cache = (generation, state)
+            self._cache = (generation, state, state.quiet)
             return state
         except FileNotFoundError:
             raise FileNotFoundError(f"simulator state {self.path} does not exist; create it with "
@@ -235,14 +241,16 @@ class StateStore:
         os.replace(tmp, self._path_str)
         generation = self._generation_of(fd) + 1
         os.pwrite(fd, generation.to_bytes(8, "little"), 0)
-        self._cache = (generation, state)
+        self._cache = (generation, state, state.quiet)
 
-    def transaction(self, write: bool = True) -> AbstractContextManager[SimState]:
+    def transaction(self, write: bool = True, read_only: bool = False) -> AbstractContextManager[SimState]:
         """The current state; on normal exit persisted (if ``write``).  A class, not a generator:
-        every simulated NVML call opens one."""
+        every simulated NVML call opens one.  ``read_only``: the caller promises not to change the
+        state; if nobody wrote since it was last read and nothing pending could change it (an armed
+        fault, a real process that may exit), it is handed out without taking the file lock."""
         if self.path is None:
             return _MemoryTransaction(self, write)
-        return _FileTransaction(self, write)
+        return _FileTransaction(self, write, read_only)
 
     def write_held(self, state: SimState) -> None:
         """Persist now, from inside a transaction (the lock is already held)."""
@@ -302,27 +310,32 @@ class _MemoryTransaction:
 class _FileTransaction:
     """Thread lock, then the file lock, then the state (parsed again only if someone wrote)."""
 
-    __slots__ = ("store", "write", "fd", "state")
+    __slots__ = ("store", "write", "read_only", "fd", "state", "locked")
 
-    def __init__(self, store: StateStore, write: bool) -> None:
-        self.store, self.write = store, write
+    def __init__(self, store: StateStore, write: bool, read_only: bool = False) -> None:
+        self.store, self.write, self.read_only = store, write, read_only
 
     def __enter__(self) -> SimState:
         store = self.store
         store._lock.acquire()
         try:
             self.fd = fd = store._fd()
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                self.state = state = store._read(fd)
-            except BaseException:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                raise
+            cached = store._cache
+            if self.read_only and cached is not None and cached[2] and cached[0] == store._generation_of(fd):
+                self.locked, self.state = False, cached[1]
+            else:
+                self.locked = True
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                try:
+                    self.state = store._read(fd)
+                except BaseException:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                    raise
         except BaseException:
             store._lock.release()
             raise
-        state.touched = True
-        return state
+        self.state.touched = True
+        return self.state
 
     def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         store, state = self.store, self.state
@@ -330,11 +343,15 @@ class _FileTransaction:
             if exc_type is not None:
                 store._cache = None  # the body may have half-changed the cached object
             elif self.write and state.touched:
+                if not self.locked:
+                    store._cache = None
+                    raise RuntimeError("migd-sim: a read-only entry point changed the shared state")
                 store._write(self.fd, state)
             elif not self.write:
                 state.touched = True
         finally:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            if self.locked:
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
             store._lock.release()
 
 

@@ -1,0 +1,65 @@
+"""/metrics is rendered as often as it changes (issue 16): the snapshot part once per snapshot,
+ahead of the scrape while scrapes keep coming, the daemon's live part at most 100 ms old."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from migd.metrics.exposition import Exposition
+
+
+class Counting(Collector):
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.renders = 0
+        self.value = 0.0
+
+    def collect(self) -> Iterator[Metric]:
+        self.renders += 1
+        yield GaugeMetricFamily(self.name, "test", value=self.value)
+
+
+class Sampler:
+    snapshot: object = None
+
+
+def _exposition() -> tuple[Exposition, Counting, Counting, Any]:
+    snap, live = Counting("snap"), Counting("live")
+    r1, r2 = CollectorRegistry(), CollectorRegistry()
+    r1.register(snap)
+    r2.register(live)
+    sampler = Sampler()
+    sampler.snapshot = object()
+    return Exposition(r1, r2, sampler), snap, live, sampler  # type: ignore[arg-type]
+
+
+def test_the_snapshot_part_is_rendered_once_per_snapshot_and_ahead_while_scraped() -> None:
+    exp, snap, _, sampler = _exposition()
+    body = exp.render()
+    assert b"snap 0.0" in body and b"live 0.0" in body and snap.renders == 1
+    exp.render()
+    assert snap.renders == 1  # the same snapshot: the same bytes
+    sampler.snapshot = object()
+    exp.refresh(sampler.snapshot)  # the last rendering was scraped: render the new one now, off the loop
+    assert snap.renders == 2
+    exp.render()
+    assert snap.renders == 2  # the scrape only sent bytes
+    sampler.snapshot = object()
+    exp.refresh(sampler.snapshot)  # nobody scraped the last one: no rendering ahead
+    assert snap.renders == 2
+    exp.render()
+    assert snap.renders == 3  # a lone scrape renders it itself
+
+
+def test_the_live_part_is_never_older_than_100_ms() -> None:
+    exp, _, live, _ = _exposition()
+    assert b"live 0.0" in exp.render()
+    live.value = 7
+    time.sleep(exp.live_max_age_s + 0.05)
+    assert b"live 7.0" in exp.render()  # a counter the fault watch raised shows without a new snapshot
