@@ -23,6 +23,7 @@ class BackgroundLoop:
         self._log = log
         self._what = what  # names the loop in its log lines
         self._stop = threading.Event()
+        self._wake = threading.Event()  # ends the pause early (stop, or something to do now)
         self._thread: threading.Thread | None = None
         self.failures = 0
 
@@ -45,7 +46,12 @@ class BackgroundLoop:
                 self.failures += 1
                 self._log.exception("%s failed unexpectedly; carrying on", self._what)
                 pause = self.error_pause_s()
-            self._stop.wait(pause)
+            self._wake.wait(pause)
+            self._wake.clear()
+
+    def wake(self) -> None:
+        """Run the next step now instead of after the pause."""
+        self._wake.set()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self.run, name=self.thread_name, daemon=True)
@@ -53,5 +59,6 @@ class BackgroundLoop:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=self.join_timeout_s)

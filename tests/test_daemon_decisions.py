@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections import Counter
 from collections.abc import Iterator
 from datetime import datetime
@@ -21,6 +22,7 @@ from migd.daemon.config import load_config
 from migd.daemon.service import Daemon, ManualApply
 from migd.daemon.status import Outcome, Progress
 from migd.hardware.backend import read_state
+from migd.isolation.xids import FaultMark
 from migd.profiles.loader import load_profile
 from migd.sim import sim_backend
 from migd.sim.library import loaded
@@ -129,7 +131,7 @@ def test_a_manual_apply_with_nothing_to_change_says_so(daemon: Daemon, migctl_ni
 
 def test_a_faulted_gpu_does_not_hold_back_the_others(daemon: Daemon) -> None:
     gpus = daemon.backend.list_gpus()
-    daemon.status.unhealthy[gpus[0].uuid] = "Xid 79 (GPU fell off the bus)"
+    daemon.status.unhealthy[gpus[0].uuid] = FaultMark(79, time.time())  # GPU fell off the bus
     daemon.reconcile("transition")
     st = daemon.status
     assert st.gpus[0].progress is Progress.FAULTED and "Xid 79" in st.gpus[0].reason

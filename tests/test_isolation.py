@@ -73,14 +73,15 @@ def test_instance_scoped_xid_counts_only_that_instance(migd: MigdProcess) -> Non
     gis = store.read().gpus[0].gis
     for gi in gis:
         control.start_process(store, 0, gi.id, 0)
-    migd.wait_until(lambda: "migd_instance_processes" in scrape(migd))
+    migd.wait_until(lambda: "migd_compute_instance_processes" in scrape(migd))
     time.sleep(1.5)  # let the watch record who runs where
     control.raise_xid(store, 0, 43, gi=gis[0].id, ci=0)
     migd.wait_until(lambda: bool(_xids(migd)))
     assert _xids(migd) == {(str(gis[0].id), "43"): 1.0}
+    assert _gpu_xids(migd) == {("0", "43"): 1.0}  # the GPU's count includes it, once
     iso = migd.control({"cmd": "isolation"})
     assert iso["breaches"] == [] and iso["unhealthy"] == {}
-    assert _samples(migd, "migd_isolation_breaches") == []
+    assert {s.value for s in _samples(migd, "migd_isolation_breaches")} == {0.0}  # there from the start, at 0
 
 
 def _samples(m: MigdProcess, family: str) -> list[Any]:
@@ -89,15 +90,21 @@ def _samples(m: MigdProcess, family: str) -> list[Any]:
 
 
 def _xids(m: MigdProcess) -> dict[tuple[str, str], float]:
-    return {(s.labels["gi"], s.labels["xid"]): s.value for s in _samples(m, "migd_xid_events")}
+    """Xids counted against a GPU instance: (gi, xid) -> count, those above 0 (all start at 0)."""
+    return {(s.labels["gi"], s.labels["xid"]): s.value for s in _samples(m, "migd_instance_xid_events") if s.value}
+
+
+def _gpu_xids(m: MigdProcess) -> dict[tuple[str, str], float]:
+    """Every Xid per GPU: (gpu, xid) -> count, those above 0."""
+    return {(s.labels["gpu"], s.labels["xid"]): s.value for s in _samples(m, "migd_xid_events") if s.value}
 
 
 def test_gpu_wide_xid_blocks_reconfiguration_until_cleared(migd: MigdProcess) -> None:
     store = StateStore(migd.migctl.state)
     control.raise_xid(store, 0, 79)
     migd.wait_until(lambda: bool(migd.control({"cmd": "isolation"})["unhealthy"]))
-    assert ("gpu", "79") in _xids(migd)
-    assert "migd_gpu_unhealthy{" in scrape(migd)
+    assert ("0", "79") in _gpu_xids(migd) and not _xids(migd)  # GPU-wide: no instance is blamed
+    assert 'migd_gpu_unhealthy{gpu="0"' in scrape(migd)
     r = migd.migctl("apply", str(PROFILES / "night.yaml"))
     assert r.code == 4 and "unhealthy" in r.err and "Xid 79" in r.err
     assert migd.assert_profile("day")
@@ -138,7 +145,7 @@ def test_a_lost_gpu_among_eight_blinds_nothing_else(tmp_path: Path) -> None:
         control.raise_xid(store, 3, 79)
         control.set_lost(store, 3)
         m.wait_until(lambda: uuid in m.control({"cmd": "isolation"})["unhealthy"])
-        assert ("gpu", "79") in _xids(m)
+        assert ("3", "79") in _gpu_xids(m)
         t0 = time.monotonic()
         gi = store.read().gpus[1].gis[0].id
         control.raise_xid(store, 1, 43, gi=gi, ci=0)

@@ -80,15 +80,17 @@ def test_gpm_on_hopper_and_honest_absence_on_ampere(fleet: Any) -> None:
 def test_series_vanish_with_their_instance(fleet: Any) -> None:
     backend, store, sampler, registry, _, _ = fleet
     sampler.sample_once()
-    before = {x.labels["mig_uuid"] for x in samples(registry)["migd_instance_info"]}
+    before = {x.labels["mig_uuid"] for x in samples(registry)["migd_compute_instance_info"]}
     gi = backend.list_gpu_instances(3)[0]
     backend.destroy_compute_instance(3, gi.id, gi.compute_instances[0].id)
     backend.destroy_gpu_instance(3, gi.id)
     sampler.sample_once()
-    after = {x.labels["mig_uuid"] for x in samples(registry)["migd_instance_info"]}
+    after = {x.labels["mig_uuid"] for x in samples(registry)["migd_compute_instance_info"]}
     assert len(before - after) == 1 and after < before
-    gone = (before - after).pop()
-    assert all(x.labels["mig_uuid"] != gone for x in samples(registry).get("migd_instance_sm_active_ratio", []))
+    left = {(x.labels["gpu"], x.labels["gi"]) for x in samples(registry)["migd_instance_info"]}
+    assert ("3", str(gi.id)) not in left
+    assert all((x.labels["gpu"], x.labels["gi"]) != ("3", str(gi.id))
+               for x in samples(registry).get("migd_instance_sm_active_ratio", []))
 
 
 def test_scrape_never_calls_nvml_nor_waits_for_an_apply(fleet: Any) -> None:

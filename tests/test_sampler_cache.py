@@ -62,7 +62,8 @@ def test_a_cycle_costs_at_most_300_nvml_calls(h100: Any) -> None:
     assert again <= BUDGET < first
     assert sum(len(g.instances) for g in snap2.gpus) == 56
     assert all(i.activity is not None and i.activity_source == "gpm" for g in snap2.gpus for i in g.instances)
-    assert [i.mig_uuid for g in snap.gpus for i in g.instances] == [i.mig_uuid for g in snap2.gpus for i in g.instances]
+    assert [c.mig_uuid for g in snap.gpus for i in g.instances for c in i.cis] == \
+        [c.mig_uuid for g in snap2.gpus for i in g.instances for c in i.cis]
 
 
 def test_gpm_buffers_are_kept_per_layout_and_freed(h100: Any) -> None:

@@ -152,7 +152,7 @@ def _serve(args: argparse.Namespace, cfg: Config, backend: GpuBackend, daemon: D
     watch = FaultWatch(backend, daemon.lock, events, daemon.status.unhealthy, on_config_change=config_changed)
     control = ControlServer(socket_path, Handlers(
         status=lambda: daemon.status.to_json(), reload=daemon.request_reload, apply=daemon.manual_apply,
-        isolation=lambda: {"unhealthy": dict(daemon.status.unhealthy), "breaches": list(watch.breaches),
+        isolation=lambda: {"unhealthy": daemon.status.unhealthy_reasons(), "breaches": list(watch.breaches),
                            "findings": [f.to_json() for f in daemon.audit_findings]},
         clear_fault=daemon.clear_fault))
     control.start()

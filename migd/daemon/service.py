@@ -99,7 +99,8 @@ class Daemon:
         self.notifier = notifier or Notifier("")
         self._reload_config = reload_config
         self.overrides = OverrideStore(Path(state_dir) / "override.json")
-        self.status = Status(config_path=config.path, timezone=config.timezone, override=self.overrides.load())
+        self.status = Status(config_path=config.path, timezone=config.timezone, override=self.overrides.load(),
+                             profile_names=tuple(sorted(config.profiles)), busy_timeout_s=config.busy_timeout_s)
         self.progress = Tracker(self.status, lambda: self.clock.real(self.config.busy_timeout_s))
         self.heartbeat = Heartbeat()  # progress marks; the watchdog thread feeds systemd while they come
         self.lock = threading.RLock()  # the reconfiguration lock: the sampler and control socket share it
@@ -128,7 +129,7 @@ class Daemon:
     def _options(self, on_busy: OnBusy) -> ApplyOptions:
         return ApplyOptions(on_busy=on_busy, busy_timeout_s=0.0, hooks=self.config.hooks,
                             lock_timeout_s=30.0, cancel=self.cancel, progress=self.heartbeat.beat,
-                            unhealthy=lambda: dict(self.status.unhealthy))
+                            unhealthy=self.status.unhealthy_reasons)
 
     def _scheduled_options(self) -> ApplyOptions:
         """Busy GPUs wait (the others go ahead); force only after busy_timeout gave running work its chance."""
@@ -251,7 +252,7 @@ class Daemon:
 
     def _check_settled(self, name: str) -> None:
         if self.progress.converged():
-            self.status.applied_profile = name
+            self.status.settle(name)
             self.notifier.status(f"profile {name} applied")
 
     def _record(self, result: ApplyResult | None, outcome: Outcome, seconds: float, profile: str) -> None:
@@ -307,6 +308,7 @@ class Daemon:
                         "migd)", ", ".join(stale))
         self.config = new
         self.status.timezone = new.timezone
+        self.status.profile_names, self.status.busy_timeout_s = tuple(sorted(new.profiles)), new.busy_timeout_s
         self.status.last_reload_error = None
         self.status.restart_needed = stale
         log.info("configuration reloaded from %s (%d profiles)", new.path, len(new.profiles))

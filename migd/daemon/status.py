@@ -6,12 +6,14 @@ daemon's decision loop.  Times stay datetimes (or Unix times for metrics) until 
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone, tzinfo
 from typing import Any
 
 from migd.daemon.override import Override
+from migd.isolation.xids import FaultMark
 from migd.kinds import Word
 
 SCHEMA = "migd.daemon/v1"
@@ -65,6 +67,32 @@ class LastApply:
 
 
 @dataclass
+class ProfileTime:
+    """Seconds each profile has been the applied one (``migd_profile_active_seconds_total``): the
+    clock runs for the profile last found fully applied, from the moment it was found so."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+    current: str | None = None
+    since: float = field(default_factory=time.monotonic)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def switch(self, profile: str | None, now: float | None = None) -> None:
+        with self.lock:
+            self._settle(time.monotonic() if now is None else now)
+            self.current = profile
+
+    def totals(self, now: float | None = None) -> dict[str, float]:
+        with self.lock:
+            self._settle(time.monotonic() if now is None else now)
+            return dict(self.seconds)
+
+    def _settle(self, now: float) -> None:
+        if self.current is not None:
+            self.seconds[self.current] = self.seconds.get(self.current, 0.0) + max(0.0, now - self.since)
+        self.since = now
+
+
+@dataclass
 class Status:
     started: float = field(default_factory=time.time)
     config_path: str = ""
@@ -78,8 +106,17 @@ class Status:
     last_reload_error: str | None = None
     restart_needed: list[str] = field(default_factory=list)  # settings a reload changed but cannot apply
     apply_count: dict[Outcome, int] = field(default_factory=dict)
-    unhealthy: dict[str, str] = field(default_factory=dict)  # gpu uuid -> reason (fault watch)
+    unhealthy: dict[str, FaultMark] = field(default_factory=dict)  # gpu uuid -> GPU-wide fault (fault watch)
     slurm: dict[str, Any] | None = None  # Slurm mode: the node's switch state (migd.slurm/v1 fields)
+    profile_names: tuple[str, ...] = ()  # the configured profiles (their time series start at 0)
+    busy_timeout_s: float = 0.0  # how long a transition may wait for busy instances (config)
+    profile_time: ProfileTime = field(default_factory=ProfileTime)
+
+    def settle(self, profile: str) -> None:
+        """Every GPU holds ``profile``: it is the applied one from now on."""
+        if profile != self.applied_profile:
+            self.profile_time.switch(profile)
+        self.applied_profile = profile
 
     def with_progress(self, *kinds: Progress) -> dict[int, GpuProgress]:
         return {i: g for i, g in sorted(self.gpus.items()) if g.progress in kinds}
@@ -126,4 +163,7 @@ class Status:
             "gpus": {str(i): g.to_json() for i, g in sorted(self.gpus.items())},
             "last_reload_error": self.last_reload_error, "restart_needed": list(self.restart_needed),
             "apply_count": {k.value: v for k, v in sorted(self.apply_count.items())},
-            "unhealthy": dict(self.unhealthy), "slurm": self.slurm}
+            "unhealthy": self.unhealthy_reasons(), "slurm": self.slurm}
+
+    def unhealthy_reasons(self) -> dict[str, str]:
+        return {uuid: str(mark) for uuid, mark in self.unhealthy.items()}

@@ -104,8 +104,11 @@ def read_view_devices(nvml: Nvml, view: GpuView) -> list[MigDevice]:
             by_device.setdefault((gi, ci), []).append(ProcessInfo(pid=int(p.pid), used_memory_bytes=p.usedGpuMemory,
                                                                   gi_id=gi, ci_id=ci))
         out = []
+        memory: dict[int, Any] = {}  # GI id -> its memory: every MIG device of a GI reports the GI's
         for d in view.devices:
-            mem = nvml("nvmlDeviceGetMemoryInfo", d.handle, gpu=view.index)
+            mem = memory.get(d.gi_id)
+            if mem is None:
+                mem = memory[d.gi_id] = nvml("nvmlDeviceGetMemoryInfo", d.handle, gpu=view.index)
             out.append(MigDevice(gpu_index=view.index, gi_id=d.gi_id, ci_id=d.ci_id, uuid=d.uuid, name=d.name,
                                  memory_total_bytes=int(mem.total), memory_used_bytes=int(mem.used),
                                  processes=tuple(by_device.get((d.gi_id, d.ci_id), ()))))

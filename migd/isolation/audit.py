@@ -40,6 +40,10 @@ class Severity(Word):
 
 
 ERROR, WARNING = Severity.ERROR, Severity.WARNING
+# Each check's severity, in one place (the metrics start every GPU's series at 0 with it).
+SEVERITY = {Check.OVERLAP: ERROR, Check.PLACEMENT: ERROR, Check.CI_ORPHAN: ERROR, Check.CI_FIT: ERROR,
+            Check.CI_OVERLAP: ERROR, Check.DEVICE_MAP: ERROR, Check.NO_CI: WARNING, Check.MEMORY: ERROR,
+            Check.ORPHAN: WARNING, Check.MISSING: WARNING}
 
 
 @dataclass(frozen=True)
@@ -61,29 +65,29 @@ def audit_gpu(reading: GpuState, plan: GpuPlan | None = None) -> list[Finding]:
     i, model = gpu.index, gpu.model
     out: list[Finding] = []
 
-    def add(check: Check, severity: Severity, message: str) -> None:
-        out.append(Finding(i, check, severity, f"GPU {i}: {message}"))
+    def add(check: Check, message: str) -> None:
+        out.append(Finding(i, check, SEVERITY[check], f"GPU {i}: {message}"))
 
     gis = reading.instances
     for a_idx, a in enumerate(gis):
         for b in gis[a_idx + 1:]:
             if a.placement.overlaps(b.placement):
-                add(Check.OVERLAP, ERROR, f"GI {a.id} at {a.placement} and GI {b.id} at {b.placement} share memory "
+                add(Check.OVERLAP, f"GI {a.id} at {a.placement} and GI {b.id} at {b.placement} share memory "
                                         "slices: a fault in one can reach the other")
         prof = model.profile_by_id(a.profile_id)
         if prof is None or a.placement not in prof.placements:
-            add(Check.PLACEMENT, ERROR, f"GI {a.id} (profile id {a.profile_id}) sits at {a.placement}, not a legal "
+            add(Check.PLACEMENT, f"GI {a.id} (profile id {a.profile_id}) sits at {a.placement}, not a legal "
                                       f"placement for {prof.name if prof else 'an unknown profile'} on {model.key}")
             continue
         if not a.compute_instances:
-            add(Check.NO_CI, WARNING, f"GI {a.id} ({prof.name}) has no compute instance: CUDA cannot use it")
+            add(Check.NO_CI, f"GI {a.id} ({prof.name}) has no compute instance: CUDA cannot use it")
         for c_idx, c in enumerate(a.compute_instances):
             if c.placement.end > prof.slices or prof.ci_by_id(c.profile_id) is None:
-                add(Check.CI_FIT, ERROR, f"CI {a.id}/{c.id} at {c.placement} does not fit GI {a.id} ({prof.name}, "
+                add(Check.CI_FIT, f"CI {a.id}/{c.id} at {c.placement} does not fit GI {a.id} ({prof.name}, "
                                        f"{prof.slices} compute slices)")
             for other in a.compute_instances[c_idx + 1:]:
                 if c.placement.overlaps(other.placement):
-                    add(Check.CI_OVERLAP, ERROR, f"CIs {a.id}/{c.id} and {a.id}/{other.id} share compute slices")
+                    add(Check.CI_OVERLAP, f"CIs {a.id}/{c.id} and {a.id}/{other.id} share compute slices")
     devices = reading.devices
     live = {(g.id, c.id) for g in gis for c in g.compute_instances}
     seen: dict[tuple[int, int], str] = {}
@@ -91,28 +95,28 @@ def audit_gpu(reading: GpuState, plan: GpuPlan | None = None) -> list[Finding]:
     for d in devices:
         key = (d.gi_id, d.ci_id)
         if key not in live:
-            add(Check.CI_ORPHAN, ERROR, f"MIG device {d.uuid} belongs to GI {d.gi_id}/CI {d.ci_id}, which does not "
+            add(Check.CI_ORPHAN, f"MIG device {d.uuid} belongs to GI {d.gi_id}/CI {d.ci_id}, which does not "
                                         "exist")
         if key in seen:
-            add(Check.DEVICE_MAP, ERROR, f"GI {d.gi_id}/CI {d.ci_id} maps to two MIG devices ({seen[key]}, {d.uuid})")
+            add(Check.DEVICE_MAP, f"GI {d.gi_id}/CI {d.ci_id} maps to two MIG devices ({seen[key]}, {d.uuid})")
         if d.uuid in uuids and uuids[d.uuid] != key:
-            add(Check.DEVICE_MAP, ERROR, f"MIG UUID {d.uuid} is shared by two instances")
+            add(Check.DEVICE_MAP, f"MIG UUID {d.uuid} is shared by two instances")
         seen[key], uuids[d.uuid] = d.uuid, key
         gi = next((g for g in gis if g.id == d.gi_id), None)
         prof = model.profile_by_id(gi.profile_id) if gi else None
         if prof is not None:
             want = prof.memory_mib << 20
             if abs(d.memory_total_bytes - want) > MEMORY_TOLERANCE * want + (MEMORY_SLACK_MIB << 20):
-                add(Check.MEMORY, ERROR, f"MIG device {d.uuid} ({prof.name}) has {d.memory_total_bytes >> 20} MiB, the "
+                add(Check.MEMORY, f"MIG device {d.uuid} ({prof.name}) has {d.memory_total_bytes >> 20} MiB, the "
                                        f"profile says {prof.memory_mib} MiB")
     for key in sorted(live - set(seen)):
-        add(Check.DEVICE_MAP, ERROR, f"GI {key[0]}/CI {key[1]} has no MIG device (no UUID for CUDA)")
+        add(Check.DEVICE_MAP, f"GI {key[0]}/CI {key[1]} has no MIG device (no UUID for CUDA)")
     if plan is not None:
         for op in plan.ops:
             if op.kind is OpKind.DESTROY_GI:
-                add(Check.ORPHAN, WARNING, f"GI {op.gi_id} ({op.name}) at {op.placement} is not in the active profile")
+                add(Check.ORPHAN, f"GI {op.gi_id} ({op.name}) at {op.placement} is not in the active profile")
             elif op.kind is OpKind.CREATE_GI:
-                add(Check.MISSING, WARNING, f"{op.name} at {op.placement} from the active profile does not exist")
+                add(Check.MISSING, f"{op.name} at {op.placement} from the active profile does not exist")
     return out
 
 

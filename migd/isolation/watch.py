@@ -15,27 +15,24 @@ from collections.abc import Callable
 from typing import Any
 
 from migd.hardware.backend import EventKind, GpuBackend, GpuEvent, HardwareError
+from migd.isolation.xids import FATAL_GPU_XIDS, FaultMark
 from migd.loop import BackgroundLoop
 from migd.metrics.collector import EventCounters
 
 log = logging.getLogger("migd.faults")
-
-# GPU-wide Xids after which the GPU needs attention (reset, drain) before anything else:
-# 48 double-bit ECC, 79 fallen off the bus, 95 uncontained ECC, 119/120 GSP errors.
-FATAL_GPU_XIDS = frozenset({48, 63, 64, 74, 79, 92, 94, 95, 119, 120})
 
 
 class FaultWatch(BackgroundLoop):
     thread_name = "migd-faults"
     join_timeout_s = 5.0
 
-    def __init__(self, backend: GpuBackend, lock: Any, events: EventCounters, unhealthy: dict[str, str],
+    def __init__(self, backend: GpuBackend, lock: Any, events: EventCounters, unhealthy: dict[str, FaultMark],
                  on_config_change: Callable[[], None] | None = None) -> None:
         super().__init__(log, "fault watch")
         self.backend = backend
         self.lock = lock
         self.events = events
-        self.unhealthy = unhealthy  # shared with the daemon's status: uuid -> reason
+        self.unhealthy = unhealthy  # shared with the daemon's status: uuid -> the mark
         self.on_config_change = on_config_change
         self._procs: dict[int, dict[int, set[int]]] = {}  # gpu -> gi -> pids, as last seen
         self._uuids: dict[int, str] = {}  # gpu index -> UUID, as last seen (a lost GPU tells none)
@@ -71,9 +68,11 @@ class FaultWatch(BackgroundLoop):
         now = time.time()
         with self.events.lock:
             self.events.last_event[(str(ev.gpu_index), ev.kind.value)] = now
+            self.events.gpu_of[uuid] = str(ev.gpu_index)
             if ev.kind is EventKind.XID:
-                gi = "gpu" if ev.gi_id is None else str(ev.gi_id)
-                self.events.xids[(str(ev.gpu_index), uuid, gi, str(ev.xid))] += 1
+                self.events.xids[(str(ev.gpu_index), uuid, str(ev.xid))] += 1
+                if ev.gi_id is not None:
+                    self.events.instance_xids[(str(ev.gpu_index), uuid, str(ev.gi_id), str(ev.xid))] += 1
         if ev.kind is EventKind.MIG_CONFIG_CHANGE:
             if self.on_config_change is not None:
                 self.on_config_change()
@@ -81,8 +80,7 @@ class FaultWatch(BackgroundLoop):
         if ev.gi_id is None:
             log.error("GPU %d: GPU-wide Xid %s", ev.gpu_index, ev.xid)
             if ev.xid in FATAL_GPU_XIDS:
-                stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
-                self.unhealthy[uuid] = f"Xid {ev.xid} (GPU-wide) at {stamp}"
+                self.unhealthy[uuid] = FaultMark(ev.xid or 0, now)
                 log.critical("GPU %d marked unhealthy after Xid %s: reconfiguration refused until cleared",
                              ev.gpu_index, ev.xid)
             return

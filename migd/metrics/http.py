@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
 from migd.metrics.aserver import MetricsServer
 from migd.metrics.collector import EventCounters, MigdCollector, Part
@@ -36,10 +37,14 @@ def start_metrics(listen: str, sources: Sources, interval_s: float) -> tuple[Met
     sampler.sample_once()
     sampler.start()
     collector = MigdCollector(sampler, sources.status, sources.errors or NvmlErrorCounter(), sources.events,
-                              sources.audit)
+                              sources.audit, hostname=socket.gethostname())
     snapshot, live = CollectorRegistry(auto_describe=True), CollectorRegistry(auto_describe=True)
     snapshot.register(Part(collector.snapshot_families))
     live.register(Part(collector.live_families))
+    # The process's own CPU, memory, descriptors, Python and GC (prometheus_client's collectors).
+    ProcessCollector(registry=live)
+    PlatformCollector(registry=live)
+    GCCollector(registry=live)
     server = MetricsServer(host.strip("[]"), int(port), Exposition(snapshot, live, sampler),
                            stale_after_s=max(60.0, 4 * interval_s))
     sampler.on_snapshot.append(server.exposition.refresh)

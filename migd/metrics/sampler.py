@@ -17,51 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from migd.hardware.backend import GpmMetrics, GpuInfo, HardwareError, MigDevice, ProcessInfo
+from migd.hardware.backend import GpmMetrics, GpuInfo, GpuInstance, HardwareError, MigDevice, ProcessInfo
 from migd.hardware.nvml_view import GpuView
 from migd.loop import BackgroundLoop
+from migd.metrics.snapshot import CiSample, GiSample, GpuSample, Snapshot, Unread
 
 log = logging.getLogger("migd.sampler")
-
-
-@dataclass(frozen=True)
-class InstanceSample:
-    gi_id: int
-    ci_id: int
-    profile: str
-    placement_start: int
-    placement_size: int
-    mig_uuid: str
-    owner: str
-    memory_used_bytes: int
-    memory_total_bytes: int
-    processes: int
-    activity: GpmMetrics | None  # None: no GPM on this GPU (Ampere) or the sample failed
-    activity_source: str  # "gpm" | "none"
-
-
-@dataclass(frozen=True)
-class GpuSample:
-    info: GpuInfo
-    instances: tuple[InstanceSample, ...]
-    processes: int  # on a non-MIG GPU
-
-
-@dataclass(frozen=True)
-class Unread:
-    """A GPU this cycle could not read; the others were sampled as usual."""
-
-    index: int
-    lost: bool  # NVML said GPU_IS_LOST (fallen off the bus)
-    error: str
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    taken_at: float
-    duration_s: float
-    gpus: tuple[GpuSample, ...]
-    unread: tuple[Unread, ...] = ()
 
 
 @dataclass
@@ -119,8 +80,10 @@ class Sampler(BackgroundLoop):
         self.on_snapshot: list[Callable[[Snapshot], None]] = []  # called in this thread after each cycle
 
     def invalidate(self, *_: object) -> None:
-        """The layout may have changed: every GPU is read afresh next cycle (any thread may call)."""
+        """The layout may have changed: every GPU is read afresh, now rather than after the sampling
+        interval, so the instance series (and owners' shares) follow an apply within a cycle's time."""
         self._stale.set()
+        self.wake()
 
     def close(self) -> None:
         with self.lock:
@@ -203,8 +166,9 @@ class Sampler(BackgroundLoop):
         if not g.mig_current:
             return GpuSample(g, (), len(self.backend.gpu_processes(g.index)))
         owners = owners_by_uuid.get(g.uuid, {})
-        gis = {gi.id: gi for gi in view.instances}
-        devs = self.backend.view_devices(view)
+        devices: dict[int, list[MigDevice]] = {}
+        for d in self.backend.view_devices(view):
+            devices.setdefault(d.gi_id, []).append(d)
         activity: dict[int, GpmMetrics] = {}
         if view.gpm:
             try:
@@ -212,22 +176,8 @@ class Sampler(BackgroundLoop):
             except HardwareError as e:
                 log.warning("GPU %d: GPM sample failed: %s", g.index, e)
                 self._drop(g.index)  # its buffers or handle may be stale: this GPU is read afresh next cycle
-        out = []
-        for d in devs:
-            gi = gis.get(d.gi_id)
-            if gi is None:
-                continue
-            prof = g.model.profile_by_id(gi.profile_id) if g.model else None
-            ci = next((c for c in gi.compute_instances if c.id == d.ci_id), None)
-            cprof = prof.ci_by_id(ci.profile_id) if prof and ci else None
-            act = activity.get(d.gi_id)
-            out.append(InstanceSample(
-                gi_id=d.gi_id, ci_id=d.ci_id, profile=cprof.name if cprof else (prof.name if prof else "?"),
-                placement_start=gi.placement.start, placement_size=gi.placement.size, mig_uuid=d.uuid,
-                owner=owners.get(gi.placement.start, ""), memory_used_bytes=d.memory_used_bytes,
-                memory_total_bytes=d.memory_total_bytes, processes=len(d.processes), activity=act,
-                activity_source="gpm" if act is not None else "none"))
-        return GpuSample(g, tuple(out), 0)
+        return GpuSample(g, tuple(_gi_sample(g, gi, devices.get(gi.id, []), owners.get(gi.placement.start, ""),
+                                             activity.get(gi.id)) for gi in view.instances), 0)
 
     def step(self) -> float:
         snap = self.sample_once()
@@ -237,3 +187,23 @@ class Sampler(BackgroundLoop):
 
     def error_pause_s(self) -> float:
         return self.interval_s  # the last snapshot is kept; its timestamp shows it is stale
+
+
+def _gi_sample(g: GpuInfo, gi: GpuInstance, devices: list[MigDevice], owner: str,
+               activity: GpmMetrics | None) -> GiSample:
+    """One GI with its CIs; memory is the GI's, read through its first MIG device."""
+    prof = g.model.profile_by_id(gi.profile_id) if g.model else None
+    cis = []
+    for d in devices:
+        ci = next((c for c in gi.compute_instances if c.id == d.ci_id), None)
+        cprof = prof.ci_by_id(ci.profile_id) if prof and ci else None
+        cis.append(CiSample(d.ci_id, cprof.name if cprof else (prof.name if prof else "?"), d.uuid,
+                            len(d.processes)))
+    first = devices[0] if devices else None
+    return GiSample(
+        gi_id=gi.id, profile=prof.name if prof else "?", placement_start=gi.placement.start,
+        placement_size=gi.placement.size, compute_slices=prof.slices if prof else 0,
+        memory_slices=prof.memory_slices if prof else gi.placement.size, owner=owner,
+        memory_used_bytes=first.memory_used_bytes if first else None,
+        memory_total_bytes=first.memory_total_bytes if first else None, activity=activity,
+        activity_source="gpm" if activity is not None else "none", cis=tuple(cis))

@@ -1,0 +1,114 @@
+"""The daemon's own series: profiles and the time spent in each, transitions, applies, the sampler,
+Slurm mode, and what the node runs (``migd_build_info``)."""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Iterator
+from importlib import metadata
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from migd import __version__
+from migd.daemon.status import Outcome, Progress, Status
+from migd.slurm.transition import Phase
+
+
+def build_info(hostname: str) -> Metric:
+    try:
+        nvml = metadata.version("nvidia-ml-py")
+    except metadata.PackageNotFoundError:
+        nvml = ""
+    g = GaugeMetricFamily("migd_build_info", "migd's version, its Python and nvidia-ml-py, and the node's hostname "
+                          "(value 1; join on instance for the hostname)",
+                          labels=["version", "python_version", "nvidia_ml_py", "hostname"])
+    g.add_metric([__version__, platform.python_version(), nvml, hostname], 1)
+    return g
+
+
+def profile_families(st: Status) -> Iterator[Metric]:
+    g = GaugeMetricFamily("migd_profile_desired_info", "Profile the schedule (or an override) wants now",
+                          labels=["profile"])
+    if st.desired_profile:
+        g.add_metric([st.desired_profile], 1)
+    yield g
+    g = GaugeMetricFamily("migd_profile_applied_info", "Profile last found fully applied", labels=["profile"])
+    if st.applied_profile:
+        g.add_metric([st.applied_profile], 1)
+    yield g
+    c = CounterMetricFamily("migd_profile_active_seconds", "Seconds each profile has been the applied one (the "
+                            "day/night split of the node's time)", labels=["profile"])
+    seconds = dict.fromkeys(st.profile_names, 0.0) | st.profile_time.totals()
+    for name, s in sorted(seconds.items()):
+        c.add_metric([name], s)
+    yield c
+
+
+def transition_families(st: Status) -> Iterator[Metric]:
+    yield GaugeMetricFamily("migd_drift_gpus", "GPUs whose layout differs from the desired profile",
+                            value=len(st.drifted))
+    yield GaugeMetricFamily("migd_transition_blocked", "1 while a transition waits for busy instances",
+                            value=1 if st.blocked_since else 0)
+    g = GaugeMetricFamily("migd_gpu_blocked_since_timestamp_seconds",
+                          "Since when a GPU's change waits for busy instances (the other GPUs went ahead)",
+                          labels=["gpu"])
+    for i, b in st.with_progress(Progress.WAITING).items():
+        g.add_metric([str(i)], b.since)
+    yield g
+    yield GaugeMetricFamily("migd_busy_timeout_seconds", "How long a transition waits for busy instances before "
+                            "on_busy decides (config busy_timeout)", value=st.busy_timeout_s)
+
+
+def apply_families(st: Status, histogram: Any, errors: dict[tuple[str, str], int]) -> Iterator[Metric]:
+    c = CounterMetricFamily("migd_applies", "Apply attempts by result", labels=["result"])
+    for result in Outcome:
+        c.add_metric([result.value], st.apply_count.get(result, 0))
+    yield c
+    last = st.last_apply
+    yield GaugeMetricFamily("migd_last_apply_timestamp_seconds", "Unix time of the last apply attempt",
+                            value=last.time if last else 0)
+    yield GaugeMetricFamily("migd_last_apply_success", "1 if the last apply attempt succeeded",
+                            value=1 if last and last.result in (Outcome.SUCCESS, Outcome.UNCHANGED) else 0)
+    cum, total = histogram.cumulative()
+    yield HistogramMetricFamily("migd_apply_duration_seconds", "Duration of apply attempts", buckets=cum,
+                                sum_value=total)
+    c = CounterMetricFamily("migd_nvml_errors", "NVML calls that failed", labels=["function", "error"])
+    for (fn, err), n in sorted(errors.items()):
+        c.add_metric([fn, err], n)
+    yield c
+
+
+def sampler_families(sampler: Any) -> Iterator[Metric]:
+    yield GaugeMetricFamily("migd_sampler_last_success_timestamp_seconds", "Unix time of the last NVML sample",
+                            value=sampler.last_success or 0)
+    snap = sampler.snapshot
+    yield GaugeMetricFamily("migd_sampler_duration_seconds", "Wall time of the last sampling cycle",
+                            value=snap.duration_s if snap else 0)
+    yield GaugeMetricFamily("migd_sampler_cpu_seconds", "Process CPU time during the last sampling cycle",
+                            value=sampler.cpu_seconds_last)
+    yield GaugeMetricFamily("migd_sampler_interval_seconds", "How often the sampler reads NVML (config "
+                            "sample_interval)", value=sampler.interval_s)
+    yield CounterMetricFamily("migd_sampler_cycles", "Completed NVML sampling cycles", value=sampler.cycles)
+
+
+def slurm_families(doc: dict[str, Any]) -> Iterator[Metric]:
+    """Slurm mode: where the node's switch stands (every phase listed, so series never vanish)."""
+    node = str(doc.get("node", ""))
+    g = GaugeMetricFamily("migd_slurm_phase", "1 for the Slurm switch phase the node is in", labels=["node", "phase"])
+    for phase in Phase:
+        g.add_metric([node, phase.value], 1 if doc.get("phase") == phase.value else 0)
+    yield g
+    g = GaugeMetricFamily("migd_slurm_jobs_waiting", "Jobs holding GPUs that the drained node waits for",
+                          labels=["node"])
+    g.add_metric([node], float(doc.get("jobs_waiting") or 0))
+    yield g
+    g = GaugeMetricFamily("migd_slurm_gres_in_sync", "1 if Slurm registered the node with the GRES of its layout "
+                          "(after migd's last switch)", labels=["node"])
+    if doc.get("gres_in_sync") is not None:
+        g.add_metric([node], 1 if doc["gres_in_sync"] else 0)
+    yield g
+    g = GaugeMetricFamily("migd_slurm_reserved", "1 while a MAINT reservation holds the node for the next transition",
+                          labels=["node"])
+    g.add_metric([node], 1 if doc.get("reservation") else 0)
+    yield g

@@ -1,0 +1,74 @@
+"""What one sampling cycle saw: GPUs, their GPU instances, and the compute instances inside.
+
+Memory and GPM activity belong to a GPU instance (every MIG device of a GI reports the GI's memory;
+nvmlGpmMigSampleGet takes a GI id), so they are read and exported once per GI; processes run in
+a compute instance, so they stay with the CI (issue 17: a GI split into several CIs was counted
+once per CI).  Capacity is kept as numbers (compute and memory slices), so a share per owner is a
+sum, not a join.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from migd.hardware.backend import GpmMetrics, GpuInfo
+
+
+@dataclass(frozen=True)
+class CiSample:
+    ci_id: int
+    profile: str  # the CI's profile name ("1c.3g.40gb"; the GI's name for a CI spanning the GI)
+    mig_uuid: str
+    processes: int
+
+
+@dataclass(frozen=True)
+class GiSample:
+    gi_id: int
+    profile: str
+    placement_start: int
+    placement_size: int
+    compute_slices: int
+    memory_slices: int
+    owner: str
+    memory_used_bytes: int | None  # None: the GI has no MIG device (no CI) to read it through
+    memory_total_bytes: int | None
+    activity: GpmMetrics | None  # None: no GPM on this GPU (Ampere) or the sample failed
+    activity_source: str  # "gpm" | "none"
+    cis: tuple[CiSample, ...]
+
+    @property
+    def processes(self) -> int:
+        return sum(c.processes for c in self.cis)
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    info: GpuInfo
+    instances: tuple[GiSample, ...]
+    processes: int  # on a non-MIG GPU
+
+    @property
+    def compute_slices(self) -> int:
+        return self.info.model.compute_slices if self.info.model else 0
+
+    @property
+    def memory_slices(self) -> int:
+        return self.info.model.memory_slices if self.info.model else 0
+
+
+@dataclass(frozen=True)
+class Unread:
+    """A GPU this cycle could not read; the others were sampled as usual."""
+
+    index: int
+    lost: bool  # NVML said GPU_IS_LOST (fallen off the bus)
+    error: str
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    taken_at: float
+    duration_s: float
+    gpus: tuple[GpuSample, ...]
+    unread: tuple[Unread, ...] = ()
