@@ -74,14 +74,20 @@ def test_drift_is_corrected(migd: MigdProcess) -> None:
     migd.write_config(reconcile_interval="1s")
     migd.start(now="2026-11-23T10:00:00")
     migd.wait_ready()
+    def corrections() -> int:
+        return int(migd.control({"cmd": "status"})["daemon"]["apply_count"].get("success", 0))
+    before = corrections()
     intruder = sim_backend(migd.migctl.state)
-    gi = intruder.list_gpu_instances(0)[0]
-    intruder.destroy_compute_instance(0, gi.id, gi.compute_instances[0].id)
-    intruder.destroy_gpu_instance(0, gi.id)
-    assert not migd.assert_profile("day")
-    migd.wait_until(lambda: migd.assert_profile("day"), timeout=15)
+    try:
+        gi = intruder.list_gpu_instances(0)[0]
+        intruder.destroy_compute_instance(0, gi.id, gi.compute_instances[0].id)
+        intruder.destroy_gpu_instance(0, gi.id)
+    finally:
+        intruder.close()
+    # The MIG-config-change event makes migd correct it at once (often before a migctl could look):
+    # an apply happened, and the layout is the profile's again.
+    migd.wait_until(lambda: corrections() > before and migd.assert_profile("day"), timeout=15)
     # and after a GPU reset behind migd's back (an admin's forced reset: all instances lost)
-    intruder.close()
     r = migd.migctl("status", "-o", "json").json()
     assert r["gpus"][0]["mig"]["current"]
     control.reset_gpu(StateStore(migd.migctl.state), 0, despite_clients=True)

@@ -1,4 +1,5 @@
-"""The dashboard's PromQL against a real Prometheus scraping a real migd --sim; promtool on /metrics.
+"""The dashboard's PromQL against a real Prometheus scraping a real migd --sim (and a recorded
+dcgm-exporter exposition), with migd's recording and alerting rules loaded; promtool on /metrics.
 
 Needs Debian's ``prometheus`` package (promtool included).  .ci/run installs it; locally
 the tests skip with a reason when it is missing.
@@ -11,25 +12,25 @@ import re
 import shutil
 import subprocess
 import time
-import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from migd.sim import control
 from migd.sim.state import StateStore
-from tests.daemon_harness import MigdProcess, free_port
+from tests.daemon_harness import MigdProcess
 from tests.helpers import REPO
+from tests.prom_server import binary, prometheus, query, served
 
 DASHBOARD = REPO / "dashboards" / "migd.json"
+DCGM = REPO / "tests" / "fixtures" / "dcgm-exporter-mig.txt"
 
 
 def dashboard_exprs() -> list[tuple[str, str]]:
     dash = json.loads(DASHBOARD.read_text())
     out = [(p["title"], t["expr"]) for p in dash["panels"] for t in p.get("targets", [])]
-    out += [(f"variable {v['name']}", v["definition"]) for v in dash["templating"]["list"] if "definition" in v]
+    out += [(f"variable {v['name']}", v["query"]["query"]) for v in dash["templating"]["list"] if v["type"] == "query"]
     return out
 
 
@@ -37,56 +38,33 @@ def substitute(expr: str) -> str:
     return expr.replace("$node", ".*").replace("$gpu", ".*").replace("$owner", ".*")
 
 
-def get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return json.loads(r.read())
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MigdProcess, int]]:
-    prom = shutil.which("prometheus")
-    if prom is None:
-        pytest.skip("prometheus is not installed (CI installs Debian's prometheus package)")
+    binary()
     tmp = tmp_path_factory.mktemp("prom")
     m = MigdProcess(tmp, fleet="mixed", reconcile_interval="2s")
     m.start(now="2026-11-23T10:00:00")
-    m.wait_ready()
-    store = StateStore(m.migctl.state)
-    st = store.read()
-    for g in (0, 2):  # a busy instance on an A100 and on an H100
-        control.start_process(store, g, st.gpus[g].gis[0].id, 0, used_mib=2048)
-    pport = free_port()
-    (tmp / "prometheus.yml").write_text(
-        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-        f"scrape_configs:\n  - job_name: migd\n    static_configs: [{{targets: ['127.0.0.1:{m.port}']}}]\n")
-    proc = subprocess.Popen([prom, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-                             f"--web.listen-address=127.0.0.1:{pport}"], stdout=subprocess.DEVNULL,
-                            stderr=open(tmp / "prom.log", "w"))  # noqa: SIM115
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{pport}/-/ready", timeout=2):
-                    break
-            except OSError:
-                time.sleep(0.3)
-        else:
-            pytest.fail("prometheus did not become ready: " + (tmp / "prom.log").read_text()[-2000:])
-        time.sleep(3)
-        # events after scraping began: an apply (apply counters, histogram), Xids, an NVML error
-        keep = tmp / "keep.yaml"  # keeps the busy 1g instances at 0..3, adds a 3g
-        keep.write_text("apiVersion: migd/v1\nkind: Profile\nname: keep\ngpus:\n  - select: all\n"
-                        "    instances: [{profile: 1g, count: 3, owner: notebooks}, {profile: 3g, owner: training}]\n")
-        r = m.migctl("apply", str(keep))
-        assert r.code == 0, r.err
-        control.raise_xid(store, 3, 31, gi=store.read().gpus[3].gis[0].id, ci=0)
-        control.raise_xid(store, 1, 79)
-        control.fail_call(store, "nvmlGpmMigSampleGet", 999)
-        time.sleep(6)
-        yield m, pport
+        m.wait_ready()
+        store = StateStore(m.migctl.state)
+        st = store.read()
+        for g in (0, 2):  # a busy instance on an A100 and on an H100
+            control.start_process(store, g, st.gpus[g].gis[0].id, 0, used_mib=2048)
+        with served(DCGM) as dport, prometheus(tmp, {"migd": m.port, "dcgm": dport}) as pport:
+            time.sleep(2)
+            # events after scraping began: an apply (apply counters, histogram), Xids, an NVML error
+            keep = tmp / "keep.yaml"  # keeps the busy 1g instances at 0..3, adds a 3g
+            keep.write_text("apiVersion: migd/v1\nkind: Profile\nname: keep\ngpus:\n  - select: all\n"
+                            "    instances: [{profile: 1g, count: 3, owner: notebooks}, "
+                            "{profile: 3g, owner: training}]\n")
+            r = m.migctl("apply", str(keep))
+            assert r.code == 0, r.err
+            control.raise_xid(store, 3, 31, gi=store.read().gpus[3].gis[0].id, ci=0)
+            control.raise_xid(store, 1, 79)
+            control.fail_call(store, "nvmlGpmMigSampleGet", 999)
+            time.sleep(8)
+            yield m, pport
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
         m.close()
 
 
@@ -97,11 +75,10 @@ def test_dashboard_expression_returns_data(stack: tuple[MigdProcess, int], title
     m = re.fullmatch(r"label_values\((.*), *(\w+)\)", q) or re.fullmatch(r"label_values\((\w+), *(\w+)\)", q)
     if m:  # a template variable: the series it reads must exist and carry the label
         q = m.group(1)
-    res = get(f"http://127.0.0.1:{pport}/api/v1/query?" + urllib.parse.urlencode({"query": q}))
-    assert res["status"] == "success", res
-    assert res["data"]["result"], f"{title}: {q} returned no data"
+    result = query(pport, q)
+    assert result, f"{title}: {q} returned no data"
     if m:
-        assert all(m.group(2) in r["metric"] for r in res["data"]["result"])
+        assert all(m.group(2) in r["metric"] for r in result)
 
 
 def test_promtool_check_metrics(stack: tuple[MigdProcess, int]) -> None:
@@ -118,9 +95,39 @@ def test_promtool_check_metrics(stack: tuple[MigdProcess, int]) -> None:
 
 def test_daemon_kept_serving_through_faults(stack: tuple[MigdProcess, int]) -> None:
     m, pport = stack
-    res = get(f"http://127.0.0.1:{pport}/api/v1/query?" + urllib.parse.urlencode(
-        {"query": 'count_over_time(up{job="migd"}[1m])'}))
-    samples = int(res["data"]["result"][0]["value"][1])
-    res = get(f"http://127.0.0.1:{pport}/api/v1/query?" + urllib.parse.urlencode(
-        {"query": 'min_over_time(up{job="migd"}[1m])'}))
-    assert samples >= 3 and res["data"]["result"][0]["value"][1] == "1"  # scraped throughout, none failed
+    (count,) = query(pport, 'count_over_time(up{job="migd"}[1m])')
+    (least,) = query(pport, 'min_over_time(up{job="migd"}[1m])')
+    assert int(count["value"][1]) >= 3 and least["value"][1] == "1"  # scraped throughout, none failed
+
+
+def test_the_first_xid_shows_in_increase(stack: tuple[MigdProcess, int]) -> None:
+    """The counter existed at 0 before the Xid, so increase() counts the first one (it did not)."""
+    _, pport = stack
+    (r,) = query(pport, 'increase(migd_xid_events_total{gpu="3", xid="31"}[1m])')
+    assert float(r["value"][1]) > 0.5
+    (r,) = query(pport, 'increase(migd_xid_events_total{gpu="1", xid="79"}[1m])')
+    assert float(r["value"][1]) > 0.5
+
+
+def test_dcgm_exporter_pods_reach_migds_owner_view(stack: tuple[MigdProcess, int]) -> None:
+    """The recording rules join dcgm-exporter's pod attribution (UUID, GPU_I_ID) to migd's instances
+    (gpu_uuid, gi): each pod gets the owner and MIG profile of the instance it runs in."""
+    _, pport = stack
+    rows = {(r["metric"]["namespace"], r["metric"]["pod"]): r["metric"] for r in query(pport, "migd_instance:pod:info")}
+    assert set(rows) == {("ml-training", "llm-finetune-0"), ("team-vision", "jupyter-alice"),
+                         ("team-vision", "jupyter-bob")}
+    assert rows[("ml-training", "llm-finetune-0")]["owner"] == "training"
+    assert rows[("ml-training", "llm-finetune-0")]["profile"] == "3g.20gb"
+    assert {rows[("team-vision", p)]["owner"] for p in ("jupyter-alice", "jupyter-bob")} == {"notebooks"}
+    by_owner = {(r["metric"]["owner"], r["metric"]["namespace"]): float(r["value"][1])
+                for r in query(pport, "count by (owner, namespace) (migd_instance:pod:info)")}
+    assert by_owner == {("training", "ml-training"): 1.0, ("notebooks", "team-vision"): 2.0}
+
+
+def test_alerts_fire_on_the_live_daemon(stack: tuple[MigdProcess, int]) -> None:
+    """GPU 1's Xid 79 marked it unhealthy: MigdGpuUnhealthy fires against the real exposition."""
+    _, pport = stack
+    firing = {(r["metric"]["alertname"], r["metric"].get("gpu")) for r in
+              query(pport, 'ALERTS{alertstate="firing", alertname=~"Migd.*"}')}
+    assert ("MigdGpuUnhealthy", "1") in firing
+

@@ -24,7 +24,7 @@ from migd.daemon.config import load_config
 from migd.daemon.service import Daemon, ManualApply
 from migd.hardware.backend import read_state
 from migd.hardware.nvml import NvmlBackend
-from migd.metrics.collector import _slurm
+from migd.metrics.daemonstate import slurm_families as _slurm
 from migd.report import daemon_table
 from migd.sim import control, sim_backend
 from migd.sim.state import StateStore

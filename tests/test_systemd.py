@@ -49,3 +49,26 @@ def test_journald_priorities_one_line_per_event() -> None:
     assert f.format(rec) == "<3>GPU 3: apply of night failed: | line2"
     rec.levelno = logging.INFO
     assert f.format(rec).startswith("<6>")
+
+
+def test_a_notify_socket_nobody_reads_never_stalls_the_daemon(tmp_path: Path) -> None:
+    """A unix datagram socket queues 10 messages; a blocking send then waits for a reader, and the
+    daemon's loop (which sends STATUS every pass) stopped switching layouts.  Sends never block."""
+    import socket
+    import threading
+
+    from migd.daemon.sdnotify import Notifier
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(tmp_path / "notify.sock"))  # bound, never read
+    notifier = Notifier(str(tmp_path / "notify.sock"))
+    done = threading.Event()
+
+    def chatter() -> None:
+        for n in range(100):
+            notifier.status(f"pass {n}")
+        done.set()
+    threading.Thread(target=chatter, daemon=True).start()
+    try:
+        assert done.wait(5), "Notifier.send blocked on a full notify socket"
+    finally:
+        sock.close()

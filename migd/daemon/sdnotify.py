@@ -27,11 +27,14 @@ class Notifier:
         addr = self.address
         if addr.startswith("@"):
             addr = "\0" + addr[1:]  # abstract namespace
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK) as s:
             try:
                 s.sendto("\n".join(fields).encode(), addr)
             except OSError:
-                pass  # the service manager went away; nothing useful to do
+                # The service manager went away, or does not read: a unix datagram socket's queue holds
+                # net.unix.max_dgram_qlen (10) messages, and a blocking send would then stall the daemon's
+                # loop (no transition, no reconcile) until someone reads.  A STATUS dropped is harmless.
+                pass
 
     def ready(self, status: str) -> None:
         self.send("READY=1", f"STATUS={status}", f"MAINPID={os.getpid()}")

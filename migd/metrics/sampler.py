@@ -105,8 +105,8 @@ class Sampler(BackgroundLoop):
         """One cycle over every GPU, in this thread: the views are opened first (each takes its first
         GPM sample), so a cycle after a layout change waits for GPM once, not once per GPU."""
         t0, c0 = time.monotonic(), time.process_time()
-        owners = self.owners()
         with self.lock:
+            owners = self.owners()  # under the lock: an apply writes a new layout's owners before it lets go
             if self._stale.is_set():
                 self._stale.clear()
                 self._drop_all()
