@@ -18,6 +18,20 @@ REFERENCE = REPO / "tests" / "fixtures" / "reference"  # copies, see SOURCES.md 
 GOLDEN = REPO / "tests" / "golden"
 
 
+def required_tool(name: str, require_env: str, install: str) -> str:
+    """The path of a program a test needs; without it the test skips with a reason, or fails where
+    CI installed it and said so (``require_env``=1)."""
+    import shutil
+
+    import pytest
+    path = shutil.which(name)
+    if path is None:
+        if os.environ.get(require_env) == "1":
+            pytest.fail(f"{name} is missing ({install})")
+        pytest.skip(f"{name} is not installed ({install}; .ci/run installs it)")
+    return path
+
+
 def check_golden(name: str, text: str) -> None:
     """Pin ``text`` byte for byte; ``MIGD_UPDATE_GOLDEN=1`` rewrites the file (review the diff)."""
     path = GOLDEN / name

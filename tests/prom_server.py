@@ -6,8 +6,6 @@ from __future__ import annotations
 import contextlib
 import http.server
 import json
-import os
-import shutil
 import subprocess
 import threading
 import time
@@ -20,18 +18,13 @@ from typing import Any
 import pytest
 
 from tests.daemon_harness import free_port
-from tests.helpers import REPO
+from tests.helpers import REPO, required_tool
 
 RULES = [REPO / "prometheus" / "migd.rules.yml", REPO / "prometheus" / "migd.alerts.yml"]
 
 
 def binary() -> str:
-    prom = shutil.which("prometheus")
-    if prom is None:
-        if os.environ.get("MIGD_REQUIRE_PROMETHEUS") == "1":
-            pytest.fail("prometheus is missing (apt-get install prometheus)")
-        pytest.skip("prometheus is not installed (CI installs Debian's prometheus package)")
-    return prom
+    return required_tool("prometheus", "MIGD_REQUIRE_PROMETHEUS", "apt-get install prometheus")
 
 
 def get(url: str) -> Any:

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from migd.apply.executor import Applier
 from migd.daemon.status import ProfileTime, Status
@@ -21,6 +20,7 @@ from migd.metrics.sampler import NvmlErrorCounter, Sampler
 from migd.profiles.loader import load_profile
 from migd.sim import control, sim_backend
 from migd.sim.state import StateStore
+from tests.test_metrics import samples
 
 SPLIT = """\
 apiVersion: migd/v1
@@ -33,14 +33,6 @@ gpus:
       - {profile: 3g, owner: inference}
 """
 MiB = 2**20
-
-
-def scrape(registry: CollectorRegistry) -> dict[str, list[Any]]:
-    out: dict[str, list[Any]] = {}
-    for fam in text_string_to_metric_families(generate_latest(registry).decode()):
-        for s in fam.samples:
-            out.setdefault(s.name, []).append(s)
-    return out
 
 
 @pytest.fixture
@@ -68,7 +60,7 @@ def test_a_gpu_instance_split_into_compute_instances_is_counted_once(node: Any) 
     research = next(g for g in store.read().gpus[0].gis if len(g.cis) == 3)
     control.start_process(store, 0, research.id, research.cis[0].id, used_mib=3000)
     sampler.sample_once()
-    s = scrape(registry)
+    s = samples(registry)
     used = [x for x in s["migd_instance_memory_used_bytes"] if x.labels["owner"] == "research"]
     assert [x.value for x in used] == [3000 * MiB]  # one GI, one series, its memory once
     total = sum(x.value for x in s["migd_instance_memory_total_bytes"])
@@ -84,7 +76,7 @@ def test_a_gpu_instance_split_into_compute_instances_is_counted_once(node: Any) 
 def test_capacity_is_a_value_so_a_share_is_a_sum(node: Any) -> None:
     _, _, sampler, registry, *_ = node
     sampler.sample_once()
-    s = scrape(registry)
+    s = samples(registry)
     by_owner: dict[str, float] = {}
     for x in s["migd_instance_compute_slices"]:
         by_owner[x.labels["owner"]] = by_owner.get(x.labels["owner"], 0) + x.value
@@ -99,7 +91,7 @@ def test_counters_exist_at_zero_before_their_first_event(node: Any) -> None:
     increase() for its first event.  Every known label set starts at 0."""
     _, store, sampler, registry, *_ = node
     sampler.sample_once()
-    s = scrape(registry)
+    s = samples(registry)
     xids = {(x.labels["gpu"], x.labels["xid"]): x.value for x in s["migd_xid_events_total"]}
     assert xids == {("0", str(x)): 0.0 for x in KNOWN_XIDS}
     gis = {str(g.id) for g in store.read().gpus[0].gis}
@@ -119,7 +111,7 @@ def test_one_series_per_label_set_and_no_times_or_free_text_in_labels(node: Any)
                  Finding(0, Check.ORPHAN, Severity.WARNING, "GPU 0: GI 10 (1g.10gb) at 1:1 is not in the profile")]
     status.unhealthy[uuid] = FaultMark(79, 1795000000.0)
     text = generate_latest(registry).decode()
-    s = scrape(registry)
+    s = samples(registry)
     orphans = [x for x in s["migd_audit_findings"] if x.labels["check"] == "orphan"]
     assert [(x.labels, x.value) for x in orphans] == [({"gpu": "0", "check": "orphan", "severity": "warning"}, 2.0)]
     assert len({(x.labels["gpu"], x.labels["check"]) for x in s["migd_audit_findings"]}) == len(Check)  # all at 0
@@ -136,7 +128,7 @@ def test_build_info_names_the_node(node: Any) -> None:
     _, _, sampler, _, events, *_ = node
     registry = CollectorRegistry()
     registry.register(MigdCollector(sampler, Status, NvmlErrorCounter(), events, hostname="gpu017"))
-    (info,) = scrape(registry)["migd_build_info"]
+    (info,) = samples(registry)["migd_build_info"]
     assert info.labels["hostname"] == "gpu017" and info.labels["version"] and info.labels["nvidia_ml_py"]
 
 

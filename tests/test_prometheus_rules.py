@@ -5,25 +5,18 @@ package; .ci/run installs it and requires these tests)."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, required_tool
 
 PROM = REPO / "prometheus"
 
 
 @pytest.fixture
 def promtool() -> str:
-    tool = shutil.which("promtool")
-    if tool is None:
-        if os.environ.get("MIGD_REQUIRE_PROMETHEUS") == "1":
-            pytest.fail("promtool is missing (apt-get install prometheus)")
-        pytest.skip("promtool is not installed (CI installs Debian's prometheus package)")
-    return tool
+    return required_tool("promtool", "MIGD_REQUIRE_PROMETHEUS", "apt-get install prometheus")
 
 
 def test_rule_files_are_valid(promtool: str) -> None:

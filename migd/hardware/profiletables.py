@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
+T = TypeVar("T")
 Mode = tuple[bool, bool]  # (current, pending) MIG mode the table was read under
 
 
@@ -25,24 +26,19 @@ class ProfileTables:
 
     def gi(self, index: int, mode: Mode, read: Callable[[], list[tuple[int, Any]]]) -> list[tuple[int, Any]]:
         """(profile enum, info) of every GI profile the GPU offers under ``mode``."""
-        key = (index, mode)
-        with self._lock:
-            table = self._gi.get(key)
-        if table is None:
-            table = read()
-            with self._lock:
-                self._gi[key] = table
-        return table
+        return self._cached(self._gi, (index, mode), read)
 
     def ci(self, index: int, mode: Mode, gi_profile_id: int, read: Callable[[], list[Any]]) -> list[Any]:
         """The CI profile infos a GI of profile ``gi_profile_id`` offers."""
-        key = (index, mode, gi_profile_id)
+        return self._cached(self._ci, (index, mode, gi_profile_id), read)
+
+    def _cached(self, tables: dict[Any, T], key: tuple[Any, ...], read: Callable[[], T]) -> T:
         with self._lock:
-            table = self._ci.get(key)
+            table = tables.get(key)
         if table is None:
-            table = read()
+            table = read()  # NVML calls, outside the lock
             with self._lock:
-                self._ci[key] = table
+                tables[key] = table
         return table
 
     def forget(self, index: int | None = None) -> None:
