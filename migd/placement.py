@@ -56,8 +56,9 @@ def place_cis(want: tuple[CiProfile, ...], pinned: tuple[Placement, ...] | None,
 
 def item_key(d: DesiredInstance) -> tuple[object, ...]:
     """Identical items are interchangeable: the search places them in increasing start order only."""
-    return (d.gi.profile_id, tuple(c.profile_id for c in d.cis), d.owner or "", d.placement or Placement(-1, 0),
-            d.ci_placements or ())
+    pinned = (d.placement.start, d.placement.size) if d.placement is not None else (-1, 0)
+    cis = tuple((p.start, p.size) for p in d.ci_placements) if d.ci_placements else ()
+    return (d.gi.profile_id, tuple([c.profile_id for c in d.cis]), d.owner or "", pinned, cis)
 
 
 def destroy_cost(gi: GpuInstance, busy: Busy) -> int:
