@@ -15,6 +15,7 @@ from typing import Any
 import pynvml
 
 from migd.hardware.backend import GPU_WIDE, EventKind, GpmMetrics, GpuEvent, HardwareError
+from migd.hardware.cstruct import plain
 from migd.hardware.nvmlcall import Nvml, error_name
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,7 @@ _WANTED_EVENTS = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventMigConfi
 _SKIP_GPU = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_GPU_IS_LOST)
 
 
+_RESULTS = plain(pynvml.c_nvmlGpmMetric_t * pynvml.NVML_GPM_METRIC_MAX)  # nvmlGpmMetricsGet_t.metrics
 Samples = dict[int, tuple[Any, Any]]  # GPU-instance id -> the two GPM sample buffers read into
 
 
@@ -142,8 +144,9 @@ def gpm_metrics(nvml: Nvml, gi: int, s1: Any, s2: Any, index: int) -> GpmMetrics
 
 def read_metrics(nvml: Nvml, gi: int, mg: Any, index: int) -> GpmMetrics:
     nvml("nvmlGpmMetricsGet", mg, gpu=index)
+    results = _RESULTS.from_address(ctypes.addressof(mg.metrics))  # the same bytes, read bare
     vals: list[float | None] = [m.value / 100.0 if m.nvmlReturn == pynvml.NVML_SUCCESS else None
-                                for m in mg.metrics[:len(_GPM_METRICS)]]
+                                for m in results[:len(_GPM_METRICS)]]
     return GpmMetrics(gi_id=gi, sm_active=vals[0], sm_occupancy=vals[1], graphics_active=vals[2],
                       tensor_active=vals[3], dram_active=vals[4])
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import functools
 import os
 import sys
 import threading
@@ -102,24 +101,6 @@ class Memory:
         if os.environ.get("MIGD_SIM_ABI_ABORT") == "1":
             os.abort()  # as the real library would crash the caller
         return AbiViolation(message)
-
-
-@functools.cache
-def plain(ctype: Any) -> Any:
-    """``ctype``'s C layout as bare ctypes (nested structures and arrays too): the hot entry points
-    read and write the caller's memory without pynvml's per-field str/bytes conversions.  Only for
-    structures without string fields (a bare char array takes bytes, not str)."""
-    if isinstance(ctype, type) and issubclass(ctype, ctypes.Structure):
-        body: dict[str, Any] = {"_fields_": [(f[0], plain(f[1]), *f[2:]) for f in ctype._fields_]}
-        if hasattr(ctype, "_pack_"):
-            body["_pack_"] = ctype._pack_
-        mirror = type(f"plain_{ctype.__name__}", (ctypes.Structure,), body)
-        if ctypes.sizeof(mirror) != ctypes.sizeof(ctype):
-            raise TypeError(f"{ctype.__name__}: the bare layout differs in size")
-        return mirror
-    if isinstance(ctype, type) and issubclass(ctype, ctypes.Array):
-        return plain(ctype._type_) * ctype._length_
-    return ctype
 
 
 def _hex(addr: int | None) -> str:

@@ -12,7 +12,8 @@ from typing import Any
 
 import pynvml
 
-from migd.sim.cmem import Ref, plain
+from migd.hardware.cstruct import plain
+from migd.sim.cmem import Ref
 from migd.sim.entry import GPU_WIDE, HANDLE, PTR, UINT, Export, exporter, put, reap_clients
 from migd.sim.gpu import MiB, NvmlFail, SimGpu
 from migd.sim.state import SimState

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import mmap
 import os
 import threading
 import time
@@ -173,7 +174,8 @@ class StateStore:
         self._memory_generation = 0
         self._cache: tuple[int, SimState, bool] | None = None  # (generation, parsed state, state.quiet)
         self._watches = threading.local()  # per waiting thread: its inotify watch of the lock file
-        self._lock_fd: tuple[int, int] | None = None  # (pid that opened it, fd): a forked child opens its own
+        # (pid that opened it, lock file descriptor, its generation mapped): a forked child opens its own
+        self._lock_fd: tuple[int, int, mmap.mmap] | None = None
         if self.path is None and state is None:
             raise ValueError("StateStore needs a path or an initial state")
         if self.path is not None:
@@ -195,7 +197,11 @@ class StateStore:
         pid = _PID[0]
         if self._lock_fd is None or self._lock_fd[0] != pid:
             fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            self._lock_fd = (pid, fd)
+            if os.fstat(fd).st_size < 8:
+                os.ftruncate(fd, 8)  # generation 0 (only ever extends: a concurrent first write stays)
+            # The generation is read through a shared mapping: a memory read, not a system call, on
+            # every simulated NVML call; writers pwrite it, which the mapping sees at once.
+            self._lock_fd = (pid, fd, mmap.mmap(fd, 8, access=mmap.ACCESS_READ))
             weakref.finalize(self, os.close, fd)
         return self._lock_fd[1]
 
@@ -208,9 +214,12 @@ class StateStore:
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
 
-    @staticmethod
-    def _generation_of(fd: int) -> int:
-        return int.from_bytes(os.pread(fd, 8, 0).ljust(8, b"\0"), "little")
+    def _generation_of(self, fd: int) -> int:
+        """The generation in the lock file ``fd``, read through this store's mapping of it."""
+        opened = self._lock_fd
+        if opened is None or opened[1] != fd:
+            raise RuntimeError("the lock file is not this store's")
+        return int.from_bytes(opened[2][:8], "little")
 
     def generation(self) -> int:
         """A number that changes with every write (read without the lock: a torn read only means
