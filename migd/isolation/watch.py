@@ -68,6 +68,7 @@ class FaultWatch(BackgroundLoop):
         now = time.time()
         with self.events.lock:
             self.events.last_event[(str(ev.gpu_index), ev.kind.value)] = now
+            self.events.version += 1
             self.events.gpu_of[uuid] = str(ev.gpu_index)
             if ev.kind is EventKind.XID:
                 self.events.xids[(str(ev.gpu_index), uuid, str(ev.xid))] += 1
@@ -114,6 +115,7 @@ class FaultWatch(BackgroundLoop):
             self.breaches.append(msg)
             with self.events.lock:
                 self.events.breaches[(str(ev.gpu_index), self._uuid(ev.gpu_index))] += 1
+                self.events.version += 1
         self.remember()
 
     def step(self) -> float:

@@ -16,6 +16,7 @@ import time
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from migd.metrics.exposition import Exposition
+from migd.metrics.sampler import Sampler
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
             503: "Service Unavailable"}
@@ -28,9 +29,9 @@ class MetricsServer:
     idle_timeout_s = 5.0
     max_header_bytes = 16384
 
-    def __init__(self, host: str, port: int, exposition: Exposition, stale_after_s: float) -> None:
+    def __init__(self, host: str, port: int, exposition: Exposition, sampler: Sampler, stale_after_s: float) -> None:
         self.exposition = exposition
-        self.sampler = exposition.sampler
+        self.sampler = sampler
         self.stale_after_s = stale_after_s
         self.refused = 0
         self._active = 0

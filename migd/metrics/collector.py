@@ -31,6 +31,7 @@ class EventCounters:
     xids: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # gpu, gpu_uuid, xid: every Xid
     gpu_of: dict[str, str] = field(default_factory=dict)  # gpu uuid -> index, as the events named them
     instance_xids: Counter[tuple[str, str, str, str]] = field(default_factory=Counter)  # gpu, gpu_uuid, gi, xid
+    version: int = 0  # bumped (under the lock) whenever anything here changes
     last_event: dict[tuple[str, str], float] = field(default_factory=dict)  # (gpu, kind) -> time
     breaches: Counter[tuple[str, str]] = field(default_factory=Counter)  # gpu, gpu_uuid
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -72,15 +73,29 @@ class MigdCollector(Collector):
         self.histogram.observe(seconds)
 
     def collect(self) -> Iterator[Metric]:
-        yield from self.snapshot_families()
+        yield from self.slow_families()
         yield from self.live_families()
 
-    def snapshot_families(self) -> Iterator[Metric]:
-        """What the sampler's last snapshot holds: most of the bytes, new once per sampling cycle."""
-        yield from gpus.snapshot_families(self.sampler.snapshot, self.hostname)
+    def slow_families(self) -> Iterator[Metric]:
+        """What changes with a sampler snapshot or a fault event: most of the bytes, rendered once
+        per :meth:`version`."""
+        snap = self.sampler.snapshot
+        yield from gpus.snapshot_families(snap, self.hostname)
+        st = self.status()
+        known = faults.known_gpus(snap, self.events)
+        yield from faults.xid_families(snap, self.events, known)
+        yield from faults.unhealthy_families(dict(st.unhealthy), known)
+        if self.audit is not None:
+            yield from faults.audit_families(self.audit(), known)
+
+    def version(self) -> tuple[Any, ...]:
+        """What the slow families are made of: a new snapshot, an event counted, a fault mark set or
+        cleared, a new audit."""
+        marks = tuple(sorted(self.status().unhealthy.items()))
+        return self.sampler.snapshot, self.events.version, marks, tuple(self.audit()) if self.audit else ()
 
     def live_families(self) -> Iterator[Metric]:
-        """The daemon's own series (status, counters, faults): few, and current at every scrape."""
+        """The daemon's own series (status, applies, the sampler): few, and current at every scrape."""
         st = self.status()
         yield daemonstate.build_info(self.hostname)
         yield from daemonstate.profile_families(st)
@@ -89,12 +104,6 @@ class MigdCollector(Collector):
         yield from daemonstate.sampler_families(self.sampler)
         if st.slurm is not None:
             yield from daemonstate.slurm_families(st.slurm)
-        snap = self.sampler.snapshot
-        known = faults.known_gpus(snap, self.events)
-        yield from faults.xid_families(snap, self.events, known)
-        yield from faults.unhealthy_families(dict(st.unhealthy), known)
-        if self.audit is not None:
-            yield from faults.audit_families(self.audit(), known)
 
 
 class Part(Collector):

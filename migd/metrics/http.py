@@ -38,14 +38,14 @@ def start_metrics(listen: str, sources: Sources, interval_s: float) -> tuple[Met
     sampler.start()
     collector = MigdCollector(sampler, sources.status, sources.errors or NvmlErrorCounter(), sources.events,
                               sources.audit, hostname=socket.gethostname())
-    snapshot, live = CollectorRegistry(auto_describe=True), CollectorRegistry(auto_describe=True)
-    snapshot.register(Part(collector.snapshot_families))
+    slow, live = CollectorRegistry(auto_describe=True), CollectorRegistry(auto_describe=True)
+    slow.register(Part(collector.slow_families))
     live.register(Part(collector.live_families))
     # The process's own CPU, memory, descriptors, Python and GC (prometheus_client's collectors).
     ProcessCollector(registry=live)
     PlatformCollector(registry=live)
     GCCollector(registry=live)
-    server = MetricsServer(host.strip("[]"), int(port), Exposition(snapshot, live, sampler),
+    server = MetricsServer(host.strip("[]"), int(port), Exposition(slow, collector.version, live), sampler,
                            stale_after_s=max(60.0, 4 * interval_s))
     sampler.on_snapshot.append(server.exposition.refresh)
     threading.Thread(target=server.serve_forever, name="migd-http", daemon=True).start()
