@@ -111,6 +111,24 @@ def test_a_sampling_cycle_reads_only_what_changes(h100: NvmlBackend) -> None:
     assert took < 0.1  # the previous cycle's samples are old enough: no GPM wait
 
 
+def test_a_sampling_cycle_on_gpus_with_mig_off_reuses_their_handles(tmp_path: Path) -> None:
+    """Seen on a real H100 (MIG off, bench/sampler_probe.py): each cycle asked for the GPU's handle
+    again before listing its processes; the view already holds it."""
+    backend = sim_backend(tmp_path / "state.json", "dgx-h100")
+    sampler = Sampler(backend, threading.RLock(), lambda: {})
+    try:
+        sampler.sample_once()
+        before = Counter(lib().calls)
+        snap = sampler.sample_once()
+        cycle = spent(before)
+    finally:
+        sampler.close()
+        backend.close()
+    assert [g.info.mig_current for g in snap.gpus] == [False] * 8
+    assert cycle == Counter({"nvmlDeviceGetCount_v2": 1, "nvmlDeviceGetMigMode": 8,
+                             "nvmlDeviceGetComputeRunningProcesses_v3": 8}), cycle
+
+
 def test_gpm_activity_spans_the_whole_interval_between_cycles(tmp_path: Path) -> None:
     m = Migctl(tmp_path, "single-h100")
     assert m("apply", str(PROFILES / "night.yaml")).code == 0

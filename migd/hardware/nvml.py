@@ -326,7 +326,10 @@ class NvmlBackend:
         return out
 
     def gpu_processes(self, index: int) -> list[ProcessInfo]:
-        procs = self.nvml("nvmlDeviceGetComputeRunningProcesses", self._dev(index), gpu=index)
+        return self._processes(self._dev(index), index)
+
+    def _processes(self, dev: Any, index: int) -> list[ProcessInfo]:
+        procs = self.nvml("nvmlDeviceGetComputeRunningProcesses", dev, gpu=index)
         return [ProcessInfo(pid=int(p.pid), used_memory_bytes=p.usedGpuMemory,
                             gi_id=None if p.gpuInstanceId == GPU_WIDE else int(p.gpuInstanceId),
                             ci_id=None if p.computeInstanceId == GPU_WIDE else int(p.computeInstanceId))
@@ -360,6 +363,9 @@ class NvmlBackend:
 
     def view_devices(self, view: GpuView) -> list[MigDevice]:
         return nvml_view.read_view_devices(self.nvml, view)
+
+    def view_processes(self, view: GpuView) -> list[ProcessInfo]:
+        return self._processes(view.handle, view.index)
 
     def view_activity(self, view: GpuView, interval_s: float) -> dict[int, GpmMetrics]:
         return nvml_view.read_activity(self.nvml, view, interval_s)

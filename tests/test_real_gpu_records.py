@@ -1,0 +1,50 @@
+"""The sampler over the simulator asks what it asked of a real GPU, and exports the same series.
+
+``tests/fixtures/h100-sxm5-580.159.04-sampler-*.json`` are ``bench/sampler_probe.py`` on a real H100
+80GB HBM3 (driver 580.159.04, MIG off, read-only, 2026-11-24; ``-busy`` with a CUDA process holding
+memory).  The probe run here over the simulated ``single-h100`` must match them call for call."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.helpers import REPO
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def recorded(name: str) -> dict[str, Any]:
+    return dict(json.loads((FIXTURES / f"h100-sxm5-580.159.04-sampler-{name}.json").read_text()))
+
+
+def shape(exposition: list[str]) -> list[str]:
+    """Each series' name and label names: values, UUIDs and bus ids differ from GPU to GPU."""
+    return [re.sub(r'="[^"]*"', "", line.rsplit(" ", 1)[0]) for line in exposition
+            if not line.startswith(("migd_sampler_", "migd_build_info"))]
+
+
+def test_simulated_sampling_matches_the_real_h100_run() -> None:
+    r = subprocess.run([sys.executable, "bench/sampler_probe.py", "--sim", "single-h100"], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    sim, real = json.loads(r.stdout), recorded("idle")
+    assert real["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3" and not real["gpus"][0]["mig"]
+    assert sim["first_cycle"] == real["first_cycle"]
+    assert sim["steady_cycle"] == real["steady_cycle"] == {
+        "nvmlDeviceGetCount": 1, "nvmlDeviceGetMigMode": 1, "nvmlDeviceGetComputeRunningProcesses": 1}
+    assert sim["gpus"] == real["gpus"]
+    assert shape(sim["exposition"]) == shape(real["exposition"])
+    assert sim["refused_entry_points"] == real["refused_entry_points"]  # same pynvml: same guard
+
+
+def test_the_real_driver_listed_a_cuda_process_with_mig_off() -> None:
+    """What the simulator does for a process on a GPU with MIG off (GPU-wide, counted per GPU)."""
+    busy = recorded("busy")
+    assert busy["gpus"][0]["processes"] == 1
+    assert 'migd_gpu_processes{gpu="0"' in "\n".join(busy["exposition"])
+    assert shape(busy["exposition"]) == shape(recorded("idle")["exposition"])
