@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -174,12 +175,14 @@ def test_mig_parted_all_balanced_filters_by_pci_id() -> None:
 
 
 @pytest.mark.parametrize("text, words", [
+    # PyYAML 6.0.4's libyaml scans ahead and stops at its own limit (flow level 1000) before
+    # migd's event-level check (32) sees the 33rd level; either way: one line, file and line.
     ("apiVersion: migd/v1\nkind: Profile\nname: deep\ngpus: " + "[" * 3000 + "]" * 3000 + "\n",
-     "p.yaml:4:38: nested deeper than 32 levels"),
+     r"p\.yaml:4:(38: nested deeper than 32 levels|\d+: invalid YAML: exceeded maximum nesting depth)"),
     ("a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
      "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
-     "e: [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\n", "more than 20000 values (aliases expanded)"),
-    ("# padding\n" * 20000, "bytes; a profile or config is at most 131072"),
+     "e: [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\n", r"more than 20000 values \(aliases expanded\)"),
+    ("# padding\n" * 20000, r"bytes; a profile or config is at most 131072"),
 ])
 def test_hostile_yaml_is_refused_by_line_without_a_crash(tmp_path: Path, text: str, words: str) -> None:
     """A RecursionError used to escape validate (and kill the daemon on SIGHUP)."""
@@ -187,7 +190,7 @@ def test_hostile_yaml_is_refused_by_line_without_a_crash(tmp_path: Path, text: s
     f.write_text(text)
     m = Migctl(tmp_path, "single-a100")
     r = m("validate", str(f))
-    assert r.code == 2 and words in r.err and "Traceback" not in r.err, r.err
+    assert r.code == 2 and re.search(words, r.err) and "Traceback" not in r.err, r.err
     assert len(r.err.strip().splitlines()) == 1
 
 
