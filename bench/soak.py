@@ -3,7 +3,7 @@
 a while; prints its RSS and CPU over time and the RSS growth per hour (issue 16: < 5 MB per hour).
 
     python3 bench/soak.py --minutes 60   # the figure the README quotes
-    python3 bench/soak.py --minutes 2    # CI
+    python3 bench/soak.py --minutes 3 --switch-every 1   # CI: catches a gross leak, no rate
 
 Every 5 s /metrics is scraped; every --switch-every minutes a manual apply flips day <-> night
 through the daemon (views dropped, GPM buffers freed and allocated again, journal written).  RSS is
@@ -65,7 +65,7 @@ def soak(tmp: Path, minutes: float, switch_every_min: float) -> dict[str, float]
         points.append((time.monotonic() - t0, rss_mib(pid)))
         steady = [p for p in points if p[0] >= 60] or points
         return {"minutes": (time.monotonic() - t0) / 60, "rss_start": points[0][1], "rss_end": points[-1][1],
-                "growth_per_hour": slope_per_hour(steady),
+                "growth_per_hour": slope_per_hour(steady), "steady_growth": steady[-1][1] - steady[0][1],
                 "cpu_pct": 100 * (_cpu_s(pid) - c0) / (time.monotonic() - t0)}
     finally:
         m.close()
@@ -81,7 +81,21 @@ def main() -> int:
     print(f"soak {r['minutes']:.1f} min, 8 H100 x 7 instances, 1 s sampling, scraped every 5 s: RSS "
           f"{r['rss_start']:.1f} -> {r['rss_end']:.1f} MiB, growth {r['growth_per_hour']:+.2f} MiB/h "
           f"(target < 5), daemon CPU {r['cpu_pct']:.2f}% of a core")
-    return 0 if r["growth_per_hour"] < 5 else 1
+    return 0 if passed(r) else 1
+
+
+def passed(r: dict[str, float]) -> bool:
+    """Growth under 5 MiB/h, or, in a run too short for a slope (the allocator grows in steps of a
+    few hundred KiB: one step in two minutes reads as 6 MiB/h), under 1 MiB after the first minute.
+    The leak this guards against (GPM handles never freed: 45 KB a cycle, 2.6 MiB a minute at 1 s
+    sampling) fails either way; only the hour-long run measures the rate the README quotes."""
+    if r["growth_per_hour"] < 5:
+        return True
+    short = r["minutes"] < 30 and r["steady_growth"] < 1.0
+    if short:
+        print(f"a {r['minutes']:.0f}-minute run is too short for a rate: {r['steady_growth']:+.2f} MiB after the "
+              "first minute (< 1 MiB) passes")
+    return short
 
 
 if __name__ == "__main__":
