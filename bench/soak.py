@@ -86,15 +86,16 @@ def main() -> int:
 
 def passed(r: dict[str, float]) -> bool:
     """Growth under 5 MiB/h, or, in a run too short for a slope (the allocator grows in steps of a
-    few hundred KiB: one step in two minutes reads as 6 MiB/h), under 1 MiB after the first minute.
-    The leak this guards against (GPM handles never freed: 45 KB a cycle, 2.6 MiB a minute at 1 s
-    sampling) fails either way; only the hour-long run measures the rate the README quotes."""
+    few hundred KiB: one step in two minutes reads as 6 MiB/h; a layout switch every minute moves RSS
+    by up to 1 MiB either way), under 2 MiB after the first minute.  The leak this guards against
+    (GPM handles never freed: 45 KB a cycle, 2.6 MiB a minute at 1 s sampling) fails either way;
+    only the hour-long run measures the rate the README quotes."""
     if r["growth_per_hour"] < 5:
         return True
-    short = r["minutes"] < 30 and r["steady_growth"] < 1.0
+    short = r["minutes"] < 30 and r["steady_growth"] < 2.0
     if short:
         print(f"a {r['minutes']:.0f}-minute run is too short for a rate: {r['steady_growth']:+.2f} MiB after the "
-              "first minute (< 1 MiB) passes")
+              "first minute (< 2 MiB) passes")
     return short
 
 
