@@ -27,6 +27,12 @@ from tests.daemon_harness import MigdProcess, free_port
 from tests.helpers import PROFILES, Migctl
 
 
+def pct(values: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (nearest rank)."""
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
 def _calls() -> Counter[str]:
     lib = loaded()
     return Counter(lib.calls) if lib is not None else Counter()
@@ -131,7 +137,7 @@ def _python_client(url: str, n: int) -> float:
         t.start()
     for t in threads:
         t.join()
-    return 1e3 * sorted(lat)[min(len(lat) - 1, int(0.99 * len(lat)))]
+    return 1e3 * pct(lat, 0.99)
 
 
 def bench_scrape(tmp: Path, requests: int, rounds: int, sample_interval: str) -> dict[str, Any]:

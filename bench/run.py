@@ -50,11 +50,6 @@ PROFILES = ROOT / "profiles"
 MODEL = MODELS["A100-SXM4-80GB"]
 
 
-def pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
-
-
 def layouts() -> list[tuple[GiProfile, ...]]:
     """All 127 feasible GI multisets of a 7-slice A100, by brute force over placements."""
     opts = [(p, pl) for p in MODEL.profiles for pl in p.placements]
@@ -101,6 +96,7 @@ def bench_plan() -> dict[str, float]:
             first.append(_timed(plan_gpu, gpu, _desired(w), list(cur)))
             again.append(_timed(plan_gpu, gpu, _desired(w), list(cur)))
             ref.append(_timed(refs.fewest_ops, w, keys))
+    pct = daemon_bench.pct
     out.update(trans_first_p99_us=1e6 * pct(first, 0.99), trans_again_p99_us=1e6 * pct(again, 0.99),
                trans_ref_p99_us=1e6 * pct(ref, 0.99), trans_first_p50_us=1e6 * pct(first, 0.5))
     return out

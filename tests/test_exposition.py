@@ -5,7 +5,7 @@ thread under load, and at once for a lone scrape after a pause."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -30,14 +30,15 @@ class Sampler:
     snapshot: object = None
 
 
-def _exposition() -> tuple[Exposition, Counting, Counting, Any]:
+def _exposition(version: Callable[[Sampler], tuple[Any, ...]] = lambda s: (s.snapshot,)) -> \
+        tuple[Exposition, Counting, Counting, Sampler]:
     snap, live = Counting("snap"), Counting("live")
     r1, r2 = CollectorRegistry(), CollectorRegistry()
     r1.register(snap)
     r2.register(live)
     sampler = Sampler()
     sampler.snapshot = object()
-    return Exposition(r1, lambda: (sampler.snapshot,), r2), snap, live, sampler
+    return Exposition(r1, lambda: version(sampler), r2), snap, live, sampler
 
 
 def test_the_snapshot_part_is_rendered_once_per_snapshot_and_ahead_while_scraped() -> None:
@@ -77,12 +78,8 @@ def test_the_live_part_follows_under_load_and_is_fresh_after_a_pause() -> None:
 
 def test_an_event_renders_the_slow_part_anew_without_a_new_snapshot() -> None:
     """The fault counters live in the slow part: their version (an Xid counted) is part of its key."""
-    snap, live = Counting("snap"), Counting("live")
-    r1, r2 = CollectorRegistry(), CollectorRegistry()
-    r1.register(snap)
-    r2.register(live)
     events = [0]
-    exp = Exposition(r1, lambda: ("snapshot", events[0]), r2)
+    exp, snap, _, _ = _exposition(lambda _: ("snapshot", events[0]))
     exp.render()
     exp.render()
     assert snap.renders == 1

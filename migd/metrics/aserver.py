@@ -59,10 +59,9 @@ class MetricsServer:
         return cached[1]
 
     def _route(self, method: str, path: str) -> tuple[int, str, bytes, str]:
+        """Everything but GET /metrics (answered whole by :meth:`_metrics_response`)."""
         if method != "GET":
             return 405, _TEXT, b"", "Allow: GET\r\n"
-        if path == "/metrics":
-            return 200, CONTENT_TYPE_LATEST, self.exposition.render(), ""
         if path == "/healthz":
             ok, text = self.health()
             return 200 if ok else 503, _TEXT, text.encode(), ""

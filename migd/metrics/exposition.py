@@ -76,7 +76,7 @@ class Exposition:
             cached = self._slow
             if cached is not None and (_same(cached[0], version) or self._rendering):
                 return cached[1]
-        return self._render_slow()
+        return self._render_slow(version)
 
     def refresh(self, snapshot: object) -> None:
         """After a sampling cycle (sampler thread): render ahead only if the last rendering was
@@ -85,10 +85,9 @@ class Exposition:
         with self._lock:
             wanted, self._served = self._served, False
         if wanted:
-            self._render_slow()
+            self._render_slow(self.version())
 
-    def _render_slow(self) -> bytes:
-        version = self.version()
+    def _render_slow(self, version: tuple[Any, ...]) -> bytes:
         with self._lock:
             if self._slow is not None and _same(self._slow[0], version):
                 return self._slow[1]
