@@ -13,7 +13,7 @@ first complete layout is optimal and everything after it is cut (issue 16).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
@@ -114,7 +114,7 @@ def _mask(pl: Placement) -> int:
     return ((1 << pl.size) - 1) << pl.start
 
 
-def _floors(options: list[list[Option]], twins: list[bool]) -> list[int]:
+def _floors(options: Sequence[Sequence[Option]], twins: Sequence[bool]) -> list[int]:
     """The least the items from k on can add.  Identical items (twins) take distinct placements, so
     r remaining twins add at least their options' r smallest deltas, not r times the smallest."""
     n = len(options)
@@ -129,22 +129,80 @@ def _floors(options: list[list[Option]], twins: list[bool]) -> list[int]:
     return floor
 
 
-def search(want: list[DesiredInstance], current: Mapping[tuple[int, int], GpuInstance], busy: Busy,
-           owners: Mapping[int, str]) -> Solution | None:
-    """The first layout of least cost in search order; None if no placement of ``want`` exists.
-    ``current``: existing GIs by (profile id, placement start)."""
+def fresh_layout(table: Mapping[tuple[int, ...], tuple[int, ...]], want: Sequence[DesiredInstance]) -> \
+        Solution | None:
+    """What ``search`` returns on an empty GPU, looked up in the model's first-fit table
+    (migd.firstfit); None where the table cannot say (a pinned instance, a CI layout that does
+    not fit, a sequence that does not fit): the search then decides."""
+    if any(d.placement is not None for d in want):
+        return None
+    keys = [(-d.gi.memory_slices, item_key(d)) for d in want]
+    items = tuple(want[i] for i in sorted(range(len(want)), key=keys.__getitem__))
+    starts = table.get(tuple(d.gi.profile_id for d in items))
+    if starts is None:
+        return None
+    options = []
+    for d, start in zip(items, starts, strict=True):
+        cis = place_cis(d.cis, d.ci_placements, ())
+        if cis is None:
+            return None
+        pl = Placement(start, d.gi.memory_slices)
+        options.append(Option(pl, _mask(pl), OP * (1 + len(cis)), cis))
+    return Solution(items, tuple(options))
+
+
+class _Order(NamedTuple):
+    """What a search needs of the wanted instances alone, kept per request (many plans share one)."""
+
+    items: tuple[DesiredInstance, ...]  # in search order
+    twins: tuple[bool, ...]  # item k is identical to item k-1
+    later: tuple[int, ...]  # how many identical items follow item k
+    reach: tuple[int, ...]  # the memory slices items k.. could take at all
+    size: tuple[int, ...]  # how many memory slices items k.. need
+    fresh: tuple[tuple[Option, ...], ...]  # each item's options on a GPU where nothing can be kept
+    floor: tuple[int, ...]  # _floors of the fresh options
+
+
+@lru_cache(maxsize=512)
+def search_order(want: tuple[DesiredInstance, ...]) -> _Order:
     keys = [(-d.gi.memory_slices, item_key(d)) for d in want]
     order = sorted(range(len(want)), key=keys.__getitem__)
     items = [want[i] for i in order]
     twins = [k > 0 and keys[order[k - 1]] == keys[order[k]] for k in range(len(items))]
-    known = {key: (g, tuple((c.profile_id, c.placement) for c in g.compute_instances), destroy_cost(g, busy))
-             for key, g in current.items()}
-    options: list[list[Option]] = []
+    fresh: list[list[Option]] = []
     for k, d in enumerate(items):  # twins have the same options
-        options.append(options[k - 1] if twins[k] else _options(d, known, busy, owners))
+        fresh.append(fresh[k - 1] if twins[k] else _options(d, {}, {}, {}))
+    n = len(items)
+    reach, size, later = [0] * (n + 1), [0] * (n + 1), [0] * (n + 1)
+    for k in range(n - 1, -1, -1):
+        reach[k] = reach[k + 1]
+        for o in fresh[k]:
+            reach[k] |= o.mask
+        size[k] = size[k + 1] + items[k].gi.memory_slices
+        later[k] = later[k + 1] + 1 if k + 1 < n and twins[k + 1] else 0
+    return _Order(tuple(items), tuple(twins), tuple(later), tuple(reach), tuple(size),
+                  tuple(map(tuple, fresh)), tuple(_floors(fresh, twins)))
+
+
+def search(want: list[DesiredInstance], current: Mapping[tuple[int, int], GpuInstance], busy: Busy,
+           owners: Mapping[int, str]) -> Solution | None:
+    """The first layout of least cost in search order; None if no placement of ``want`` exists.
+    ``current``: existing GIs by (profile id, placement start)."""
+    plan = search_order(tuple(want))
+    items, twins, later, reach, size = plan.items, plan.twins, plan.later, plan.reach, plan.size
+    options: list[tuple[Option, ...]] | tuple[tuple[Option, ...], ...] = plan.fresh
+    floor: list[int] | tuple[int, ...] = plan.floor
+    kept = {key[0] for key in current}
+    if any(d.gi.profile_id in kept for d in items):  # some existing GI may be kept: options change
+        known = {key: (g, tuple((c.profile_id, c.placement) for c in g.compute_instances), destroy_cost(g, busy))
+                 for key, g in current.items()}
+        options = []
+        for k, d in enumerate(items):
+            options.append(options[k - 1] if twins[k] else
+                           tuple(_options(d, known, busy, owners)) if d.gi.profile_id in kept else plan.fresh[k])
+        floor = _floors(options, twins)
     if any(not o for o in options):
         return None
-    floor = _floors(options, twins)
     best: list[tuple[int, tuple[Option, ...]]] = []
     chosen: list[Option] = []
 
@@ -152,9 +210,13 @@ def search(want: list[DesiredInstance], current: Mapping[tuple[int, int], GpuIns
         if k == len(items):
             best[:] = [(spent, tuple(chosen))]
             return
-        for o in options[k]:
-            if used & o.mask or (twins[k] and o.placement.start < chosen[k - 1].placement.start):
-                continue
+        if (reach[k] & ~used).bit_count() < size[k]:
+            return  # the slices the remaining items could use are too few for them
+        lo = chosen[k - 1].placement.start if twins[k] else -1
+        free = [o for o in options[k] if not used & o.mask and o.placement.start > lo]
+        # this item and its r later twins take distinct, ascending starts: it can only take one of
+        # the first len(free) - r free places (a branch with no complete layout is cut at once)
+        for o in free[:len(free) - later[k]]:
             total = spent + o.delta
             if best and total + floor[k + 1] >= best[0][0]:
                 continue  # cannot beat the best layout (an equal one found later loses the tie)

@@ -110,8 +110,12 @@ class CiProfile:
     def placements(self) -> tuple[Placement, ...]:
         return tuple(Placement(s, self.slices) for s in self.starts)
 
-    def __hash__(self) -> int:  # cheap (plans are memoised by their inputs); equality compares every field
+    @cached_property
+    def _hash(self) -> int:
         return hash((self.profile_id, self.name))
+
+    def __hash__(self) -> int:  # computed once (plans are memoised by their inputs); equality compares all
+        return self._hash
 
 
 @dataclass(frozen=True)
@@ -140,8 +144,12 @@ class GiProfile:
     def placements(self) -> tuple[Placement, ...]:
         return tuple(Placement(s, self.memory_slices) for s in self.starts)
 
-    def __hash__(self) -> int:  # cheap (plans are memoised by their inputs); equality compares every field
+    @cached_property
+    def _hash(self) -> int:
         return hash((self.profile_id, self.name, self.memory_mib))
+
+    def __hash__(self) -> int:  # computed once (plans are memoised by their inputs); equality compares all
+        return self._hash
 
     @cached_property
     def masks(self) -> tuple[tuple[Placement, int], ...]:
@@ -155,8 +163,12 @@ class GiProfile:
                 return m
         return Media.SHARED
 
+    @cached_property
+    def _ci_index(self) -> dict[int, CiProfile]:
+        return {c.profile_id: c for c in self.ci_profiles}
+
     def ci_by_id(self, profile_id: int) -> CiProfile | None:
-        return next((c for c in self.ci_profiles if c.profile_id == profile_id), None)
+        return self._ci_index.get(profile_id)
 
     def ci_by_name(self, name: str) -> CiProfile | None:
         return next((c for c in self.ci_profiles if c.name == name), None)
@@ -185,8 +197,12 @@ class GpuModel:
     ci_unconfirmed: str = field(default="", compare=False)  # the split of a GI into several CIs, if unobserved
     identity_unconfirmed: str = field(default="", compare=False)  # NVML name, memory or architecture unobserved
 
-    def __hash__(self) -> int:  # cheap (plans are memoised by their inputs); equality compares every field
+    @cached_property
+    def _hash(self) -> int:
         return hash((self.key, self.pci_device_id, self.total_memory_mib))
+
+    def __hash__(self) -> int:  # computed once (plans are memoised by their inputs); equality compares all
+        return self._hash
 
     @property
     def is_hopper_or_newer(self) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 from migd.hardware.catalog import CiProfile, GiProfile, GpuModel, Placement
 from migd.profiles.model import GpuSection, InstanceSpec
@@ -27,6 +28,13 @@ class DesiredInstance:
     placement: Placement | None = None  # pinned: rollback and exact restores
     ci_placements: tuple[Placement, ...] | None = None
 
+    @cached_property
+    def _hash(self) -> int:
+        return hash((self.gi, self.cis, self.owner, self.placement, self.ci_placements))
+
+    def __hash__(self) -> int:  # computed once: the planner's memos hash every request they see
+        return self._hash
+
     @property
     def label(self) -> str:
         if len(self.cis) == 1 and self.cis[0].default:
@@ -41,6 +49,13 @@ class DesiredLayout:
     mig: bool
     instances: tuple[DesiredInstance, ...] = ()
     mode_only: bool = False  # only the MIG mode is asked for: instances that exist are kept as they are
+
+    @cached_property
+    def _hash(self) -> int:
+        return hash((self.mig, self.instances, self.mode_only))
+
+    def __hash__(self) -> int:  # computed once: plans are memoised by the layout they reach
+        return self._hash
 
 
 def allowed_names(model: GpuModel) -> list[str]:
