@@ -9,8 +9,7 @@ asks for that many compute instances, packed into as few parent GIs as their CI 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
 
 from migd.hardware.catalog import CiProfile, GiProfile, GpuModel, Placement
 from migd.profiles.model import GpuSection, InstanceSpec
@@ -27,12 +26,12 @@ class DesiredInstance:
     owner: str | None = None
     placement: Placement | None = None  # pinned: rollback and exact restores
     ci_placements: tuple[Placement, ...] | None = None
+    _hash: int = field(init=False, repr=False, compare=False)
 
-    @cached_property
-    def _hash(self) -> int:
-        return hash((self.gi, self.cis, self.owner, self.placement, self.ci_placements))
+    def __post_init__(self) -> None:  # hashed once: the planner's memos hash every request they see
+        object.__setattr__(self, "_hash", hash((self.gi, self.cis, self.owner, self.placement, self.ci_placements)))
 
-    def __hash__(self) -> int:  # computed once: the planner's memos hash every request they see
+    def __hash__(self) -> int:
         return self._hash
 
     @property
@@ -49,12 +48,12 @@ class DesiredLayout:
     mig: bool
     instances: tuple[DesiredInstance, ...] = ()
     mode_only: bool = False  # only the MIG mode is asked for: instances that exist are kept as they are
+    _hash: int = field(init=False, repr=False, compare=False)
 
-    @cached_property
-    def _hash(self) -> int:
-        return hash((self.mig, self.instances, self.mode_only))
+    def __post_init__(self) -> None:  # hashed once: plans are memoised by the layout they reach
+        object.__setattr__(self, "_hash", hash((self.mig, self.instances, self.mode_only)))
 
-    def __hash__(self) -> int:  # computed once: plans are memoised by the layout they reach
+    def __hash__(self) -> int:
         return self._hash
 
 
