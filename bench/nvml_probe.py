@@ -70,7 +70,14 @@ def gpu(i: int) -> dict[str, Any]:
 
 
 def main() -> int:
-    N.nvmlInit()
+    if sys.argv[1:]:
+        print(__doc__.strip().splitlines()[0] + "\nusage: python3 bench/nvml_probe.py  (no options)", file=sys.stderr)
+        return 0 if sys.argv[1:] in (["-h"], ["--help"]) else 2
+    try:
+        N.nvmlInit()
+    except N.NVMLError as e:
+        print(f"nvml_probe: nvmlInit failed: {e}", file=sys.stderr)
+        return 4
     try:
         doc = {"driver": ask(N.nvmlSystemGetDriverVersion), "nvml": ask(N.nvmlSystemGetNVMLVersion),
                "cuda_driver": ask(N.nvmlSystemGetCudaDriverVersion), "nvidia_ml_py": getattr(N, "__version__", "?"),

@@ -9,6 +9,7 @@ reconfigure the GPU.  It prints the NVML calls per sampling cycle, each GPU's sa
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
@@ -37,19 +38,31 @@ def guard_read_only() -> list[str]:
     return refused
 
 
-def _backend(argv: list[str]) -> Any:
+def _backend(sim: str | None) -> Any:
     from migd.hardware.nvml import NvmlBackend
-    if argv[:1] != ["--sim"]:
+    if sim is None:
         return NvmlBackend()
     import tempfile
 
     from migd.sim import sim_backend
-    return sim_backend(Path(tempfile.mkdtemp()) / "state.json", argv[1])
+    return sim_backend(Path(tempfile.mkdtemp()) / "state.json", sim)
 
 
 def main(argv: list[str]) -> int:
-    """``--sim FLEET``: the same over the simulator (the fleet as it starts: MIG off), which
-    tests/test_real_gpu_records.py holds to the real GPU's recorded run."""
+    ap = argparse.ArgumentParser(description="read-only: migd's metrics sampler over the real NVML (every "
+                                             "mutating pynvml entry point refused)")
+    ap.add_argument("--sim", metavar="FLEET", help="the same over the simulator (the fleet as it starts: MIG off), "
+                                                  "which tests/test_real_gpu_records.py holds to the real run")
+    args = ap.parse_args(argv)
+    from migd.hardware.backend import HardwareError
+    try:
+        return probe(args.sim)
+    except HardwareError as e:
+        print(f"sampler_probe: {e}", file=sys.stderr)
+        return 4
+
+
+def probe(sim: str | None) -> int:
     refused = guard_read_only()
     from prometheus_client import CollectorRegistry, generate_latest
 
@@ -57,7 +70,7 @@ def main(argv: list[str]) -> int:
     from migd.metrics.collector import MigdCollector
     from migd.metrics.sampler import NvmlErrorCounter, Sampler
 
-    backend = _backend(argv)
+    backend = _backend(sim)
     calls: dict[str, int] = {}
     unlocked = backend.nvml.unlocked
 

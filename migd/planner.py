@@ -1,10 +1,12 @@
 """Exact placements and a minimal ordered plan, solved before any hardware is touched.
 
-For each GPU the planner searches every non-overlapping placement of the requested
-instances in the model's placement table (8 memory slices: exhaustive search is cheap),
+For each GPU the planner searches the non-overlapping placements of the requested instances
+in the model's placement table (migd.placement: branch and bound over memory-slice bitmasks),
 scores each by the destroy/create operations it needs given what exists now, and keeps the
 cheapest.  Instances that already sit in a compatible place are kept; destroying one with
-running processes costs more than any other plan, so it happens only when unavoidable.
+running processes costs more than any other plan, so it happens only when unavoidable.  On an
+empty GPU the answer is looked up in the model's first-fit table (migd.firstfit).  Plans are
+memoised by their inputs and request-only work by request; ``forget`` drops every memo.
 """
 
 from __future__ import annotations
