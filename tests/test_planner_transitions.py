@@ -4,9 +4,11 @@ operations: each plan's op count equals a brute-force minimum computed independe
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from collections import Counter
 from functools import cache
+from pathlib import Path
 
 from migd.hardware.backend import ComputeInstance, GpuInstance
 from migd.hardware.catalog import MODELS, GiProfile, Placement
@@ -16,6 +18,7 @@ from migd.profiles.validate import fake_gpu
 from tests.test_catalog import ROLE_NAMES, feasible_multisets
 
 MODEL = MODELS["A100-SXM4-80GB"]
+GOLDEN = Path(__file__).parent / "golden"
 
 
 def _mask(pl: Placement) -> int:
@@ -88,3 +91,24 @@ def test_every_transition_plans_the_fewest_operations() -> None:
         if ops != best:
             worse.append((Counter(p.name for p in a), Counter(p.name for p in b), ops, best))
     assert not worse, f"{len(worse)} transitions plan more than the minimum, e.g. {worse[:3]}"
+
+
+def plans_digest(layouts: list[tuple[GiProfile, ...]], current: list[tuple[GpuInstance, ...]]) -> str:
+    """SHA-256 of every plan (operations and targets, one line each, sorted) from an empty GPU and
+    between every two layouts."""
+    gpu = fake_gpu(MODEL)
+    lines = []
+    for have, b in itertools.product([(), *current], layouts):
+        p = plan_gpu(gpu, _desired(b), list(have))
+        targets = [(t.gi_profile_id, t.placement.start, t.placement.size,
+                    tuple((pid, pl.start, pl.size) for pid, pl in t.ci), t.name, t.owner) for t in p.targets]
+        lines.append(" | ".join(o.describe() for o in p.ops) + f" # {targets} # kept {p.kept}")
+    return hashlib.sha256("\n".join(sorted(lines)).encode()).hexdigest()
+
+
+def test_the_plans_are_the_ones_recorded_before_the_planner_got_faster() -> None:
+    """Issue 16: "The plans must stay exactly what they are today."  The digest was recorded with
+    the planner of commit 66137e1, before the first-fit table, the pruning and the NamedTuples."""
+    layouts, current = _all()
+    recorded = (GOLDEN / "plans-a100-80gb.sha256").read_text().split()[0]
+    assert plans_digest(layouts, current) == recorded
