@@ -37,16 +37,19 @@ def place_cis(want: tuple[CiProfile, ...], pinned: tuple[Placement, ...] | None,
         return tuple((c.profile_id, p) for c, p in zip(want, pinned, strict=True))
     order = sorted(range(len(want)), key=lambda i: -want[i].slices)
     best: list[tuple[int, list[Placement]]] = []
+    most = min(len(want), len(have))  # no layout keeps more: the first that does is the answer
 
-    def go(k: int, used: list[Placement], kept: int) -> None:
+    def go(k: int, used: list[Placement], kept: int) -> bool:
         if k == len(order):
             if not best or kept > best[0][0]:
                 best[:] = [(kept, list(used))]
-            return
+            return kept == most
         ci = want[order[k]]
         for pl in ci.placements:
-            if not any(pl.overlaps(u) for u in used):
-                go(k + 1, used + [pl], kept + ((ci.profile_id, pl) in have))
+            if not any(pl.overlaps(u) for u in used) and \
+                    go(k + 1, used + [pl], kept + ((ci.profile_id, pl) in have)):
+                return True
+        return False
     go(0, [], 0)
     if not best:
         return None

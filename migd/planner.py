@@ -127,6 +127,9 @@ def summary(instances: list[DesiredInstance] | tuple[DesiredInstance, ...]) -> s
 def _feasibility(model: GpuModel, want: tuple[DesiredInstance, ...]) -> None:
     """Raises PlanError if ``want`` cannot fit ``model`` at all (memoised per request: a pass
     plans the same profile on every GPU of a model)."""
+    stray = next((i.gi for i in want if model.by_id.get(i.gi.profile_id) != i.gi), None)
+    if stray is not None:  # requests are resolved per model: this is a bug, not bad input
+        raise PlanError(f"{stray.name} (GI profile id {stray.profile_id}) is not in the {model.key} table")
     mem = sum(i.gi.memory_slices for i in want)
     if mem > model.memory_slices:
         raise PlanError(f"{summary(want)} needs {mem} memory slices, {model.key} has {model.memory_slices}")

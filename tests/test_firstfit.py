@@ -1,6 +1,6 @@
 """The per-model first-fit table (migd.firstfit) answers exactly what the planner's search answers
-on an empty GPU, for every profile sequence of every catalog model (issue 16: a faster planner,
-the same plans)."""
+on an empty GPU, for every profile sequence of every catalog model, and the CI placement that
+stops early answers what a full search answers (issue 16: a faster planner, the same plans)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import itertools
 import pytest
 
 from migd.firstfit import first_fit
-from migd.hardware.catalog import MODELS, GpuModel
-from migd.placement import fresh_layout, search
-from migd.planner import forget, plan_gpu
+from migd.hardware.catalog import MODELS, CiProfile, GpuModel, Placement
+from migd.placement import fresh_layout, place_cis, search
+from migd.planner import PlanError, forget, plan_gpu
 from migd.profiles.resolve import DesiredInstance, DesiredLayout
 from migd.profiles.validate import fake_gpu
 
@@ -76,3 +76,47 @@ def test_a_first_time_plan_is_the_plan_the_search_makes() -> None:
         sol = search(list(desired.instances), {}, {}, {})
         assert sol is not None
         assert sorted(t.placement.start for t in plan.targets) == sorted(o.placement.start for o in sol.options)
+
+
+def test_a_profile_of_another_model_is_refused_before_any_search() -> None:
+    """The planner answers from its model's tables only: a request resolved for an A100-40GB
+    (1g.10gb is that model's two-slice profile) is refused on an A100-80GB, not planned there."""
+    other = MODELS["A100-SXM4-40GB"].profile_by_name("1g.10gb")
+    assert other is not None
+    want = DesiredLayout(mig=True, instances=(DesiredInstance(gi=other, cis=(other.default_ci,)),))
+    with pytest.raises(PlanError, match="not in the A100-SXM4-80GB table"):
+        plan_gpu(fake_gpu(MODELS["A100-SXM4-80GB"]), want, [])
+
+
+def _first_keeping_most(want: tuple[CiProfile, ...], have: tuple[tuple[int, Placement], ...]) -> object:
+    """Brute force: every assignment in the planner's order (largest CI first, placements in table
+    order), the first that keeps the most existing CIs."""
+    order = sorted(range(len(want)), key=lambda i: -want[i].slices)
+    best: tuple[int, tuple[Placement, ...]] | None = None
+    for pls in itertools.product(*(want[i].placements for i in order)):
+        if any(a.overlaps(b) for a, b in itertools.combinations(pls, 2)):
+            continue
+        kept = sum((want[i].profile_id, pl) in have for i, pl in zip(order, pls, strict=True))
+        if best is None or kept > best[0]:
+            best = (kept, pls)
+    if best is None:
+        return None
+    placed = dict(zip(order, best[1], strict=True))
+    return tuple(sorted((want[i].profile_id, placed[i]) for i in range(len(want))))
+
+
+def test_ci_placement_is_the_first_that_keeps_most() -> None:
+    """place_cis stops at the first layout that keeps all it could; the answer is unchanged."""
+    model = MODELS["H100-SXM5-80GB"]
+    for gi in model.profiles:
+        cis = list(gi.ci_profiles)
+        for n in range(1, min(gi.slices, 4) + 1):
+            for want in itertools.combinations_with_replacement(cis, n):
+                fresh = _first_keeping_most(want, ())
+                haves: list[tuple[tuple[int, Placement], ...]] = [()]
+                haves += [((c.profile_id, pl),) for c in cis for pl in c.placements]
+                if fresh is not None:
+                    haves.append(fresh[1:])  # type: ignore[index]
+                for have in haves:
+                    place_cis.cache_clear()
+                    assert place_cis(want, None, have) == _first_keeping_most(want, have), (gi.name, want, have)
