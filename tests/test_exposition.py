@@ -64,6 +64,7 @@ def test_the_snapshot_part_is_rendered_once_per_snapshot_and_ahead_while_scraped
 
 def test_the_live_part_follows_under_load_and_is_fresh_after_a_pause() -> None:
     exp, _, live, _ = _exposition()
+    exp.live_max_age_s, exp.live_stale_s = 0.1, 1.0  # the defaults (1 s, 3 s) scaled down
     assert b"live 0.0" in exp.render()
     live.value = 7  # a counter the fault watch raised shows without a new snapshot ...
     time.sleep(exp.live_max_age_s + 0.05)

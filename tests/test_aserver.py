@@ -1,0 +1,162 @@
+"""The /metrics server's connection handling (migd/metrics/aserver.py), over real sockets: keep-alive,
+pipelining, the connection cap, idle and oversized clients, and flow control towards a client that
+does not read."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from migd.metrics.aserver import MetricsServer
+
+BODY = b"# a made-up exposition\n" + b"x" * 100_000 + b"\n"
+
+
+class _Exposition:
+    def parts(self) -> tuple[bytes, bytes]:
+        return BODY, b""
+
+
+class _Sampler:
+    last_success = time.time()
+
+    def stop(self) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[MetricsServer]:
+    s = MetricsServer("127.0.0.1", 0, _Exposition(), _Sampler(), stale_after_s=60)  # type: ignore[arg-type]
+    t = threading.Thread(target=s.serve_forever, daemon=True)
+    t.start()
+    yield s
+    s.stop()
+    t.join(5)
+
+
+def _connect(server: MetricsServer) -> socket.socket:
+    return socket.create_connection(server.server_address[:2], timeout=5)
+
+
+def _responses(sock: socket.socket, n: int) -> list[tuple[bytes, bytes]]:
+    """Read ``n`` responses (head, body) off ``sock``."""
+    data, out = b"", []
+    while len(out) < n:
+        end = data.find(b"\r\n\r\n")
+        if end >= 0:
+            head = data[:end]
+            length = int(next(h.split(b":")[1] for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")))
+            if len(data) >= end + 4 + length:
+                out.append((head, data[end + 4:end + 4 + length]))
+                data = data[end + 4 + length:]
+                continue
+        chunk = sock.recv(1 << 16)
+        assert chunk, f"closed after {len(out)} of {n} responses"
+        data += chunk
+    return out
+
+
+def _closed(sock: socket.socket, within_s: float) -> bool:
+    sock.settimeout(within_s)
+    try:
+        while sock.recv(1 << 16):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+GET = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+def test_keep_alive_and_pipelined_requests_are_answered_in_order(server: MetricsServer) -> None:
+    with _connect(server) as s:
+        s.sendall(GET)
+        (head, body), = _responses(s, 1)
+        assert head.startswith(b"HTTP/1.1 200") and body == BODY and b"Connection: close" not in head
+        s.sendall(GET + b"GET /healthz HTTP/1.1\r\n\r\n" + b"GET /nope HTTP/1.1\r\nConnection: close\r\n\r\n")
+        got = _responses(s, 3)
+        assert [h.split(b"\r\n")[0] for h, _ in got] == [b"HTTP/1.1 200 OK", b"HTTP/1.1 200 OK",
+                                                         b"HTTP/1.1 404 Not Found"]
+        assert got[1][1] == b"ok\n" and b"Connection: close" in got[2][0]
+        assert _closed(s, 5)
+
+
+def test_http10_bad_request_and_body_close_the_connection(server: MetricsServer) -> None:
+    for request, status in ((b"GET /metrics HTTP/1.0\r\n\r\n", b"200"), (b"nonsense\r\n\r\n", b"400"),
+                            (b"POST /metrics HTTP/1.1\r\nContent-Length: 1\r\n\r\nx", b"405")):
+        with _connect(server) as s:
+            s.sendall(request)
+            (head, _), = _responses(s, 1)
+            assert head.split(b" ")[1] == status and b"Connection: close" in head
+            assert _closed(s, 5), request
+
+
+def test_connections_over_the_cap_are_closed_at_once(server: MetricsServer) -> None:
+    server.max_connections = 2
+    held = [_connect(server), _connect(server)]
+    try:
+        deadline = time.monotonic() + 5
+        while len(server.connections) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with _connect(server) as extra:
+            assert _closed(extra, 5)
+        assert server.refused == 1
+        held[0].sendall(GET)  # those admitted are still served
+        assert _responses(held[0], 1)[0][1] == BODY
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_idle_and_oversized_clients_are_dropped(server: MetricsServer) -> None:
+    server.idle_timeout_s = 0.4
+    with _connect(server) as silent, _connect(server) as half:
+        half.sendall(b"GET /metrics HTTP/1.1\r\n")  # a head that never ends
+        t0 = time.monotonic()
+        assert _closed(silent, 5) and _closed(half, 5)
+        assert 0.3 < time.monotonic() - t0 < 3
+    with _connect(server) as big:
+        big.sendall(b"GET /metrics HTTP/1.1\r\nX: " + b"y" * (server.max_header_bytes + 10))
+        assert _closed(big, 5)
+    deadline = time.monotonic() + 5
+    while server.connections and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not server.connections
+
+
+def _buffered(server: MetricsServer) -> int:
+    return sum(c.transport.get_write_buffer_size() for c in list(server.connections))
+
+
+def test_a_client_that_does_not_read_is_not_read_from(server: MetricsServer) -> None:
+    """2,000 pipelined scrapes (200 MB of answers) from a client that reads nothing: once the kernel's
+    buffers are full the server stops reading requests, so it holds about one response, not 2,000."""
+    with _connect(server) as s:
+        s.sendall(GET * 2000)
+        deadline = time.monotonic() + 5
+        while _buffered(server) == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        assert 0 < _buffered(server) < 3 * len(BODY)
+        assert len(_responses(s, 3)) == 3  # reading again lets the rest through
+
+
+def test_a_client_that_stops_reading_is_dropped_after_the_idle_timeout(server: MetricsServer) -> None:
+    server.idle_timeout_s = 0.4
+    with _connect(server) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.sendall(GET * 50)
+        time.sleep(0.2)
+        assert _buffered(server) > 0  # waiting on the client
+        deadline = time.monotonic() + 5
+        while server.connections and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not server.connections
+
