@@ -19,7 +19,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from migd.hardware.backend import GpuInstance
-from migd.hardware.catalog import CiProfile, Placement
+from migd.hardware.catalog import CiProfile, GiProfile, Placement
 from migd.profiles.resolve import DesiredInstance
 
 Busy = dict[int, dict[int, tuple[int, ...]]]  # GI id -> CI id -> pids running there
@@ -35,6 +35,37 @@ def place_cis(want: tuple[CiProfile, ...], pinned: tuple[Placement, ...] | None,
     hashable arguments, memoised: a search asks the same question for many placements."""
     if pinned is not None:
         return tuple((c.profile_id, p) for c, p in zip(want, pinned, strict=True))
+    if not have:
+        return fresh_cis(want)
+    return _place_cis(want, have)
+
+
+@lru_cache(maxsize=4096)
+def fresh_cis(want: tuple[CiProfile, ...]) -> CiLayout | None:
+    """CI placements inside an empty GI: a per-model table (issue 16: "CI placements memoised per
+    (GI profile, CI multiset)"), a function of the catalog alone, so ``forget`` keeps it."""
+    return _place_cis(want, ())
+
+
+def ci_multisets(gi: GiProfile) -> list[tuple[CiProfile, ...]]:
+    """Every multiset of ``gi``'s CI profiles within its compute slices and CI caps (in the order
+    of ``gi.ci_profiles``), whether or not a placement exists."""
+    out: list[tuple[CiProfile, ...]] = []
+    cps = gi.ci_profiles
+
+    def walk(first: int, left: int, chosen: list[CiProfile]) -> None:
+        for j in range(first, len(cps)):
+            c = cps[j]
+            if c.slices <= left and chosen.count(c) < c.instance_count:
+                chosen.append(c)
+                out.append(tuple(chosen))
+                walk(j, left - c.slices, chosen)
+                chosen.pop()
+    walk(0, gi.slices, [])
+    return out
+
+
+def _place_cis(want: tuple[CiProfile, ...], have: CiLayout) -> CiLayout | None:
     order = sorted(range(len(want)), key=lambda i: -want[i].slices)
     best: list[tuple[int, list[Placement]]] = []
     most = min(len(want), len(have))  # no layout keeps more: the first that does is the answer
@@ -94,7 +125,7 @@ Existing = tuple[GpuInstance, CiLayout, int]  # an existing GI, its CIs as a lay
 
 def _options(d: DesiredInstance, current: Mapping[tuple[int, int], Existing], busy: Busy,
              owners: Mapping[int, str]) -> list[Option]:
-    fresh = place_cis(d.cis, d.ci_placements, ())
+    fresh = fresh_cis(d.cis) if d.ci_placements is None else place_cis(d.cis, d.ci_placements, ())
     fresh_delta = OP * (1 + len(fresh)) if fresh is not None else 0
     out = []
     for pl, mask in ((d.placement, _mask(d.placement)),) if d.placement is not None else d.gi.masks:
@@ -146,7 +177,7 @@ def fresh_layout(table: Mapping[tuple[int, ...], tuple[int, ...]], want: Sequenc
         return None
     options = []
     for d, start in zip(items, starts, strict=True):
-        cis = place_cis(d.cis, d.ci_placements, ())
+        cis = fresh_cis(d.cis) if d.ci_placements is None else place_cis(d.cis, d.ci_placements, ())
         if cis is None:
             return None
         pl = Placement(start, d.gi.memory_slices)

@@ -19,9 +19,19 @@ from typing import NamedTuple
 
 from migd.firstfit import first_fit
 from migd.hardware.backend import GpuInfo, GpuInstance, GpuState
-from migd.hardware.catalog import GpuModel, Placement, media_conflict
+from migd.hardware.catalog import GiProfile, GpuModel, Placement, media_conflict
 from migd.kinds import Word
-from migd.placement import Busy, Option, Solution, fresh_layout, place_cis, search, search_order
+from migd.placement import (
+    Busy,
+    Option,
+    Solution,
+    ci_multisets,
+    fresh_cis,
+    fresh_layout,
+    place_cis,
+    search,
+    search_order,
+)
 from migd.profiles.resolve import DesiredInstance, DesiredLayout
 
 
@@ -127,21 +137,35 @@ def summary(instances: list[DesiredInstance] | tuple[DesiredInstance, ...]) -> s
 def _feasibility(model: GpuModel, want: tuple[DesiredInstance, ...]) -> None:
     """Raises PlanError if ``want`` cannot fit ``model`` at all (memoised per request: a pass
     plans the same profile on every GPU of a model)."""
-    stray = next((i.gi for i in want if model.by_id.get(i.gi.profile_id) != i.gi), None)
+    by_id = model.by_id
+    stray = next((i.gi for i in want if by_id.get(i.gi.profile_id) is not i.gi and
+                  by_id.get(i.gi.profile_id) != i.gi), None)
     if stray is not None:  # requests are resolved per model: this is a bug, not bad input
         raise PlanError(f"{stray.name} (GI profile id {stray.profile_id}) is not in the {model.key} table")
-    mem = sum(i.gi.memory_slices for i in want)
+    if not _fits(model, tuple(sorted(i.gi.profile_id for i in want))):
+        raise PlanError(_refusal(model, [i.gi for i in want], summary(want)) or "")
+
+
+@lru_cache(maxsize=4096)
+def _fits(model: GpuModel, profile_ids: tuple[int, ...]) -> bool:
+    """Whether GPU instances of these profiles may coexist on ``model``: a per-model table, a
+    function of the catalog alone, so ``forget`` keeps it."""
+    return _refusal(model, [model.by_id[p] for p in profile_ids], "") is None
+
+
+def _refusal(model: GpuModel, want: list[GiProfile], name: str) -> str | None:
+    """Why ``want`` (named ``name``) cannot coexist on ``model``; None if it may."""
+    mem = sum(p.memory_slices for p in want)
     if mem > model.memory_slices:
-        raise PlanError(f"{summary(want)} needs {mem} memory slices, {model.key} has {model.memory_slices}")
-    comp = sum(i.gi.slices for i in want)
+        return f"{name} needs {mem} memory slices, {model.key} has {model.memory_slices}"
+    comp = sum(p.slices for p in want)
     if comp > model.compute_slices:
-        raise PlanError(f"{summary(want)} needs {comp} compute slices, {model.key} has {model.compute_slices}")
-    for prof, n in Counter(i.gi for i in want).items():
+        return f"{name} needs {comp} compute slices, {model.key} has {model.compute_slices}"
+    for prof, n in Counter(want).items():
         if n > prof.instance_count:
-            raise PlanError(f"{n} x {prof.name} exceed the {prof.instance_count} instance(s) {model.key} allows")
-    conflict = media_conflict(i.gi for i in want)
-    if conflict is not None:
-        raise PlanError(f"on {model.key}: {conflict}")
+            return f"{n} x {prof.name} exceed the {prof.instance_count} instance(s) {model.key} allows"
+    conflict = media_conflict(want)
+    return None if conflict is None else f"on {model.key}: {conflict}"
 
 
 def _destroy_ops(gpu: int, gi: GpuInstance, busy: Busy, name: str) -> list[Op]:
@@ -210,10 +234,25 @@ def _solve(model: GpuModel, i: int, mig_current: bool, mig_pending: bool, desire
     return tuple(targets), tuple(ci_destroys + destroys + ops + creates), len(kept_ids)
 
 
-def forget() -> None:
-    """Drop every planner memo (benchmarks measure first-time planning after this)."""
+def forget(tables: bool = False) -> None:
+    """Drop every memo keyed by a request or a GPU state (benchmarks measure first-time planning
+    after this); with ``tables``, the per-model tables as well (built again on first use)."""
     for memo in (_solve, _feasibility, search_order, place_cis):
         memo.cache_clear()
+    if tables:
+        for table in (first_fit, _fits, fresh_cis):
+            table.cache_clear()
+
+
+def build_tables(model: GpuModel) -> None:
+    """Fill ``model``'s tables ahead of the first plan: first-fit placements of every GI profile
+    sequence, which GI profile multisets may coexist, and the CI layout of every CI multiset of
+    every GI profile on an empty GI (requests naming CIs in another order add theirs on first use)."""
+    for sequence in first_fit(model):
+        _fits(model, tuple(sorted(sequence)))
+    for gi in model.profiles:
+        for cis in ci_multisets(gi):
+            fresh_cis(cis)
 
 
 def _name(model: GpuModel, profile_id: int) -> str:

@@ -5,13 +5,14 @@ stops early answers what a full search answers (issue 16: a faster planner, the 
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 
 from migd.firstfit import first_fit
-from migd.hardware.catalog import MODELS, CiProfile, GpuModel, Placement
-from migd.placement import fresh_layout, place_cis, search
-from migd.planner import PlanError, forget, plan_gpu
+from migd.hardware.catalog import MODELS, CiProfile, GpuModel, Placement, media_conflict
+from migd.placement import ci_multisets, fresh_cis, fresh_layout, place_cis, search
+from migd.planner import PlanError, _fits, _refusal, build_tables, forget, plan_gpu
 from migd.profiles.resolve import DesiredInstance, DesiredLayout
 from migd.profiles.validate import fake_gpu
 
@@ -120,3 +121,50 @@ def test_ci_placement_is_the_first_that_keeps_most() -> None:
                 for have in haves:
                     place_cis.cache_clear()
                     assert place_cis(want, None, have) == _first_keeping_most(want, have), (gi.name, want, have)
+
+
+def test_ci_multisets_are_every_multiset_within_slices_and_caps() -> None:
+    """Brute force over every multiset of a GI profile's CI profiles, on every catalog model."""
+    for model in MODELS.values():
+        for gi in model.profiles:
+            cis = list(gi.ci_profiles)
+            expected = {combo for n in range(1, gi.slices + 1)
+                        for combo in itertools.combinations_with_replacement(cis, n)
+                        if sum(c.slices for c in combo) <= gi.slices
+                        and all(combo.count(c) <= c.instance_count for c in combo)}
+            got = ci_multisets(gi)
+            assert len(got) == len(set(got)) and set(got) == expected, (model.key, gi.name)
+
+
+def test_forget_keeps_the_model_tables_and_they_answer_as_before() -> None:
+    """The per-model tables survive ``forget`` (they depend on the catalog alone) and answer what
+    the planner computed without them: each CI layout on an empty GI, each multiset's verdict."""
+    model = MODELS["H100-SXM5-80GB"]
+    forget(tables=True)
+    assert fresh_cis.cache_info().currsize == 0 and _fits.cache_info().currsize == 0
+    build_tables(model)
+    sizes = fresh_cis.cache_info().currsize, _fits.cache_info().currsize
+    assert sizes[0] == sum(len(ci_multisets(gi)) for gi in model.profiles) and sizes[1] > 0
+    forget()
+    assert (fresh_cis.cache_info().currsize, _fits.cache_info().currsize) == sizes
+    for gi in model.profiles:
+        for cis in ci_multisets(gi):
+            assert fresh_cis(cis) == _first_keeping_most(cis, ()), (gi.name, cis)
+    for seq in first_fit(model):
+        profiles = [model.by_id[p] for p in seq]
+        assert _fits(model, tuple(sorted(seq))) == (_refusal(model, profiles, "x") is None)
+        refused = sum(p.slices for p in profiles) > model.compute_slices or any(
+            profiles.count(p) > p.instance_count for p in profiles) or media_conflict(profiles) is not None
+        assert _fits(model, tuple(sorted(seq))) is not refused, seq
+
+
+def test_a_refusal_names_the_request_as_written() -> None:
+    """The verdict is kept per profile multiset; the message still names the request in its order."""
+    model = MODELS["A100-SXM4-80GB"]
+    seven, one = model.profile_by_role("7g"), model.profile_by_role("1g")
+    assert seven is not None and one is not None
+    for order, name in (((one, seven), "1g.10gb+7g.80gb"), ((seven, one), "7g.80gb+1g.10gb")):
+        want = DesiredLayout(mig=True, instances=tuple(DesiredInstance(gi=p, cis=(p.default_ci,)) for p in order))
+        forget()
+        with pytest.raises(PlanError, match=rf"^{re.escape(name)} needs 9 memory slices, A100-SXM4-80GB has 8$"):
+            plan_gpu(fake_gpu(model), want, [])
