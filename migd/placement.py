@@ -14,8 +14,7 @@ first complete layout is optimal and everything after it is cut (issue 16).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import NamedTuple
 
 from migd.hardware.backend import GpuInstance
@@ -114,8 +113,12 @@ class Option(NamedTuple):
     cis: CiLayout
 
 
-@dataclass(frozen=True)
-class Solution:
+_option = partial(tuple.__new__, Option)  # an Option from all its fields, without NamedTuple.__new__ (hot)
+
+
+class Solution(NamedTuple):
+    """The layout a search chose (a tuple, as Option: built on every plan)."""
+
     items: tuple[DesiredInstance, ...]  # in search order
     options: tuple[Option, ...]  # the chosen option of each item
 
@@ -124,24 +127,41 @@ Existing = tuple[GpuInstance, CiLayout, int]  # an existing GI, its CIs as a lay
 
 
 def _options(d: DesiredInstance, current: Mapping[tuple[int, int], Existing], busy: Busy,
-             owners: Mapping[int, str]) -> list[Option]:
-    fresh = fresh_cis(d.cis) if d.ci_placements is None else place_cis(d.cis, d.ci_placements, ())
-    fresh_delta = OP * (1 + len(fresh)) if fresh is not None else 0
+             owners: Mapping[int, str]) -> tuple[Option, ...]:
+    """Each placement of ``d`` with what choosing it adds; none if its CIs fit no GI."""
+    if d.placement is None and d.ci_placements is None:
+        base = fresh_options(d.gi, d.cis)
+        if not current:
+            return base
+    else:  # pinned: rollback and exact restores
+        fresh = place_cis(d.cis, d.ci_placements, ())
+        placements = d.gi.masks if d.placement is None else ((d.placement, _mask(d.placement)),)
+        base = () if fresh is None else tuple(Option(pl, mask, OP * (1 + len(fresh)), fresh)
+                                              for pl, mask in placements)
     out = []
-    for pl, mask in ((d.placement, _mask(d.placement)),) if d.placement is not None else d.gi.masks:
-        hit = current.get((d.gi.profile_id, pl.start)) if current else None
+    for o in base:  # without a fresh layout there is none keeping CIs either (pinned CIs always have one)
+        hit = current.get((d.gi.profile_id, o.placement.start))
         if hit is None:
-            if fresh is not None:
-                out.append(Option(pl, mask, fresh_delta, fresh))
+            out.append(o)
             continue
         existing, have, destroy = hit
         cis = place_cis(d.cis, d.ci_placements, have)
         if cis is None:
             continue
         change = 0 if cis == have else _ci_cost(existing, cis, busy)
-        moved = OWNER if d.owner != owners.get(pl.start, d.owner) else 0
-        out.append(Option(pl, mask, change + moved - destroy, cis))
-    return out
+        moved = OWNER if d.owner != owners.get(o.placement.start, d.owner) else 0
+        out.append(Option(o.placement, o.mask, change + moved - destroy, cis))
+    return tuple(out)
+
+
+@lru_cache(maxsize=4096)
+def fresh_options(gi: GiProfile, cis: tuple[CiProfile, ...]) -> tuple[Option, ...]:
+    """Every placement of a ``gi`` instance with CIs ``cis`` on a GPU where nothing can be kept, in
+    placement order (none if the CIs do not fit): a per-model table, kept by ``forget``."""
+    layout = fresh_cis(cis)
+    if layout is None:
+        return ()
+    return tuple(Option(pl, mask, OP * (1 + len(layout)), layout) for pl, mask in gi.masks)
 
 
 def _mask(pl: Placement) -> int:
@@ -170,8 +190,7 @@ def fresh_layout(table: Mapping[tuple[int, ...], tuple[int, ...]], want: Sequenc
     not fit, a sequence that does not fit): the search then decides."""
     if any(d.placement is not None for d in want):
         return None
-    keys = [(-d.gi.memory_slices, item_key(d)) for d in want]
-    items = tuple(want[i] for i in sorted(range(len(want)), key=keys.__getitem__))
+    items = tuple(sorted(want, key=_search_key))
     starts = table.get(tuple(d.gi.profile_id for d in items))
     if starts is None:
         return None
@@ -180,9 +199,14 @@ def fresh_layout(table: Mapping[tuple[int, ...], tuple[int, ...]], want: Sequenc
         cis = fresh_cis(d.cis) if d.ci_placements is None else place_cis(d.cis, d.ci_placements, ())
         if cis is None:
             return None
-        pl = Placement(start, d.gi.memory_slices)
-        options.append(Option(pl, _mask(pl), OP * (1 + len(cis)), cis))
+        pl, mask = d.gi.at_start[start]
+        options.append(_option((pl, mask, OP * (1 + len(cis)), cis)))
     return Solution(items, tuple(options))
+
+
+def _search_key(d: DesiredInstance) -> tuple[int, tuple[object, ...]]:
+    """The search order: largest instances first, then by item_key (so identical items are adjacent)."""
+    return -d.gi.memory_slices, item_key(d)
 
 
 class _Order(NamedTuple):
@@ -199,11 +223,11 @@ class _Order(NamedTuple):
 
 @lru_cache(maxsize=512)
 def search_order(want: tuple[DesiredInstance, ...]) -> _Order:
-    keys = [(-d.gi.memory_slices, item_key(d)) for d in want]
+    keys = [_search_key(d) for d in want]
     order = sorted(range(len(want)), key=keys.__getitem__)
     items = [want[i] for i in order]
     twins = [k > 0 and keys[order[k - 1]] == keys[order[k]] for k in range(len(items))]
-    fresh: list[list[Option]] = []
+    fresh: list[tuple[Option, ...]] = []
     for k, d in enumerate(items):  # twins have the same options
         fresh.append(fresh[k - 1] if twins[k] else _options(d, {}, {}, {}))
     n = len(items)
@@ -215,7 +239,7 @@ def search_order(want: tuple[DesiredInstance, ...]) -> _Order:
         size[k] = size[k + 1] + items[k].gi.memory_slices
         later[k] = later[k + 1] + 1 if k + 1 < n and twins[k + 1] else 0
     return _Order(tuple(items), tuple(twins), tuple(later), tuple(reach), tuple(size),
-                  tuple(map(tuple, fresh)), tuple(_floors(fresh, twins)))
+                  tuple(fresh), tuple(_floors(fresh, twins)))
 
 
 def search(want: list[DesiredInstance], current: Mapping[tuple[int, int], GpuInstance], busy: Busy,
@@ -233,7 +257,7 @@ def search(want: list[DesiredInstance], current: Mapping[tuple[int, int], GpuIns
         options = []
         for k, d in enumerate(items):
             options.append(options[k - 1] if twins[k] else
-                           tuple(_options(d, known, busy, owners)) if d.gi.profile_id in kept else plan.fresh[k])
+                           _options(d, known, busy, owners) if d.gi.profile_id in kept else plan.fresh[k])
         floor = _floors(options, twins)
     if any(not o for o in options):
         return None

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import NamedTuple
 
 from migd.firstfit import first_fit
@@ -28,6 +28,7 @@ from migd.placement import (
     ci_multisets,
     fresh_cis,
     fresh_layout,
+    fresh_options,
     place_cis,
     search,
     search_order,
@@ -96,6 +97,12 @@ class Target(NamedTuple):
     ci: tuple[tuple[int, Placement], ...]  # (CI profile id, placement)
     name: str
     owner: str | None
+
+
+# Ops and Targets built from all their fields in order, without the NamedTuple's Python-level
+# __new__ (half the cost; a plan builds up to 30): the planner's hot paths only (issue 16).
+_op = partial(tuple.__new__, Op)
+_target = partial(tuple.__new__, Target)
 
 
 @dataclass
@@ -170,11 +177,12 @@ def _refusal(model: GpuModel, want: list[GiProfile], name: str) -> str | None:
 
 def _destroy_ops(gpu: int, gi: GpuInstance, busy: Busy, name: str) -> list[Op]:
     pids = busy.get(gi.id, {})
-    ops = [Op(OpKind.DESTROY_CI, gpu, gi_start=gi.placement.start, gi_id=gi.id, ci_id=c.id, profile_id=c.profile_id,
-              placement=c.placement, name=name, busy_pids=pids.get(c.id, ())) for c in gi.compute_instances]
-    all_pids = tuple(sorted({p for v in pids.values() for p in v}))
-    return ops + [Op(OpKind.DESTROY_GI, gpu, gi_start=gi.placement.start, gi_id=gi.id, profile_id=gi.profile_id,
-                     placement=gi.placement, name=name, busy_pids=all_pids)]
+    start = gi.placement.start
+    ops = [_op((OpKind.DESTROY_CI, gpu, start, gi.id, c.id, c.profile_id, c.placement, None, name, pids.get(c.id, ())))
+           for c in gi.compute_instances]
+    all_pids = tuple(sorted({p for v in pids.values() for p in v})) if pids else ()
+    ops.append(_op((OpKind.DESTROY_GI, gpu, start, gi.id, None, gi.profile_id, gi.placement, None, name, all_pids)))
+    return ops
 
 
 def plan_gpu(gpu: GpuInfo, desired: DesiredLayout, current: list[GpuInstance],
@@ -240,7 +248,7 @@ def forget(tables: bool = False) -> None:
     for memo in (_solve, _feasibility, search_order, place_cis):
         memo.cache_clear()
     if tables:
-        for table in (first_fit, _fits, fresh_cis):
+        for table in (first_fit, _fits, fresh_cis, fresh_options):
             table.cache_clear()
 
 
@@ -252,7 +260,7 @@ def build_tables(model: GpuModel) -> None:
         _fits(model, tuple(sorted(sequence)))
     for gi in model.profiles:
         for cis in ci_multisets(gi):
-            fresh_cis(cis)
+            fresh_options(gi, cis)  # and fresh_cis(cis)
 
 
 def _name(model: GpuModel, profile_id: int) -> str:
@@ -269,27 +277,29 @@ def _changes(i: int, solution: Solution, by_key: dict[tuple[int, int], GpuInstan
     targets: list[Target] = []
     kept_ids = set()
     for d, o in sorted(zip(solution.items, solution.options, strict=True), key=_start):
-        gi_prof, start = d.gi, o.placement.start
-        targets.append(Target(gi_prof.profile_id, o.placement, o.cis, d.label, d.owner))
-        g = by_key.get((gi_prof.profile_id, start))
+        gi_prof, pl, cis = d.gi, o.placement, o.cis
+        start, gi_pid = pl.start, gi_prof.profile_id
+        targets.append(_target((gi_pid, pl, cis, d.label, d.owner)))
+        g = by_key.get((gi_pid, start)) if by_key else None
         if g is None:
-            creates.append(Op(OpKind.CREATE_GI, i, gi_start=start, profile_id=gi_prof.profile_id,
-                              placement=o.placement, name=gi_prof.name))
-            have: dict[tuple[int, Placement], int] = {}
-        else:
-            kept_ids.add(g.id)
-            have = {(c.profile_id, c.placement): c.id for c in g.compute_instances}
-            for c in g.compute_instances:
-                if (c.profile_id, c.placement) not in o.cis:
-                    ci_destroys.append(Op(OpKind.DESTROY_CI, i, gi_start=start, gi_id=g.id, ci_id=c.id,
-                                          profile_id=c.profile_id, placement=c.placement, name=gi_prof.name,
-                                          busy_pids=busy.get(g.id, {}).get(c.id, ())))
-        for pid, pl in o.cis:
-            if (pid, pl) not in have:
-                ci_prof = gi_prof.ci_by_id(pid)
-                creates.append(Op(OpKind.CREATE_CI, i, gi_start=start, profile_id=pid, placement=pl,
-                                  name=ci_prof.name if ci_prof else "?"))
+            creates.append(_op((OpKind.CREATE_GI, i, start, None, None, gi_pid, pl, None, gi_prof.name, ())))
+            creates += [_op((OpKind.CREATE_CI, i, start, None, None, pid, cpl, None, _ci_name(gi_prof, pid), ()))
+                        for pid, cpl in cis]
+            continue
+        kept_ids.add(g.id)
+        have = {(c.profile_id, c.placement) for c in g.compute_instances}
+        pids = busy.get(g.id, {})
+        ci_destroys += [_op((OpKind.DESTROY_CI, i, start, g.id, c.id, c.profile_id, c.placement, None, gi_prof.name,
+                             pids.get(c.id, ()))) for c in g.compute_instances
+                        if (c.profile_id, c.placement) not in cis]
+        creates += [_op((OpKind.CREATE_CI, i, start, None, None, pid, cpl, None, _ci_name(gi_prof, pid), ()))
+                    for pid, cpl in cis if (pid, cpl) not in have]
     return targets, ci_destroys, creates, kept_ids
+
+
+def _ci_name(gi: GiProfile, ci_profile_id: int) -> str:
+    ci = gi.ci_by_id(ci_profile_id)
+    return ci.name if ci is not None else "?"
 
 
 def _start(item: tuple[DesiredInstance, Option]) -> int:

@@ -11,7 +11,7 @@ import pytest
 
 from migd.firstfit import first_fit
 from migd.hardware.catalog import MODELS, CiProfile, GpuModel, Placement, media_conflict
-from migd.placement import ci_multisets, fresh_cis, fresh_layout, place_cis, search
+from migd.placement import ci_multisets, fresh_cis, fresh_layout, fresh_options, place_cis, search
 from migd.planner import PlanError, _fits, _refusal, build_tables, forget, plan_gpu
 from migd.profiles.resolve import DesiredInstance, DesiredLayout
 from migd.profiles.validate import fake_gpu
@@ -143,13 +143,17 @@ def test_forget_keeps_the_model_tables_and_they_answer_as_before() -> None:
     forget(tables=True)
     assert fresh_cis.cache_info().currsize == 0 and _fits.cache_info().currsize == 0
     build_tables(model)
-    sizes = fresh_cis.cache_info().currsize, _fits.cache_info().currsize
-    assert sizes[0] == sum(len(ci_multisets(gi)) for gi in model.profiles) and sizes[1] > 0
+    tables = (fresh_cis, fresh_options, _fits)
+    sizes = tuple(t.cache_info().currsize for t in tables)
+    assert sizes[0] == sizes[1] == sum(len(ci_multisets(gi)) for gi in model.profiles) and sizes[2] > 0
     forget()
-    assert (fresh_cis.cache_info().currsize, _fits.cache_info().currsize) == sizes
+    assert tuple(t.cache_info().currsize for t in tables) == sizes
     for gi in model.profiles:
         for cis in ci_multisets(gi):
-            assert fresh_cis(cis) == _first_keeping_most(cis, ()), (gi.name, cis)
+            layout = _first_keeping_most(cis, ())
+            assert fresh_cis(cis) == layout, (gi.name, cis)
+            assert fresh_options(gi, cis) == (() if layout is None else tuple(
+                (pl, ((1 << pl.size) - 1) << pl.start, 1000 * (1 + len(cis)), layout) for pl in gi.placements))
     for seq in first_fit(model):
         profiles = [model.by_id[p] for p in seq]
         assert _fits(model, tuple(sorted(seq))) == (_refusal(model, profiles, "x") is None)

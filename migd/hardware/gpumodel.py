@@ -156,6 +156,11 @@ class GiProfile:
         """Each placement with the memory slices it takes as bits (the planner's search works on these)."""
         return tuple((p, ((1 << p.size) - 1) << p.start) for p in self.placements)
 
+    @cached_property
+    def at_start(self) -> dict[int, tuple[Placement, int]]:
+        """:attr:`masks` by placement start (the first-fit table names placements by start)."""
+        return {p.start: (p, m) for p, m in self.masks}
+
     @cached_property  # frozen: computed once, kept in __dict__
     def media(self) -> Media:
         for m in (Media.ME_ALL, Media.ME, Media.NO_ME, Media.GFX):
