@@ -164,6 +164,13 @@ def fresh_options(gi: GiProfile, cis: tuple[CiProfile, ...]) -> tuple[Option, ..
     return tuple(Option(pl, mask, OP * (1 + len(layout)), layout) for pl, mask in gi.masks)
 
 
+def _reach(options: Sequence[Option]) -> int:
+    reach = 0
+    for o in options:
+        reach |= o.mask
+    return reach
+
+
 def _mask(pl: Placement) -> int:
     return ((1 << pl.size) - 1) << pl.start
 
@@ -176,10 +183,12 @@ def _floors(options: Sequence[Sequence[Option]], twins: Sequence[bool]) -> list[
     run = 0  # twins of item k that come after it
     for k in range(n - 1, -1, -1):
         run = run + 1 if k + 1 < n and twins[k + 1] else 0
-        deltas = sorted(o.delta for o in options[k])
-        r = min(run + 1, len(deltas))
+        opts = options[k]
         # floor[k] = what item k and its later twins add at least, plus everything after the twins
-        floor[k] = sum(deltas[:r]) + floor[k + run + 1]
+        if run == 0 or not opts:
+            floor[k] = min([o.delta for o in opts], default=0) + floor[k + 1]
+        else:
+            floor[k] = sum(sorted([o.delta for o in opts])[:run + 1]) + floor[k + run + 1]
     return floor
 
 
@@ -233,9 +242,8 @@ def search_order(want: tuple[DesiredInstance, ...]) -> _Order:
     n = len(items)
     reach, size, later = [0] * (n + 1), [0] * (n + 1), [0] * (n + 1)
     for k in range(n - 1, -1, -1):
-        reach[k] = reach[k + 1]
-        for o in fresh[k]:
-            reach[k] |= o.mask
+        d = items[k]
+        reach[k] = reach[k + 1] | (d.gi.reach if d.placement is None and fresh[k] else _reach(fresh[k]))
         size[k] = size[k + 1] + items[k].gi.memory_slices
         later[k] = later[k + 1] + 1 if k + 1 < n and twins[k + 1] else 0
     return _Order(tuple(items), tuple(twins), tuple(later), tuple(reach), tuple(size),

@@ -157,6 +157,14 @@ class GiProfile:
         return tuple((p, ((1 << p.size) - 1) << p.start) for p in self.placements)
 
     @cached_property
+    def reach(self) -> int:
+        """Every memory slice some placement of this profile takes, as bits."""
+        reach = 0
+        for _, mask in self.masks:
+            reach |= mask
+        return reach
+
+    @cached_property
     def at_start(self) -> dict[int, tuple[Placement, int]]:
         """:attr:`masks` by placement start (the first-fit table names placements by start)."""
         return {p.start: (p, m) for p, m in self.masks}
