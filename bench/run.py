@@ -16,6 +16,7 @@ simulated driver takes --driver-ms per mutating call, outside its lock, as a rea
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import os
 import sys
@@ -69,31 +70,41 @@ def _desired(gis: tuple[GiProfile, ...]) -> DesiredLayout:
     return DesiredLayout(True, tuple(DesiredInstance(gi=p, cis=(p.default_ci,)) for p in gis))
 
 
-def _timed(fn: Any, *args: Any, before: Any = None) -> float:
-    """Seconds one call takes; ``before`` runs first, outside the timing."""
-    if before is not None:
-        before()
-    t0 = time.perf_counter()
-    fn(*args)
-    return time.perf_counter() - t0
+def _timed(fn: Any, *args: Any, before: Any = None, reps: int = 1) -> float:
+    """Seconds one call takes, the least of ``reps`` tries (as timeit takes: noise only adds), with
+    the cyclic collector off while timing (as in timeit); ``before`` runs before each, untimed."""
+    best = float("inf")
+    for _ in range(reps):
+        if before is not None:
+            before()
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            t0 = time.perf_counter()
+            fn(*args)
+            best = min(best, time.perf_counter() - t0)
+        finally:
+            if collecting:
+                gc.enable()
+    return best
 
 
-def bench_plan() -> dict[str, float]:
+def bench_plan(reps: int) -> dict[str, float]:
     """All 127 layouts from an empty GPU, then all 127 x 127 transitions, beside the independent
-    bitmask search of bench/refs.py.  Three ways: first time (every memo keyed by a request or a
-    GPU state dropped before each plan; the model's tables, built once per model and process and
-    timed on their own, stay), a new GPU state for a request planned before (the daemon's case
-    when an instance appears or goes: a request is solved for its own sake once per profile), and
-    again (memoised)."""
+    bitmask search of bench/refs.py, each plan the least of ``reps`` tries.  Three ways: first
+    time (every memo keyed by a request or a GPU state dropped before each plan; the model's
+    tables, built once per model and process and timed on their own, stay), a new GPU state for a
+    request planned before (the daemon's case when an instance appears or goes: a request is
+    solved for its own sake once per profile), and again (memoised)."""
     lays, gpu = layouts(), fake_gpu(MODEL)
     forget(tables=True)
     table_ms = 1e3 * _timed(build_tables, MODEL)  # once per model and process, before any timing below
-    first = 1e3 * sum(_timed(plan_gpu, gpu, _desired(w), [], before=forget) for w in lays)
+    first = 1e3 * sum(_timed(plan_gpu, gpu, _desired(w), [], before=forget, reps=reps) for w in lays)
     for w in lays:
         plan_gpu(gpu, _desired(w), [])
-    again = 1e3 * sum(_timed(plan_gpu, gpu, _desired(w), []) for w in lays)
+    again = 1e3 * sum(_timed(plan_gpu, gpu, _desired(w), [], reps=reps) for w in lays)
     out = {"table_ms": table_ms, "empty_first_ms": first, "empty_again_ms": again,
-           "empty_ref_ms": 1e3 * sum(_timed(refs.fewest_ops, w, ()) for w in lays)}
+           "empty_ref_ms": 1e3 * sum(_timed(refs.fewest_ops, w, (), reps=reps) for w in lays)}
     current = [tuple(GpuInstance(n + 1, t.gi_profile_id, t.placement,
                                  tuple(ComputeInstance(0, pid, pl) for pid, pl in t.ci))
                      for n, t in enumerate(plan_gpu(gpu, _desired(w), []).targets)) for w in lays]
@@ -104,10 +115,10 @@ def bench_plan() -> dict[str, float]:
     for cur in current:
         keys = [(g.profile_id, g.placement.start) for g in cur]
         for w in lays:
-            first_t.append(_timed(plan_gpu, gpu, _desired(w), list(cur), before=forget))
-            seen.append(_timed(plan_gpu, gpu, _desired(w), list(cur), before=_solve.cache_clear))
-            again_t.append(_timed(plan_gpu, gpu, _desired(w), list(cur)))
-            ref.append(_timed(refs.fewest_ops, w, keys))
+            first_t.append(_timed(plan_gpu, gpu, _desired(w), list(cur), before=forget, reps=reps))
+            seen.append(_timed(plan_gpu, gpu, _desired(w), list(cur), before=_solve.cache_clear, reps=reps))
+            again_t.append(_timed(plan_gpu, gpu, _desired(w), list(cur), reps=reps))
+            ref.append(_timed(refs.fewest_ops, w, keys, reps=reps))
     pct = daemon_bench.pct
     out.update(trans_first_p99_us=1e6 * pct(first_t, 0.99), trans_seen_p99_us=1e6 * pct(seen, 0.99),
                trans_again_p99_us=1e6 * pct(again_t, 0.99), trans_ref_p99_us=1e6 * pct(ref, 0.99),
@@ -226,7 +237,7 @@ def main() -> int:
     load0 = os.getloadavg()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        plan = bench_plan()
+        plan = bench_plan(1 if args.short else 3)
         apply = bench_apply(args.driver_ms, tmp)
         ops = bench_ops(tmp)
         sampler = daemon_bench.bench_sampler(tmp, 5 if args.short else 20)
