@@ -175,9 +175,10 @@ def _mask(pl: Placement) -> int:
     return ((1 << pl.size) - 1) << pl.start
 
 
-def _floors(options: Sequence[Sequence[Option]], twins: Sequence[bool]) -> list[int]:
+def _floors(options: Sequence[Sequence[Option]], twins: Sequence[bool], uniform: bool = False) -> list[int]:
     """The least the items from k on can add.  Identical items (twins) take distinct placements, so
-    r remaining twins add at least their options' r smallest deltas, not r times the smallest."""
+    r remaining twins add at least their options' r smallest deltas, not r times the smallest.
+    ``uniform``: all options of an item add the same (nothing can be kept), so no sorting."""
     n = len(options)
     floor = [0] * (n + 1)
     run = 0  # twins of item k that come after it
@@ -185,8 +186,12 @@ def _floors(options: Sequence[Sequence[Option]], twins: Sequence[bool]) -> list[
         run = run + 1 if k + 1 < n and twins[k + 1] else 0
         opts = options[k]
         # floor[k] = what item k and its later twins add at least, plus everything after the twins
-        if run == 0 or not opts:
-            floor[k] = min([o.delta for o in opts], default=0) + floor[k + 1]
+        if not opts:
+            floor[k] = floor[k + run + 1]
+        elif uniform:
+            floor[k] = min(run + 1, len(opts)) * opts[0].delta + floor[k + run + 1]
+        elif run == 0:
+            floor[k] = min([o.delta for o in opts]) + floor[k + 1]
         else:
             floor[k] = sum(sorted([o.delta for o in opts])[:run + 1]) + floor[k + run + 1]
     return floor
@@ -247,7 +252,7 @@ def search_order(want: tuple[DesiredInstance, ...]) -> _Order:
         size[k] = size[k + 1] + items[k].gi.memory_slices
         later[k] = later[k + 1] + 1 if k + 1 < n and twins[k + 1] else 0
     return _Order(tuple(items), tuple(twins), tuple(later), tuple(reach), tuple(size),
-                  tuple(fresh), tuple(_floors(fresh, twins)))
+                  tuple(fresh), tuple(_floors(fresh, twins, uniform=True)))
 
 
 def search(want: list[DesiredInstance], current: Mapping[tuple[int, int], GpuInstance], busy: Busy,
