@@ -26,6 +26,7 @@ from migd.isolation.watch import FaultWatch
 from migd.metrics.collector import EventCounters
 from migd.metrics.sampler import NvmlErrorCounter
 from migd.paths import DEFAULT_CONFIG, DEFAULT_SOCKET
+from migd.planner import build_tables
 from migd.sim.state import FLEETS
 from migd.trust import ensure_private_dir
 from migd.yamlsrc import ValidationError
@@ -170,8 +171,11 @@ def _serve(args: argparse.Namespace, cfg: Config, backend: GpuBackend, daemon: D
     signals = SignalRelay((signal.SIGHUP, signal.SIGTERM, signal.SIGINT), on_signal)
     watchdog = Watchdog(daemon.notifier, daemon.heartbeat)
     watchdog.start()
-    log.info("migd starting: %d GPU(s), %d profiles, timezone %s, control socket %s", len(backend.list_gpus()),
+    gpus = backend.list_gpus()
+    log.info("migd starting: %d GPU(s), %d profiles, timezone %s, control socket %s", len(gpus),
              len(cfg.profiles), cfg.timezone.key, socket_path)
+    for model in {g.model for g in gpus if g.model is not None}:  # before the first plan needs them
+        build_tables(model)
     # What start-up built (catalog, profiles, pynvml, the simulated library) lives as long as migd:
     # moved out of the cyclic collector's reach, a full collection scans only what the daemon
     # allocates as it runs, and a scrape no longer waits for one (issue 16: scrape p99).
