@@ -355,3 +355,34 @@ def test_listing_survives_an_instance_vanishing_underneath(node: Any) -> None:
     with pytest.raises(HardwareError, match="kept changing"):
         backend.list_mig_devices(0)  # bounded in time: a handle that stays invalid is an error
     assert time.monotonic() - t0 < 10
+
+
+def test_gpm_metrics_get_reads_the_header_and_the_entries_it_names(node: Any) -> None:
+    """nvmlGpmMetricsGet reads version, numMetrics, the two samples and numMetrics entries: a buffer
+    holding just those is answered in full (the driver cannot know the caller's allocation), more
+    entries than the struct holds or a wrong version are refused."""
+    backend, _, _ = node("single-h100")
+    gi = backend.create_gpu_instance(0, 19, Placement(0, 1))
+    dev = N.nvmlDeviceGetHandleByIndex(0)
+    s1, s2 = N.nvmlGpmSampleAlloc(), N.nvmlGpmSampleAlloc()
+    N.nvmlGpmMigSampleGet(dev, gi, s1)
+    time.sleep(0.11)
+    N.nvmlGpmMigSampleGet(dev, gi, s2)
+    offset = N.c_nvmlGpmMetricsGet_t.metrics.offset
+    metric = ctypes.sizeof(N.c_nvmlGpmMetric_t)
+    short = ctypes.create_string_buffer(offset + 2 * metric)  # room for two entries, not 477
+    raw = (ctypes.c_uint * 2).from_buffer(short, 0)
+    raw[0], raw[1] = N.NVML_GPM_METRICS_GET_VERSION, 2
+    ptrs = (ctypes.c_void_p * 2).from_buffer(short, 8)
+    ptrs[0], ptrs[1] = ctypes.cast(s1, ctypes.c_void_p).value, ctypes.cast(s2, ctypes.c_void_p).value
+    entries = (N.c_nvmlGpmMetric_t * 2).from_buffer(short, offset)
+    entries[0].metricId, entries[1].metricId = N.NVML_GPM_METRIC_SM_UTIL, 9999
+    get = N._nvmlGetFunctionPointer("nvmlGpmMetricsGet")
+    assert get(ctypes.c_void_p(ctypes.addressof(short))) == N.NVML_SUCCESS
+    assert entries[0].nvmlReturn == N.NVML_SUCCESS and entries[1].nvmlReturn == N.NVML_ERROR_NOT_SUPPORTED
+    raw[1] = N.c_nvmlGpmMetricsGet_t.metrics.size // metric + 1
+    assert get(ctypes.c_void_p(ctypes.addressof(short))) == N.NVML_ERROR_INVALID_ARGUMENT
+    raw[0], raw[1] = N.NVML_GPM_METRICS_GET_VERSION + 1, 2
+    assert get(ctypes.c_void_p(ctypes.addressof(short))) == N.NVML_ERROR_INVALID_ARGUMENT
+    N.nvmlGpmSampleFree(s1)
+    N.nvmlGpmSampleFree(s2)

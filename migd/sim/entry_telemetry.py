@@ -93,15 +93,35 @@ def gpm_mig_sample_get(call: Any, handle: int, gi_id: int, sample: int) -> None:
                    "busy": any(p.gi == gi.id for p in gpu.processes)}
 
 
+class _MetricsHead(ctypes.Structure):
+    """The fields of nvmlGpmMetricsGet_t before its metrics array (checked against pynvml below)."""
+
+    _fields_ = [("version", ctypes.c_uint), ("numMetrics", ctypes.c_uint), ("sample1", ctypes.c_void_p),
+                ("sample2", ctypes.c_void_p)]
+
+
+_METRIC = plain(pynvml.c_nvmlGpmMetric_t)
+_METRICS_AT = pynvml.c_nvmlGpmMetricsGet_t.metrics.offset
+_METRICS_MAX = pynvml.c_nvmlGpmMetricsGet_t.metrics.size // ctypes.sizeof(_METRIC)
+if ctypes.sizeof(_MetricsHead) != _METRICS_AT:
+    raise ImportError("pynvml's nvmlGpmMetricsGet_t no longer has the header this simulator reads")
+
+
 @export(PTR, name="nvmlGpmMetricsGet")
 def gpm_metrics_get(call: Any, mg_p: int) -> None:
-    mg = call.mem.versioned("nvmlGpmMetricsGet", "metricsGet", mg_p, plain(pynvml.c_nvmlGpmMetricsGet_t),
-                            pynvml.NVML_GPM_METRICS_GET_VERSION)
+    """Reads the header and the ``numMetrics`` entries it names, as the driver does (the rest of the
+    caller's array is neither read nor checked)."""
+    fn = "nvmlGpmMetricsGet"
+    head = call.mem.versioned(fn, "metricsGet", mg_p, _MetricsHead, pynvml.NVML_GPM_METRICS_GET_VERSION)
+    n = head.numMetrics
+    if n > _METRICS_MAX:
+        raise NvmlFail(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # more metrics than the struct holds
+    metrics = call.mem.at(fn, "metricsGet.metrics", mg_p + _METRICS_AT, _METRIC * n)
     with call.state():
-        a = call.lib.samples.get(ctypes.cast(mg.sample1, ctypes.c_void_p).value or 0)
-        b = call.lib.samples.get(ctypes.cast(mg.sample2, ctypes.c_void_p).value or 0)
-    if not a or not b or a[1] is None or b[1] is None or mg.numMetrics > len(mg.metrics):
-        raise NvmlFail(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # freed, never filled, or too many metrics
+        a = call.lib.samples.get(head.sample1 or 0)
+        b = call.lib.samples.get(head.sample2 or 0)
+    if not a or not b or a[1] is None or b[1] is None:
+        raise NvmlFail(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # freed or never filled
     a, b = a[1], b[1]
     dt = b["t"] - a["t"]
     if dt <= 0 or a["uuid"] != b["uuid"] or a["start"] != b["start"]:
@@ -110,7 +130,7 @@ def gpm_metrics_get(call: Any, mg_p: int) -> None:
     if b["busy"]:
         level = (_activity_integral(b["uuid"], b["start"], b["t"])
                  - _activity_integral(a["uuid"], a["start"], a["t"])) / dt
-    for m in mg.metrics[:mg.numMetrics]:  # elements share the caller's memory: written in place
+    for m in metrics:  # elements share the caller's memory: written in place
         shape = _GPM_SHAPE.get(m.metricId)
         if shape is None:
             m.nvmlReturn, m.value = pynvml.NVML_ERROR_NOT_SUPPORTED, 0.0
