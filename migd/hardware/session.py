@@ -19,7 +19,9 @@ class SessionLock:
     """A reader-writer lock with writer preference; shared access is re-entrant per thread."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        # A plain lock (entered in C) under the condition: every NVML call takes it twice.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._readers = 0
         self._writer = False
         self._writers_waiting = 0
@@ -28,24 +30,6 @@ class SessionLock:
     def shared(self) -> AbstractContextManager[None]:
         """Shared, re-entrant use (a class, not a generator: every NVML call enters one)."""
         return _Shared(self)
-
-    def _enter_shared(self) -> int:
-        depth: int = getattr(self._local, "depth", 0)
-        if depth == 0:
-            with self._cond:
-                while self._writer or self._writers_waiting:
-                    self._cond.wait()
-                self._readers += 1
-        self._local.depth = depth + 1
-        return depth
-
-    def _exit_shared(self, depth: int) -> None:
-        self._local.depth = depth
-        if depth == 0:
-            with self._cond:
-                self._readers -= 1
-                if self._readers == 0:
-                    self._cond.notify_all()
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
@@ -68,13 +52,28 @@ class SessionLock:
 
 
 class _Shared:
+    """One shared use (the lock's bookkeeping written here: every NVML call enters one)."""
+
     __slots__ = ("lock", "depth")
 
     def __init__(self, lock: SessionLock) -> None:
         self.lock = lock
 
     def __enter__(self) -> None:
-        self.depth = self.lock._enter_shared()
+        lock = self.lock
+        self.depth = depth = getattr(lock._local, "depth", 0)
+        if depth == 0:
+            with lock._lock:
+                while lock._writer or lock._writers_waiting:  # a waiting reset goes first
+                    lock._cond.wait()
+                lock._readers += 1
+        lock._local.depth = depth + 1
 
     def __exit__(self, *_: object) -> None:
-        self.lock._exit_shared(self.depth)
+        lock, depth = self.lock, self.depth
+        lock._local.depth = depth
+        if depth == 0:
+            with lock._lock:
+                lock._readers -= 1
+                if lock._readers == 0 and lock._writers_waiting:  # only a reset waits for no readers
+                    lock._cond.notify_all()
