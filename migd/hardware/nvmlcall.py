@@ -35,39 +35,32 @@ class Nvml:
 
     def __call__(self, fn: str, *args: Any, gpu: int | None = None, absent: tuple[int, ...] = ()) -> Any:
         """``pynvml.<fn>(*args)``; an NVML error becomes a HardwareError naming the call and GPU,
-        except the ``absent`` codes, which mean "not there" and give None.  (:meth:`unlocked`'s body
-        again rather than a call to it: every NVML call of a sampling cycle comes through here.)"""
-        with self.session.shared():
-            try:
-                return getattr(pynvml, fn)(*args)
-            except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError) as e:
-                return self._failed(fn, e, gpu, absent)
+        except the ``absent`` codes, which mean "not there" and give None."""
+        with self.session.shared():  # through unlocked(): bench/sampler_probe.py counts calls there
+            return self.unlocked(fn, *args, gpu=gpu, absent=absent)
 
     def unlocked(self, fn: str, *args: Any, gpu: int | None = None, absent: tuple[int, ...] = ()) -> Any:
         try:
             return getattr(pynvml, fn)(*args)
-        except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError) as e:
-            return self._failed(fn, e, gpu, absent)
-
-    def _failed(self, fn: str, e: Exception, gpu: int | None, absent: tuple[int, ...]) -> None:
-        """None for an ``absent`` code; otherwise raises the HardwareError for ``e``."""
-        where = f"GPU {gpu}: " if gpu is not None else ""
-        if isinstance(e, pynvml.NVMLError):
+        except pynvml.NVMLError as e:
+            where = f"GPU {gpu}: " if gpu is not None else ""
             code = int(getattr(e, "value", 0) or 0)
             if code in absent:
                 return None
             if self._on_error is not None:
                 self._on_error(fn, code)
             raise HardwareError(f"{where}{fn} failed: NVML_ERROR_{error_name(code)}", code=code, gpu=gpu) from e
-        # pynvml raises NVMLLibraryMismatchError (not an NVMLError) when the driver's library lacks
-        # the versioned entry point it calls, e.g. nvmlDeviceGetComputeRunningProcesses_v3 before R510.
-        code = int(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
-        if self._on_error is not None:
-            self._on_error(fn, code)
-        raise HardwareError(f"{where}{fn}: the NVIDIA driver's NVML library is older than nvidia-ml-py "
-                            f"{getattr(pynvml, '__version__', '')} expects (a versioned entry point is "
-                            f"missing); upgrade the driver or pin an older nvidia-ml-py", code=code,
-                            gpu=gpu) from e
+        except pynvml.NVMLLibraryMismatchError as e:
+            # pynvml raises this (not an NVMLError) when the driver's library lacks the versioned
+            # entry point it calls, e.g. nvmlDeviceGetComputeRunningProcesses_v3 before R510.
+            code = int(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+            where = f"GPU {gpu}: " if gpu is not None else ""
+            if self._on_error is not None:
+                self._on_error(fn, code)
+            raise HardwareError(f"{where}{fn}: the NVIDIA driver's NVML library is older than nvidia-ml-py "
+                                f"{getattr(pynvml, '__version__', '')} expects (a versioned entry point is "
+                                f"missing); upgrade the driver or pin an older nvidia-ml-py", code=code,
+                                gpu=gpu) from e
 
     def init(self) -> None:
         self.unlocked("nvmlInit")
