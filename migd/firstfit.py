@@ -33,7 +33,7 @@ def search_rank(p: GiProfile) -> tuple[int, int]:
 def first_fit(model: GpuModel) -> dict[Sequence, tuple[int, ...]]:
     """Every profile sequence that fits ``model``'s memory slices -> its first placement starts."""
     profiles = sorted(model.profiles, key=search_rank)
-    masks = [[(pl.start, ((1 << pl.size) - 1) << pl.start) for pl in p.placements] for p in profiles]
+    masks = [[(pl.start, mask) for pl, mask in p.masks] for p in profiles]
     table: dict[Sequence, tuple[int, ...]] = {}
     seq: list[int] = []
     starts: list[int] = []

@@ -14,7 +14,7 @@ first complete layout is optimal and everything after it is cut (issue 16).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from functools import lru_cache, partial
+from functools import lru_cache
 from typing import NamedTuple
 
 from migd.hardware.backend import GpuInstance
@@ -113,9 +113,6 @@ class Option(NamedTuple):
     cis: CiLayout
 
 
-_option = partial(tuple.__new__, Option)  # an Option from all its fields, without NamedTuple.__new__ (hot)
-
-
 class Solution(NamedTuple):
     """The layout a search chose (a tuple, as Option: built on every plan)."""
 
@@ -200,9 +197,10 @@ def _floors(options: Sequence[Sequence[Option]], twins: Sequence[bool], uniform:
 def fresh_layout(table: Mapping[tuple[int, ...], tuple[int, ...]], want: Sequence[DesiredInstance]) -> \
         Solution | None:
     """What ``search`` returns on an empty GPU, looked up in the model's first-fit table
-    (migd.firstfit); None where the table cannot say (a pinned instance, a CI layout that does
-    not fit, a sequence that does not fit): the search then decides."""
-    if any(d.placement is not None for d in want):
+    (migd.firstfit) and each instance's :func:`fresh_options`; None where the table cannot say (a
+    pinned instance or CI layout, CIs that fit no GI, a sequence that does not fit): the search
+    then decides."""
+    if any(d.placement is not None or d.ci_placements is not None for d in want):
         return None
     items = tuple(sorted(want, key=_search_key))
     starts = table.get(tuple(d.gi.profile_id for d in items))
@@ -210,11 +208,10 @@ def fresh_layout(table: Mapping[tuple[int, ...], tuple[int, ...]], want: Sequenc
         return None
     options = []
     for d, start in zip(items, starts, strict=True):
-        cis = fresh_cis(d.cis) if d.ci_placements is None else place_cis(d.cis, d.ci_placements, ())
-        if cis is None:
+        fresh = fresh_options(d.gi, d.cis)  # in the order of d.gi.placements
+        if not fresh:
             return None
-        pl, mask = d.gi.at_start[start]
-        options.append(_option((pl, mask, OP * (1 + len(cis)), cis)))
+        options.append(fresh[d.gi.start_index[start]])
     return Solution(items, tuple(options))
 
 

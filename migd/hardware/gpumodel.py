@@ -165,9 +165,10 @@ class GiProfile:
         return reach
 
     @cached_property
-    def at_start(self) -> dict[int, tuple[Placement, int]]:
-        """:attr:`masks` by placement start (the first-fit table names placements by start)."""
-        return {p.start: (p, m) for p, m in self.masks}
+    def start_index(self) -> dict[int, int]:
+        """Placement start -> its index in :attr:`placements` (the first-fit table names placements
+        by start)."""
+        return {p.start: i for i, p in enumerate(self.placements)}
 
     @cached_property  # frozen: computed once, kept in __dict__
     def media(self) -> Media:
