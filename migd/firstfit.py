@@ -18,10 +18,18 @@ compares the table with the search for every sequence of every model.
 from __future__ import annotations
 
 from functools import cache
+from typing import NamedTuple
 
 from migd.hardware.catalog import GiProfile, GpuModel
 
 Sequence = tuple[int, ...]  # GI profile ids in search order
+
+
+class Fit(NamedTuple):
+    """Where a profile sequence goes on an empty GPU."""
+
+    starts: tuple[int, ...]  # the placement start of each instance, in search order
+    by_start: tuple[int, ...]  # the instances' indexes in ascending start (the order plans list them)
 
 
 def search_rank(p: GiProfile) -> tuple[int, int]:
@@ -30,11 +38,11 @@ def search_rank(p: GiProfile) -> tuple[int, int]:
 
 
 @cache  # one entry per catalog model: bounded, never stale (the catalog is constant)
-def first_fit(model: GpuModel) -> dict[Sequence, tuple[int, ...]]:
+def first_fit(model: GpuModel) -> dict[Sequence, Fit]:
     """Every profile sequence that fits ``model``'s memory slices -> its first placement starts."""
     profiles = sorted(model.profiles, key=search_rank)
     masks = [[(pl.start, mask) for pl, mask in p.masks] for p in profiles]
-    table: dict[Sequence, tuple[int, ...]] = {}
+    table: dict[Sequence, Fit] = {}
     seq: list[int] = []
     starts: list[int] = []
 
@@ -49,7 +57,7 @@ def first_fit(model: GpuModel) -> dict[Sequence, tuple[int, ...]]:
                 starts.append(start)
                 key = tuple(seq)
                 if key not in table:
-                    table[key] = tuple(starts)
+                    table[key] = Fit(tuple(starts), tuple(sorted(range(len(starts)), key=starts.__getitem__)))
                 walk(j, used | mask, start)
                 seq.pop()
                 starts.pop()

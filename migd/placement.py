@@ -14,9 +14,11 @@ first complete layout is optimal and everything after it is cut (issue 16).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from functools import lru_cache
+from functools import lru_cache, partial
+from operator import attrgetter
 from typing import NamedTuple
 
+from migd.firstfit import Fit
 from migd.hardware.backend import GpuInstance
 from migd.hardware.catalog import CiProfile, GiProfile, Placement
 from migd.profiles.resolve import DesiredInstance
@@ -87,13 +89,6 @@ def _place_cis(want: tuple[CiProfile, ...], have: CiLayout) -> CiLayout | None:
     return tuple(sorted((want[i].profile_id, placed[i]) for i in range(len(want))))
 
 
-def item_key(d: DesiredInstance) -> tuple[object, ...]:
-    """Identical items are interchangeable: the search places them in increasing start order only."""
-    pinned = (d.placement.start, d.placement.size) if d.placement is not None else (-1, 0)
-    cis = tuple((p.start, p.size) for p in d.ci_placements) if d.ci_placements else ()
-    return (d.gi.profile_id, tuple([c.profile_id for c in d.cis]), d.owner or "", pinned, cis)
-
-
 def destroy_cost(gi: GpuInstance, busy: Busy) -> int:
     return OP * (1 + len(gi.compute_instances)) + (BUSY if busy.get(gi.id) else 0)
 
@@ -113,41 +108,49 @@ class Option(NamedTuple):
     cis: CiLayout
 
 
+_option = partial(tuple.__new__, Option)  # an Option from all its fields, without NamedTuple.__new__
+
+
 class Solution(NamedTuple):
     """The layout a search chose (a tuple, as Option: built on every plan)."""
 
-    items: tuple[DesiredInstance, ...]  # in search order
+    items: tuple[DesiredInstance, ...]  # in ascending placement start (the order plans list them)
     options: tuple[Option, ...]  # the chosen option of each item
 
 
-Existing = tuple[GpuInstance, CiLayout, int]  # an existing GI, its CIs as a layout, what destroying it costs
+Existing = tuple[GpuInstance, CiLayout, int]  # an existing GI, its CIs as a sorted layout, what destroying it costs
 
 
-def _options(d: DesiredInstance, current: Mapping[tuple[int, int], Existing], busy: Busy,
-             owners: Mapping[int, str]) -> tuple[Option, ...]:
-    """Each placement of ``d`` with what choosing it adds; none if its CIs fit no GI."""
+def _fresh(d: DesiredInstance) -> tuple[Option, ...]:
+    """Each placement of ``d`` on a GPU where nothing can be kept; none if its CIs fit no GI."""
     if d.placement is None and d.ci_placements is None:
-        base = fresh_options(d.gi, d.cis)
-        if not current:
-            return base
-    else:  # pinned: rollback and exact restores
-        fresh = place_cis(d.cis, d.ci_placements, ())
-        placements = d.gi.masks if d.placement is None else ((d.placement, _mask(d.placement)),)
-        base = () if fresh is None else tuple(Option(pl, mask, OP * (1 + len(fresh)), fresh)
-                                              for pl, mask in placements)
+        return fresh_options(d.gi, d.cis)
+    # pinned: rollback and exact restores
+    fresh = place_cis(d.cis, d.ci_placements, ())
+    placements = d.gi.masks if d.placement is None else ((d.placement, _mask(d.placement)),)
+    return () if fresh is None else tuple(_option((pl, mask, OP * (1 + len(fresh)), fresh)) for pl, mask in placements)
+
+
+def _options(d: DesiredInstance, base: tuple[Option, ...], current: Mapping[tuple[int, int], Existing], busy: Busy,
+             owners: Mapping[int, str]) -> tuple[Option, ...]:
+    """``d``'s fresh options ``base`` with what choosing each adds given the GIs that exist now
+    (keeping one where it sits saves its destroy and creates).  Without a fresh layout there is
+    none keeping CIs either (pinned CIs always have one)."""
     out = []
-    for o in base:  # without a fresh layout there is none keeping CIs either (pinned CIs always have one)
-        hit = current.get((d.gi.profile_id, o.placement.start))
+    pid = d.gi.profile_id
+    for o in base:
+        hit = current.get((pid, o.placement.start))
         if hit is None:
             out.append(o)
             continue
         existing, have, destroy = hit
-        cis = place_cis(d.cis, d.ci_placements, have)
+        # CIs as they would be created anew are already there: keeping them all is the answer
+        cis = have if have == o.cis else place_cis(d.cis, d.ci_placements, have)
         if cis is None:
             continue
         change = 0 if cis == have else _ci_cost(existing, cis, busy)
         moved = OWNER if d.owner != owners.get(o.placement.start, d.owner) else 0
-        out.append(Option(o.placement, o.mask, change + moved - destroy, cis))
+        out.append(_option((o.placement, o.mask, change + moved - destroy, cis)))
     return tuple(out)
 
 
@@ -158,7 +161,7 @@ def fresh_options(gi: GiProfile, cis: tuple[CiProfile, ...]) -> tuple[Option, ..
     layout = fresh_cis(cis)
     if layout is None:
         return ()
-    return tuple(Option(pl, mask, OP * (1 + len(layout)), layout) for pl, mask in gi.masks)
+    return tuple(_option((pl, mask, OP * (1 + len(layout)), layout)) for pl, mask in gi.masks)
 
 
 def _reach(options: Sequence[Option]) -> int:
@@ -194,30 +197,29 @@ def _floors(options: Sequence[Sequence[Option]], twins: Sequence[bool], uniform:
     return floor
 
 
-def fresh_layout(table: Mapping[tuple[int, ...], tuple[int, ...]], want: Sequence[DesiredInstance]) -> \
-        Solution | None:
-    """What ``search`` returns on an empty GPU, looked up in the model's first-fit table
-    (migd.firstfit) and each instance's :func:`fresh_options`; None where the table cannot say (a
-    pinned instance or CI layout, CIs that fit no GI, a sequence that does not fit): the search
-    then decides."""
-    if any(d.placement is not None or d.ci_placements is not None for d in want):
+def fresh_layout(table: Mapping[tuple[int, ...], Fit], items: Sequence[DesiredInstance],
+                 sequence: tuple[int, ...]) -> Solution | None:
+    """What ``search`` returns on an empty GPU for ``items`` (sorted by :data:`item_rank`; their
+    GI profile ids are ``sequence``), looked up in the model's first-fit table (migd.firstfit) and
+    each instance's :func:`fresh_options`; None where the table cannot say (a pinned instance or CI
+    layout, CIs that fit no GI, a sequence that does not fit): the search then decides."""
+    fit = table.get(sequence)
+    if fit is None:
         return None
-    items = tuple(sorted(want, key=_search_key))
-    starts = table.get(tuple(d.gi.profile_id for d in items))
-    if starts is None:
-        return None
+    starts = fit.starts
     options = []
-    for d, start in zip(items, starts, strict=True):
+    for k in fit.by_start:
+        d = items[k]
+        if d.placement is not None or d.ci_placements is not None:
+            return None
         fresh = fresh_options(d.gi, d.cis)  # in the order of d.gi.placements
         if not fresh:
             return None
-        options.append(fresh[d.gi.start_index[start]])
-    return Solution(items, tuple(options))
+        options.append(fresh[d.gi.start_index[starts[k]]])
+    return Solution(tuple([items[k] for k in fit.by_start]), tuple(options))
 
 
-def _search_key(d: DesiredInstance) -> tuple[int, tuple[object, ...]]:
-    """The search order: largest instances first, then by item_key (so identical items are adjacent)."""
-    return -d.gi.memory_slices, item_key(d)
+item_rank = attrgetter("rank")  # the search order (DesiredInstance.rank): identical items are adjacent
 
 
 class _Order(NamedTuple):
@@ -229,27 +231,32 @@ class _Order(NamedTuple):
     reach: tuple[int, ...]  # the memory slices items k.. could take at all
     size: tuple[int, ...]  # how many memory slices items k.. need
     fresh: tuple[tuple[Option, ...], ...]  # each item's options on a GPU where nothing can be kept
-    floor: tuple[int, ...]  # _floors of the fresh options
+    profiles: frozenset[int]  # the GI profile ids wanted
 
 
 @lru_cache(maxsize=512)
 def search_order(want: tuple[DesiredInstance, ...]) -> _Order:
-    keys = [_search_key(d) for d in want]
-    order = sorted(range(len(want)), key=keys.__getitem__)
-    items = [want[i] for i in order]
-    twins = [k > 0 and keys[order[k - 1]] == keys[order[k]] for k in range(len(items))]
+    items = sorted(want, key=item_rank)
+    n = len(items)
+    twins = [False] * n
     fresh: list[tuple[Option, ...]] = []
     for k, d in enumerate(items):  # twins have the same options
-        fresh.append(fresh[k - 1] if twins[k] else _options(d, {}, {}, {}))
-    n = len(items)
+        if k and d.rank == items[k - 1].rank:
+            twins[k] = True
+            fresh.append(fresh[k - 1])
+        else:
+            fresh.append(_fresh(d))
     reach, size, later = [0] * (n + 1), [0] * (n + 1), [0] * (n + 1)
     for k in range(n - 1, -1, -1):
         d = items[k]
         reach[k] = reach[k + 1] | (d.gi.reach if d.placement is None and fresh[k] else _reach(fresh[k]))
-        size[k] = size[k + 1] + items[k].gi.memory_slices
+        size[k] = size[k + 1] + d.gi.memory_slices
         later[k] = later[k + 1] + 1 if k + 1 < n and twins[k + 1] else 0
-    return _Order(tuple(items), tuple(twins), tuple(later), tuple(reach), tuple(size),
-                  tuple(fresh), tuple(_floors(fresh, twins, uniform=True)))
+    return _Order(tuple(items), tuple(twins), tuple(later), tuple(reach), tuple(size), tuple(fresh),
+                  frozenset([d.gi.profile_id for d in items]))
+
+
+_NONE = 1 << 62  # the cost of no layout: above any real one
 
 
 def search(want: list[DesiredInstance], current: Mapping[tuple[int, int], GpuInstance], busy: Busy,
@@ -258,38 +265,51 @@ def search(want: list[DesiredInstance], current: Mapping[tuple[int, int], GpuIns
     ``current``: existing GIs by (profile id, placement start)."""
     plan = search_order(tuple(want))
     items, twins, later, reach, size = plan.items, plan.twins, plan.later, plan.reach, plan.size
+    if not items:
+        return Solution((), ())
     options: list[tuple[Option, ...]] | tuple[tuple[Option, ...], ...] = plan.fresh
-    floor: list[int] | tuple[int, ...] = plan.floor
+    wanted = plan.profiles
     kept = {key[0] for key in current}
-    if any(d.gi.profile_id in kept for d in items):  # some existing GI may be kept: options change
-        known = {key: (g, tuple((c.profile_id, c.placement) for c in g.compute_instances), destroy_cost(g, busy))
-                 for key, g in current.items()}
+    uniform = kept.isdisjoint(wanted)
+    if not uniform:  # some existing GI may be kept: options change
+        known = {key: (g, tuple(sorted([(c.profile_id, c.placement) for c in g.compute_instances])),
+                       destroy_cost(g, busy)) for key, g in current.items() if key[0] in wanted}
         options = []
         for k, d in enumerate(items):
-            options.append(options[k - 1] if twins[k] else
-                           _options(d, known, busy, owners) if d.gi.profile_id in kept else plan.fresh[k])
-        floor = _floors(options, twins)
-    if any(not o for o in options):
+            options.append(options[k - 1] if twins[k] else _options(d, plan.fresh[k], known, busy, owners)
+                           if d.gi.profile_id in kept else plan.fresh[k])
+    if not all(options):
         return None
-    best: list[tuple[int, tuple[Option, ...]]] = []
+    floor = _floors(options, twins, uniform)
+    last = len(items) - 1
+    best = _NONE
+    pick: tuple[Option, ...] = ()
     chosen: list[Option] = []
 
-    def go(k: int, used: int, spent: int) -> None:
-        if k == len(items):
-            best[:] = [(spent, tuple(chosen))]
-            return
+    def go(k: int, used: int, spent: int, lo: int) -> None:
+        """Place item k on the free slices ``used`` leaves; ``lo``: the mask its twin before it
+        took (twins share a size, so ascending masks are ascending starts), else 0."""
+        nonlocal best, pick
         if (reach[k] & ~used).bit_count() < size[k]:
             return  # the slices the remaining items could use are too few for them
-        lo = chosen[k - 1].placement.start if twins[k] else -1
-        free = [o for o in options[k] if not used & o.mask and o.placement.start > lo]
+        free = [o for o in options[k] if not used & o.mask and o.mask > lo]
+        if k == last:  # a complete layout: kept only if cheaper than the best (an equal one loses the tie)
+            for o in free:
+                if spent + o.delta < best:
+                    best, pick = spent + o.delta, (*chosen, o)
+            return
+        twin = twins[k + 1]
         # this item and its r later twins take distinct, ascending starts: it can only take one of
         # the first len(free) - r free places (a branch with no complete layout is cut at once)
         for o in free[:len(free) - later[k]]:
             total = spent + o.delta
-            if best and total + floor[k + 1] >= best[0][0]:
-                continue  # cannot beat the best layout (an equal one found later loses the tie)
+            if total + floor[k + 1] >= best:
+                continue  # cannot beat the best layout
             chosen.append(o)
-            go(k + 1, used | o.mask, total)
+            go(k + 1, used | o.mask, total, o.mask if twin else 0)
             chosen.pop()
-    go(0, 0, 0)
-    return Solution(tuple(items), best[0][1]) if best else None
+    go(0, 0, 0, 0)
+    if not pick:
+        return None
+    by_start = sorted(range(len(items)), key=[o.placement.start for o in pick].__getitem__)
+    return Solution(tuple([items[k] for k in by_start]), tuple([pick[k] for k in by_start]))

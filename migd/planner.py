@@ -23,12 +23,12 @@ from migd.hardware.catalog import GiProfile, GpuModel, Placement, media_conflict
 from migd.kinds import Word
 from migd.placement import (
     Busy,
-    Option,
     Solution,
     ci_multisets,
     fresh_cis,
     fresh_layout,
     fresh_options,
+    item_rank,
     place_cis,
     search,
     search_order,
@@ -140,23 +140,23 @@ def summary(instances: list[DesiredInstance] | tuple[DesiredInstance, ...]) -> s
     return "+".join(f"{n}x{name}" if n > 1 else name for name, n in c.items()) or "nothing"
 
 
-@lru_cache(maxsize=512)
-def _feasibility(model: GpuModel, want: tuple[DesiredInstance, ...]) -> None:
-    """Raises PlanError if ``want`` cannot fit ``model`` at all (memoised per request: a pass
-    plans the same profile on every GPU of a model)."""
+def _feasibility(model: GpuModel, want: list[DesiredInstance], sequence: tuple[int, ...]) -> None:
+    """Raises PlanError if ``want`` (GI profile ids ``sequence`` in search order) cannot fit
+    ``model`` at all; the message names the request in its own order."""
     by_id = model.by_id
-    stray = next((i.gi for i in want if by_id.get(i.gi.profile_id) is not i.gi and
-                  by_id.get(i.gi.profile_id) != i.gi), None)
-    if stray is not None:  # requests are resolved per model: this is a bug, not bad input
-        raise PlanError(f"{stray.name} (GI profile id {stray.profile_id}) is not in the {model.key} table")
-    if not _fits(model, tuple(sorted(i.gi.profile_id for i in want))):
-        raise PlanError(_refusal(model, [i.gi for i in want], summary(want)) or "")
+    for d in want:
+        gi = d.gi
+        if by_id.get(gi.profile_id) is not gi and by_id.get(gi.profile_id) != gi:
+            # requests are resolved per model: this is a bug, not bad input
+            raise PlanError(f"{gi.name} (GI profile id {gi.profile_id}) is not in the {model.key} table")
+    if not _fits(model, sequence):
+        raise PlanError(_refusal(model, [d.gi for d in want], summary(want)) or "")
 
 
 @lru_cache(maxsize=4096)
 def _fits(model: GpuModel, profile_ids: tuple[int, ...]) -> bool:
-    """Whether GPU instances of these profiles may coexist on ``model``: a per-model table, a
-    function of the catalog alone, so ``forget`` keeps it."""
+    """Whether GPU instances of these profiles (in search order, as firstfit names sequences) may
+    coexist on ``model``: a per-model table, a function of the catalog alone, so ``forget`` keeps it."""
     return _refusal(model, [model.by_id[p] for p in profile_ids], "") is None
 
 
@@ -194,11 +194,11 @@ def plan_gpu(gpu: GpuInfo, desired: DesiredLayout, current: list[GpuInstance],
     if model is None:
         raise PlanError(f"GPU {gpu.index}: {gpu.name} (PCI 0x{gpu.pci_device_id:08X}) is not a known MIG-capable "
                         "model")
-    frozen_busy = tuple(sorted((gi, tuple(sorted(cis.items()))) for gi, cis in busy.items()))
+    frozen_busy = tuple(sorted((gi, tuple(sorted(cis.items()))) for gi, cis in busy.items())) if busy else ()
     targets, ops, kept = _solve(model, gpu.index, gpu.mig_current, gpu.mig_pending, desired, tuple(current),
-                                frozen_busy, tuple(sorted((owners or {}).items())), gpu_pids)
+                                frozen_busy, tuple(sorted(owners.items())) if owners else (), gpu_pids)
     kept_current = current if not desired.mig or gpu.mig_current else []
-    return GpuPlan(gpu, desired, list(targets), list(ops), kept=kept, busy=busy, current=list(kept_current))
+    return GpuPlan(gpu, desired, list(targets), list(ops), kept, busy, list(kept_current))
 
 
 @lru_cache(maxsize=1024)
@@ -220,10 +220,12 @@ def _solve(model: GpuModel, i: int, mig_current: bool, mig_pending: bool, desire
                 ops.append(Op(OpKind.RESET, i, busy_pids=gpu_pids))
         return (), tuple(ops), 0
     want = list(desired.instances)
-    _feasibility(model, desired.instances)
+    items = sorted(want, key=item_rank)
+    sequence = tuple([d.gi.profile_id for d in items])
+    _feasibility(model, want, sequence)
     existing = current if mig_current else ()
     by_key = {(g.profile_id, g.placement.start): g for g in existing}
-    solution = None if by_key else fresh_layout(first_fit(model), want)
+    solution = None if by_key else fresh_layout(first_fit(model), items, sequence)
     if solution is None:
         solution = search(want, by_key, busy, dict(frozen_owners))
     if solution is None:
@@ -245,7 +247,7 @@ def _solve(model: GpuModel, i: int, mig_current: bool, mig_pending: bool, desire
 def forget(tables: bool = False) -> None:
     """Drop every memo keyed by a request or a GPU state (benchmarks measure first-time planning
     after this); with ``tables``, the per-model tables as well (built again on first use)."""
-    for memo in (_solve, _feasibility, search_order, place_cis):
+    for memo in (_solve, search_order, place_cis):
         memo.cache_clear()
     if tables:
         for table in (first_fit, _fits, fresh_cis, fresh_options):
@@ -257,7 +259,7 @@ def build_tables(model: GpuModel) -> None:
     sequence, which GI profile multisets may coexist, and the CI layout of every CI multiset of
     every GI profile on an empty GI (requests naming CIs in another order add theirs on first use)."""
     for sequence in first_fit(model):
-        _fits(model, tuple(sorted(sequence)))
+        _fits(model, sequence)
     for gi in model.profiles:
         for cis in ci_multisets(gi):
             fresh_options(gi, cis)  # and fresh_cis(cis)
@@ -276,34 +278,28 @@ def _changes(i: int, solution: Solution, by_key: dict[tuple[int, int], GpuInstan
     creates: list[Op] = []
     targets: list[Target] = []
     kept_ids = set()
-    for d, o in sorted(zip(solution.items, solution.options, strict=True), key=_start):
+    create_gi, create_ci = OpKind.CREATE_GI, OpKind.CREATE_CI
+    for d, o in zip(solution.items, solution.options, strict=True):
         gi_prof, pl, cis = d.gi, o.placement, o.cis
-        start, gi_pid = pl.start, gi_prof.profile_id
+        start, gi_pid, names = pl.start, gi_prof.profile_id, gi_prof.ci_names
         targets.append(_target((gi_pid, pl, cis, d.label, d.owner)))
         g = by_key.get((gi_pid, start)) if by_key else None
         if g is None:
-            creates.append(_op((OpKind.CREATE_GI, i, start, None, None, gi_pid, pl, None, gi_prof.name, ())))
-            creates += [_op((OpKind.CREATE_CI, i, start, None, None, pid, cpl, None, _ci_name(gi_prof, pid), ()))
-                        for pid, cpl in cis]
+            creates.append(_op((create_gi, i, start, None, None, gi_pid, pl, None, gi_prof.name, ())))
+            for pid, cpl in cis:
+                creates.append(_op((create_ci, i, start, None, None, pid, cpl, None, names.get(pid, "?"), ())))
             continue
         kept_ids.add(g.id)
         have = {(c.profile_id, c.placement) for c in g.compute_instances}
+        if len(have) == len(cis) and have.issuperset(cis):
+            continue  # its CIs stay as they are
         pids = busy.get(g.id, {})
         ci_destroys += [_op((OpKind.DESTROY_CI, i, start, g.id, c.id, c.profile_id, c.placement, None, gi_prof.name,
                              pids.get(c.id, ()))) for c in g.compute_instances
                         if (c.profile_id, c.placement) not in cis]
-        creates += [_op((OpKind.CREATE_CI, i, start, None, None, pid, cpl, None, _ci_name(gi_prof, pid), ()))
+        creates += [_op((create_ci, i, start, None, None, pid, cpl, None, names.get(pid, "?"), ()))
                     for pid, cpl in cis if (pid, cpl) not in have]
     return targets, ci_destroys, creates, kept_ids
-
-
-def _ci_name(gi: GiProfile, ci_profile_id: int) -> str:
-    ci = gi.ci_by_id(ci_profile_id)
-    return ci.name if ci is not None else "?"
-
-
-def _start(item: tuple[DesiredInstance, Option]) -> int:
-    return item[1].placement.start
 
 
 def layout_of(model: GpuModel, instances: list[GpuInstance], owners: Mapping[int, str] | None = None) -> \

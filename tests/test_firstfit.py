@@ -11,7 +11,7 @@ import pytest
 
 from migd.firstfit import first_fit
 from migd.hardware.catalog import MODELS, CiProfile, GpuModel, Placement, media_conflict
-from migd.placement import ci_multisets, fresh_cis, fresh_layout, fresh_options, place_cis, search
+from migd.placement import Solution, ci_multisets, fresh_cis, fresh_layout, fresh_options, item_rank, place_cis, search
 from migd.planner import PlanError, _fits, _refusal, build_tables, forget, plan_gpu
 from migd.profiles.resolve import DesiredInstance, DesiredLayout
 from migd.profiles.validate import fake_gpu
@@ -25,6 +25,12 @@ def _want(model: GpuModel, seq: tuple[int, ...], owners: bool) -> list[DesiredIn
             for n, pid in enumerate(reversed(seq))]
 
 
+def _look_up(model: GpuModel, want: list[DesiredInstance]) -> Solution | None:
+    """fresh_layout as the planner calls it: the request in search order and its GI profile ids."""
+    items = sorted(want, key=item_rank)
+    return fresh_layout(first_fit(model), items, tuple(d.gi.profile_id for d in items))
+
+
 @pytest.mark.parametrize("key", sorted(MODELS))
 def test_table_equals_search_on_an_empty_gpu(key: str) -> None:
     model = MODELS[key]
@@ -32,7 +38,7 @@ def test_table_equals_search_on_an_empty_gpu(key: str) -> None:
     assert table, key
     for seq, owners in itertools.product(table, (False, True)):
         want = _want(model, seq, owners)
-        looked_up, searched = fresh_layout(table, want), search(want, {}, {}, {})
+        looked_up, searched = _look_up(model, want), search(want, {}, {}, {})
         assert looked_up is not None and searched is not None, seq
         assert looked_up.items == searched.items, seq
         assert [(o.placement, o.cis) for o in looked_up.options] == \
@@ -58,8 +64,8 @@ def test_pinned_or_unfitting_requests_fall_back_to_the_search() -> None:
     seven = model.profile_by_role("7g")
     assert seven is not None
     pinned = DesiredInstance(gi=seven, cis=(seven.default_ci,), placement=seven.placements[0])
-    assert fresh_layout(first_fit(model), [pinned]) is None
-    assert fresh_layout(first_fit(model), [DesiredInstance(gi=seven, cis=(seven.default_ci,))] * 2) is None
+    assert _look_up(model, [pinned]) is None
+    assert _look_up(model, [DesiredInstance(gi=seven, cis=(seven.default_ci,))] * 2) is None
 
 
 def test_a_first_time_plan_is_the_plan_the_search_makes() -> None:

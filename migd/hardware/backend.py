@@ -6,7 +6,7 @@ tests and the demo run that same class over the simulated NVML library (``migd.s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from migd.hardware.catalog import GpuModel, Placement
@@ -66,6 +66,13 @@ class GpuInstance:
     profile_id: int
     placement: Placement  # memory slices
     compute_instances: tuple[ComputeInstance, ...] = ()
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:  # hashed once: the planner's memos are keyed by the GIs that exist
+        object.__setattr__(self, "_hash", hash((self.id, self.profile_id, self.placement, self.compute_instances)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
 
 @dataclass(frozen=True)

@@ -181,6 +181,11 @@ class GiProfile:
     def _ci_index(self) -> dict[int, CiProfile]:
         return {c.profile_id: c for c in self.ci_profiles}
 
+    @cached_property
+    def ci_names(self) -> dict[int, str]:
+        """CI profile id -> name (plans name every CI they create)."""
+        return {c.profile_id: c.name for c in self.ci_profiles}
+
     def ci_by_id(self, profile_id: int) -> CiProfile | None:
         return self._ci_index.get(profile_id)
 
