@@ -89,6 +89,14 @@ def _place_cis(want: tuple[CiProfile, ...], have: CiLayout) -> CiLayout | None:
     return tuple(sorted((want[i].profile_id, placed[i]) for i in range(len(want))))
 
 
+def _layout(gi: GpuInstance) -> CiLayout:
+    """An existing GI's CIs as a sorted layout (the form place_cis answers in)."""
+    cis = gi.compute_instances
+    if len(cis) == 1:
+        return ((cis[0].profile_id, cis[0].placement),)
+    return tuple(sorted([(c.profile_id, c.placement) for c in cis]))
+
+
 def destroy_cost(gi: GpuInstance, busy: Busy) -> int:
     return OP * (1 + len(gi.compute_instances)) + (BUSY if busy.get(gi.id) else 0)
 
@@ -176,24 +184,24 @@ def _mask(pl: Placement) -> int:
 
 
 def _floors(options: Sequence[Sequence[Option]], twins: Sequence[bool], uniform: bool = False) -> list[int]:
-    """The least the items from k on can add.  Identical items (twins) take distinct placements, so
-    r remaining twins add at least their options' r smallest deltas, not r times the smallest.
-    ``uniform``: all options of an item add the same (nothing can be kept), so no sorting."""
-    n = len(options)
-    floor = [0] * (n + 1)
-    run = 0  # twins of item k that come after it
-    for k in range(n - 1, -1, -1):
-        run = run + 1 if k + 1 < n and twins[k + 1] else 0
-        opts = options[k]
-        # floor[k] = what item k and its later twins add at least, plus everything after the twins
-        if not opts:
-            floor[k] = floor[k + run + 1]
-        elif uniform:
-            floor[k] = min(run + 1, len(opts)) * opts[0].delta + floor[k + run + 1]
-        elif run == 0:
-            floor[k] = min([o.delta for o in opts]) + floor[k + 1]
-        else:
-            floor[k] = sum(sorted([o.delta for o in opts])[:run + 1]) + floor[k + run + 1]
+    """The least the items from k on can add.  Identical items (twins, which share one tuple of
+    options) take distinct placements, so r remaining twins add at least their options' r smallest
+    deltas, not r times the smallest.  ``uniform``: all options of an item add the same (nothing
+    can be kept), so no sorting."""
+    floor = [0] * (len(options) + 1)
+    last = len(options) - 1  # the last item of a run of twins
+    while last >= 0:
+        first = last
+        while twins[first]:
+            first -= 1
+        opts, after = options[last], floor[last + 1]
+        deltas = [opts[0].delta] * len(opts) if uniform and opts else sorted([o.delta for o in opts])
+        least = 0  # item k and the twins after it add at least the (last - k + 1) smallest deltas
+        for k in range(last, first - 1, -1):
+            if last - k < len(deltas):
+                least += deltas[last - k]
+            floor[k] = least + after
+        last = first - 1
     return floor
 
 
@@ -272,8 +280,7 @@ def search(want: list[DesiredInstance], current: Mapping[tuple[int, int], GpuIns
     kept = {key[0] for key in current}
     uniform = kept.isdisjoint(wanted)
     if not uniform:  # some existing GI may be kept: options change
-        known = {key: (g, tuple(sorted([(c.profile_id, c.placement) for c in g.compute_instances])),
-                       destroy_cost(g, busy)) for key, g in current.items() if key[0] in wanted}
+        known = {key: (g, _layout(g), destroy_cost(g, busy)) for key, g in current.items() if key[0] in wanted}
         options = []
         for k, d in enumerate(items):
             options.append(options[k - 1] if twins[k] else _options(d, plan.fresh[k], known, busy, owners)
@@ -292,21 +299,27 @@ def search(want: list[DesiredInstance], current: Mapping[tuple[int, int], GpuIns
         nonlocal best, pick
         if (reach[k] & ~used).bit_count() < size[k]:
             return  # the slices the remaining items could use are too few for them
-        free = [o for o in options[k] if not used & o.mask and o.mask > lo]
+        opts = options[k]
         if k == last:  # a complete layout: kept only if cheaper than the best (an equal one loses the tie)
-            for o in free:
-                if spent + o.delta < best:
+            for o in opts:
+                if not used & o.mask and o.mask > lo and spent + o.delta < best:
                     best, pick = spent + o.delta, (*chosen, o)
             return
-        twin = twins[k + 1]
-        # this item and its r later twins take distinct, ascending starts: it can only take one of
-        # the first len(free) - r free places (a branch with no complete layout is cut at once)
-        for o in free[:len(free) - later[k]]:
+        if later[k]:
+            # this item and its r later twins take distinct, ascending starts: it can only take one
+            # of the first len(free) - r free places (a branch with no complete layout is cut at once)
+            opts = [o for o in opts if not used & o.mask and o.mask > lo]
+            opts = opts[:len(opts) - later[k]]
+        twin, rest = twins[k + 1], floor[k + 1]
+        for o in opts:
+            mask = o.mask
+            if used & mask or mask <= lo:
+                continue
             total = spent + o.delta
-            if total + floor[k + 1] >= best:
+            if total + rest >= best:
                 continue  # cannot beat the best layout
             chosen.append(o)
-            go(k + 1, used | o.mask, total, o.mask if twin else 0)
+            go(k + 1, used | mask, total, mask if twin else 0)
             chosen.pop()
     go(0, 0, 0, 0)
     if not pick:
