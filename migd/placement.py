@@ -299,7 +299,7 @@ def search(want: list[DesiredInstance], current: Mapping[tuple[int, int], GpuIns
         nonlocal best, pick
         if (reach[k] & ~used).bit_count() < size[k]:
             return  # the slices the remaining items could use are too few for them
-        opts = options[k]
+        opts: Sequence[Option] = options[k]
         if k == last:  # a complete layout: kept only if cheaper than the best (an equal one loses the tie)
             for o in opts:
                 if not used & o.mask and o.mask > lo and spent + o.delta < best:
