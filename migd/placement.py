@@ -89,7 +89,7 @@ def _place_cis(want: tuple[CiProfile, ...], have: CiLayout) -> CiLayout | None:
     return tuple(sorted((want[i].profile_id, placed[i]) for i in range(len(want))))
 
 
-def _layout(gi: GpuInstance) -> CiLayout:
+def ci_layout(gi: GpuInstance) -> CiLayout:
     """An existing GI's CIs as a sorted layout (the form place_cis answers in)."""
     cis = gi.compute_instances
     if len(cis) == 1:
@@ -280,7 +280,7 @@ def search(want: list[DesiredInstance], current: Mapping[tuple[int, int], GpuIns
     kept = {key[0] for key in current}
     uniform = kept.isdisjoint(wanted)
     if not uniform:  # some existing GI may be kept: options change
-        known = {key: (g, _layout(g), destroy_cost(g, busy)) for key, g in current.items() if key[0] in wanted}
+        known = {key: (g, ci_layout(g), destroy_cost(g, busy)) for key, g in current.items() if key[0] in wanted}
         options = []
         for k, d in enumerate(items):
             options.append(options[k - 1] if twins[k] else _options(d, plan.fresh[k], known, busy, owners)

@@ -24,6 +24,7 @@ from migd.kinds import Word
 from migd.placement import (
     Busy,
     Solution,
+    ci_layout,
     ci_multisets,
     fresh_cis,
     fresh_layout,
@@ -178,8 +179,10 @@ def _refusal(model: GpuModel, want: list[GiProfile], name: str) -> str | None:
 def _destroy_ops(gpu: int, gi: GpuInstance, busy: Busy, name: str) -> list[Op]:
     pids = busy.get(gi.id, {})
     start = gi.placement.start
-    ops = [_op((OpKind.DESTROY_CI, gpu, start, gi.id, c.id, c.profile_id, c.placement, None, name, pids.get(c.id, ())))
-           for c in gi.compute_instances]
+    ops = []
+    for c in gi.compute_instances:  # a loop, not a comprehension: mostly one CI (issue 16)
+        ops.append(_op((OpKind.DESTROY_CI, gpu, start, gi.id, c.id, c.profile_id, c.placement, None, name,
+                        pids.get(c.id, ()))))
     all_pids = tuple(sorted({p for v in pids.values() for p in v})) if pids else ()
     ops.append(_op((OpKind.DESTROY_GI, gpu, start, gi.id, None, gi.profile_id, gi.placement, None, name, all_pids)))
     return ops
@@ -239,8 +242,10 @@ def _solve(model: GpuModel, i: int, mig_current: bool, mig_pending: bool, desire
         if model.mode_change_needs_reset:
             ops.append(Op(OpKind.RESET, i, busy_pids=gpu_pids))
     targets, ci_destroys, creates, kept_ids = _changes(i, solution, by_key, busy)
-    destroys = [op for g in existing if g.id not in kept_ids
-                for op in _destroy_ops(i, g, busy, _name(model, g.profile_id))]
+    destroys: list[Op] = []
+    for g in existing:
+        if g.id not in kept_ids:
+            destroys += _destroy_ops(i, g, busy, _name(model, g.profile_id))
     return tuple(targets), tuple(ci_destroys + destroys + ops + creates), len(kept_ids)
 
 
@@ -290,9 +295,9 @@ def _changes(i: int, solution: Solution, by_key: dict[tuple[int, int], GpuInstan
                 creates.append(_op((create_ci, i, start, None, None, pid, cpl, None, names.get(pid, "?"), ())))
             continue
         kept_ids.add(g.id)
-        have = {(c.profile_id, c.placement) for c in g.compute_instances}
-        if len(have) == len(cis) and have.issuperset(cis):
+        if ci_layout(g) == cis:
             continue  # its CIs stay as they are
+        have = {(c.profile_id, c.placement) for c in g.compute_instances}
         pids = busy.get(g.id, {})
         ci_destroys += [_op((OpKind.DESTROY_CI, i, start, g.id, c.id, c.profile_id, c.placement, None, gi_prof.name,
                              pids.get(c.id, ()))) for c in g.compute_instances
