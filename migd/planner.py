@@ -212,7 +212,7 @@ def _solve(model: GpuModel, i: int, mig_current: bool, mig_pending: bool, desire
            gpu_pids: tuple[int, ...]) -> tuple[tuple[Target, ...], tuple[Op, ...], int]:
     """The plan (targets, ops, GIs kept) as a pure function of hashable inputs, memoised: the daemon
     plans every GPU on every pass, mostly with nothing changed since the last one (issue 16)."""
-    busy: Busy = {gi: dict(cis) for gi, cis in frozen_busy}
+    busy: Busy = {gi: dict(cis) for gi, cis in frozen_busy} if frozen_busy else {}
     ops: list[Op] = []
     if not desired.mig:
         if mig_current or mig_pending:
@@ -227,7 +227,7 @@ def _solve(model: GpuModel, i: int, mig_current: bool, mig_pending: bool, desire
     sequence = tuple([d.gi.profile_id for d in items])
     _feasibility(model, want, sequence)
     existing = current if mig_current else ()
-    by_key = {(g.profile_id, g.placement.start): g for g in existing}
+    by_key = {(g.profile_id, g.placement.start): g for g in existing} if existing else {}
     solution = None if by_key else fresh_layout(first_fit(model), items, sequence)
     if solution is None:
         solution = search(want, by_key, busy, dict(frozen_owners))
