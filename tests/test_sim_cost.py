@@ -4,7 +4,9 @@ until a write instead of polling, GPM samples roll, profile tables are read once
 
 from __future__ import annotations
 
+import ctypes
 import math
+import os
 import subprocess
 import sys
 import threading
@@ -70,6 +72,29 @@ def test_the_state_is_read_again_only_after_a_write(h100: NvmlBackend, monkeypat
     assert [p.gi_id for p in h100.gpu_processes(3)] == [7] and len(reads) == 1  # seen at once, read once
     h100.list_gpus()
     assert len(reads) == 1
+
+
+def test_a_page_found_readable_is_not_probed_again(h100: NvmlBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pointer check probes /proc/self/mem once per page, not on every call; an address in no
+    page a buffer used (a struct passed by value) is still probed and refused."""
+    probes: list[int] = []
+    real_pread = os.pread
+
+    def counting_pread(fd: int, n: int, offset: int) -> bytes:
+        probes.append(offset)
+        return real_pread(fd, n, offset)
+    monkeypatch.setattr("migd.sim.cmem.os.pread", counting_pread)
+    mem = lib().mem
+    buf = ctypes.create_string_buffer(64)
+    addr = ctypes.addressof(buf)
+    assert mem.readable(addr, 64) and mem.readable(addr + 8, 16) and mem.readable(addr, 64)
+    assert probes == [addr]
+    assert not mem.readable(0x100000001, 16) and not mem.readable(0x100000001, 16)  # size<<32 | start
+    assert probes == [addr, 0x100000001, 0x100000001]
+    h100.list_gpus()
+    n = len(probes)
+    h100.list_gpus()  # the same calls again: pynvml's buffers lie in pages probed the first time
+    assert len(probes) - n < 10
 
 
 def test_an_idle_event_wait_sleeps_until_another_process_writes(h100: NvmlBackend,

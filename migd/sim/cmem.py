@@ -5,13 +5,15 @@ struct *by value* where nvml.h declares a pointer (``const nvmlGpuInstancePlacem
 makes the library read an address built from the struct's bytes (for placement {start=1,
 size=1} on x86-64: 0x100000001): a segfault, or garbage accepted.  The simulator reads no
 address it has not checked: it probes the bytes through ``/proc/self/mem`` first and reports
-an unmapped or NULL pointer as an ABI violation, loudly, instead of crashing or guessing.
+an unmapped or NULL pointer as an ABI violation, loudly, instead of crashing or guessing.  A page
+found readable once is trusted afterwards (see :class:`Memory`).
 """
 
 from __future__ import annotations
 
 import collections
 import ctypes
+import mmap
 import os
 import sys
 import threading
@@ -24,6 +26,8 @@ from migd.sim.gpu import NvmlFail
 
 C = TypeVar("C", bound=Any)
 _MIN_ADDRESS = 0x10000  # the kernel never maps the first 64 KiB (vm.mmap_min_addr)
+_PAGE_SHIFT = mmap.PAGESIZE.bit_length() - 1
+_PAGES_KEPT = 4096  # pages known readable, forgotten all at once when there are more
 
 
 class AbiViolation(NvmlFail):
@@ -42,6 +46,11 @@ class Memory:
 
     def __init__(self) -> None:
         self._mem: int | None = None
+        # Pages a probe found readable.  A pointer into one is not probed again (a system call on
+        # every simulated NVML call, issue 16).  If such a page is unmapped later and a caller then
+        # passes a pointer into it, the simulator crashes on it as the real library would; garbage
+        # from a struct passed by value (0x100000001) lies in no page a caller's buffer used.
+        self._pages: set[int] = set()
         self._open()
         # /proc/self/mem is bound to the process that opened it: a forked child must open its own.
         os.register_at_fork(after_in_child=self._open)
@@ -49,6 +58,7 @@ class Memory:
         self._lock = threading.Lock()
 
     def _open(self) -> None:
+        self._pages = set()
         if self._mem is not None:
             os.close(self._mem)
         try:
@@ -61,10 +71,19 @@ class Memory:
             return False
         if self._mem is None:
             return True
+        first, last = addr >> _PAGE_SHIFT, (addr + size - 1) >> _PAGE_SHIFT
+        pages = self._pages
+        if first in pages and last in pages:
+            return True
         try:
-            return len(os.pread(self._mem, size, addr)) == size
+            if len(os.pread(self._mem, size, addr)) != size:
+                return False
         except (OSError, OverflowError, ValueError):
             return False
+        if len(pages) >= _PAGES_KEPT:
+            pages.clear()
+        pages.update(range(first, last + 1))
+        return True
 
     def at(self, fn: str, what: str, addr: int | None, ctype: type[C]) -> C:
         """The ``ctype`` object the caller's pointer ``addr`` points to; an ABI violation if it can't."""

@@ -213,7 +213,7 @@ class SimLibrary:
         """Initialised, injected faults, lost GPUs: the checks every entry point makes."""
         if call.export.needs_init and self.init_count <= 0:
             raise NvmlFail(pynvml.NVML_ERROR_UNINITIALIZED)
-        if reap_processes(state):
+        if not self.store.known_quiet(state) and reap_processes(state):
             state.touched = True
         if not state.faults:
             return self._check_lost(call, state)

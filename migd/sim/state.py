@@ -261,6 +261,13 @@ class StateStore:
             return _MemoryTransaction(self, write)
         return _FileTransaction(self, write, read_only)
 
+    def known_quiet(self, state: SimState) -> bool:
+        """Whether ``state`` is the one last read or written and was :attr:`SimState.quiet` then
+        (its process list is as parsed or written: no real process to reap; an in-memory store
+        does not keep the answer)."""
+        cached = self._cache
+        return cached is not None and cached[1] is state and cached[2]
+
     def write_held(self, state: SimState) -> None:
         """Persist now, from inside a transaction (the lock is already held)."""
         if self.path is not None:
