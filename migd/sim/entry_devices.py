@@ -184,15 +184,19 @@ def _memory(s: SimState, gpu: SimGpu, ref: Ref) -> tuple[int, int]:
         return gpu.catalog.total_memory_mib * MiB, sum(p.used_mib or 0 for p in gpu.processes) * MiB
     gi, _ = gpu.ci_by_serial(ref.gi_serial, ref.ci_serial)
     gpu.check_answers(gi)
-    return gpu.mig_memory_mib(gi) * MiB, sum(p.used_mib or 0 for p in gpu.processes if p.gi == gi.id) * MiB
+    used = sum(p.used_mib or 0 for p in gpu.processes if p.gi == gi.id) if gpu.processes else 0
+    return gpu.mig_memory_mib(gi) * MiB, used * MiB
+
+
+_MEMORY = plain(pynvml.c_nvmlMemory_t)
 
 
 @export(HANDLE, PTR, name="nvmlDeviceGetMemoryInfo", handle=("gpu", "mig"))
 def memory_info(call: Any, handle: int, mem_p: int) -> None:
-    mem = call.mem.at("nvmlDeviceGetMemoryInfo", "memory", mem_p, plain(pynvml.c_nvmlMemory_t))
+    mem = call.mem.at("nvmlDeviceGetMemoryInfo", "memory", mem_p, _MEMORY)
     with call.state() as s:
         total, used = _memory(s, *call.gpu_of(s, handle, "gpu", "mig"))
-    put(mem, total=total, used=used, free=total - used)
+    mem.total, mem.used, mem.free = total, used, total - used
 
 
 @export(HANDLE, PTR, name="nvmlDeviceGetMemoryInfo_v2", handle=("gpu", "mig"))

@@ -105,8 +105,13 @@ class SimGpu:
     def catalog(self) -> GpuModel:
         return sim_model(self.model)
 
+    # Plain loops over a handful of instances, not next(genexpr): these run on nearly every
+    # simulated call, and a generator costs more than the search (issue 16).
     def gi(self, gi_id: int) -> SimGi | None:
-        return next((g for g in self.gis if g.id == gi_id), None)
+        for g in self.gis:
+            if g.id == gi_id:
+                return g
+        return None
 
     def gi_by_id(self, gi_id: int) -> SimGi:
         """nvml.h nvmlDeviceGetGpuInstanceById: NOT_SUPPORTED with MIG off, NOT_FOUND for an unknown id."""
@@ -125,17 +130,17 @@ class SimGpu:
         return devs[index]
 
     def gi_by_serial(self, serial: int) -> SimGi:
-        gi = next((g for g in self.gis if g.serial == serial), None)
-        if gi is None:  # nvml.h: a destroyed (or reset) GPU instance's handle becomes invalid
-            raise NvmlFail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return gi
+        for gi in self.gis:
+            if gi.serial == serial:
+                return gi
+        raise NvmlFail(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # nvml.h: a destroyed (or reset) GI's handle is invalid
 
     def ci_by_serial(self, gi_serial: int, ci_serial: int) -> tuple[SimGi, SimCi]:
         gi = self.gi_by_serial(gi_serial)
-        ci = next((c for c in gi.cis if c.serial == ci_serial), None)
-        if ci is None:
-            raise NvmlFail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return gi, ci
+        for ci in gi.cis:
+            if ci.serial == ci_serial:
+                return gi, ci
+        raise NvmlFail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
 
     def require_mig(self) -> None:
         """nvml.h: instance calls answer NOT_SUPPORTED "if device doesn't have MIG mode enabled"."""
