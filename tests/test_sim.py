@@ -297,3 +297,26 @@ def test_state_shared_with_fake_nvidia_smi(make_backend: Any) -> None:
     backend = NvmlBackend()
     assert backend.list_gpu_instances(2) == []
     backend.close()
+
+
+def test_a_read_only_entry_point_that_changes_a_quiet_state_is_caught(tmp_path: Any) -> None:
+    """A simulator bug guard: an entry point declared read-only runs on the cached state without
+    the file lock (the short path); if it changes that state it fails loudly and nothing is written."""
+    from migd.sim.entry import Export
+    from migd.sim.library import Call, SimLibrary
+    from migd.sim.state import open_store
+
+    store = open_store(tmp_path / "state.json", "single-h100")
+    lib = SimLibrary(store)
+    lib.init_count = 1
+
+    def careless(call: Any) -> None:
+        with call.state() as s:
+            s.gpus[0].lost = True
+            s.touched = True
+    export = Export("nvmlCareless", (), careless)
+    assert export.read_only
+    store.read()  # parsed and cached, as after any earlier call
+    with pytest.raises(RuntimeError, match="read-only entry point changed the shared state"):
+        careless(Call(lib, export, None))
+    assert not store.read().gpus[0].lost

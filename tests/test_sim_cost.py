@@ -87,10 +87,12 @@ def test_a_page_found_readable_is_not_probed_again(h100: NvmlBackend, monkeypatc
     mem = lib().mem
     buf = ctypes.create_string_buffer(64)
     addr = ctypes.addressof(buf)
-    assert mem.readable(addr, 64) and mem.readable(addr + 8, 16) and mem.readable(addr, 64)
-    assert probes == [addr]
+    assert mem.readable(addr, 64)
+    assert probes in ([], [addr])  # probed now, or before if an earlier buffer lay in the same page
+    n = len(probes)
+    assert mem.readable(addr + 8, 16) and mem.readable(addr, 64) and len(probes) == n
     assert not mem.readable(0x100000001, 16) and not mem.readable(0x100000001, 16)  # size<<32 | start
-    assert probes == [addr, 0x100000001, 0x100000001]
+    assert probes[n:] == [0x100000001, 0x100000001]
     h100.list_gpus()
     n = len(probes)
     h100.list_gpus()  # the same calls again: pynvml's buffers lie in pages probed the first time

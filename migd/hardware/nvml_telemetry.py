@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import struct
 import threading
 import time
 from typing import Any
@@ -15,7 +16,6 @@ from typing import Any
 import pynvml
 
 from migd.hardware.backend import GPU_WIDE, EventKind, GpmMetrics, GpuEvent, HardwareError
-from migd.hardware.cstruct import plain
 from migd.hardware.nvmlcall import Nvml, error_name
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,14 @@ _WANTED_EVENTS = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventMigConfi
 _SKIP_GPU = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_GPU_IS_LOST)
 
 
-_RESULTS = plain(pynvml.c_nvmlGpmMetric_t * pynvml.NVML_GPM_METRIC_MAX)  # nvmlGpmMetricsGet_t.metrics
+# nvmlGpmMetricsGet_t.metrics[i] is {metricId, nvmlReturn, value, metricInfo}: the results are read
+# as (nvmlReturn, value) pairs in one unpack of the struct's bytes (offsets checked below).
+_RESULTS_AT = pynvml.c_nvmlGpmMetricsGet_t.metrics.offset
+_RESULT_FIELDS = struct.Struct("<" + "".join(
+    f"{pynvml.c_nvmlGpmMetric_t.nvmlReturn.offset}xId{ctypes.sizeof(pynvml.c_nvmlGpmMetric_t) - 16}x"
+    for _ in _GPM_METRICS))
+if (pynvml.c_nvmlGpmMetric_t.nvmlReturn.offset, pynvml.c_nvmlGpmMetric_t.value.offset) != (4, 8):
+    raise ImportError("pynvml's nvmlGpmMetric_t no longer has the layout migd reads")
 Samples = dict[int, tuple[Any, Any]]  # GPU-instance id -> the two GPM sample buffers read into
 
 
@@ -144,9 +151,8 @@ def gpm_metrics(nvml: Nvml, gi: int, s1: Any, s2: Any, index: int) -> GpmMetrics
 
 def read_metrics(nvml: Nvml, gi: int, mg: Any, index: int) -> GpmMetrics:
     nvml("nvmlGpmMetricsGet", mg, gpu=index)
-    results = _RESULTS.from_address(ctypes.addressof(mg.metrics))  # the same bytes, read bare
-    vals: list[float | None] = [m.value / 100.0 if m.nvmlReturn == pynvml.NVML_SUCCESS else None
-                                for m in results[:len(_GPM_METRICS)]]
+    raw = _RESULT_FIELDS.unpack_from(mg, _RESULTS_AT)  # (nvmlReturn, value) of each metric asked for
+    vals = [raw[i + 1] / 100.0 if raw[i] == pynvml.NVML_SUCCESS else None for i in range(0, len(raw), 2)]
     return GpmMetrics(gi_id=gi, sm_active=vals[0], sm_occupancy=vals[1], graphics_active=vals[2],
                       tensor_active=vals[3], dram_active=vals[4])
 

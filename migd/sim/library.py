@@ -91,44 +91,57 @@ class Call:
 
 class _CallState:
     """:meth:`Call.state` as a class (it runs on every simulated call): commit on success or on an
-    NVML error, which then propagates; any other exception leaves the state unwritten."""
+    NVML error, which then propagates; any other exception leaves the state unwritten.  A read-only
+    entry point on a quiet cached state takes the store's short path (:meth:`StateStore.enter_quiet`)."""
 
-    __slots__ = ("call", "txn", "state")
+    __slots__ = ("call", "txn", "state", "store")
 
     def __init__(self, call: Call) -> None:
         self.call = call
 
     def __enter__(self) -> SimState:
         call = self.call
-        self.txn = txn = call.lib.store.transaction(read_only=call.export.read_only)
-        self.state = state = txn.__enter__()
+        self.store = store = call.lib.store
+        quiet = store.enter_quiet() if call.export.read_only else None
+        if quiet is not None:
+            self.txn, self.state = None, quiet
+        else:
+            self.txn = txn = store.transaction(read_only=call.export.read_only)
+            self.state = txn.__enter__()
+        state = self.state
         state.touched = False
         if not call.entered:  # once per C call, however often it opens the state
             call.entered = True
             try:
                 call.lib.enter(call, state)
             except NvmlFail:
-                txn.__exit__(None, None, None)
+                self._leave(None, None, None)
                 raise
             except BaseException as e:
-                txn.__exit__(type(e), e, e.__traceback__)
+                self._leave(type(e), e, e.__traceback__)
                 raise
         return state
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
-        call, state, txn = self.call, self.state, self.txn
+        call, state = self.call, self.state
         if exc_type is None and call.export.mutating:
             try:
                 call.lib.mutated(state)
             except BaseException as e:
-                txn.__exit__(type(e), e, e.__traceback__)
+                self._leave(type(e), e, e.__traceback__)
                 raise
             call.delay_s = state.mutation_delay_s
             state.touched = True
         if exc_type is None or issubclass(exc_type, NvmlFail):
-            txn.__exit__(None, None, None)
+            self._leave(None, None, None)
         else:
-            txn.__exit__(exc_type, exc, tb)
+            self._leave(exc_type, exc, tb)
+
+    def _leave(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        if self.txn is None:
+            self.store.exit_quiet(self.state, ok=exc_type is None)
+        else:
+            self.txn.__exit__(exc_type, exc, tb)
 
 
 class SimLibrary:

@@ -261,6 +261,39 @@ class StateStore:
             return _MemoryTransaction(self, write)
         return _FileTransaction(self, write, read_only)
 
+    def enter_quiet(self) -> SimState | None:
+        """What a read-only :meth:`transaction` hands out without the file lock, with less ceremony
+        (every simulated read opens one): the cached state, the thread lock held, if nobody wrote
+        since it was read and it is quiet; None, nothing held, otherwise.  Leave with
+        :meth:`exit_quiet`."""
+        if self.path is None:
+            return None
+        self._lock.acquire()
+        try:
+            fd = self._fd()
+            cached = self._cache
+            if cached is not None and cached[2] and cached[0] == self._generation_of(fd):
+                state = cached[1]
+                state.touched = True
+                return state
+        except BaseException:
+            self._lock.release()
+            raise
+        self._lock.release()
+        return None
+
+    def exit_quiet(self, state: SimState, ok: bool) -> None:
+        """Leave :meth:`enter_quiet` as a read-only transaction leaves (``ok``: no exception, or an
+        NVML error): a read-only entry point must not have changed the state."""
+        try:
+            if not ok:
+                self._cache = None  # the body may have half-changed the cached object
+            elif state.touched:
+                self._cache = None
+                raise RuntimeError("migd-sim: a read-only entry point changed the shared state")
+        finally:
+            self._lock.release()
+
     def known_quiet(self, state: SimState) -> bool:
         """Whether ``state`` is the one last read or written and was :attr:`SimState.quiet` then
         (its process list is as parsed or written: no real process to reap; an in-memory store
