@@ -36,7 +36,11 @@ class Nvml:
     def __call__(self, fn: str, *args: Any, gpu: int | None = None, absent: tuple[int, ...] = ()) -> Any:
         """``pynvml.<fn>(*args)``; an NVML error becomes a HardwareError naming the call and GPU,
         except the ``absent`` codes, which mean "not there" and give None."""
-        with self.session.shared():  # through unlocked(): bench/sampler_probe.py counts calls there
+        # Through unlocked(): bench/sampler_probe.py counts calls there.  A thread already inside the
+        # session (the sampler holds it for each GPU it reads) enters nothing again.
+        if self.session.held():
+            return self.unlocked(fn, *args, gpu=gpu, absent=absent)
+        with self.session.shared():
             return self.unlocked(fn, *args, gpu=gpu, absent=absent)
 
     def unlocked(self, fn: str, *args: Any, gpu: int | None = None, absent: tuple[int, ...] = ()) -> Any:

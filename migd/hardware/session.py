@@ -27,6 +27,10 @@ class SessionLock:
         self._writers_waiting = 0
         self._local = threading.local()
 
+    def held(self) -> bool:
+        """Whether this thread is inside the session already (a nested call needs no bookkeeping)."""
+        return bool(getattr(self._local, "depth", 0))
+
     def shared(self) -> AbstractContextManager[None]:
         """Shared, re-entrant use (a class, not a generator: every NVML call enters one)."""
         return _Shared(self)
