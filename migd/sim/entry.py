@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from migd.sim.state import SimProcess, SimState
@@ -34,12 +34,12 @@ class Export:
     needs_init: bool = True  # nvml.h: UNINITIALIZED "if library has not been successfully initialized"
     returns_string: bool = False  # nvmlErrorString returns const char *, not nvmlReturn_t
     writes: bool = False  # changes the shared state though not a mutation (init/shutdown register the caller)
+    # Reads the state only (unless a fault or a real process's exit is pending): may run without the
+    # file lock when nobody wrote since the state was last read.  Derived once: asked on every call.
+    read_only: bool = field(init=False)
 
-    @property
-    def read_only(self) -> bool:
-        """Reads the state only (unless a fault or a real process's exit is pending): may run
-        without the file lock when nobody wrote since the state was last read."""
-        return not (self.mutating or self.writes)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "read_only", not (self.mutating or self.writes))
 
 
 def exporter(table: list[Export]) -> Callable[..., Callable[[Callable[..., Any]], Callable[..., Any]]]:

@@ -63,6 +63,7 @@ class Call:
     gpu: int | None
     delay_s: float = 0.0
     entered: bool = False
+    first: tuple[int | None, Ref] | None = None  # the first argument's handle, as resolved to find the GPU
 
     @property
     def mem(self) -> Memory:
@@ -80,7 +81,12 @@ class Call:
         return _CallState(self)
 
     def gpu_of(self, state: SimState, addr: int | None, *kinds: str) -> tuple[SimGpu, Ref]:
-        ref = self.handles.ref(addr, *(kinds or ("gpu",)))
+        kinds = kinds or ("gpu",)
+        first = self.first
+        if first is not None and first[0] == addr and first[1].kind in kinds:
+            ref = first[1]  # resolved already (the handle table is the library's: only the state can change)
+        else:
+            ref = self.handles.ref(addr, *kinds)
         if not 0 <= ref.gpu < len(state.gpus):
             raise NvmlFail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return state.gpus[ref.gpu], ref
@@ -200,8 +206,11 @@ class SimLibrary:
         try:
             if export.returns_string:
                 return int(export.impl(self, *raw))
-            gpu = self.handles.ref(raw[0], *export.handle_kinds).gpu if export.handle_kinds else None
-            call = Call(self, export, None if gpu is None or gpu < 0 else gpu)
+            if export.handle_kinds:
+                ref = self.handles.ref(raw[0], *export.handle_kinds)
+                call = Call(self, export, None if ref.gpu < 0 else ref.gpu, first=(raw[0], ref))
+            else:
+                call = Call(self, export, None)
             export.impl(call, *raw)
             if call.delay_s > 0:
                 try:
