@@ -37,6 +37,7 @@ from migd.sim.gpu import NvmlFail, SimGpu
 from migd.sim.interrupts import raise_after_return, watch_unraisable
 from migd.sim.state import SimState, StateStore
 
+_SUCCESS = int(pynvml.NVML_SUCCESS)
 EXPORTS: dict[str, Export] = {e.name: e for m in (entry_devices, entry_instances, entry_telemetry)
                               for e in m.ENTRIES}
 
@@ -200,9 +201,6 @@ class SimLibrary:
         """Run one entry point; every failure becomes a return code, as C has no exceptions."""
         with self._calls_lock:
             self.calls[export.name] += 1
-        return self._run(export, raw)
-
-    def _run(self, export: Export, raw: tuple[Any, ...]) -> int:
         try:
             if export.returns_string:
                 return int(export.impl(self, *raw))
@@ -217,7 +215,7 @@ class SimLibrary:
                     time.sleep(call.delay_s)  # a slow driver, outside the state lock
                 except KeyboardInterrupt:  # the call already took effect: it succeeds, Ctrl-C follows it
                     raise_after_return()
-            return int(pynvml.NVML_SUCCESS)
+            return _SUCCESS
         except NvmlFail as e:
             return e.code
         except KeyboardInterrupt:
