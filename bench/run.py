@@ -139,9 +139,18 @@ def bench_plan(sweeps: int) -> dict[str, float]:
             "trans_first_p50_us": 1e6 * pct(best["trans_first"], 0.5)}
 
 
-def bench_apply(driver_ms: float, tmp: Path) -> dict[str, float]:
+def bench_apply(driver_ms: float, tmp: Path, rounds: int = 1) -> dict[str, float]:
     """day->night on 8 A100s: migd parallel and sequential (journal writes counted), and mig-parted's
-    call sequence replayed on the same simulated driver latency."""
+    call sequence replayed on the same simulated driver latency; each the least of ``rounds``
+    rounds, the three ways taking turns in each."""
+    out: dict[str, float] = {}
+    for n in range(rounds):
+        one = _apply_round(driver_ms, tmp / f"round-{n}")
+        out = {k: min(v, out[k]) if k in out else v for k, v in one.items()}
+    return out
+
+
+def _apply_round(driver_ms: float, tmp: Path) -> dict[str, float]:
     out: dict[str, float] = {}
     writes: list[str] = []
     real = journal_module.atomic_write_json
@@ -251,7 +260,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         plan = bench_plan(1 if args.short else 3)
-        apply = bench_apply(args.driver_ms, tmp)
+        apply = bench_apply(args.driver_ms, tmp, 1 if args.short else 3)
         ops = bench_ops(tmp)
         sampler = daemon_bench.bench_sampler(tmp, 5 if args.short else 20)
         cpu = daemon_bench.bench_daemon_cpu(tmp, 15 if args.short else 60)
