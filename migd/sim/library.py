@@ -113,7 +113,7 @@ class _CallState:
         if quiet is not None:
             self.txn, self.state = None, quiet
         else:
-            self.txn = txn = store.transaction(read_only=call.export.read_only)
+            self.txn = txn = store.transaction()
             self.state = txn.__enter__()
         state = self.state
         state.touched = False

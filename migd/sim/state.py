@@ -252,20 +252,19 @@ class StateStore:
         os.pwrite(fd, generation.to_bytes(8, "little"), 0)
         self._cache = (generation, state, state.quiet)
 
-    def transaction(self, write: bool = True, read_only: bool = False) -> AbstractContextManager[SimState]:
-        """The current state; on normal exit persisted (if ``write``).  A class, not a generator:
-        every simulated NVML call opens one.  ``read_only``: the caller promises not to change the
-        state; if nobody wrote since it was last read and nothing pending could change it (an armed
-        fault, a real process that may exit), it is handed out without taking the file lock."""
+    def transaction(self, write: bool = True) -> AbstractContextManager[SimState]:
+        """The current state, under the thread and file locks; on normal exit persisted (if
+        ``write``).  A class, not a generator: every simulated NVML call opens one (a read-only
+        one on a quiet state takes :meth:`enter_quiet` instead)."""
         if self.path is None:
             return _MemoryTransaction(self, write)
-        return _FileTransaction(self, write, read_only)
+        return _FileTransaction(self, write)
 
     def enter_quiet(self) -> SimState | None:
-        """What a read-only :meth:`transaction` hands out without the file lock, with less ceremony
-        (every simulated read opens one): the cached state, the thread lock held, if nobody wrote
-        since it was read and it is quiet; None, nothing held, otherwise.  Leave with
-        :meth:`exit_quiet`."""
+        """For a caller that promises not to change the state: if nobody wrote since it was last
+        read and nothing pending could change it (an armed fault, a real process that may exit),
+        the cached state, with the thread lock held but not the file lock; None, nothing held,
+        otherwise (the caller then opens a :meth:`transaction`).  Leave with :meth:`exit_quiet`."""
         if self.path is None:
             return None
         self._lock.acquire()
@@ -283,8 +282,8 @@ class StateStore:
         return None
 
     def exit_quiet(self, state: SimState, ok: bool) -> None:
-        """Leave :meth:`enter_quiet` as a read-only transaction leaves (``ok``: no exception, or an
-        NVML error): a read-only entry point must not have changed the state."""
+        """Leave :meth:`enter_quiet` (``ok``: no exception, or an NVML error: the state stays cached;
+        otherwise it is dropped): a read-only entry point must not have changed the state."""
         try:
             if not ok:
                 self._cache = None  # the body may have half-changed the cached object
@@ -359,27 +358,22 @@ class _MemoryTransaction:
 class _FileTransaction:
     """Thread lock, then the file lock, then the state (parsed again only if someone wrote)."""
 
-    __slots__ = ("store", "write", "read_only", "fd", "state", "locked")
+    __slots__ = ("store", "write", "fd", "state")
 
-    def __init__(self, store: StateStore, write: bool, read_only: bool = False) -> None:
-        self.store, self.write, self.read_only = store, write, read_only
+    def __init__(self, store: StateStore, write: bool) -> None:
+        self.store, self.write = store, write
 
     def __enter__(self) -> SimState:
         store = self.store
         store._lock.acquire()
         try:
             self.fd = fd = store._fd()
-            cached = store._cache
-            if self.read_only and cached is not None and cached[2] and cached[0] == store._generation_of(fd):
-                self.locked, self.state = False, cached[1]
-            else:
-                self.locked = True
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                try:
-                    self.state = store._read(fd)
-                except BaseException:
-                    fcntl.flock(fd, fcntl.LOCK_UN)
-                    raise
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                self.state = store._read(fd)
+            except BaseException:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                raise
         except BaseException:
             store._lock.release()
             raise
@@ -392,15 +386,11 @@ class _FileTransaction:
             if exc_type is not None:
                 store._cache = None  # the body may have half-changed the cached object
             elif self.write and state.touched:
-                if not self.locked:
-                    store._cache = None
-                    raise RuntimeError("migd-sim: a read-only entry point changed the shared state")
                 store._write(self.fd, state)
             elif not self.write:
                 state.touched = True
         finally:
-            if self.locked:
-                fcntl.flock(self.fd, fcntl.LOCK_UN)
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
             store._lock.release()
 
 
