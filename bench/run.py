@@ -70,23 +70,20 @@ def _desired(gis: tuple[GiProfile, ...]) -> DesiredLayout:
     return DesiredLayout(True, tuple(DesiredInstance(gi=p, cis=(p.default_ci,)) for p in gis))
 
 
-def _timed(fn: Any, *args: Any, before: Any = None, reps: int = 1) -> float:
-    """Seconds one call takes, the least of ``reps`` tries (as timeit takes: noise only adds), with
-    the cyclic collector off while timing (as in timeit); ``before`` runs before each, untimed."""
-    best = float("inf")
-    for _ in range(reps):
-        if before is not None:
-            before()
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            t0 = time.perf_counter()
-            fn(*args)
-            best = min(best, time.perf_counter() - t0)
-        finally:
-            if collecting:
-                gc.enable()
-    return best
+def _timed(fn: Any, *args: Any, before: Any = None) -> float:
+    """Seconds one call takes, with the cyclic collector off while timing (as in timeit);
+    ``before`` runs first, untimed.  Callers keep the least of several sweeps (bench_plan)."""
+    if before is not None:
+        before()
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        fn(*args)
+        return time.perf_counter() - t0
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _plan_sweep(lays: list[tuple[GiProfile, ...]], gpu: Any, current: list[tuple[GpuInstance, ...]]) -> \
