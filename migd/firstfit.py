@@ -18,9 +18,10 @@ compares the table with the search for every sequence of every model.
 from __future__ import annotations
 
 from functools import cache
+from operator import attrgetter
 from typing import NamedTuple
 
-from migd.hardware.catalog import GiProfile, GpuModel
+from migd.hardware.catalog import GpuModel
 
 Sequence = tuple[int, ...]  # GI profile ids in search order
 
@@ -32,15 +33,10 @@ class Fit(NamedTuple):
     by_start: tuple[int, ...]  # the instances' indexes in ascending start (the order plans list them)
 
 
-def search_rank(p: GiProfile) -> tuple[int, int]:
-    """The planner's search order of profiles: most memory slices first, then profile id."""
-    return -p.memory_slices, p.profile_id
-
-
 @cache  # one entry per catalog model: bounded, never stale (the catalog is constant)
 def first_fit(model: GpuModel) -> dict[Sequence, Fit]:
     """Every profile sequence that fits ``model``'s memory slices -> its first placement starts."""
-    profiles = sorted(model.profiles, key=search_rank)
+    profiles = sorted(model.profiles, key=attrgetter("search_rank"))
     masks = [[(pl.start, mask) for pl, mask in p.masks] for p in profiles]
     table: dict[Sequence, Fit] = {}
     seq: list[int] = []

@@ -243,8 +243,9 @@ class _Order(NamedTuple):
 
 
 @lru_cache(maxsize=512)
-def search_order(want: tuple[DesiredInstance, ...]) -> _Order:
-    items = sorted(want, key=item_rank)
+def search_order(items: tuple[DesiredInstance, ...]) -> _Order:
+    """What the search needs of ``items`` (already sorted by :data:`item_rank`: the planner sorts
+    a request once, for the first-fit table and the search alike)."""
     n = len(items)
     twins = [False] * n
     fresh: list[tuple[Option, ...]] = []
@@ -260,18 +261,18 @@ def search_order(want: tuple[DesiredInstance, ...]) -> _Order:
         reach[k] = reach[k + 1] | (d.gi.reach if d.placement is None and fresh[k] else _reach(fresh[k]))
         size[k] = size[k + 1] + d.gi.memory_slices
         later[k] = later[k + 1] + 1 if k + 1 < n and twins[k + 1] else 0
-    return _Order(tuple(items), tuple(twins), tuple(later), tuple(reach), tuple(size), tuple(fresh),
+    return _Order(items, tuple(twins), tuple(later), tuple(reach), tuple(size), tuple(fresh),
                   frozenset([d.gi.profile_id for d in items]))
 
 
 _NONE = 1 << 62  # the cost of no layout: above any real one
 
 
-def search(want: list[DesiredInstance], current: Mapping[tuple[int, int], GpuInstance], busy: Busy,
+def search(want: tuple[DesiredInstance, ...], current: Mapping[tuple[int, int], GpuInstance], busy: Busy,
            owners: Mapping[int, str]) -> Solution | None:
-    """The first layout of least cost in search order; None if no placement of ``want`` exists.
-    ``current``: existing GIs by (profile id, placement start)."""
-    plan = search_order(tuple(want))
+    """The first layout of least cost in search order; None if no placement of ``want`` (sorted by
+    :data:`item_rank`) exists.  ``current``: existing GIs by (profile id, placement start)."""
+    plan = search_order(want)
     items, twins, later, reach, size = plan.items, plan.twins, plan.later, plan.reach, plan.size
     if not items:
         return Solution((), ())

@@ -223,14 +223,14 @@ def _solve(model: GpuModel, i: int, mig_current: bool, mig_pending: bool, desire
                 ops.append(Op(OpKind.RESET, i, busy_pids=gpu_pids))
         return (), tuple(ops), 0
     want = list(desired.instances)
-    items = sorted(want, key=item_rank)
+    items = tuple(sorted(want, key=item_rank))  # the search order, once per plan
     sequence = tuple([d.gi.profile_id for d in items])
     _feasibility(model, want, sequence)
     existing = current if mig_current else ()
     by_key = {(g.profile_id, g.placement.start): g for g in existing} if existing else {}
     solution = None if by_key else fresh_layout(first_fit(model), items, sequence)
     if solution is None:
-        solution = search(want, by_key, busy, dict(frozen_owners))
+        solution = search(items, by_key, busy, dict(frozen_owners))
     if solution is None:
         raise PlanError(f"no non-overlapping placement of {summary(want)} exists on {model.key} "
                         f"(placement table in memory slices: " + ", ".join(

@@ -18,7 +18,7 @@ from migd.profiles.validate import fake_gpu
 
 
 def _want(model: GpuModel, seq: tuple[int, ...], owners: bool) -> list[DesiredInstance]:
-    """The sequence as a request, reversed (the search sorts it) and, with ``owners``, every other
+    """The sequence as a request, reversed (the planner sorts it) and, with ``owners``, every other
     instance owned by another team (same profile, not interchangeable: no longer twins)."""
     return [DesiredInstance(gi=model.by_id[pid], cis=(model.by_id[pid].default_ci,),
                             owner=("a" if n % 2 else "b") if owners else None)
@@ -27,8 +27,13 @@ def _want(model: GpuModel, seq: tuple[int, ...], owners: bool) -> list[DesiredIn
 
 def _look_up(model: GpuModel, want: list[DesiredInstance]) -> Solution | None:
     """fresh_layout as the planner calls it: the request in search order and its GI profile ids."""
-    items = sorted(want, key=item_rank)
+    items = _in_order(want)
     return fresh_layout(first_fit(model), items, tuple(d.gi.profile_id for d in items))
+
+
+def _in_order(want: list[DesiredInstance]) -> tuple[DesiredInstance, ...]:
+    """The request in search order, as the planner hands it to fresh_layout and search."""
+    return tuple(sorted(want, key=item_rank))
 
 
 @pytest.mark.parametrize("key", sorted(MODELS))
@@ -38,7 +43,7 @@ def test_table_equals_search_on_an_empty_gpu(key: str) -> None:
     assert table, key
     for seq, owners in itertools.product(table, (False, True)):
         want = _want(model, seq, owners)
-        looked_up, searched = _look_up(model, want), search(want, {}, {}, {})
+        looked_up, searched = _look_up(model, want), search(_in_order(want), {}, {}, {})
         assert looked_up is not None and searched is not None, seq
         assert looked_up.items == searched.items, seq
         assert [(o.placement, o.cis) for o in looked_up.options] == \
@@ -80,7 +85,7 @@ def test_a_first_time_plan_is_the_plan_the_search_makes() -> None:
         except Exception as e:  # the feasibility check refuses caps/compute/media: the table does not
             assert "exceed" in str(e) or "compute slices" in str(e) or "media" in str(e), e
             continue
-        sol = search(list(desired.instances), {}, {}, {})
+        sol = search(_in_order(list(desired.instances)), {}, {}, {})
         assert sol is not None
         assert sorted(t.placement.start for t in plan.targets) == sorted(o.placement.start for o in sol.options)
 

@@ -165,6 +165,12 @@ class GiProfile:
         return reach
 
     @cached_property
+    def search_rank(self) -> tuple[int, int]:
+        """The planner's search order of profiles: most memory slices first, then profile id
+        (migd.placement searches in it, migd.firstfit tabulates it, requests sort by it)."""
+        return -self.memory_slices, self.profile_id
+
+    @cached_property
     def start_index(self) -> dict[int, int]:
         """Placement start -> its index in :attr:`placements` (the first-fit table names placements
         by start)."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from migd.firstfit import search_rank
 from migd.hardware.catalog import CiProfile, GiProfile, GpuModel, Placement
 from migd.profiles.model import GpuSection, InstanceSpec
 
@@ -38,7 +37,7 @@ class DesiredInstance:
         # so identical (interchangeable) instances are adjacent and placed in ascending starts only.
         pin = (self.placement.start, self.placement.size) if self.placement is not None else (-1, 0)
         ci_pins = tuple((p.start, p.size) for p in self.ci_placements) if self.ci_placements else ()
-        object.__setattr__(self, "rank", (*search_rank(self.gi), tuple([c.profile_id for c in self.cis]),
+        object.__setattr__(self, "rank", (*self.gi.search_rank, tuple([c.profile_id for c in self.cis]),
                                           self.owner or "", pin, ci_pins))
         object.__setattr__(self, "label", _label(self.gi, self.cis))
 
