@@ -82,7 +82,7 @@ def instance_families(snap: Snapshot | None) -> Iterator[Metric]:
     for g in snap.gpus if snap else ():
         for i in g.instances:
             labels = _gi_labels(g, i)
-            info.add_metric(labels + [str(i.placement_start), str(i.placement_size), i.activity_source], 1)
+            info.add_metric(labels + [str(i.placement_start), str(i.placement_size), str(i.activity_source)], 1)
             size["compute_slices"].add_metric(labels, i.compute_slices)
             size["memory_slices"].add_metric(labels, i.memory_slices)
             if g.compute_slices:

@@ -206,4 +206,4 @@ def _gi_sample(g: GpuInfo, gi: GpuInstance, devices: list[MigDevice], owner: str
         memory_slices=prof.memory_slices if prof else gi.placement.size, owner=owner,
         memory_used_bytes=first.memory_used_bytes if first else None,
         memory_total_bytes=first.memory_total_bytes if first else None, activity=activity,
-        activity_source="gpm" if activity is not None else "none", cis=tuple(cis))
+        cis=tuple(cis))

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from migd.hardware.backend import GpmMetrics, GpuInfo
+from migd.kinds import Word
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,13 @@ class CiSample:
     profile: str  # the CI's profile name ("1c.3g.40gb"; the GI's name for a CI spanning the GI)
     mig_uuid: str
     processes: int
+
+
+class ActivitySource(Word):
+    """Where an instance's activity figures come from (the ``activity_source`` label)."""
+
+    GPM = "gpm"  # nvmlGpmMigSampleGet + nvmlGpmMetricsGet (Hopper and newer)
+    NONE = "none"  # no per-instance utilization from NVML (Ampere), or the sample failed
 
 
 @dataclass(frozen=True)
@@ -34,8 +42,12 @@ class GiSample:
     memory_used_bytes: int | None  # None: the GI has no MIG device (no CI) to read it through
     memory_total_bytes: int | None
     activity: GpmMetrics | None  # None: no GPM on this GPU (Ampere) or the sample failed
-    activity_source: str  # "gpm" | "none"
     cis: tuple[CiSample, ...]
+
+    @property
+    def activity_source(self) -> ActivitySource:
+        """Follows from ``activity``: one place for the rule, never a figure without a source."""
+        return ActivitySource.GPM if self.activity is not None else ActivitySource.NONE
 
     @property
     def processes(self) -> int:
