@@ -139,15 +139,14 @@ def _fresh(d: DesiredInstance) -> tuple[Option, ...]:
     return () if fresh is None else tuple(_option((pl, mask, OP * (1 + len(fresh)), fresh)) for pl, mask in placements)
 
 
-def _options(d: DesiredInstance, base: tuple[Option, ...], current: Mapping[tuple[int, int], Existing], busy: Busy,
+def _options(d: DesiredInstance, base: tuple[Option, ...], current: Mapping[int, Existing], busy: Busy,
              owners: Mapping[int, str]) -> tuple[Option, ...]:
-    """``d``'s fresh options ``base`` with what choosing each adds given the GIs that exist now
-    (keeping one where it sits saves its destroy and creates).  Without a fresh layout there is
-    none keeping CIs either (pinned CIs always have one)."""
+    """``d``'s fresh options ``base`` with what choosing each adds given the GIs of its profile that
+    exist now (``current``, by placement start): keeping one where it sits saves its destroy and
+    creates.  Without a fresh layout there is none keeping CIs either (pinned CIs always have one)."""
     out = []
-    pid = d.gi.profile_id
     for o in base:
-        hit = current.get((pid, o.placement.start))
+        hit = current.get(o.placement.start)
         if hit is None:
             out.append(o)
             continue
@@ -183,11 +182,12 @@ def _mask(pl: Placement) -> int:
     return ((1 << pl.size) - 1) << pl.start
 
 
-def _floors(options: Sequence[Sequence[Option]], twins: Sequence[bool], uniform: bool = False) -> list[int]:
+def _floors(options: Sequence[Sequence[Option]], twins: Sequence[bool],
+            fresh: Sequence[Sequence[Option]]) -> list[int]:
     """The least the items from k on can add.  Identical items (twins, which share one tuple of
     options) take distinct placements, so r remaining twins add at least their options' r smallest
-    deltas, not r times the smallest.  ``uniform``: all options of an item add the same (nothing
-    can be kept), so no sorting."""
+    deltas, not r times the smallest.  An item whose options are its ``fresh`` ones (nothing of
+    its profile can be kept) adds the same whichever it takes: no sorting."""
     floor = [0] * (len(options) + 1)
     last = len(options) - 1  # the last item of a run of twins
     while last >= 0:
@@ -195,7 +195,7 @@ def _floors(options: Sequence[Sequence[Option]], twins: Sequence[bool], uniform:
         while twins[first]:
             first -= 1
         opts, after = options[last], floor[last + 1]
-        deltas = [opts[0].delta] * len(opts) if uniform and opts else sorted([o.delta for o in opts])
+        deltas = [opts[0].delta] * len(opts) if opts is fresh[last] and opts else sorted([o.delta for o in opts])
         least = 0  # item k and the twins after it add at least the (last - k + 1) smallest deltas
         for k in range(last, first - 1, -1):
             if last - k < len(deltas):
@@ -281,14 +281,18 @@ def search(want: tuple[DesiredInstance, ...], current: Mapping[tuple[int, int], 
     kept = {key[0] for key in current}
     uniform = kept.isdisjoint(wanted)
     if not uniform:  # some existing GI may be kept: options change
-        known = {key: (g, ci_layout(g), destroy_cost(g, busy)) for key, g in current.items() if key[0] in wanted}
+        known: dict[int, dict[int, Existing]] = {}  # profile id -> start -> the GI there
+        for (pid, start), g in current.items():
+            if pid in wanted:
+                known.setdefault(pid, {})[start] = (g, ci_layout(g), destroy_cost(g, busy))
         options = []
         for k, d in enumerate(items):
-            options.append(options[k - 1] if twins[k] else _options(d, plan.fresh[k], known, busy, owners)
-                           if d.gi.profile_id in kept else plan.fresh[k])
+            pid = d.gi.profile_id
+            options.append(options[k - 1] if twins[k] else _options(d, plan.fresh[k], known[pid], busy, owners)
+                           if pid in known else plan.fresh[k])
     if not all(options):
         return None
-    floor = _floors(options, twins, uniform)
+    floor = _floors(options, twins, plan.fresh)
     last = len(items) - 1
     best = _NONE
     pick: tuple[Option, ...] = ()
