@@ -6,9 +6,13 @@ every existing GI would cost plus, per wanted instance, a ``delta``: creating it
 or, where an existing GI of its profile already sits at that start, changing that GI's CIs minus
 the destroy it saves.  The search walks placements depth first over memory-slice bitmasks in a
 fixed order (largest instances first, starts ascending, identical instances in ascending starts
-only) and keeps the first layout of least cost; a branch whose cost so far plus the least each
-remaining instance could add cannot beat the best layout found is cut.  With nothing to keep the
-first complete layout is optimal and everything after it is cut (issue 16).
+only) and keeps the first layout of least cost; a branch whose cost so far plus a lower bound on
+what the remaining instances add cannot beat the best layout found is cut.  Two bounds, both
+valid, so the layout found is the same with either: the least deltas of each remaining instance
+(blind to what is taken), and each one's fresh delta less the savings of the GIs to keep that the
+slices taken so far still leave free (which sees an earlier instance sitting on a GI a later one
+could keep).  With nothing to keep the first complete layout is optimal and everything after it
+is cut (issue 16).
 """
 
 from __future__ import annotations
@@ -140,10 +144,11 @@ def _fresh(d: DesiredInstance) -> tuple[Option, ...]:
 
 
 def _options(d: DesiredInstance, base: tuple[Option, ...], current: Mapping[int, Existing], busy: Busy,
-             owners: Mapping[int, str]) -> tuple[Option, ...]:
+             owners: Mapping[int, str], k: int, savings: list[tuple[int, int, int]]) -> tuple[Option, ...]:
     """``d``'s fresh options ``base`` with what choosing each adds given the GIs of its profile that
     exist now (``current``, by placement start): keeping one where it sits saves its destroy and
-    creates.  Without a fresh layout there is none keeping CIs either (pinned CIs always have one)."""
+    creates.  Without a fresh layout there is none keeping CIs either (pinned CIs always have one).
+    Each option cheaper than a fresh one is added to ``savings`` as (mask, saving, ``k``)."""
     out = []
     for o in base:
         hit = current.get(o.placement.start)
@@ -157,7 +162,10 @@ def _options(d: DesiredInstance, base: tuple[Option, ...], current: Mapping[int,
             continue
         change = 0 if cis == have else _ci_cost(existing, cis, busy)
         moved = OWNER if d.owner != owners.get(o.placement.start, d.owner) else 0
-        out.append(_option((o.placement, o.mask, change + moved - destroy, cis)))
+        delta = change + moved - destroy
+        out.append(_option((o.placement, o.mask, delta, cis)))
+        if delta < o.delta:
+            savings.append((o.mask, o.delta - delta, k))
     return tuple(out)
 
 
@@ -239,6 +247,7 @@ class _Order(NamedTuple):
     reach: tuple[int, ...]  # the memory slices items k.. could take at all
     size: tuple[int, ...]  # how many memory slices items k.. need
     fresh: tuple[tuple[Option, ...], ...]  # each item's options on a GPU where nothing can be kept
+    base: tuple[int, ...]  # what items k.. add on a GPU where nothing can be kept (each the same anywhere)
     profiles: frozenset[int]  # the GI profile ids wanted
 
 
@@ -255,13 +264,14 @@ def search_order(items: tuple[DesiredInstance, ...]) -> _Order:
             fresh.append(fresh[k - 1])
         else:
             fresh.append(_fresh(d))
-    reach, size, later = [0] * (n + 1), [0] * (n + 1), [0] * (n + 1)
+    reach, size, later, base = [0] * (n + 1), [0] * (n + 1), [0] * (n + 1), [0] * (n + 1)
     for k in range(n - 1, -1, -1):
         d = items[k]
         reach[k] = reach[k + 1] | (d.gi.reach if d.placement is None and fresh[k] else _reach(fresh[k]))
         size[k] = size[k + 1] + d.gi.memory_slices
         later[k] = later[k + 1] + 1 if k + 1 < n and twins[k + 1] else 0
-    return _Order(items, tuple(twins), tuple(later), tuple(reach), tuple(size), tuple(fresh),
+        base[k] = base[k + 1] + (fresh[k][0].delta if fresh[k] else 0)
+    return _Order(items, tuple(twins), tuple(later), tuple(reach), tuple(size), tuple(fresh), tuple(base),
                   frozenset([d.gi.profile_id for d in items]))
 
 
@@ -277,10 +287,13 @@ def search(want: tuple[DesiredInstance, ...], current: Mapping[tuple[int, int], 
     if not items:
         return Solution((), ())
     options: list[tuple[Option, ...]] | tuple[tuple[Option, ...], ...] = plan.fresh
+    base: Sequence[int] = plan.base  # nothing to keep: every item adds its fresh delta wherever it goes
+    floor: Sequence[int] = base
+    # (mask, saving, k): an option of item k's run cheaper than its fresh delta (a GI to keep), for
+    # a second bound that knows which of them the slices taken so far have ruled out
+    savings: list[tuple[int, int, int]] = []
     wanted = plan.profiles
-    kept = {key[0] for key in current}
-    uniform = kept.isdisjoint(wanted)
-    if not uniform:  # some existing GI may be kept: options change
+    if not wanted.isdisjoint([key[0] for key in current]):  # some existing GI may be kept: options change
         known: dict[int, dict[int, Existing]] = {}  # profile id -> start -> the GI there
         for (pid, start), g in current.items():
             if pid in wanted:
@@ -288,11 +301,15 @@ def search(want: tuple[DesiredInstance, ...], current: Mapping[tuple[int, int], 
         options = []
         for k, d in enumerate(items):
             pid = d.gi.profile_id
-            options.append(options[k - 1] if twins[k] else _options(d, plan.fresh[k], known[pid], busy, owners)
-                           if pid in known else plan.fresh[k])
-    if not all(options):
+            if twins[k] or pid not in known:
+                options.append(options[k - 1] if twins[k] else plan.fresh[k])
+                continue
+            options.append(_options(d, plan.fresh[k], known[pid], busy, owners, k + later[k], savings))
+        if not all(options):
+            return None
+        floor = _floors(options, twins, plan.fresh)
+    elif not all(options):
         return None
-    floor = _floors(options, twins, plan.fresh)
     last = len(items) - 1
     best = _NONE
     pick: tuple[Option, ...] = ()
@@ -323,6 +340,13 @@ def search(want: tuple[DesiredInstance, ...], current: Mapping[tuple[int, int], 
             total = spent + o.delta
             if total + rest >= best:
                 continue  # cannot beat the best layout
+            if savings:  # nor, once the GIs to keep that the slices taken rule out are priced fresh
+                free, least = ~(used | mask), base[k + 1]
+                for m, saved, end in savings:
+                    if end > k and m & free == m:
+                        least -= saved
+                if total + least >= best:
+                    continue
             chosen.append(o)
             go(k + 1, used | mask, total, mask if twin else 0)
             chosen.pop()
