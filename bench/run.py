@@ -151,7 +151,8 @@ def _apply_round(driver_ms: float, tmp: Path) -> dict[str, float]:
     out: dict[str, float] = {}
     writes: list[str] = []
     real = journal_module.atomic_write_json
-    journal_module.atomic_write_json = lambda path, data, mode=0o600: (writes.append(str(path)), real(path, data, mode))
+    journal_module.atomic_write_json = lambda path, data, mode=0o600, **how: (writes.append(str(path)),
+                                                                              real(path, data, mode, **how))
     try:
         for mode in ("parallel", "sequential", "mig-parted"):
             state = tmp / f"apply-{mode}.json"

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -206,12 +207,36 @@ def test_an_apply_writes_the_journal_at_most_twice_per_gpu(tmp_path: Path, monke
     writes: list[str] = []
     real = journal_module.atomic_write_json
 
-    def counting(path: Path, data: object, mode: int = 0o600) -> None:
+    def counting(path: Path, data: object, mode: int = 0o600, **how: bool) -> None:
         writes.append(str(path))
-        real(path, data, mode)
+        real(path, data, mode, **how)
     monkeypatch.setattr(journal_module, "atomic_write_json", counting)
     m = Migctl(tmp_path, "dgx-a100")
     assert m("apply", str(PROFILES / "day.yaml")).code == 0
     writes.clear()
     assert m("apply", NIGHT).code == 0
     assert 0 < len(writes) <= 2 * 8 and len(writes) == 1 + 8
+
+
+def test_an_apply_syncs_the_journal_at_most_twice_per_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 16 counts fsync calls: every atomic write syncs its file and, but for a GPU's outcome,
+    its directory (the journal's previous version is as safe to find after a power loss: it names
+    the GPU as still applying, which recovery rolls back).  day->night on 8 GPUs: 18 calls became 10."""
+    synced: list[tuple[int, str]] = []  # (thread, path): GPUs are applied in parallel
+    real = os.fsync
+
+    def counting(fd: int) -> None:
+        synced.append((threading.get_ident(), os.readlink(f"/proc/self/fd/{fd}")))
+        real(fd)
+    monkeypatch.setattr(os, "fsync", counting)
+    m = Migctl(tmp_path, "dgx-a100")
+    assert m("apply", str(PROFILES / "day.yaml")).code == 0
+    synced.clear()
+    assert m("apply", NIGHT).code == 0
+    state_dir = str(m.state_dir.resolve())
+    journal = [i for i, (_, p) in enumerate(synced) if ".journal.json." in p]
+    # the directory a thread syncs next after a journal file is the journal's
+    dirs = [i for i in journal
+            if next((p for t, p in synced[i + 1:] if t == synced[i][0]), None) == state_dir]
+    assert len(journal) == 1 + 8 and len(dirs) == 1, synced
+    assert len(journal) + len(dirs) <= 2 * 8

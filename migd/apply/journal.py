@@ -1,8 +1,9 @@
 """A crash-safe record of an apply in progress.
 
-Written atomically (temp file, fsync, rename; see statefile) before the first NVML mutation and after
-every step, so a process that dies mid-apply leaves enough behind for the next start to
-put every GPU back to the layout it had before.
+Written atomically (temp file, fsync, rename; see statefile) before the first NVML mutation, with
+every GPU's layout before, and once per GPU when its outcome is known (issue 16: not after every
+step), so a process that dies mid-apply leaves enough behind for the next start to put every
+unsettled GPU back to the layout it had before.
 """
 
 from __future__ import annotations
@@ -101,9 +102,13 @@ class Journal:
         self._save()
 
     def update(self, uuid: str, **fields: Any) -> None:
+        """One GPU's outcome: the file is fsync'd, its directory not.  The name then holds this
+        version or the one before it, and the one before names the GPU as still applying, which
+        recovery rolls back: the same guarantee for one fsync instead of two (issue 16: <= 2 per
+        GPU; ``begin`` syncs the directory, since before it there is no journal at all)."""
         with self._lock:
             self.data["gpus"][uuid].update(fields)
-            self._save()
+            atomic_write_json(self.path, self.data, sync_dir=False)
 
     def mark(self, uuid: str, **fields: Any) -> None:
         """Record progress in memory only: recovery needs the before-layout (written by ``begin``) and

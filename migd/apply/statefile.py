@@ -3,8 +3,9 @@ located error when damaged.
 
 A write goes to a fresh temp file (``mkstemp``: O_EXCL, so a planted name is never opened),
 is fsync'd, renamed over the target (``rename`` replaces a symlink, it does not follow it) and
-the directory fsync'd.  A read refuses a symlink (O_NOFOLLOW) and says which file and field is
-wrong instead of a traceback.
+the directory fsync'd (the journal's per-GPU outcomes skip the last: see Journal.update).  A
+read refuses a symlink (O_NOFOLLOW) and says which file and field is wrong instead of a
+traceback.
 """
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ from typing import Any
 from migd.yamlsrc import ValidationError
 
 
-def atomic_write_json(path: Path, data: Any, mode: int = 0o600) -> None:
-    atomic_write_text(path, json.dumps(data, separators=(",", ":")), mode)
+def atomic_write_json(path: Path, data: Any, mode: int = 0o600, *, sync_dir: bool = True) -> None:
+    atomic_write_text(path, json.dumps(data, separators=(",", ":")), mode, sync_dir=sync_dir)
 
 
-def atomic_write_text(path: Path, text: str, mode: int = 0o600) -> None:
+def atomic_write_text(path: Path, text: str, mode: int = 0o600, *, sync_dir: bool = True) -> None:
+    """``sync_dir=False`` leaves the rename itself to the filesystem's own ordering: after a power
+    loss the name then holds the new file or the previous one, each complete (the content was
+    fsync'd before the rename).  Only for a file whose previous version is as safe to find."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -38,6 +42,8 @@ def atomic_write_text(path: Path, text: str, mode: int = 0o600) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    if not sync_dir:
+        return
     dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(dfd)
