@@ -7,9 +7,10 @@ run (issue 16).  ``--short`` is what CI runs (fewer repetitions; the same rows).
 
 Rows: NVML calls and CPU per sampling cycle (beside a bare pynvml loop); daemon CPU at 1 s
 sampling; scrape p99 under ``ab -c 50`` (beside a minimal asyncio server serving the same bytes);
-journal writes and their fsync calls, and apply time of day->night on 8 GPUs (beside NVIDIA mig-parted's NVML call
-sequence replayed on the same simulated driver, bench/migparted_replay.py); plan times (beside an
-independent bitmask search); create/destroy operations (beside destroy-all-and-recreate).  The
+journal writes with their fsync calls, and apply time of day->night on 8 GPUs (beside NVIDIA
+mig-parted's NVML call sequence replayed on the same simulated driver, bench/migparted_replay.py);
+plan times (beside an independent bitmask search); create/destroy operations (beside
+destroy-all-and-recreate).  The
 simulated driver takes --driver-ms per mutating call, outside its lock, as a real driver does.
 """
 
