@@ -10,8 +10,8 @@ sampling; scrape p99 under ``ab -c 50`` (beside a minimal asyncio server serving
 journal writes with their fsync calls, and apply time of day->night on 8 GPUs (beside NVIDIA
 mig-parted's NVML call sequence replayed on the same simulated driver, bench/migparted_replay.py);
 plan times (beside an independent bitmask search); create/destroy operations (beside
-destroy-all-and-recreate).  The
-simulated driver takes --driver-ms per mutating call, outside its lock, as a real driver does.
+destroy-all-and-recreate).  The simulated driver takes --driver-ms per mutating call, outside its
+lock, as a real driver does.
 """
 
 from __future__ import annotations
