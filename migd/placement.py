@@ -131,6 +131,7 @@ class Solution(NamedTuple):
 
 
 Existing = tuple[GpuInstance, CiLayout, int]  # an existing GI, its CIs as a sorted layout, what destroying it costs
+Saving = tuple[int, int, int]  # a GI to keep: its mask, what keeping it saves, the last item that may keep it
 
 
 def _fresh(d: DesiredInstance) -> tuple[Option, ...]:
@@ -144,11 +145,12 @@ def _fresh(d: DesiredInstance) -> tuple[Option, ...]:
 
 
 def _options(d: DesiredInstance, base: tuple[Option, ...], current: Mapping[int, Existing], busy: Busy,
-             owners: Mapping[int, str], k: int, savings: list[tuple[int, int, int]]) -> tuple[Option, ...]:
+             owners: Mapping[int, str], end: int, savings: list[Saving]) -> tuple[Option, ...]:
     """``d``'s fresh options ``base`` with what choosing each adds given the GIs of its profile that
     exist now (``current``, by placement start): keeping one where it sits saves its destroy and
     creates.  Without a fresh layout there is none keeping CIs either (pinned CIs always have one).
-    Each option cheaper than a fresh one is added to ``savings`` as (mask, saving, ``k``)."""
+    Each option cheaper than a fresh one is added to ``savings`` (``end``: the last item that may
+    take it, i.e. the last of ``d``'s twins)."""
     out = []
     for o in base:
         hit = current.get(o.placement.start)
@@ -165,7 +167,7 @@ def _options(d: DesiredInstance, base: tuple[Option, ...], current: Mapping[int,
         delta = change + moved - destroy
         out.append(_option((o.placement, o.mask, delta, cis)))
         if delta < o.delta:
-            savings.append((o.mask, o.delta - delta, k))
+            savings.append((o.mask, o.delta - delta, end))
     return tuple(out)
 
 
@@ -278,6 +280,24 @@ def search_order(items: tuple[DesiredInstance, ...]) -> _Order:
 _NONE = 1 << 62  # the cost of no layout: above any real one
 
 
+def _priced(plan: _Order, current: Mapping[tuple[int, int], GpuInstance], busy: Busy, owners: Mapping[int, str],
+            savings: list[Saving]) -> list[tuple[Option, ...]]:
+    """Each item's options given the GIs that exist now (twins share theirs; an item of a profile
+    with none is priced as fresh), adding the GIs to keep to ``savings``."""
+    known: dict[int, dict[int, Existing]] = {}  # profile id -> start -> the GI there
+    for (pid, start), g in current.items():
+        if pid in plan.profiles:
+            known.setdefault(pid, {})[start] = (g, ci_layout(g), destroy_cost(g, busy))
+    options: list[tuple[Option, ...]] = []
+    for k, d in enumerate(plan.items):
+        pid = d.gi.profile_id
+        if plan.twins[k] or pid not in known:
+            options.append(options[k - 1] if plan.twins[k] else plan.fresh[k])
+            continue
+        options.append(_options(d, plan.fresh[k], known[pid], busy, owners, k + plan.later[k], savings))
+    return options
+
+
 def search(want: tuple[DesiredInstance, ...], current: Mapping[tuple[int, int], GpuInstance], busy: Busy,
            owners: Mapping[int, str]) -> Solution | None:
     """The first layout of least cost in search order; None if no placement of ``want`` (sorted by
@@ -286,25 +306,12 @@ def search(want: tuple[DesiredInstance, ...], current: Mapping[tuple[int, int], 
     items, twins, later, reach, size = plan.items, plan.twins, plan.later, plan.reach, plan.size
     if not items:
         return Solution((), ())
-    options: list[tuple[Option, ...]] | tuple[tuple[Option, ...], ...] = plan.fresh
+    options: Sequence[tuple[Option, ...]] = plan.fresh
     base: Sequence[int] = plan.base  # nothing to keep: every item adds its fresh delta wherever it goes
     floor: Sequence[int] = base
-    # (mask, saving, k): an option of item k's run cheaper than its fresh delta (a GI to keep), for
-    # a second bound that knows which of them the slices taken so far have ruled out
-    savings: list[tuple[int, int, int]] = []
-    wanted = plan.profiles
-    if not wanted.isdisjoint([key[0] for key in current]):  # some existing GI may be kept: options change
-        known: dict[int, dict[int, Existing]] = {}  # profile id -> start -> the GI there
-        for (pid, start), g in current.items():
-            if pid in wanted:
-                known.setdefault(pid, {})[start] = (g, ci_layout(g), destroy_cost(g, busy))
-        options = []
-        for k, d in enumerate(items):
-            pid = d.gi.profile_id
-            if twins[k] or pid not in known:
-                options.append(options[k - 1] if twins[k] else plan.fresh[k])
-                continue
-            options.append(_options(d, plan.fresh[k], known[pid], busy, owners, k + later[k], savings))
+    savings: list[Saving] = []  # for the second bound: the GIs to keep, which the slices taken may rule out
+    if not plan.profiles.isdisjoint([key[0] for key in current]):  # some existing GI may be kept
+        options = _priced(plan, current, busy, owners, savings)
         if not all(options):
             return None
         floor = _floors(options, twins, plan.fresh)

@@ -10,15 +10,13 @@ import random
 from collections.abc import Sequence
 
 from migd.hardware.backend import ComputeInstance, GpuInstance
-from migd.hardware.catalog import MODELS, CiProfile, GiProfile, Placement
+from migd.hardware.catalog import MODELS, CiProfile, GiProfile
 from migd.placement import (
     Busy,
     Option,
     Solution,
-    _options,
-    ci_layout,
+    _priced,
     ci_multisets,
-    destroy_cost,
     fresh_cis,
     item_rank,
     search,
@@ -36,11 +34,7 @@ def _first_least(items: tuple[DesiredInstance, ...], current: dict[tuple[int, in
     """Every non-overlapping layout in search order (item by item, options in order, identical
     items in ascending placements), keeping the first of least cost."""
     order = search_order(items)
-    known: dict[int, dict[int, tuple[GpuInstance, tuple[tuple[int, Placement], ...], int]]] = {}
-    for (pid, start), g in current.items():
-        known.setdefault(pid, {})[start] = (g, ci_layout(g), destroy_cost(g, busy))
-    options = [_options(d, order.fresh[k], known[d.gi.profile_id], busy, owners, k, [])
-               if d.gi.profile_id in known else order.fresh[k] for k, d in enumerate(items)]
+    options = _priced(order, current, busy, owners, [])  # as the search prices them
     best: list[tuple[int, tuple[Option, ...]]] = []
 
     def walk(k: int, used: int, chosen: tuple[Option, ...]) -> None:
