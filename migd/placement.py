@@ -291,10 +291,12 @@ def _priced(plan: _Order, current: Mapping[tuple[int, int], GpuInstance], busy: 
     options: list[tuple[Option, ...]] = []
     for k, d in enumerate(plan.items):
         pid = d.gi.profile_id
-        if plan.twins[k] or pid not in known:
-            options.append(options[k - 1] if plan.twins[k] else plan.fresh[k])
-            continue
-        options.append(_options(d, plan.fresh[k], known[pid], busy, owners, k + plan.later[k], savings))
+        if plan.twins[k]:
+            options.append(options[k - 1])
+        elif pid in known:
+            options.append(_options(d, plan.fresh[k], known[pid], busy, owners, k + plan.later[k], savings))
+        else:
+            options.append(plan.fresh[k])
     return options
 
 

@@ -108,7 +108,7 @@ class Journal:
         GPU; ``begin`` syncs the directory, since before it there is no journal at all)."""
         with self._lock:
             self.data["gpus"][uuid].update(fields)
-            atomic_write_json(self.path, self.data, sync_dir=False)
+            self._save(sync_dir=False)
 
     def mark(self, uuid: str, **fields: Any) -> None:
         """Record progress in memory only: recovery needs the before-layout (written by ``begin``) and
@@ -120,8 +120,8 @@ class Journal:
         """Whether any GPU it names may have been changed (a step ran, or its outcome is unknown)."""
         return any(e.get("done", 0) or e["status"] != "pending" for e in self.data.get("gpus", {}).values())
 
-    def _save(self) -> None:
-        atomic_write_json(self.path, self.data)
+    def _save(self, sync_dir: bool = True) -> None:
+        atomic_write_json(self.path, self.data, sync_dir=sync_dir)
 
     def finish(self) -> None:
         """Every GPU it names is in a consistent layout: the record is no longer needed."""
