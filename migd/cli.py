@@ -27,7 +27,7 @@ from migd.hardware.backend import GpuBackend
 from migd.profiles.export import export_mig_parted, export_profile
 from migd.profiles.loader import load_profile
 from migd.profiles.model import Profile
-from migd.profiles.validate import validate_file_caveats
+from migd.profiles.validate import check_file
 from migd.report import (
     apply_doc,
     apply_table,
@@ -40,6 +40,7 @@ from migd.report import (
     status_doc,
     status_table,
 )
+from migd.sim.fleets import FLEETS
 from migd.yamlsrc import ValidationError, load, parse_duration
 
 
@@ -249,37 +250,43 @@ def cmd_clear_fault(args: argparse.Namespace, backend: GpuBackend, state_dir: Pa
 def cmd_validate(args: argparse.Namespace) -> int:
     """Every config of every file is checked, each error reported (not only the first)."""
     code = Exit.OK
+    gpus = args.gpus if args.gpus is not None else (len(FLEETS[args.sim]) if args.sim in FLEETS else None)
+    caveats: dict[str, list[str]] = {}
     for f in args.files:
         try:
-            checked, caveats = validate_file_caveats(f)
+            check = check_file(f, gpus)
         except ValidationError as e:
             print(f"error: {e}", file=sys.stderr)
             code = Exit.INVALID
             continue
-        for name, sections in checked:
+        for name, sections in check.configs:
             if isinstance(sections, ValidationError):
                 print(f"error: {sections}", file=sys.stderr)
                 code = Exit.INVALID
                 continue
             models = sorted({m for ms in sections.values() for m in ms})
             print(f"{f}: {name}: ok ({', '.join(models) or _NO_MODEL})")
-        _warn_caveats(f, caveats, args.verbose)
+        for w in check.warnings:
+            print(f"warning: {w}", file=sys.stderr)
+        for key, notes in check.caveats.items():
+            caveats.setdefault(key, []).extend(n for n in notes if n not in caveats.get(key, []))
+    _note_caveats(caveats, args.verbose)
     return code
 
 
 _NO_MODEL = "no catalog model offers its profiles: the GPU's own table decides at apply time"
 
 
-def _warn_caveats(f: str, caveats: dict[str, list[str]], verbose: bool) -> None:
-    """Unconfirmed catalog facts stay visible: one line per file, or per model with -v."""
+def _note_caveats(caveats: dict[str, list[str]], verbose: bool) -> None:
+    """Unconfirmed catalog facts stay visible: one note for all files, or one line per model with -v."""
     if not caveats:
         return
     if not verbose:
-        print(f"warning: {f}: on {', '.join(sorted(caveats))} this relies on unconfirmed catalog facts (the GPU's "
-              "live table decides; -v says which)", file=sys.stderr)
+        print(f"note: on {len(caveats)} model(s) these layouts rely on unconfirmed catalog facts; the GPU's live "
+              "table decides at apply time (-v lists them)", file=sys.stderr)
         return
     for key, notes in sorted(caveats.items()):
-        print(f"warning: {f}: on {key} this relies on unconfirmed catalog facts (the GPU's live table decides): "
+        print(f"note: on {key} these layouts rely on unconfirmed catalog facts (the GPU's live table decides): "
               f"{'; '.join(notes)}", file=sys.stderr)
 
 
@@ -372,6 +379,8 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("gpu", help="GPU index or UUID")
     sp = sub.add_parser("validate", help="check profile files offline")
     sp.add_argument("files", nargs="+", help="profile or mig-parted files")
+    sp.add_argument("--gpus", type=int, metavar="N", help="the node has N GPUs: an index selector beyond N-1 is an "
+                    "error (default: the --sim fleet's size; otherwise indexes no board has are warned about)")
     sp.add_argument("-v", "--verbose", action="store_true",
                     help="name, per GPU model, the unconfirmed catalog facts a valid layout relies on")
     sp = sub.add_parser("daemon", help="the running migd: active profile and why, next transition, blocked "

@@ -448,6 +448,9 @@ def test_one_busy_gpu_does_not_hold_back_the_others(busy_at_night: tuple[MigdPro
     migd.wait_until(lambda: migd.control({"cmd": "status"})["daemon"]["desired_profile"] == "night", 30)
     migd.wait_until(lambda: [len(g) for g in migd.migctl.layout()][1:] == [1, 1, 1], 30)  # GPUs 1-3 switched
     assert len(migd.migctl.layout()[0]) > 1  # GPU 0 keeps its busy day layout
+    # The layout changes on the GPUs before the daemon publishes the pass's outcome: wait for the
+    # state this checks, not for time (under load the status came a moment after the layout).
+    migd.wait_until(lambda: list(migd.control({"cmd": "status"})["daemon"]["blocked_gpus"]) == ["0"], 30)
     st = migd.control({"cmd": "status"})["daemon"]
     assert list(st["blocked_gpus"]) == ["0"] and str(pid) in st["blocked_gpus"]["0"]["reason"]
     with urllib.request.urlopen(f"http://127.0.0.1:{migd.port}/metrics", timeout=10) as r:

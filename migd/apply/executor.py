@@ -83,11 +83,13 @@ class Applier:
     def plan(self, profile: Profile, mode_only: bool = False) -> list[GpuPlan]:
         """One reading of every GPU the profile selects, and its plan (owners read once).  ``mode_only``:
         only the MIG mode, as mig-parted's --mode-only (instances that exist are kept)."""
-        return self.plan_each(profile, tolerate=False, mode_only=mode_only)[0]
+        return self.plan_each(profile, tolerate=False, mode_only=mode_only, must_select=True)[0]
 
-    def plan_each(self, profile: Profile, tolerate: bool = True,
-                  mode_only: bool = False) -> tuple[list[GpuPlan], list[Unreadable]]:
-        """As :meth:`plan`, but (``tolerate``) a GPU NVML cannot read is set aside, not fatal to the rest."""
+    def plan_each(self, profile: Profile, tolerate: bool = True, mode_only: bool = False,
+                  must_select: bool = False) -> tuple[list[GpuPlan], list[Unreadable]]:
+        """As :meth:`plan`, but (``tolerate``) a GPU NVML cannot read is set aside, not fatal to the rest.
+        ``must_select``: a profile that selects no GPU of the node is an error (ValidationError); a GPU
+        that could not be read might have been selected, so it is not one then."""
         plans, owners = [], self.owners.load()
         gpus, unreadable = self.readable_gpus(tolerate)
         for gpu in gpus:
@@ -104,6 +106,8 @@ class Applier:
                 if not tolerate:
                     raise
                 unreadable.append(Unreadable(gpu.index, str(e), e.lost))
+        if must_select and not plans and not unreadable:
+            raise profile.selects_nothing(gpus)
         return plans, unreadable
 
     def readable_gpus(self, tolerate: bool = True) -> tuple[list[GpuInfo], list[Unreadable]]:

@@ -171,7 +171,7 @@ class Daemon:
                 for r in self.applier.recover_locked():
                     log.warning("GPU %d: %s after an interrupted apply", r.index, r.status.replace("_", " "))
                 plans, unreadable = self.applier.plan_each(profile, tolerate=not manual and not opts.dry_run,
-                                                           mode_only=opts.mode_only)
+                                                           mode_only=opts.mode_only, must_select=manual)
                 if opts.dry_run:
                     return self.applier.apply_plans(profile, plans, opts)
                 changes = any(p.changes for p in plans)

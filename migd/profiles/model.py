@@ -19,6 +19,10 @@ class Loc:
     column: int | None
     field: str
 
+    def __str__(self) -> str:
+        where = self.file if self.line is None else f"{self.file}:{self.line}:{self.column}"
+        return f"{where}: {self.field}" if self.field else where
+
     def error(self, message: str, allowed: Iterable[str] | None = None) -> ValidationError:
         return ValidationError(self.file, self.line, self.column, self.field, message, allowed)
 
@@ -123,3 +127,33 @@ class Profile:
             raise second.loc.error(f"GPU {gpu.index} ({gpu.model_key}) is also selected by the section at line "
                                    f"{first.loc.line}; each GPU may be selected by one section only")
         return hits[0] if hits else None
+
+    def selects_nothing(self, gpus: Iterable[GpuInfo]) -> ValidationError:
+        """A profile that selects no GPU of this node would change nothing: an error, not "applied"
+        (a typo in an index or model pattern must be seen, never held as a manual override)."""
+        which = "; ".join(f"{s.loc.field}: {s.selector.describe()}" if len(self.sections) > 1 else
+                          f"selects {s.selector.describe()}" for s in self.sections) or "no entries"
+        first = self.sections[0].loc if self.sections else Loc(self.source, None, None, "")
+        return first.error(f"profile {self.name} matches no GPU of this node ({which}); this node has "
+                           f"{describe_gpus(gpus)}; nothing was changed")
+
+
+def describe_gpus(gpus: Iterable[GpuInfo]) -> str:
+    """``GPU 0-7 (A100-SXM4-80GB)``: each model with its indexes, for messages about a node."""
+    by_model: dict[str, list[int]] = {}
+    for g in gpus:
+        by_model.setdefault(g.model_key, []).append(g.index)
+    if not by_model:
+        return "no GPU"
+    return ", ".join(f"GPU {index_ranges(ix)} ({model})" for model, ix in by_model.items())
+
+
+def index_ranges(indexes: Iterable[int]) -> str:
+    """``0-3,5``: sorted indexes with runs folded."""
+    out: list[str] = []
+    for i in sorted(indexes):
+        if out and out[-1].split("-")[-1] == str(i - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{i}"
+        else:
+            out.append(str(i))
+    return ",".join(out)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from migd.hardware.backend import GpuInfo
@@ -73,6 +74,26 @@ def check_section(section: GpuSection) -> list[str]:
     return ok
 
 
+# NVIDIA's HGX and DGX boards (A100, H100, H200, B200, B300) carry 8 GPUs, the most of any
+# MIG-capable system in the catalog (sim/state.py FLEETS follows the same board sizes).
+MAX_BOARD_GPUS = 8
+
+
+def check_indexes(profile: Profile, gpus: int | None) -> list[str]:
+    """Index selectors against the node size when it is known (``gpus``: an error beyond it), else
+    warnings for indexes no known board has: a typo there selects nothing, which apply refuses."""
+    warnings = []
+    for s in profile.sections:
+        beyond = [i for i in s.selector.indexes or () if i >= (gpus or MAX_BOARD_GPUS)]
+        if beyond and gpus is not None:
+            raise s.loc.error(f"index {','.join(map(str, beyond))} is beyond this node's GPUs (0-{gpus - 1})")
+        if beyond:
+            warnings.append(f"{s.loc}: index {','.join(map(str, beyond))}: no board in the catalog has more than "
+                            f"{MAX_BOARD_GPUS} GPUs; on a node without it this profile selects nothing "
+                            "(--gpus N checks against a node's size)")
+    return warnings
+
+
 def check_profile(profile: Profile) -> dict[int, list[str]]:
     return {i: check_section(s) for i, s in enumerate(profile.sections)}
 
@@ -83,31 +104,44 @@ Checked = dict[int, list[str]] | ValidationError  # section -> model keys it is 
 def validate_file(path: str | Path) -> list[tuple[str, Checked]]:
     """Validate a migd profile, or every config of a mig-parted file, each on its own: one bad
     config does not hide the others' errors.  Raises ValidationError only for the file as a whole."""
-    return validate_file_caveats(path)[0]
+    return check_file(path).configs
 
 
 Caveats = dict[str, list[str]]  # model key -> unconfirmed catalog facts a valid layout relies on
 
 
-def validate_file_caveats(path: str | Path) -> tuple[list[tuple[str, Checked]], Caveats]:
-    """:func:`validate_file` plus the unconfirmed facts the valid layouts rely on, per model: a
-    layout planned on a borrowed or derived table may differ on the real GPU (its live table decides)."""
+@dataclass(frozen=True)
+class FileCheck:
+    """One file's offline check: each config's verdict, the unconfirmed catalog facts the valid
+    layouts rely on (per model), and warnings about what may be a typo."""
+
+    configs: list[tuple[str, Checked]]
+    caveats: Caveats = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def check_file(path: str | Path, gpus: int | None = None) -> FileCheck:
+    """:func:`validate_file` plus caveats and warnings: a layout planned on a borrowed or derived table
+    may differ on the real GPU (its live table decides).  ``gpus``: the node's GPU count, if known."""
     top = load(path).mapping()
     names = mig_parted_configs(path) if "mig-configs" in top else [None]
     out: list[tuple[str, Checked]] = []
     notes: Caveats = {}
+    warnings: list[str] = []
     for name in names:
         try:
             p = load_profile(path, config=name)
+            warns = check_indexes(p, gpus)
             checked = check_profile(p)
         except ValidationError as e:
             out.append((name or str(path), e))
             continue
         out.append((p.name, checked))
+        warnings += warns
         for i, keys in checked.items():
             for key in keys:
                 want = resolve_section(p.sections[i], MODELS[key]).instances
                 split = any(len(d.cis) != 1 or not d.cis[0].default for d in want)
                 have = notes.setdefault(key, [])
                 have.extend(n for n in MODELS[key].caveats({d.gi for d in want}, split) if n not in have)
-    return out, {k: v for k, v in notes.items() if v}
+    return FileCheck(out, {k: v for k, v in notes.items() if v}, warnings)

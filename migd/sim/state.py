@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from migd.sim.filewatch import FileWatch
+from migd.sim.fleets import CATALOG_FLEETS, DEFAULT_FLEET, DRIVER_VERSION, FLEETS, PASSTHROUGH_FLEETS
 from migd.sim.gpu import SimCi, SimGi, SimGpu, SimProcess
 
 __all__ = ["CATALOG_FLEETS", "FLEETS", "PASSTHROUGH_FLEETS", "DEFAULT_FLEET", "SimCi", "SimGi", "SimGpu",
@@ -31,39 +32,6 @@ __all__ = ["CATALOG_FLEETS", "FLEETS", "PASSTHROUGH_FLEETS", "DEFAULT_FLEET", "S
 
 MAX_EVENTS = 200
 MAX_CONFIG_EVENTS = 32  # MIG-config-change events are a hint to re-read; Xids are kept longer
-
-# Named fleets (issue 2): model key per GPU index.
-FLEETS: dict[str, list[str]] = {
-    "dgx-a100": ["A100-SXM4-80GB"] * 8,
-    "dgx-a100-40gb": ["A100-SXM4-40GB"] * 8,
-    "dgx-h100": ["H100-SXM5-80GB"] * 8,
-    "hgx-h200": ["H200-141GB"] * 8,
-    "mixed": ["A100-SXM4-40GB"] * 2 + ["H100-SXM5-80GB"] * 2,
-    "a30": ["A30-24GB"] * 4,
-    "h100-nvl": ["H100-NVL-94GB"] * 2,
-    "single-a100": ["A100-SXM4-80GB"],
-    "single-h100": ["H100-SXM5-80GB"],
-    "a100-vm": ["A100-SXM4-80GB"] * 2,
-    # Newer families (issue 14): board sizes as NVIDIA sells them (HGX: 8 GPUs; a GB200/GB300
-    # compute tray: 4; a GH200 node: 1 superchip, NVL2: 2).
-    "hgx-b200": ["B200"] * 8,
-    "hgx-b300": ["B300"] * 8,
-    "gb200-tray": ["GB200"] * 4,
-    "gb300-tray": ["GB300"] * 4,
-    "gh200": ["GH200-96GB"],
-    "gh200-nvl2": ["GH200-144GB"] * 2,
-    "h20": ["H20-96GB"] * 8,
-    "rtx-pro-6000": ["RTX-PRO-6000-Blackwell-Server"] * 8,
-    "unlisted": ["unlisted-7slice"] * 2,  # a GPU migd's catalog does not know (sim/gpu.py UNLISTED)
-}
-# Fleets of catalog models only (the doctor finds no difference there; "unlisted" is the exception).
-CATALOG_FLEETS = sorted(f for f, keys in FLEETS.items() if all(not k.startswith("unlisted") for k in keys))
-# Fleets that stand for a pass-through VM: the guest cannot reset the GPU itself, so an Ampere
-# MIG mode change answers NVML_ERROR_RESET_REQUIRED and stays pending until `nvidia-smi -r`
-# (nvml.h, nvmlDeviceSetMigMode).  On bare metal the driver resets the GPU itself.
-PASSTHROUGH_FLEETS = frozenset({"a100-vm"})
-DRIVER_VERSION = "580.105.08"
-DEFAULT_FLEET = "dgx-a100"
 
 
 @dataclass
