@@ -10,42 +10,39 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from migd import __version__, paths
+from migd import paths
 from migd.apply.executor import Applier
 from migd.apply.hooks import Hooks, parse_hooks
+from migd.apply.journal import left_behind
 from migd.apply.result import ApplyOptions, GpuStatus, OnBusy
-from migd.cliargs import Parser
+from migd.ctl_daemon import (
+    apply_via_daemon,
+    cmd_clear_fault,
+    cmd_daemon,
+    cmd_reload,
+    cmd_resume,
+    control_socket,
+    out,
+    refuse_local,
+)
+from migd.ctl_parser import parser
 from migd.doctor import diagnose
 from migd.exits import EXPECTED, Exit, failure, for_result
 from migd.hardware.backend import GpuBackend
 from migd.profiles.export import export_mig_parted, export_profile
 from migd.profiles.loader import load_profile
-from migd.profiles.model import Profile
+from migd.profiles.model import Profile, index_ranges
 from migd.profiles.validate import check_file
-from migd.report import (
-    apply_doc,
-    apply_table,
-    daemon_table,
-    doctor_doc,
-    doctor_table,
-    dump,
-    plan_doc,
-    plan_table,
-    status_doc,
-    status_table,
-)
+from migd.report import apply_doc, doctor_doc, plan_doc, status_doc
+from migd.report_text import apply_table, doctor_table, plan_table, status_table
 from migd.sim.fleets import FLEETS
 from migd.yamlsrc import ValidationError, load, parse_duration
-
-
-def control_socket(args: argparse.Namespace) -> Path:
-    return paths.control_socket(args.control_socket, args.sim, args.sim_state, args.state_dir)
 
 
 def open_backend(args: argparse.Namespace) -> tuple[GpuBackend, Path]:
@@ -58,20 +55,17 @@ def open_backend(args: argparse.Namespace) -> tuple[GpuBackend, Path]:
     return NvmlBackend(), paths.state_dir(args.state_dir)
 
 
-def _out(args: argparse.Namespace, doc: dict[str, Any], table: str) -> None:
-    sys.stdout.write(table if args.output == "table" else dump(doc, args.output))
-
-
 def cmd_status(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
-    doc = status_doc(backend, Applier(backend, state_dir).owners.load())
-    _out(args, doc, status_table(doc))
+    applier = Applier(backend, state_dir)
+    doc = status_doc(backend, applier.owners.load(), left_behind(applier.journal.path))
+    out(args, doc, status_table(doc))
     return Exit.OK
 
 
 def cmd_plan(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
     profile = _profile(args)
     doc = plan_doc(profile.name, Applier(backend, state_dir).plan(profile, args.mode_only))
-    _out(args, doc, plan_table(doc))
+    out(args, doc, plan_table(doc, args.verbose))
     return Exit.OK
 
 
@@ -118,40 +112,18 @@ def _profile(args: argparse.Namespace, strict: bool = False) -> Profile:
     return load_profile("<stdin>" if text is not None else args.file, args.config, text=text, strict=strict)
 
 
-def apply_via_daemon(args: argparse.Namespace) -> int | None:
-    """Hand the apply to a running migd, so the daemon and the CLI never race.  None: no daemon."""
-    from migd.daemon.control import listening, request
-    path = "<stdin>" if args.file == "-" else str(Path(args.file).resolve())
-    sock = control_socket(args)
-    if args.hooks and listening(sock):
-        raise ValidationError(args.hooks, None, None, "--hooks", "a running migd runs the hooks of its own "
-                              "configuration, not a client's; add --local to apply in this process with these hooks")
-    reply = request(sock, {"cmd": "apply", "file": path, "text": _stdin(args), "config": args.config,
-                           "on_busy": args.on_busy,
-                           "dry_run": args.dry_run, "busy_timeout_s": parse_duration(args.busy_timeout),
-                           "lock_timeout_s": args.lock_timeout, "parallel": not args.sequential,
-                           "mode_only": args.mode_only})
-    if reply is None:
-        return None
-    if "result" in reply:
-        _out(args, reply["result"], apply_table(reply["result"], by="migd"))
-    else:
-        print(f"error (from migd): {reply.get('error')}", file=sys.stderr)
-    return int(reply.get("exit", 1))
-
-
 @contextlib.contextmanager
-def _interruptible(cancel: threading.Event) -> Iterator[None]:
-    """Ctrl-C or SIGTERM during an apply stops at the next step and rolls back the GPU being changed,
-    as migd does on SIGTERM; a second Ctrl-C interrupts at once (the journal is kept for recover)."""
+def _interruptible(abort: threading.Event) -> Iterator[None]:
+    """Ctrl-C or SIGTERM during an apply cancels it: it stops at the next step and puts every GPU back
+    as it was; a second Ctrl-C interrupts at once (the journal is kept for `migctl recover`)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def first(signum: int, frame: object) -> None:
-        print("stopping: the GPU step in progress is rolled back (Ctrl-C again to interrupt at once)",
-              file=sys.stderr)
-        cancel.set()
+        print("cancelling: the apply stops at the next step and puts every GPU back as it was (Ctrl-C again to "
+              "interrupt at once; `migctl recover` then restores them)", file=sys.stderr)
+        abort.set()
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
     old = {s: signal.signal(s, first) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -163,32 +135,49 @@ def _interruptible(cancel: threading.Event) -> Iterator[None]:
 
 
 def cmd_apply(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
+    if args.force_local:
+        args.local = True
     if not args.local:
-        via = apply_via_daemon(args)
+        via = apply_via_daemon(args, _stdin(args))
         if via is not None:
             return via
+    else:
+        refuse_local(args)
     # StrictModes: root applies only files that nobody else can rewrite
     profile = _profile(args, strict=os.geteuid() == 0)
     opts = ApplyOptions(on_busy=OnBusy(args.on_busy), busy_timeout_s=parse_duration(args.busy_timeout),
                         dry_run=args.dry_run, hooks=_hooks(args.hooks), lock_timeout_s=args.lock_timeout,
                         parallel=not args.sequential, mode_only=args.mode_only)
-    opts.cancel = threading.Event()
-    with _interruptible(opts.cancel):
+    abort = threading.Event()
+    opts.abort = abort
+    with _interruptible(abort):
         result = Applier(backend, state_dir).apply(profile, opts)
     doc = apply_doc(result, args.dry_run)
-    _out(args, doc, apply_table(doc))
+    out(args, doc, apply_table(doc, verbose=args.verbose))
+    if abort.is_set():
+        print("interrupted: the apply was cancelled; no GPU was left changed", file=sys.stderr)
+        return 130
     return for_result(result)
 
 
 def cmd_recover(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
+    """One account: which GPUs were put back, which could not be, and whether a journal is left."""
     applier = Applier(backend, state_dir)
     if args.discard:
         return _discard(applier, args.yes)
     results = applier.recover()
     if not results:
         print("no interrupted apply to recover")
+        return Exit.OK
+    restored = [r.index for r in results if r.status is GpuStatus.ROLLED_BACK]
+    if restored:
+        print(f"restored GPU {index_ranges(restored)} to the layout before the interrupted apply")
     for r in results:
-        print(f"GPU {r.index}: {r.status.replace('_', ' ')}" + (f": {r.error}" if r.status == "failed" else ""))
+        if r.status is not GpuStatus.ROLLED_BACK:
+            print(f"GPU {r.index}: NOT restored: {r.error}", file=sys.stderr)
+    if applier.journal.exists():
+        print(f"the journal {applier.journal.path} is kept: `migctl recover` tries again; once the GPUs are "
+              "checked by hand, `migctl recover --discard` sets it aside", file=sys.stderr)
     return Exit.HARDWARE if any(r.status is GpuStatus.FAILED for r in results) else Exit.OK
 
 
@@ -231,20 +220,10 @@ def cmd_isolation(args: argparse.Namespace, backend: GpuBackend, state_dir: Path
         lines += [f"BREACH  {b}" for b in daemon["breaches"]]
     if args.probe:
         lines.append(f"probe: {doc['probe']['status']}: {doc['probe']['detail']}")
-    _out(args, doc, "\n".join(lines) + "\n")
+    out(args, doc, "\n".join(lines) + "\n")
     faults = bool(daemon and (daemon["unhealthy"] or daemon["breaches"]))
     bad = any(f.severity is Severity.ERROR for f in findings) or faults
     return Exit.NOT_APPLIED if bad else Exit.OK
-
-
-def cmd_clear_fault(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
-    from migd.daemon.control import request
-    reply = request(control_socket(args), {"cmd": "clear-fault", "gpu": args.gpu}, timeout_s=10)
-    if reply is None:
-        print("not applied: migd is not running (fault marks live in the daemon)", file=sys.stderr)
-        return Exit.NOT_APPLIED
-    print(f"cleared: {', '.join(reply['cleared']) or 'nothing (no fault mark on that GPU)'}")
-    return int(reply["exit"])
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -290,29 +269,6 @@ def _note_caveats(caveats: dict[str, list[str]], verbose: bool) -> None:
               f"{'; '.join(notes)}", file=sys.stderr)
 
 
-def _daemon_request(args: argparse.Namespace, req: dict[str, Any]) -> dict[str, Any]:
-    from migd.daemon.control import request
-    sock = control_socket(args)
-    reply = request(sock, req, timeout_s=30.0)
-    if reply is None:
-        raise ConnectionError(f"no migd is listening on {sock}")
-    return reply
-
-
-def cmd_daemon(args: argparse.Namespace) -> int:
-    """The running daemon's state (migd.daemon/v1), from its control socket."""
-    doc = _daemon_request(args, {"cmd": "status"})["daemon"]
-    _out(args, doc, daemon_table(doc))
-    return Exit.OK
-
-
-def cmd_reload(args: argparse.Namespace) -> int:
-    """Ask migd to reload its configuration and profiles (like SIGHUP)."""
-    reply = _daemon_request(args, {"cmd": "reload"})
-    print("migd is reloading its configuration; `migctl daemon` shows whether it was accepted")
-    return Exit.OK if reply.get("ok") else Exit.NOT_APPLIED
-
-
 def cmd_export(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
     doc = export_mig_parted(backend, args.name) if args.format == "mig-parted" else \
         export_profile(backend, Applier(backend, state_dir).owners.load(), args.name)
@@ -324,78 +280,13 @@ def cmd_export(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -
 def cmd_doctor(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
     """Read-only: compare the driver's view of every GPU with the catalog (exit 1 on a difference)."""
     doc = doctor_doc(diagnose(backend))
-    _out(args, doc, doctor_table(doc))
+    out(args, doc, doctor_table(doc, args.verbose))
     return Exit.OK if doc["ok"] else Exit.NOT_APPLIED
 
 
-def parser() -> argparse.ArgumentParser:
-    p = Parser(prog="migctl", description="Manage NVIDIA MIG partitions.")
-    p.add_argument("--version", action="version", version=f"migctl {__version__}")
-    p.add_argument("--sim", metavar="FLEET", default=os.environ.get("MIGD_SIM"),
-                   help="run against the simulator (dgx-a100, dgx-a100-40gb, dgx-h100, hgx-h200, mixed, ...)")
-    p.add_argument("--sim-state", metavar="PATH", default=os.environ.get("MIGD_SIM_STATE"),
-                   help="simulator state file (shared with migd and the fake nvidia-smi)")
-    p.add_argument("--state-dir", metavar="DIR", default=os.environ.get("MIGD_STATE_DIR"),
-                   help=f"journal, lock and owner labels (default {paths.DEFAULT_STATE_DIR})")
-    p.add_argument("--control-socket", metavar="PATH", default=os.environ.get("MIGD_CONTROL_SOCKET"),
-                   help=f"migd's control socket (default {paths.DEFAULT_SOCKET})")
-    p.add_argument("-v", "--verbose", action="store_true", help="log each step (INFO) to stderr")
-    sub = p.add_subparsers(dest="command", required=True)
-
-    def fmt(sp: argparse.ArgumentParser, choices: Sequence[str] = ("table", "json", "yaml")) -> None:
-        sp.add_argument("-o", "--output", choices=choices, default=choices[0],
-                        help=f"output format (default {choices[0]}; json/yaml follow the documented schema)")
-
-    sp = sub.add_parser("status", help="GPUs, MIG mode, instances, owners, MIG UUIDs, processes")
-    fmt(sp)
-    for name, hlp in (("plan", "show the operations an apply would run"), ("assert", "exit 0 if applied"),
-                      ("apply", "apply a profile")):
-        sp = sub.add_parser(name, help=hlp)
-        sp.add_argument("file", help="a migd profile or a mig-parted config file (- reads standard input)")
-        sp.add_argument("--config", help="config name in a mig-parted file")
-        sp.add_argument("--mode-only", action="store_true",
-                        help="only the MIG mode (enabled/disabled), as mig-parted's --mode-only; instances stay")
-        fmt(sp)
-        if name == "apply":
-            sp.add_argument("--dry-run", action="store_true", help="plan and show what would change; change nothing")
-            sp.add_argument("--on-busy", choices=list(OnBusy), default=OnBusy.REFUSE.value,
-                            help="instances with running processes that would be destroyed: refuse (default), "
-                            "wait for them to end, or force (SIGTERM, then SIGKILL)")
-            sp.add_argument("--busy-timeout", default="5m", help="with --on-busy wait (default 5m)")
-            sp.add_argument("--hooks", help="YAML file with a hooks: mapping (phases as in mig-parted)")
-            sp.add_argument("--lock-timeout", type=float, default=0.0, help="seconds to wait for another apply")
-            sp.add_argument("--sequential", action="store_true", help="change GPUs one at a time")
-            sp.add_argument("--local", action="store_true",
-                            help="apply in this process even if migd is running (it still takes the lock)")
-    sp = sub.add_parser("recover", help="restore GPUs left half-way by an interrupted apply")
-    sp.add_argument("--discard", action="store_true",
-                    help="set aside a journal that cannot be used (damaged, or naming a GPU that is gone)")
-    sp.add_argument("--yes", action="store_true", help="with --discard: do not ask")
-    sp = sub.add_parser("isolation", help="fault-isolation audit (and the daemon's fault marks and breaches)")
-    sp.add_argument("--profile", help="also report instances missing from / not in this profile")
-    sp.add_argument("--probe", action="store_true", help="run a tiny CUDA workload in each instance")
-    fmt(sp)
-    sp = sub.add_parser("clear-fault", help="clear a GPU-wide fault mark so the GPU may be reconfigured")
-    sp.add_argument("gpu", help="GPU index or UUID")
-    sp = sub.add_parser("validate", help="check profile files offline")
-    sp.add_argument("files", nargs="+", help="profile or mig-parted files")
-    sp.add_argument("--gpus", type=int, metavar="N", help="the node has N GPUs: an index selector beyond N-1 is an "
-                    "error (default: the --sim fleet's size; otherwise indexes no board has are warned about)")
-    sp.add_argument("-v", "--verbose", action="store_true",
-                    help="name, per GPU model, the unconfirmed catalog facts a valid layout relies on")
-    sp = sub.add_parser("daemon", help="the running migd: active profile and why, next transition, blocked "
-                        "reason, last apply")
-    fmt(sp)
-    sub.add_parser("reload", help="make the running migd reload its configuration and profiles")
-    sp = sub.add_parser("doctor", help="read-only check of driver, GPUs, profile tables, events and GPM "
-                        "against the catalog (changes nothing)")
-    fmt(sp)
-    sp = sub.add_parser("export", help="print the current state as a migd profile")
-    sp.add_argument("--name", default="exported", help="name of the exported profile (default exported)")
-    sp.add_argument("--format", choices=["migd", "mig-parted"], default="migd",
-                    help="a migd profile (default; keeps placements and owners) or a mig-parted config")
-    fmt(sp, ("yaml", "json"))
-    return p
+NO_GPU: dict[str, Callable[[argparse.Namespace], int]] = {
+    "validate": cmd_validate, "daemon": cmd_daemon, "reload": cmd_reload, "resume": cmd_resume,
+    "clear-fault": cmd_clear_fault}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -403,16 +294,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="migctl: %(levelname)s: %(message)s")
     try:
-        if args.command in ("validate", "daemon", "reload"):  # no GPU needed
-            return {"validate": cmd_validate, "daemon": cmd_daemon, "reload": cmd_reload}[args.command](args)
-        backend, state_dir = open_backend(args)
-        try:
-            handler = {"status": cmd_status, "plan": cmd_plan, "assert": cmd_assert, "apply": cmd_apply,
-                       "export": cmd_export, "recover": cmd_recover, "isolation": cmd_isolation,
-                       "clear-fault": cmd_clear_fault, "doctor": cmd_doctor}[args.command]
-            return handler(args, backend, state_dir)
-        finally:
-            backend.close()
+        return _run(args)
+    except BrokenPipeError:  # our stdout was closed (`migctl ... | head -1`): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush must not fail again
+        return 128 + signal.SIGPIPE
     except EXPECTED as e:
         f = failure(e)
         print(f, file=sys.stderr)
@@ -421,6 +306,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted: if a GPU was being changed, its journal is kept and `migctl recover` restores it",
               file=sys.stderr)
         return 130
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command in NO_GPU:
+        return NO_GPU[args.command](args)
+    backend, state_dir = open_backend(args)
+    try:
+        handler = {"status": cmd_status, "plan": cmd_plan, "assert": cmd_assert, "apply": cmd_apply,
+                   "export": cmd_export, "recover": cmd_recover, "isolation": cmd_isolation,
+                   "doctor": cmd_doctor}[args.command]
+        return handler(args, backend, state_dir)
+    finally:
+        backend.close()
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ def failure(e: BaseException) -> Failure:
     if isinstance(e, (ValidationError, PlanError)):
         return Failure(Exit.INVALID, "error", str(e))
     if isinstance(e, BusyError):
-        return Failure(Exit.BUSY, "blocked", f"{e} (--on-busy wait or force changes them anyway)")
+        return Failure(Exit.BUSY, "blocked", f"{e} ({e.advice})")
     if isinstance(e, (HardwareError, GpuUnhealthy)):
         return Failure(Exit.HARDWARE, "hardware error", str(e))
     if isinstance(e, (ConnectionError, TimeoutError)):
@@ -62,4 +62,6 @@ def failure(e: BaseException) -> Failure:
 def for_result(result: ApplyResult) -> Exit:
     if result.ok:
         return Exit.OK
-    return Exit.HARDWARE if any(r.status is GpuStatus.FAILED for r in result.results) else Exit.NOT_APPLIED
+    if any(r.status is GpuStatus.FAILED for r in result.results):
+        return Exit.HARDWARE
+    return Exit.BUSY if any(r.status is GpuStatus.BLOCKED for r in result.results) else Exit.NOT_APPLIED

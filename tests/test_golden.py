@@ -24,7 +24,7 @@ from migd.daemon.service import Daemon
 from migd.daemon.status import LastApply, Outcome, Status
 from migd.metrics.collector import MigdCollector
 from migd.metrics.sampler import NvmlErrorCounter, Sampler
-from migd.report import daemon_table
+from migd.report_text import daemon_table
 from migd.sim import control, sim_backend
 from migd.sim.state import StateStore
 from tests.helpers import PROFILES, Migctl, check_golden
@@ -54,6 +54,7 @@ def _run(m: Migctl, *args: str) -> str:
 def test_plan_apply_status_outputs(mixed: Migctl) -> None:
     balanced = str(PROFILES / "balanced.yaml")
     _check("plan-balanced.txt", _run(mixed, "plan", balanced))
+    _check("plan-balanced-verbose.txt", _run(mixed, "plan", balanced, "-v"))
     _check("plan-balanced.json", _run(mixed, "plan", balanced, "-o", "json").replace(str(PROFILES), "PROFILES"))
     _check("apply-balanced-dry-run.txt", _run(mixed, "apply", balanced, "--dry-run"))
     _check("apply-balanced.json", _run(mixed, "apply", balanced, "--sequential", "-o", "json"))
@@ -65,6 +66,7 @@ def test_plan_apply_status_outputs(mixed: Migctl) -> None:
 
 def test_doctor_outputs(mixed: Migctl) -> None:
     _check("doctor.txt", _run(mixed, "doctor"))
+    _check("doctor-verbose.txt", _run(mixed, "doctor", "-v"))
     _check("doctor.json", _run(mixed, "doctor", "-o", "json"))
 
 

@@ -9,7 +9,6 @@ back to its previous layout.  A journal left by a crash is resolved before the n
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +24,7 @@ from migd.apply.result import (
     ApplyOptions,
     ApplyResult,
     BusyError,
+    Cancelled,
     GpuResult,
     GpuStatus,
     GpuUnhealthy,
@@ -61,6 +61,10 @@ def _located(load: Callable[[], T], path: Path | None = None, field: str = "") -
         raise ValidationError(str(path), None, None, field, f"{e}; {DISCARD_HINT}") from None
 
 
+CANCELLED = "stopped on request (Ctrl-C or SIGTERM); put back as it was before the apply"
+SETTLED_STATUS = (GpuStatus.APPLIED, GpuStatus.ROLLED_BACK, GpuStatus.CANCELLED)  # in the old or new layout
+
+
 def _blocked_text(ops: list[Op]) -> str:
     return "; ".join(o.describe() for o in ops)
 
@@ -73,7 +77,7 @@ class Applier:
         self.state_dir = Path(state_dir)
         self.journal = Journal(self.state_dir / "journal.json")
         self.owners = Owners(self.state_dir / "owners.json")
-        self._cancel: threading.Event | None = None
+        self._stopping: Callable[[], bool] | None = None
         self._progress: Callable[[], None] | None = None
 
     def lock(self, timeout_s: float = 0.0) -> ApplyLock:
@@ -192,7 +196,7 @@ class Applier:
             if not blocked:
                 return plans, []
             stop = None
-            if opts.cancel is not None and opts.cancel.is_set():
+            if opts.stopping():
                 stop = f"stopped while waiting for busy instances: {_blocked_text(blocked)}"
             elif opts.on_busy is OnBusy.REFUSE:
                 stop = f"instances with running processes would be destroyed: {_blocked_text(blocked)}"
@@ -201,12 +205,13 @@ class Applier:
             if stop is not None and opts.partial:
                 return [p for p in plans if not p.blocked], [p for p in plans if p.blocked]
             if stop is not None:
-                raise BusyError(stop, blocked)
+                raise BusyError(stop, blocked, opts.on_busy)
             if opts.on_busy is OnBusy.FORCE and not killed:
                 stop_processes(self.backend, sorted({pid for o in blocked for pid in o.busy_pids}), opts.kill_grace_s)
                 killed = True
             elif opts.on_busy is OnBusy.FORCE and time.monotonic() >= deadline:
-                raise BusyError(f"instances still busy after SIGKILL: {_blocked_text(blocked)}", blocked)
+                raise BusyError(f"instances still busy after SIGKILL: {_blocked_text(blocked)}", blocked,
+                                opts.on_busy)
             else:
                 time.sleep(opts.poll_s)
             if opts.progress is not None:
@@ -224,7 +229,7 @@ class Applier:
             "owners_before": {str(k): v for k, v in owners_before.items()}}
             for p, (before, owners_before) in zip(plans, befores, strict=True)})
         results: list[GpuResult] = []
-        self._cancel, self._progress = opts.cancel, opts.progress
+        self._stopping, self._progress = opts.stopping, opts.progress
         try:
             opts.hooks.run("apply-start", env)
             if any(o.kind is OpKind.SET_MIG for p in plans for o in p.ops):
@@ -235,12 +240,13 @@ class Applier:
                     results = list(pool.map(self._run_gpu, plans, befores))
             else:
                 results = [self._run_gpu(p, b) for p, b in zip(plans, befores, strict=True)]
+            if opts.aborted:
+                results = [self._undo(p, b, r) for p, b, r in zip(plans, befores, results, strict=True)]
         finally:
             # Keep the journal while any GPU may be half-way (a failed rollback, an interrupt, a write
             # error): the next start or `migctl recover` restores it.  Dropped only when every GPU is
             # in its old or new layout, or when no GPU was touched (a hook refused first).
-            settled = len(results) == len(plans) and all(r.status in (GpuStatus.APPLIED, GpuStatus.ROLLED_BACK)
-                                                         for r in results)
+            settled = len(results) == len(plans) and all(r.status in SETTLED_STATUS for r in results)
             if settled or not self.journal.touched():
                 self.journal.finish()
             ok = bool(results) and all(r.status is GpuStatus.APPLIED for r in results)
@@ -278,8 +284,8 @@ class Applier:
         if journal_uuid is not None:  # before the first step: an interrupt from here on keeps the journal
             self.journal.mark(journal_uuid, status="applying")
         for op in plan.ops:
-            if journal_uuid is not None and self._cancel is not None and self._cancel.is_set():
-                raise HardwareError(f"GPU {op.gpu}: apply cancelled (SIGTERM or Ctrl-C)", gpu=op.gpu)
+            if journal_uuid is not None and self._stopping is not None and self._stopping():
+                raise Cancelled(f"GPU {op.gpu}: {CANCELLED}")
             if op.kind is OpKind.RESET and mode_applied:
                 continue  # the mode change took effect without a reset (Hopper)
             applied = self._exec(op, gi_ids)
@@ -319,16 +325,28 @@ class Applier:
             # The GPU's one journal write (issue 16: <= 2 per GPU): what cannot be recorded as done is
             # undone, so the record on disk (this GPU's before-layout) stays the truth.
             self.journal.update(uuid, status="done")
+        except Cancelled:  # asked for: not an error, and said once by whoever asked
+            return self._rollback(plan.gpu, *before, CANCELLED, t0, GpuStatus.CANCELLED)
         except (HardwareError, OSError) as e:  # OSError: the journal cannot be written (disk full, EIO)
             why = str(e) if isinstance(e, HardwareError) else f"cannot write the journal: {e.strerror or e}"
-            log.error("GPU %d: apply failed (%s); rolling back to the previous layout", i, why)
+            # INFO: the outcome (rolled back, or a CRITICAL failed rollback) is reported once by whoever
+            # reports the apply (migctl's table, migd's log of the result)
+            log.info("GPU %d: apply failed (%s); rolling back to the previous layout", i, why)
             return self._rollback(plan.gpu, *before, why, t0)
         self._set_owners(uuid, {t.placement.start: t.owner for t in plan.targets if t.owner})
         log.info("GPU %d: applied %d operations in %.2fs", i, done, time.monotonic() - t0)
         return GpuResult(i, uuid, GpuStatus.APPLIED, done, None, time.monotonic() - t0, seen)
 
+    def _undo(self, plan: GpuPlan, before: tuple[DesiredLayout, dict[int, str]], result: GpuResult) -> GpuResult:
+        """The requester withdrew after this GPU was done: put it back too, so a cancelled apply leaves
+        every GPU as it found it."""
+        if result.status is not GpuStatus.APPLIED:
+            return result
+        self._note(plan.gpu.uuid, status="applying")  # from here the journal's before-layout is the truth again
+        return self._rollback(plan.gpu, *before, CANCELLED, time.monotonic(), GpuStatus.CANCELLED)
+
     def _rollback(self, gpu: GpuInfo, before: DesiredLayout, owners_before: dict[int, str], why: str,
-                  t0: float) -> GpuResult:
+                  t0: float, status: GpuStatus = GpuStatus.ROLLED_BACK) -> GpuResult:
         try:
             plan = self.plan_layout(self.backend.gpu(gpu.index), before, owners_before)
             self._execute_ops(plan)
@@ -340,8 +358,8 @@ class Applier:
             return GpuResult(gpu.index, gpu.uuid, GpuStatus.FAILED, 0, msg, time.monotonic() - t0)
         self._set_owners(gpu.uuid, owners_before)
         self._note(gpu.uuid, status="rolled_back", error=why)
-        log.warning("GPU %d: rolled back to its previous layout", gpu.index)
-        return GpuResult(gpu.index, gpu.uuid, GpuStatus.ROLLED_BACK, 0, why, time.monotonic() - t0)
+        log.info("GPU %d: back on its previous layout", gpu.index)
+        return GpuResult(gpu.index, gpu.uuid, status, 0, why, time.monotonic() - t0)
 
     def _note(self, uuid: str, **fields: object) -> None:
         """Record a GPU's outcome in the journal; a failed write is logged: the file on disk still
@@ -380,16 +398,20 @@ class Applier:
         if not self.journal.exists():
             return []
         data = _located(self.journal.load)
-        log.warning("found an unfinished apply of %r by pid %s: restoring the previous layouts",
-                    data.get("profile"), data.get("pid"))
+        pending = {uuid: e for uuid, e in data["gpus"].items() if e["status"] not in SETTLED}
+        if not pending:  # every GPU reached its old or new layout before the process ended
+            log.info("the journal of an apply of %r by pid %s names no unfinished GPU: removed",
+                     data.get("profile"), data.get("pid"))
+            self.journal.finish()
+            return []
+        log.warning("found an unfinished apply of %r by pid %s: restoring %d GPU(s) to their previous layout",
+                    data.get("profile"), data.get("pid"), len(pending))
         gpus, unreadable = self.readable_gpus()
         for u in unreadable:
             log.error("GPU %d cannot be read (%s): if the journal names it, its entry is kept", u.index, u.error)
         by_uuid = {g.uuid: g for g in gpus}
         results = []
-        for uuid, entry in data["gpus"].items():
-            if entry["status"] in SETTLED:
-                continue
+        for uuid, entry in pending.items():
             gpu = by_uuid.get(uuid)
             if gpu is None or gpu.model is None:
                 why = "is not present (lost, or re-enumerated away)" if gpu is None else "is not a known MIG model"

@@ -137,3 +137,31 @@ class Journal:
         os.replace(self.path, kept)
         self.data = {}
         return kept
+
+
+def left_behind(path: Path) -> dict[str, Any] | None:
+    """What ``migctl status`` says about a journal (None: there is none): the apply it records, the GPUs
+    it names as unfinished and whether its process still runs (an apply in progress, not an interrupted
+    one).  A damaged journal is reported with its error, never raised: status must still show the GPUs."""
+    if not os.path.lexists(path):
+        return None
+    try:
+        data = validate(path, read_json(path))
+    except (OSError, ValueError, ValidationError) as e:
+        return {"path": str(path), "profile": None, "pid": None, "running": False, "unfinished_gpus": [],
+                "error": str(e)}
+    pid = data.get("pid")
+    return {"path": str(path), "profile": data.get("profile"), "pid": pid,
+            "running": isinstance(pid, int) and _alive(pid),
+            "unfinished_gpus": sorted(e.get("index", -1) for e in data["gpus"].values() if e["status"] not in SETTLED),
+            "error": None}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, owned by someone else
+    return pid != os.getpid()

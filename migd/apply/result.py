@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from migd.apply.hooks import Hooks
 from migd.hardware.backend import GpuState
 from migd.kinds import Word
 from migd.planner import GpuPlan, Op
-
-
-class BusyError(Exception):
-    """Instances that would be destroyed have running processes."""
-
-    def __init__(self, message: str, blocked: list[Op]) -> None:
-        super().__init__(message)
-        self.blocked = blocked
-
-
-class GpuUnhealthy(Exception):
-    pass
 
 
 class OnBusy(Word):
@@ -32,6 +20,28 @@ class OnBusy(Word):
     FORCE = "force"  # SIGTERM, then SIGKILL: never the default
 
 
+class BusyError(Exception):
+    """Instances that would be destroyed have running processes (``policy``: what the apply was told
+    to do about them, so the advice offered is one the user has not already taken)."""
+
+    def __init__(self, message: str, blocked: list[Op], policy: OnBusy) -> None:
+        super().__init__(message)
+        self.blocked = blocked
+        self.policy = policy
+
+    @property
+    def advice(self) -> str:
+        if self.policy is OnBusy.REFUSE:
+            return "--on-busy wait waits for them; --on-busy force stops them"
+        if self.policy is OnBusy.WAIT:
+            return "a longer --busy-timeout waits longer; --on-busy force stops them"
+        return "their processes did not exit after SIGKILL: see migctl status"
+
+
+class GpuUnhealthy(Exception):
+    pass
+
+
 class GpuStatus(Word):
     UNCHANGED = "unchanged"
     APPLIED = "applied"
@@ -40,6 +50,13 @@ class GpuStatus(Word):
     WOULD_CHANGE = "would_change"  # dry run
     BLOCKED = "blocked"  # busy instances; the other GPUs went ahead (ApplyOptions.partial)
     FAULTED = "faulted"  # a GPU-wide fault mark refuses its reconfiguration (ApplyOptions.partial)
+    CANCELLED = "cancelled"  # the requester withdrew (Ctrl-C): put back as it was before the apply
+
+
+class Flag(Protocol):
+    """A stop request an apply polls between steps (a ``threading.Event``, or several as one)."""
+
+    def is_set(self) -> bool: ...
 
 
 @dataclass
@@ -54,9 +71,18 @@ class ApplyOptions:
     kill_grace_s: float = 10.0
     unhealthy: Callable[[], dict[str, str]] | None = None  # uuid -> reason: reconfiguration refused
     partial: bool = False  # GPUs busy instances block are left (status "blocked"); the others go ahead
-    cancel: threading.Event | None = None  # set (SIGTERM): stop waiting; roll back the GPU being changed
+    cancel: Flag | None = None  # set (SIGTERM): stop waiting; roll back the GPU being changed
+    abort: Flag | None = None  # set (the requester's Ctrl-C): stop, and put every GPU back as it was
     progress: Callable[[], None] | None = None  # called at each step and busy poll (feeds the watchdog)
     mode_only: bool = False  # only the MIG mode (mig-parted's --mode-only): existing instances are kept
+
+    def stopping(self) -> bool:
+        """Whether the apply should stop at its next step (SIGTERM, or the requester withdrew)."""
+        return any(f is not None and f.is_set() for f in (self.cancel, self.abort))
+
+    @property
+    def aborted(self) -> bool:
+        return self.abort is not None and self.abort.is_set()
 
 
 @dataclass
@@ -99,6 +125,10 @@ class Unreadable:
     index: int
     error: str
     lost: bool
+
+
+class Cancelled(Exception):
+    """An apply stopped between two steps because it was asked to (SIGTERM, Ctrl-C)."""
 
 
 _OK = (GpuStatus.UNCHANGED, GpuStatus.APPLIED, GpuStatus.WOULD_CHANGE)

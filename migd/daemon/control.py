@@ -10,6 +10,7 @@ import contextlib
 import json
 import logging
 import os
+import select
 import socket
 import socketserver
 import threading
@@ -19,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from migd.apply.result import ApplyResult
-from migd.daemon.service import ManualApply
+from migd.apply.result import ApplyResult, Flag
+from migd.daemon.service import ManualApply, Reloaded, Resumed
 from migd.exits import EXPECTED, Exit, failure, for_result
 from migd.netcap import CappedThreadingMixIn
 from migd.profiles.loader import load_profile
@@ -29,6 +30,41 @@ from migd.report import apply_doc
 
 log = logging.getLogger("migd.control")
 MAX_REQUEST = 1 << 20
+
+
+class HangUp:
+    """Set once the client has closed its end (EOF on the connection): a client's Ctrl-C withdraws the
+    request it is waiting on.  Watched by a thread of its own while the request runs."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self._conn = conn
+        self._hung_up = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="migd-control-hangup", daemon=True)
+        self._thread.start()
+
+    def is_set(self) -> bool:
+        return self._hung_up.is_set()
+
+    def _watch(self) -> None:
+        poller = select.poll()
+        poller.register(self._conn, select.POLLIN | select.POLLHUP | select.POLLERR)
+        while not self._done.is_set():
+            if not poller.poll(100):
+                continue
+            try:
+                data = self._conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                self._hung_up.set()
+            return  # EOF, or bytes after the one request line (ignored)
+
+    def close(self) -> None:
+        self._done.set()
+        self._thread.join()
 
 
 class _Handler(socketserver.StreamRequestHandler):
@@ -41,13 +77,23 @@ class _Handler(socketserver.StreamRequestHandler):
             req = json.loads(line)
             if not isinstance(req, dict):
                 raise ValueError("request must be a JSON object")
-            reply = self.server.dispatch(req)
+            reply = self.server.dispatch(req, self.connection)
         except (ValueError, json.JSONDecodeError) as e:
             reply = {"ok": False, "exit": 2, "error": f"bad request: {e}"}
         except Exception as e:  # noqa: BLE001 - the client must always get an answer, never an empty line
             log.exception("control request failed")
             reply = {"ok": False, "exit": 1, "error": f"migd failed on this request: {type(e).__name__}: {e}"}
-        self.wfile.write(json.dumps(reply, default=str).encode() + b"\n")
+        try:
+            self.wfile.write(json.dumps(reply, default=str).encode() + b"\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):  # the client is gone (Ctrl-C, a probe): nothing to
+            log.debug("control client left before the reply")  # tell it, and nothing wrong with migd
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        except (BrokenPipeError, ConnectionResetError):  # socketserver flushes once more on the way out
+            pass
 
 
 class AlreadyRunning(Exception):
@@ -83,10 +129,11 @@ class Handlers:
     """What the socket may ask of the daemon: one callable per request, nothing else."""
 
     status: Callable[[], dict[str, Any]]  # migd.daemon/v1
-    reload: Callable[[], None]
-    apply: Callable[[Profile, ManualApply], ApplyResult]
+    reload: Callable[[], Reloaded]  # done before the reply: accepted, or rejected and why
+    apply: Callable[[Profile, ManualApply, Flag], ApplyResult]  # (Flag: the client withdrew)
     isolation: Callable[[], dict[str, Any]]  # unhealthy, breaches, findings
     clear_fault: Callable[[str], list[str]]  # GPU index or UUID -> fault marks cleared
+    resume: Callable[[], Resumed]  # lift a manual apply's hold: back to the schedule now
 
 
 class ControlServer(CappedThreadingMixIn, socketserver.UnixStreamServer):
@@ -107,15 +154,31 @@ class ControlServer(CappedThreadingMixIn, socketserver.UnixStreamServer):
             os.umask(old)
         os.chmod(path, mode)
 
-    def dispatch(self, req: dict[str, Any]) -> dict[str, Any]:
+    def dispatch(self, req: dict[str, Any], conn: socket.socket) -> dict[str, Any]:
+        """One request's reply; an expected failure is a reply with its exit code, never a traceback."""
+        try:
+            return self._dispatch(req, conn)
+        except EXPECTED as e:
+            f = failure(e)
+            return {"ok": False, "exit": f.code, "error": f.message}
+
+    def _dispatch(self, req: dict[str, Any], conn: socket.socket) -> dict[str, Any]:
         cmd, h = req.get("cmd"), self.handlers
         if cmd == "status":
             return {"ok": True, "exit": Exit.OK, "daemon": h.status()}
         if cmd == "reload":
-            h.reload()
-            return {"ok": True, "exit": Exit.OK}
+            done = h.reload()
+            if done.error is not None:
+                return {"ok": False, "exit": Exit.INVALID, "error": done.error}
+            return {"ok": True, "exit": Exit.OK, "detail": done.detail}
         if cmd == "apply":
-            return self._apply(req)
+            hangup = HangUp(conn)
+            try:
+                return self._apply(req, hangup)
+            finally:
+                hangup.close()
+        if cmd == "resume":
+            return self._resume()
         if cmd == "isolation":
             return {"ok": True, "exit": Exit.OK, **h.isolation()}
         if cmd == "clear-fault":
@@ -123,15 +186,23 @@ class ControlServer(CappedThreadingMixIn, socketserver.UnixStreamServer):
             return {"ok": bool(cleared), "exit": Exit.OK if cleared else Exit.NOT_APPLIED, "cleared": cleared}
         return {"ok": False, "exit": Exit.INVALID, "error": f"unknown command {cmd!r}"}
 
-    def _apply(self, req: dict[str, Any]) -> dict[str, Any]:
-        try:
-            profile = load_profile(str(req["file"]), req.get("config"), text=req.get("text"), strict=True)
-            opts = ManualApply.from_request(req)
-            result = self.handlers.apply(profile, opts)
-        except EXPECTED as e:
-            f = failure(e)
-            return {"ok": False, "exit": f.code, "error": f.message}
-        return {"ok": result.ok, "exit": for_result(result), "result": apply_doc(result, opts.dry_run)}
+    def _apply(self, req: dict[str, Any], hangup: Flag) -> dict[str, Any]:
+        profile = load_profile(str(req["file"]), req.get("config"), text=req.get("text"), strict=True)
+        opts = ManualApply.from_request(req)
+        result = self.handlers.apply(profile, opts, hangup)
+        reply = {"ok": result.ok, "exit": for_result(result), "result": apply_doc(result, opts.dry_run)}
+        if result.ok and not opts.dry_run:
+            reply["override"] = self.handlers.status().get("override")  # how long it holds, said at once
+        return reply
+
+    def _resume(self) -> dict[str, Any]:
+        done = self.handlers.resume()
+        result = done.result
+        reply: dict[str, Any] = {"lifted": done.lifted, "profile": done.profile,
+                                 "result": apply_doc(result, False) if result is not None else None}
+        if result is None or result.ok:
+            return {"ok": True, "exit": Exit.OK, **reply}
+        return {"ok": False, "exit": for_result(result), **reply}
 
     def start(self) -> threading.Thread:
         t = threading.Thread(target=self.serve_forever, name="migd-control", daemon=True)
@@ -166,16 +237,46 @@ def _connect(path: Path, timeout_s: float) -> socket.socket | None:
             delay = min(0.2, delay * 2)
 
 
-def request(path: str | Path, req: dict[str, Any], timeout_s: float = 3600.0) -> dict[str, Any] | None:
-    """Send one request; None if no daemon is listening there."""
+class ControlError(ConnectionError):
+    """Talking to migd failed (it died, or closed the socket): not the caller's own stdout."""
+
+
+def request(path: str | Path, req: dict[str, Any], timeout_s: float = 3600.0,
+            on_interrupt: Callable[[], None] | None = None) -> dict[str, Any] | None:
+    """Send one request; None if no daemon is listening there.
+
+    ``on_interrupt``: a first Ctrl-C while waiting closes this end for writing, which tells migd the
+    request is withdrawn (an apply is then cancelled and its GPUs put back), calls ``on_interrupt``
+    and goes on waiting for migd's account of it; a second Ctrl-C raises KeyboardInterrupt."""
     s = _connect(Path(path), timeout_s)
     if s is None:
         return None
-    with s, s.makefile("rwb") as f:
-        f.write(json.dumps(req).encode() + b"\n")
-        f.flush()
-        line = f.readline()
+    with s:
+        try:
+            s.sendall(json.dumps(req).encode() + b"\n")
+            line = _read_line(s, on_interrupt)
+        except OSError as e:
+            raise ControlError(f"migd's control socket {path}: {e.strerror or e}") from None
     if not line:
-        raise ConnectionError(f"migd closed the control socket {path} without answering; see its log")
+        raise ControlError(f"migd closed the control socket {path} without answering; see its log")
     reply: dict[str, Any] = json.loads(line)
     return reply
+
+
+def _read_line(s: socket.socket, on_interrupt: Callable[[], None] | None) -> bytes:
+    buf = b""
+    withdrawn = False
+    while not buf.endswith(b"\n"):
+        try:
+            chunk = s.recv(65536)
+        except KeyboardInterrupt:
+            if on_interrupt is None or withdrawn:
+                raise
+            withdrawn = True
+            s.shutdown(socket.SHUT_WR)
+            on_interrupt()
+            continue
+        if not chunk:
+            break
+        buf += chunk
+    return buf

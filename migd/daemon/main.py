@@ -152,10 +152,10 @@ def _serve(args: argparse.Namespace, cfg: Config, backend: GpuBackend, daemon: D
             collector.sampler.invalidate()
     watch = FaultWatch(backend, daemon.lock, events, daemon.status.unhealthy, on_config_change=config_changed)
     control = ControlServer(socket_path, Handlers(
-        status=lambda: daemon.status.to_json(), reload=daemon.request_reload, apply=daemon.manual_apply,
+        status=lambda: daemon.status.to_json(), reload=daemon.reload_now, apply=daemon.manual_apply,
         isolation=lambda: {"unhealthy": daemon.status.unhealthy_reasons(), "breaches": list(watch.breaches),
                            "findings": [f.to_json() for f in daemon.audit_findings]},
-        clear_fault=daemon.clear_fault))
+        clear_fault=daemon.clear_fault, resume=daemon.resume))
     control.start()
     watch.start()
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from migd.apply.executor import Applier
-from migd.apply.result import ApplyOptions, ApplyResult, GpuStatus, OnBusy, Unreadable
+from migd.apply.result import ApplyOptions, ApplyResult, BusyError, Flag, GpuStatus, OnBusy, Unreadable
 from migd.daemon.clock import Clock
 from migd.daemon.config import Config, ReconcileMode
 from migd.daemon.override import Override, OverrideStore
@@ -35,10 +35,10 @@ from migd.exits import EXPECTED
 from migd.hardware.backend import GpuBackend, GpuState
 from migd.isolation.audit import Finding, Severity, audit_readings
 from migd.planner import GpuPlan
-from migd.profiles.model import Profile
+from migd.profiles.model import Profile, describe_gpus
 from migd.yamlsrc import ValidationError
 
-__all__ = ["Clock", "Daemon", "ManualApply"]
+__all__ = ["Clock", "Daemon", "ManualApply", "Reloaded", "Resumed"]
 log = logging.getLogger("migd")
 # What stops one pass without stopping the daemon: the failures migctl reports as exit codes
 # (OSError included: a full or read-only state dir).
@@ -78,10 +78,29 @@ class ManualApply:
                    parallel=bool(req.get("parallel", True)), mode_only=bool(req.get("mode_only")))
 
 
+@dataclass(frozen=True)
+class Reloaded:
+    """A reload's outcome: ``error`` if rejected (the running configuration stays), else ``detail``."""
+
+    error: str | None
+    detail: str
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What ``migctl resume`` did: the manual apply lifted (None: none held), the scheduled profile
+    now active (None: no schedule entry has fired) and its apply (None: nothing was planned)."""
+
+    lifted: str | None
+    profile: str | None
+    result: ApplyResult | None
+
+
 def outcome_of(result: ApplyResult) -> Outcome:
     statuses = {r.status for r in result.results}
     for status, outcome in ((GpuStatus.FAILED, Outcome.FAILED), (GpuStatus.ROLLED_BACK, Outcome.ROLLED_BACK),
-                            (GpuStatus.BLOCKED, Outcome.BLOCKED), (GpuStatus.FAULTED, Outcome.BLOCKED),
+                            (GpuStatus.CANCELLED, Outcome.CANCELLED), (GpuStatus.BLOCKED, Outcome.BLOCKED),
+                            (GpuStatus.FAULTED, Outcome.BLOCKED),
                             (GpuStatus.APPLIED, Outcome.SUCCESS)):
         if status in statuses:
             return outcome
@@ -106,7 +125,8 @@ class Daemon:
         self.lock = threading.RLock()  # the reconfiguration lock: the sampler and control socket share it
         self.wake = threading.Event()
         self.stop = threading.Event()
-        self.reload_requested = threading.Event()
+        self.reload_requested = threading.Event()  # SIGHUP: reload at the loop's next turn
+        self.reloaded = threading.Event()  # migctl reload took: decide on the new configuration
         self.cancel = threading.Event()  # SIGTERM: stop waiting, roll back the step in progress
         self.config_changed = threading.Event()  # NVML reported a MIG config change: look for drift now
         self.audit_findings: list[Finding] = []
@@ -195,13 +215,18 @@ class Daemon:
                 if manual and result.ok:
                     self._hold(profile)  # published before the locks are released
         except REFUSALS as e:
-            log.error("%s of %s refused: %s", "manual apply" if manual else "apply", profile.name, e)
-            self._record(None, Outcome.ERROR, time.monotonic() - t0, profile.name)
+            blocked = isinstance(e, BusyError)  # the busy policy did its job: said, counted, never paged
+            log.log(logging.WARNING if blocked else logging.ERROR, "%s of %s %s: %s",
+                    "manual apply" if manual else "apply", profile.name, "blocked" if blocked else "refused", e)
+            self._record(None, Outcome.BLOCKED if blocked else Outcome.ERROR, time.monotonic() - t0, profile.name)
             raise
         finally:
             if self.slurm is not None:
                 self.status.slurm = self.slurm.snapshot()
-        self.progress.update(profile.name, plans, result, unreadable)
+        if not manual or self.status.override is not None and self.status.override.profile is profile:
+            self.progress.update(profile.name, plans, result, unreadable)
+        else:  # a manual apply that did not take (cancelled, rolled back): judge the GPUs against the
+            self.wake.set()  # active profile again at once, not against what was not applied
         if manual or result.changed or result.ok:  # a retry finding the same GPUs busy is not another apply
             self._finish(profile, result, reason, t0)
         return result
@@ -236,6 +261,9 @@ class Daemon:
                 log.error("GPU %d: %s applying %s: %s", r.index, r.status, profile.name, r.error)
         if outcome is Outcome.SUCCESS:
             log.info("applied profile %s (%s) in %.2fs", profile.name, reason, result.seconds)
+        elif outcome is Outcome.CANCELLED:
+            log.warning("%s of %s cancelled: every GPU it changed is back on its previous layout",
+                        "manual apply" if reason == "manual" else "apply", profile.name)
         elif outcome is Outcome.UNCHANGED:
             log.info("profile %s (%s): every GPU already as asked, nothing to change", profile.name, reason)
         changed = {r.index for r in result.results if r.status is GpuStatus.APPLIED}
@@ -267,31 +295,50 @@ class Daemon:
         self.wake.set()
 
     # -- requests from the control socket -------------------------------------------------------
-    def request_reload(self) -> None:
-        """Like SIGHUP: reload at the loop's next turn."""
-        self.reload_requested.set()
-        self.wake.set()
-
     def clear_fault(self, gpu: str) -> list[str]:
         """An operator checked a GPU (index or UUID) and clears its fault mark: it may be reconfigured."""
-        uuids = [g.uuid for g in self.backend.list_gpus() if gpu in (str(g.index), g.uuid)]
+        gpus = self.backend.list_gpus()
+        uuids = [g.uuid for g in gpus if gpu in (str(g.index), g.uuid)]
+        if not uuids:
+            raise ValidationError("clear-fault", None, None, "GPU", f"no GPU {gpu!r} on this node (it has "
+                                  f"{describe_gpus(gpus)})")
         cleared = [u for u in uuids if self.status.unhealthy.pop(u, None) is not None]
         log.warning("fault mark cleared on %s by an operator", ", ".join(cleared) or "nothing")
         if cleared:
             self.wake.set()
         return cleared
 
-    def manual_apply(self, profile: Profile, req: ManualApply) -> ApplyResult:
-        """The same decision path as a scheduled change; the result holds until the next transition."""
+    def resume(self) -> Resumed:
+        """Lift a manual apply's hold and return to the scheduled profile now, on the same planned,
+        minimal path as a scheduled transition (busy GPUs wait for their instances as they would then)."""
+        with self.lock:
+            ov = self.status.override
+            if ov is not None:
+                log.warning("manual apply of %s lifted by an operator (migctl resume): back on the schedule",
+                            ov.profile.name)
+                self.status.override = None
+                self.overrides.clear()
+            profile = self.desired()
+            if profile is None:
+                return Resumed(ov.profile.name if ov else None, None, None)
+            self.status.desired_profile = profile.name
+            result = self._change(profile, "resume", self._scheduled_options())
+            return Resumed(ov.profile.name if ov else None, profile.name, result)
+
+    def manual_apply(self, profile: Profile, req: ManualApply, abort: Flag | None = None) -> ApplyResult:
+        """The same decision path as a scheduled change; the result holds until the next transition.
+        ``abort``: set when the requester withdraws (migctl's Ctrl-C): every GPU is put back, nothing held."""
         with self.lock:
             opts = self._options(req.on_busy)
+            opts.abort = abort
             opts.dry_run, opts.parallel, opts.lock_timeout_s = req.dry_run, req.parallel, req.lock_timeout_s
             opts.mode_only = req.mode_only
             opts.busy_timeout_s = self.config.busy_timeout_s if req.busy_timeout_s is None else req.busy_timeout_s
             return self._change(profile, "manual", opts, manual=True)
 
     # -- lifecycle --------------------------------------------------------------------------------
-    def reload(self) -> None:
+    def reload(self) -> Reloaded:
+        """Read the configuration and profiles again; a bad file is rejected and the old config kept."""
         self.notifier.reloading()
         try:
             if self._reload_config is None:
@@ -301,7 +348,7 @@ class Daemon:
             self.status.last_reload_error = str(e)
             log.error("reload rejected, keeping the running configuration: %s", e)
             self.notifier.send("READY=1", f"STATUS=reload rejected: {e}")
-            return
+            return Reloaded(str(e), "")
         stale = [name for name, old, now in restart_only(self.config, new) if old != now]
         if stale:
             log.warning("reloaded, but %s changed: that takes effect only after a restart (systemctl restart "
@@ -311,10 +358,22 @@ class Daemon:
         self.status.profile_names, self.status.busy_timeout_s = tuple(sorted(new.profiles)), new.busy_timeout_s
         self.status.last_reload_error = None
         self.status.restart_needed = stale
-        log.info("configuration reloaded from %s (%d profiles)", new.path, len(new.profiles))
+        detail = f"{new.path}: {len(new.profiles)} profiles, {len(new.schedule.entries)} transitions"
+        log.info("configuration reloaded (%s)", detail)
         self.notifier.send("READY=1", "STATUS=configuration reloaded" + (
             f"; restart needed for {', '.join(stale)}" if stale else ""))
         self.wake.set()
+        return Reloaded(None, detail + (f"; restart needed for {', '.join(stale)}" if stale else ""))
+
+    def reload_now(self) -> Reloaded:
+        """``migctl reload``: done before the reply, so the operator learns whether it was accepted; the
+        loop then decides on the new configuration as after SIGHUP."""
+        with self.lock:
+            done = self.reload()
+        if done.error is None:
+            self.reloaded.set()
+            self.wake.set()
+        return done
 
     def run(self) -> None:
         self.clock.restart()
@@ -336,9 +395,11 @@ class Daemon:
             self.heartbeat.beat()
             if self.stop.is_set():
                 break
-            if self.reload_requested.is_set():
-                self.reload_requested.clear()
-                self.reload()
+            if self.reload_requested.is_set() or self.reloaded.is_set():
+                if self.reload_requested.is_set():
+                    self.reload_requested.clear()
+                    self.reload()
+                self.reloaded.clear()
                 self.reconcile("reload")
                 last = time.monotonic()
                 continue

@@ -26,8 +26,15 @@ class Outcome(Word):
     UNCHANGED = "unchanged"  # a manual apply that found every GPU already as asked
     ROLLED_BACK = "rolled_back"
     FAILED = "failed"
-    BLOCKED = "blocked"  # some GPUs changed; others wait for busy instances
+    BLOCKED = "blocked"  # busy instances held back some or all GPUs (refused, or waiting): not a failure
+    CANCELLED = "cancelled"  # stopped on request (migctl's Ctrl-C, SIGTERM): GPUs put back, not a failure
     ERROR = "error"  # refused before any GPU changed (plan, lock, hook, hardware)
+
+    @property
+    def failed(self) -> bool:
+        """What pages (``MigdApplyFailed``): a change that failed or was refused by an error.  A blocked
+        or cancelled apply did what the busy policy or the operator asked."""
+        return self in (Outcome.FAILED, Outcome.ROLLED_BACK, Outcome.ERROR)
 
 
 class Progress(Word):

@@ -68,8 +68,9 @@ def apply_families(st: Status, histogram: Any, errors: dict[tuple[str, str], int
     last = st.last_apply
     yield GaugeMetricFamily("migd_last_apply_timestamp_seconds", "Unix time of the last apply attempt",
                             value=last.time if last else 0)
-    yield GaugeMetricFamily("migd_last_apply_success", "1 if the last apply attempt succeeded",
-                            value=1 if last and last.result in (Outcome.SUCCESS, Outcome.UNCHANGED) else 0)
+    yield GaugeMetricFamily("migd_last_apply_success", "1 unless the last apply attempt failed (failed, rolled_back, "
+                            "error); blocked by busy instances or cancelled is not a failure",
+                            value=1 if last and not last.result.failed else 0)
     cum, total = histogram.cumulative()
     yield HistogramMetricFamily("migd_apply_duration_seconds", "Duration of apply attempts", buckets=cum,
                                 sum_value=total)

@@ -1,0 +1,154 @@
+"""migctl's side of the control socket: the commands the running migd answers (daemon, reload,
+resume, clear-fault) and the hand-off of an apply, with what each tells the user."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from migd import paths
+from migd.daemon.control import listening, request
+from migd.exits import Exit
+from migd.report import dump
+from migd.report_text import RESUME_HINT, apply_table, daemon_table
+from migd.yamlsrc import ValidationError, parse_duration
+
+
+def control_socket(args: argparse.Namespace) -> Path:
+    return paths.control_socket(args.control_socket, args.sim, args.sim_state, args.state_dir)
+
+
+def out(args: argparse.Namespace, doc: dict[str, Any], table: str) -> None:
+    sys.stdout.write(table if args.output == "table" else dump(doc, args.output))
+
+
+def daemon_answers(args: argparse.Namespace) -> bool:
+    return listening(control_socket(args))
+
+
+def apply_via_daemon(args: argparse.Namespace, text: str | None) -> int | None:
+    """Hand the apply to a running migd, so the daemon and the CLI never race.  None: no daemon.
+
+    Ctrl-C withdraws the request: migd cancels the apply and puts every GPU it changed back, and
+    this waits for its account of that (a second Ctrl-C stops waiting, not migd)."""
+    path = "<stdin>" if args.file == "-" else str(Path(args.file).resolve())
+    sock = control_socket(args)
+    if args.hooks and listening(sock):
+        raise ValidationError(args.hooks, None, None, "--hooks", "a running migd runs the hooks of its own "
+                              "configuration, not a client's; --force-local applies in this process with these "
+                              "hooks (and migd then reconciles to its active profile)")
+    withdrawn: list[bool] = []
+
+    def interrupted() -> None:
+        withdrawn.append(True)
+        print("cancelling: migd stops at the next step and puts every GPU it changed back (Ctrl-C again to stop "
+              "waiting for it)", file=sys.stderr)
+    req = {"cmd": "apply", "file": path, "text": text, "config": args.config, "on_busy": args.on_busy,
+           "dry_run": args.dry_run, "busy_timeout_s": parse_duration(args.busy_timeout),
+           "lock_timeout_s": args.lock_timeout, "parallel": not args.sequential, "mode_only": args.mode_only}
+    try:
+        reply = request(sock, req, on_interrupt=interrupted)
+    except KeyboardInterrupt:
+        print("stopped waiting: migd goes on cancelling the apply; `migctl daemon` shows the outcome",
+              file=sys.stderr)
+        return 130
+    if reply is None:
+        return None
+    if "result" in reply:
+        out(args, reply["result"], apply_table(reply["result"], by="migd"))
+    else:
+        print(f"error (from migd): {reply.get('error')}", file=sys.stderr)
+    if withdrawn:
+        print("interrupted: the apply was cancelled; no GPU was left changed and nothing is held", file=sys.stderr)
+        return 130
+    held = reply.get("override")
+    if held and args.output == "table":
+        print(f"{held['profile']} holds until {held['until'] or 'the schedule has no further transition'}; "
+              f"{RESUME_HINT}")
+    return int(reply.get("exit", 1))
+
+
+def refuse_local(args: argparse.Namespace) -> None:
+    """``apply --local`` beside a running migd would be undone at its next pass: refused unless forced."""
+    if args.dry_run or not daemon_answers(args):
+        return
+    sock = control_socket(args)
+    if not args.force_local:
+        raise ValidationError("--local", None, None, "", f"migd is running (its control socket {sock} answers) and "
+                              "would put its active profile back at its next pass; apply through it (without "
+                              "--local), or --force-local in an emergency")
+    print(f"warning: --force-local: migd is running ({sock}); unless it is stopped it reconciles these GPUs back "
+          "to its active profile at its next pass (migctl daemon shows it)", file=sys.stderr)
+
+
+def daemon_request(args: argparse.Namespace, req: dict[str, Any], timeout_s: float = 30.0) -> dict[str, Any]:
+    sock = control_socket(args)
+    reply = request(sock, req, timeout_s=timeout_s)
+    if reply is None:
+        raise ConnectionError(f"no migd is listening on {sock}")
+    return reply
+
+
+def cmd_daemon(args: argparse.Namespace) -> int:
+    """The running daemon's state (migd.daemon/v1), from its control socket."""
+    doc = daemon_request(args, {"cmd": "status"})["daemon"]
+    out(args, doc, daemon_table(doc))
+    return Exit.OK
+
+
+def cmd_reload(args: argparse.Namespace) -> int:
+    """Ask migd to reload its configuration and profiles (like SIGHUP), and say whether it took."""
+    reply = daemon_request(args, {"cmd": "reload"}, timeout_s=120.0)
+    if not reply.get("ok"):
+        print(f"error: reload rejected, migd keeps its running configuration: {reply.get('error')}", file=sys.stderr)
+        return int(reply.get("exit", Exit.INVALID))
+    print(f"reloaded: {reply.get('detail') or 'configuration accepted'}")
+    return Exit.OK
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    """Lift a manual apply's hold: migd returns to the scheduled profile now (planned, minimal).
+    Without a running migd the kept override is dropped, so its next start follows the schedule."""
+    reply = request(control_socket(args), {"cmd": "resume"}, timeout_s=3600.0)
+    if reply is None:
+        return _resume_offline(args)
+    if "error" in reply:
+        print(f"error (from migd): {reply['error']}", file=sys.stderr)
+        return int(reply["exit"])
+    lifted, profile, result = reply.get("lifted"), reply.get("profile"), reply.get("result")
+    print(f"lifted the manual apply of {lifted}" if lifted else "no manual apply was held")
+    if profile is None:
+        print("no schedule entry has fired yet: GPUs are left as they are")
+        return Exit.OK
+    if result is not None and result["results"]:
+        out(args, result, apply_table(result, by="migd"))
+    for r in (result or {}).get("results", []):
+        if r["status"] == "blocked":
+            print(f"GPU {r['index']} waits for busy instances ({r['error']}): migd switches it when they end")
+    print(f"back on the schedule: {profile}")
+    return int(reply["exit"])
+
+
+def _resume_offline(args: argparse.Namespace) -> int:
+    from migd.daemon.override import OverrideStore
+    store = OverrideStore(paths.state_dir(args.state_dir, args.sim, args.sim_state) / "override.json")
+    if not store.path.exists():
+        print("migd is not running and no manual apply is kept: its next start follows the schedule")
+        return Exit.OK
+    store.clear()
+    print(f"migd is not running: dropped the kept manual apply ({store.path}); its next start follows the schedule")
+    return Exit.OK
+
+
+def cmd_clear_fault(args: argparse.Namespace) -> int:
+    reply = request(control_socket(args), {"cmd": "clear-fault", "gpu": args.gpu}, timeout_s=10)
+    if reply is None:
+        print("not applied: migd is not running (fault marks live in the daemon)", file=sys.stderr)
+        return Exit.NOT_APPLIED
+    if "error" in reply:
+        print(f"error (from migd): {reply['error']}", file=sys.stderr)
+        return int(reply["exit"])
+    print(f"cleared: {', '.join(reply['cleared']) or 'nothing (no fault mark on that GPU)'}")
+    return int(reply["exit"])

@@ -1,0 +1,102 @@
+"""migctl's command line: every command, its options, and the options all of them take."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+
+from migd import __version__, paths
+from migd.apply.result import OnBusy
+from migd.cliargs import Parser
+from migd.sim.fleets import FLEETS
+
+
+def _globals(p: argparse.ArgumentParser, defaults: bool) -> None:
+    """The options every command takes, before or after its name.  On the subcommands they default to
+    SUPPRESS, so one given before the command is not overwritten by the subcommand's default."""
+    def d(value: object) -> object:
+        return value if defaults else argparse.SUPPRESS
+    p.add_argument("--sim", metavar="FLEET", default=d(os.environ.get("MIGD_SIM")), choices=sorted(FLEETS),
+                   help=f"run against the simulator: {', '.join(sorted(FLEETS))}")
+    p.add_argument("--sim-state", metavar="PATH", default=d(os.environ.get("MIGD_SIM_STATE")),
+                   help="simulator state file (shared with migd and the fake nvidia-smi)")
+    p.add_argument("--state-dir", metavar="DIR", default=d(os.environ.get("MIGD_STATE_DIR")),
+                   help=f"journal, lock, owner labels, kept manual apply (default {paths.DEFAULT_STATE_DIR})")
+    p.add_argument("--control-socket", metavar="PATH", default=d(os.environ.get("MIGD_CONTROL_SOCKET")),
+                   help=f"migd's control socket (default {paths.DEFAULT_SOCKET})")
+    p.add_argument("-v", "--verbose", action="store_true", default=d(False),
+                   help="every GPU, operation and check in tables, and each step logged (INFO) to stderr")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = Parser(prog="migctl", description="Manage NVIDIA MIG partitions.")
+    p.add_argument("--version", action="version", version=f"migctl {__version__}")
+    _globals(p, defaults=True)
+    common = Parser(add_help=False)
+    _globals(common, defaults=False)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    def cmd(name: str, hlp: str) -> argparse.ArgumentParser:
+        sp: argparse.ArgumentParser = sub.add_parser(name, help=hlp, parents=[common])
+        return sp
+
+    def fmt(sp: argparse.ArgumentParser, choices: Sequence[str] = ("table", "json", "yaml")) -> None:
+        sp.add_argument("-o", "--output", choices=choices, default=choices[0],
+                        help=f"output format (default {choices[0]}; json/yaml follow the documented schema)")
+
+    sp = cmd("status", "GPUs, MIG mode, instances, owners, MIG UUIDs, processes")
+    fmt(sp)
+    for name, hlp in (("plan", "show the operations an apply would run"), ("assert", "exit 0 if applied"),
+                      ("apply", "apply a profile")):
+        sp = cmd(name, hlp)
+        sp.add_argument("file", help="a migd profile or a mig-parted config file (- reads standard input)")
+        sp.add_argument("--config", help="config name in a mig-parted file")
+        sp.add_argument("--mode-only", action="store_true",
+                        help="only the MIG mode (enabled/disabled), as mig-parted's --mode-only; instances stay")
+        fmt(sp)
+        if name == "apply":
+            sp.add_argument("--dry-run", action="store_true", help="plan and show what would change; change nothing")
+            sp.add_argument("--on-busy", choices=list(OnBusy), default=OnBusy.REFUSE.value,
+                            help="instances with running processes that would be destroyed: refuse (default), "
+                            "wait for them to end, or force (SIGTERM, then SIGKILL)")
+            sp.add_argument("--busy-timeout", default="5m", help="with --on-busy wait (default 5m)")
+            sp.add_argument("--hooks", help="YAML file with a hooks: mapping (phases as in mig-parted)")
+            sp.add_argument("--lock-timeout", type=float, default=0.0, help="seconds to wait for another apply")
+            sp.add_argument("--sequential", action="store_true", help="change GPUs one at a time")
+            sp.add_argument("--local", action="store_true",
+                            help="apply in this process (refused while migd runs: it would undo it; a dry run is "
+                            "fine)")
+            sp.add_argument("--force-local", action="store_true",
+                            help="apply in this process even though migd runs (emergencies: migd reconciles to "
+                            "its active profile at its next pass)")
+    sp = cmd("recover", "restore GPUs left half-way by an interrupted apply")
+    sp.add_argument("--discard", action="store_true",
+                    help="set aside a journal that cannot be used (damaged, or naming a GPU that is gone)")
+    sp.add_argument("--yes", action="store_true", help="with --discard: do not ask")
+    sp = cmd("isolation", "fault-isolation audit (and the daemon's fault marks and breaches)")
+    sp.add_argument("--profile", help="also report instances missing from / not in this profile")
+    sp.add_argument("--probe", action="store_true", help="run a tiny CUDA workload in each instance")
+    fmt(sp)
+    sp = cmd("clear-fault", "clear a GPU-wide fault mark so the GPU may be reconfigured")
+    sp.add_argument("gpu", help="GPU index or UUID")
+    sp = cmd("validate", "check profile files offline")
+    sp.add_argument("files", nargs="+", help="profile or mig-parted files")
+    sp.add_argument("--gpus", type=int, metavar="N", help="the node has N GPUs: an index selector beyond N-1 is an "
+                    "error (default: the --sim fleet's size; otherwise indexes no board has are warned about)")
+    sp = cmd("daemon", "the running migd: active profile and why, next transition, blocked "
+                        "reason, last apply")
+    fmt(sp)
+    cmd("reload", "make the running migd reload its configuration and profiles")
+    cmd("resume", "lift a manual apply's hold: back to the scheduled profile now")
+    sp = cmd("doctor", "read-only check of driver, GPUs, profile tables, events and GPM "
+                        "against the catalog (changes nothing)")
+    fmt(sp)
+    sp = cmd("export", "print the current state as a migd profile")
+    sp.add_argument("--name", default="exported", help="name of the exported profile (default exported)")
+    sp.add_argument("--format", choices=["migd", "mig-parted"], default="migd",
+                    help="a migd profile (default; keeps placements and owners) or a mig-parted config")
+    fmt(sp, ("yaml", "json"))
+    return p
+
+
