@@ -39,8 +39,8 @@ from migd.profiles.export import export_mig_parted, export_profile
 from migd.profiles.loader import load_profile
 from migd.profiles.model import Profile, index_ranges
 from migd.profiles.validate import check_file
-from migd.report import apply_doc, doctor_doc, plan_doc, status_doc
-from migd.report_text import apply_table, doctor_table, plan_table, status_table
+from migd.report import apply_doc, assert_doc, doctor_doc, plan_doc, status_doc
+from migd.report_text import apply_table, assert_table, doctor_table, plan_table, status_table
 from migd.sim.fleets import FLEETS
 from migd.yamlsrc import ValidationError, load, parse_duration
 
@@ -72,19 +72,13 @@ def cmd_plan(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> 
 def cmd_assert(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
     profile = _profile(args)
     plans = Applier(backend, state_dir).plan(profile, args.mode_only)
-    pending = [p for p in plans if p.changes]
-    for p in pending:
-        print(f"GPU {p.gpu.index}: not as in {profile.name} ({len(p.ops)} operation(s) needed)", file=sys.stderr)
     unmatched: list[int] = []
     if profile.kind == "mig-parted":  # mig-parted asserts the whole node: every GPU must be matched
         planned = {p.gpu.index for p in plans}  # (cmd/nvidia-mig-parted/assert/config.go, CountTrue(matched))
         unmatched = [i for i in range(backend.gpu_count()) if i not in planned]
-        for i in unmatched:
-            print(f"GPU {i}: matched by no entry of {profile.name} (a mig-parted assert covers every GPU)",
-                  file=sys.stderr)
-    if not pending and not unmatched:
-        print(f"{profile.name}: applied on {len(plans)} GPU(s)")
-    return Exit.NOT_APPLIED if pending or unmatched else Exit.OK
+    doc = assert_doc(profile.name, plans, unmatched)
+    out(args, doc, assert_table(doc))
+    return Exit.OK if doc["ok"] else Exit.NOT_APPLIED
 
 
 def _hooks(path: str | None) -> Hooks:

@@ -123,7 +123,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         print("no schedule entry has fired yet: GPUs are left as they are")
         return Exit.OK
     if result is not None and result["results"]:
-        out(args, result, apply_table(result, by="migd"))
+        sys.stdout.write(apply_table(result, by="migd"))
     for r in (result or {}).get("results", []):
         if r["status"] == "blocked":
             print(f"GPU {r['index']} waits for busy instances ({r['error']}): migd switches it when they end")

@@ -53,7 +53,7 @@ def failure(e: BaseException) -> Failure:
         return Failure(Exit.NOT_APPLIED, "error talking to migd", str(e))
     if isinstance(e, PermissionError):
         return Failure(Exit.NOT_APPLIED, "not permitted", f"{e.filename or e}: {e.strerror} (MIG changes need "
-                       "root, or migd's control socket)")
+                       "root, or migd's control socket; reading needs access to the GPUs' device files)")
     if isinstance(e, OSError):  # disk full, read-only state dir, ...
         return Failure(Exit.NOT_APPLIED, "not applied", f"{e.filename or ''}: {e.strerror or e}".lstrip(": "))
     return Failure(Exit.NOT_APPLIED, "not applied", str(e))

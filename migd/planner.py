@@ -141,6 +141,15 @@ def summary(instances: list[DesiredInstance] | tuple[DesiredInstance, ...]) -> s
     return "+".join(f"{n}x{name}" if n > 1 else name for name, n in c.items()) or "nothing"
 
 
+def layout_text(current: list[GpuInstance], gpu: GpuInfo) -> str:
+    """What a GPU holds, as :func:`summary` writes a request (``MIG disabled`` when it is off)."""
+    if not gpu.mig_current:
+        return "MIG disabled"
+    names = Counter(p.name if (p := gpu.model.profile_by_id(g.profile_id) if gpu.model else None) else
+                    str(g.profile_id) for g in current)
+    return "+".join(f"{n}x{name}" if n > 1 else name for name, n in names.items()) or "no instances"
+
+
 def _feasibility(model: GpuModel, want: list[DesiredInstance], sequence: tuple[int, ...]) -> None:
     """Raises PlanError if ``want`` (GI profile ids ``sequence`` in search order) cannot fit
     ``model`` at all; the message names the request in its own order."""

@@ -68,6 +68,15 @@ def plan_doc(profile: str, plans: list[GpuPlan]) -> dict[str, Any]:
                     "owner": t.owner} for t in p.targets]} for p in plans]}
 
 
+def assert_doc(profile: str, plans: list[GpuPlan], unmatched: list[int]) -> dict[str, Any]:
+    """``migd.assert/v1``: whether each GPU the profile selects is as it asks (``unmatched``: GPUs a
+    mig-parted file's entries do not match, which its assert counts as not applied)."""
+    gpus = [{"index": p.gpu.index, "uuid": p.gpu.uuid, "model": p.gpu.model_key, "applied": not p.changes,
+             "operations": len(p.ops)} for p in plans]
+    return {"schema": "migd.assert/v1", "profile": profile, "ok": not unmatched and all(g["applied"] for g in gpus),
+            "gpus": gpus, "unmatched": unmatched}
+
+
 def apply_doc(result: ApplyResult, dry_run: bool) -> dict[str, Any]:
     doc = plan_doc(result.profile, result.plans)
     doc["schema"] = "migd.apply/v1"

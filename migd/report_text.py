@@ -109,6 +109,21 @@ def plan_table(doc: dict[str, Any], verbose: bool = False) -> str:
     return "\n".join([f"{doc['profile']}: {_plan_counts(doc)}", *_plan_lines(doc, verbose)]) + "\n"
 
 
+def assert_table(doc: dict[str, Any]) -> str:
+    """``migctl assert``: the verdict first, then each GPU that is not as asked (on stdout: what was asked
+    is the output)."""
+    gpus, pending = doc["gpus"], [g for g in doc["gpus"] if not g["applied"]]
+    if doc["ok"]:
+        return f"{doc['profile']}: applied on {len(gpus)} GPU(s)\n"
+    lines = [f"{doc['profile']}: NOT applied ({len(pending) + len(doc['unmatched'])} of "
+             f"{len(gpus) + len(doc['unmatched'])} GPU(s) differ)"]
+    lines += [line.replace(" not as in", ": not as in", 1) for line in grouped(
+        (g["index"], f"not as in {doc['profile']} ({g['operations']} operation(s) needed)") for g in pending)]
+    lines += [f"GPU {i}: matched by no entry of {doc['profile']} (a mig-parted assert covers every GPU)"
+              for i in doc["unmatched"]]
+    return "\n".join(lines) + "\n"
+
+
 def _problems(results: list[dict[str, Any]]) -> list[str]:
     """Rolled-back, failed, cancelled and blocked GPUs, those with the same reason grouped."""
     words = {"rolled_back": "ROLLED BACK", "failed": "FAILED", "cancelled": "cancelled", "blocked": "blocked"}

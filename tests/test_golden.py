@@ -126,3 +126,17 @@ def test_metrics_exposition(tmp_path: Path, mixed: Migctl) -> None:
 _BUILD = re.compile(r'(python_version|nvidia_ml_py|version)="[^"]*"')  # this machine's versions
 _METRIC_TIMES = re.compile(r"^((?:migd_sampler_(?:duration|cpu)_seconds|migd_\w*timestamp_seconds|\w+_created)"
                            r"(?:\{[^}]*\})?) \S+$", re.M)
+
+
+def test_assert_outputs(mixed: Migctl) -> None:
+    """``assert -o json`` was accepted and ignored; ``migd.assert/v1`` now, beside its table."""
+    balanced = str(PROFILES / "balanced.yaml")
+    assert mixed("apply", balanced, "--sequential").code == 0
+    night = str(PROFILES / "night.yaml")
+    r = mixed("assert", night, "-o", "json")
+    assert r.code == 1
+    _check("assert-night.json", r.out)
+    r = mixed("assert", night)
+    assert r.code == 1
+    _check("assert-night.txt", r.out)
+    assert mixed("assert", balanced, "-o", "yaml").out.startswith("schema: migd.assert/v1\n")

@@ -320,7 +320,7 @@ def test_assert_on_a_mig_parted_file_covers_the_whole_node(tmp_path: Path) -> No
     mine.write_text("apiVersion: migd/v1\nkind: Profile\nname: first\ngpus:\n  - select: {index: 0}\n"
                     "    mig: disabled\n")
     r = m("assert", str(cfg), "--config", "first")
-    assert r.code == 1 and "GPU 7: matched by no entry of first" in r.err, r.err
+    assert r.code == 1 and "GPU 7: matched by no entry of first" in r.out, r.out
     assert m("assert", str(mine)).code == 0
 
 

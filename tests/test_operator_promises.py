@@ -5,14 +5,21 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
+import signal
+import socket
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from migd.apply.journal import Journal
 from migd.cli import main
+from migd.sim import control
 from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
 from tests.helpers import PROFILES, Migctl
@@ -106,3 +113,213 @@ def test_validate_notes_unconfirmed_facts_once_for_all_files() -> None:
     notes = r.stderr.splitlines()
     assert len(notes) == 1 and notes[0].startswith("note: ") and "-v" in notes[0], notes
 
+
+
+def _day(migd: MigdProcess) -> list[object]:
+    """migd started on Monday 10:00 KST (day; night follows at 19:00), its layout once applied."""
+    migd.start(now="2026-11-23T10:00:00")
+    migd.wait_ready()
+    return list(migd.migctl.layout())
+
+
+def _daemon(migd: MigdProcess) -> dict[str, Any]:
+    doc: dict[str, Any] = migd.control({"cmd": "status"})["daemon"]
+    return doc
+
+
+def _metric(migd: MigdProcess, line: str) -> bool:
+    with urllib.request.urlopen(f"http://127.0.0.1:{migd.port}/metrics", timeout=10) as r:
+        return line in r.read().decode().splitlines()
+
+
+def test_resume_lifts_a_manual_apply_and_returns_to_the_schedule(migd: MigdProcess) -> None:
+    _day(migd)
+    r = migctl(migd, "apply", str(PROFILES / "night.yaml"))
+    assert r.returncode == 0, r.stderr
+    held = r.stdout.splitlines()[-1]
+    assert held == "night holds until 2026-11-23T10:00:00+00:00; `migctl resume` returns to the schedule now", held
+    table = migctl(migd, "daemon").stdout
+    assert "manual apply of" in table and "`migctl resume` returns to the schedule now" in table, table
+    r = migctl(migd, "resume")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == "lifted the manual apply of night"
+    assert r.stdout.splitlines()[-1] == "back on the schedule: day"
+    assert "day: applied in " in r.stdout and "(by migd)" in r.stdout
+    assert migd.assert_profile("day")
+    doc = _daemon(migd)
+    assert doc["override"] is None and doc["active"]["reason"] == "schedule" and doc["applied_profile"] == "day"
+    assert not (migd.migctl.state_dir / "override.json").exists()
+    again = migctl(migd, "resume")  # nothing held: said so, and nothing changes
+    assert again.returncode == 0 and again.stdout.splitlines() == ["no manual apply was held",
+                                                                    "back on the schedule: day"], again.stdout
+
+
+def test_resume_without_a_daemon_drops_the_kept_apply(migd: MigdProcess) -> None:
+    _day(migd)
+    assert migctl(migd, "apply", str(PROFILES / "night.yaml")).returncode == 0
+    assert migd.stop() == 0
+    r = migctl(migd, "resume")
+    assert r.returncode == 0 and "dropped the kept manual apply" in r.stdout, r
+    migd.start(now="2026-11-23T11:00:00")  # still before 19:00: without resume, night would hold
+    migd.wait_ready()
+    assert migd.assert_profile("day") and _daemon(migd)["active"]["reason"] == "schedule"
+
+
+def test_ctrl_c_on_an_apply_through_migd_cancels_it(migd: MigdProcess) -> None:
+    """It said "interrupted ... migctl recover restores it" while migd finished the apply and held it."""
+    before = _day(migd)
+    store = StateStore(migd.migctl.state)
+    control.set_mutation_delay(store, 0.3)
+    p = subprocess.Popen([sys.executable, "-m", "migd.cli", "--sim", migd.fleet, "--sim-state", str(migd.migctl.state),
+                          "--state-dir", str(migd.migctl.state_dir), "apply", str(PROFILES / "night.yaml")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    base = store.read().mutations
+    migd.wait_until(lambda: store.read().mutations >= base + 3, timeout=60)  # under way
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    control.set_mutation_delay(store, 0)
+    assert p.returncode == 130, (out, err)
+    assert err.startswith("cancelling: migd stops at the next step") and \
+        err.splitlines()[-1] == "interrupted: the apply was cancelled; no GPU was left changed and nothing is held", err
+    assert out.startswith("night: cancelled in ") and out.splitlines()[0].endswith("(by migd)"), out
+    assert migd.migctl.layout() == before
+    doc = _daemon(migd)
+    assert doc["override"] is None and doc["active"]["reason"] == "schedule", doc["active"]
+    assert doc["last_apply"]["result"] == "cancelled" and doc["apply_count"].get("cancelled") == 1, doc
+    assert not (migd.migctl.state_dir / "override.json").exists()
+    assert not (migd.migctl.state_dir / "journal.json").exists()
+    assert _metric(migd, "migd_last_apply_success 1.0")
+    assert "Traceback" not in migd.log.read_text()
+
+
+def test_local_apply_is_refused_beside_a_running_daemon(migd: MigdProcess) -> None:
+    """It was silently undone 0.2 s later, logged as "applied profile night (reconcile)"."""
+    migd.write_config(reconcile_interval="1s")
+    before = _day(migd)
+    r = migctl(migd, "apply", str(PROFILES / "night.yaml"), "--local")
+    assert r.returncode == 2 and r.stdout == "", r
+    assert r.stderr.startswith("error: --local: migd is running") and "--force-local" in r.stderr, r.stderr
+    assert migd.migctl.layout() == before
+    forced = migctl(migd, "apply", str(PROFILES / "night.yaml"), "--force-local")
+    assert forced.returncode == 0 and forced.stderr.startswith("warning: --force-local: migd is running"), forced
+    migd.wait_until(lambda: migd.migctl.layout() == before, timeout=30)  # migd reconciles, and says it was drift
+    log = migd.log.read_text()
+    assert "drift on GPU 0: it holds 7g.80gb, profile day wants 7x1g.10gb; correcting it" in log, log[-2000:]
+    migd.wait_until(lambda: "drift corrected: profile day restored" in migd.log.read_text(), timeout=30)
+
+
+def test_a_busy_refusal_is_blocked_not_an_error(migd: MigdProcess) -> None:
+    _day(migd)
+    store = StateStore(migd.migctl.state)
+    control.start_process(store, 0, store.read().gpus[0].gis[0].id, 0)
+    r = migctl(migd, "apply", str(PROFILES / "night.yaml"))
+    assert r.returncode == 3, r
+    assert r.stderr.rstrip().endswith("(--on-busy wait waits for them; --on-busy force stops them)"), r.stderr
+    waited = migctl(migd, "apply", str(PROFILES / "night.yaml"), "--on-busy", "wait", "--busy-timeout", "1s")
+    assert waited.returncode == 3, waited
+    assert "--on-busy wait" not in waited.stderr and "a longer --busy-timeout" in waited.stderr, waited.stderr
+    doc = _daemon(migd)
+    assert doc["apply_count"].get("blocked") == 2 and "error" not in doc["apply_count"], doc["apply_count"]
+    assert doc["last_apply"]["result"] == "blocked"
+    assert "last apply: night: blocked" in migctl(migd, "daemon").stdout
+    assert _metric(migd, 'migd_applies_total{result="blocked"} 2.0')
+    assert _metric(migd, 'migd_applies_total{result="error"} 0.0')
+    assert _metric(migd, "migd_last_apply_success 1.0")
+    assert " ERROR " not in migd.log.read_text()
+
+
+def test_clients_that_hang_up_leave_no_traceback_in_migds_log(migd: MigdProcess) -> None:
+    """A Ctrl-C'd migctl or a second migd's probe closed the socket before the reply: BrokenPipeError."""
+    _day(migd)
+    for _ in range(30):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(str(migd.socket_path))
+            s.sendall(b'{"cmd": "status"}\n')
+    assert migd.control({"cmd": "status"})["ok"]  # still serving
+    log = migd.log.read_text()
+    assert "Traceback" not in log and "BrokenPipe" not in log, log[-3000:]
+
+
+def test_a_closed_stdout_is_not_a_daemon_error(tmp_path: Path) -> None:
+    """`migctl validate FILES | head -1` printed "error talking to migd: Broken pipe" and exited 1."""
+    files = [str(p) for p in sorted(PROFILES.glob("*.yaml"))]
+    p = subprocess.Popen([sys.executable, "-m", "migd.cli", "validate", *files], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.close()  # the reader is gone before migctl writes its first line
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 128 + signal.SIGPIPE, err
+    assert "error" not in err and "Traceback" not in err, err
+
+
+def test_an_unknown_fleet_is_invalid_input(tmp_path: Path) -> None:
+    m = Migctl(tmp_path, "dgx-a100")
+    r = subprocess.run([sys.executable, "-m", "migd.cli", "--sim", "dgx-a1000", "--sim-state", str(m.state), "status"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "invalid choice: 'dgx-a1000'" in r.stderr, r
+    r = subprocess.run([sys.executable, "-m", "migd.cli", "status", "--sim", "dgx-a100", "--sim-state", str(m.state)],
+                       capture_output=True, text=True, timeout=60)  # global options after the command work too
+    assert r.returncode == 0 and r.stdout.startswith("GPU 0  A100-SXM4-80GB"), r
+
+
+def test_no_driver_says_so_and_mentions_the_simulator() -> None:
+    import ctypes.util
+    if ctypes.util.find_library("nvidia-ml"):
+        pytest.skip("this machine has an NVIDIA driver")
+    r = subprocess.run([sys.executable, "-m", "migd.cli", "status"], capture_output=True, text=True, timeout=60,
+                       env={k: v for k, v in os.environ.items() if not k.startswith("MIGD_")})
+    assert r.returncode == 4, r
+    assert r.stderr.startswith("hardware error: no NVIDIA driver found") and "--sim dgx-a100" in r.stderr, r.stderr
+
+
+def test_reload_says_whether_it_was_accepted(migd: MigdProcess) -> None:
+    """It exited 0 when the reload was rejected."""
+    _day(migd)
+    ok = migctl(migd, "reload")
+    assert ok.returncode == 0 and ok.stdout.startswith("reloaded: "), ok
+    migd.config.write_text(migd.config.read_text().replace("on_busy: wait", "on_busy: sometimes"))
+    bad = migctl(migd, "reload")
+    assert bad.returncode == 2 and bad.stdout == "", bad
+    assert bad.stderr.startswith("error: reload rejected, migd keeps its running configuration: ") and \
+        "on_busy" in bad.stderr, bad.stderr
+    assert _daemon(migd)["last_reload_error"] is not None
+
+
+def test_clear_fault_refuses_a_gpu_that_does_not_exist(migd: MigdProcess) -> None:
+    _day(migd)
+    r = migctl(migd, "clear-fault", "9")
+    assert r.returncode == 2 and "no GPU '9' on this node (it has GPU 0-7 (A100-SXM4-80GB))" in r.stderr, r
+    assert "Traceback" not in migd.log.read_text()
+
+
+def test_status_tells_of_an_interrupted_apply_and_recover_settles_it(tmp_path: Path) -> None:
+    m = Migctl(tmp_path, "single-a100")
+    assert m("apply", str(PROFILES / "day.yaml")).code == 0
+    before = m.layout()
+    control.crash_after_mutations(StateStore(m.state), 5)
+    p = subprocess.run([sys.executable, "-m", "migd.cli", "--sim", m.fleet, "--sim-state", str(m.state),
+                        "--state-dir", str(m.state_dir), "apply", str(PROFILES / "night.yaml")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == -9
+    r = m("status")
+    first = r.out.splitlines()[0]
+    assert first.startswith("an interrupted apply of night (pid "), first
+    assert "left GPU 0 unfinished: `migctl recover`" in first, first
+    doc = m("status", "-o", "json").json()["journal"]
+    assert doc["profile"] == "night" and doc["unfinished_gpus"] == [0] and doc["running"] is False, doc
+    r = m("recover")
+    assert r.code == 0 and r.out == "restored GPU 0 to the layout before the interrupted apply\n" and r.err == "", r
+    assert m.layout() == before and m("status", "-o", "json").json()["journal"] is None
+
+
+def test_recover_of_a_journal_whose_gpus_all_settled_says_one_thing(tmp_path: Path) -> None:
+    """After a double Ctrl-C it said "found an unfinished apply ... restoring", then "no interrupted apply"."""
+    m = Migctl(tmp_path, "single-a100")
+    assert m("apply", str(PROFILES / "day.yaml")).code == 0
+    journal = Journal(m.state_dir / "journal.json")
+    journal.begin("night", {"GPU-x": {"index": 0, "status": "rolled_back", "done": 3, "ops": 9,
+                                      "before": {"mig": True, "instances": []}, "owners_before": {}}})
+    r = subprocess.run([sys.executable, "-m", "migd.cli", "--sim", m.fleet, "--sim-state", str(m.state),
+                        "--state-dir", str(m.state_dir), "recover"], capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "no interrupted apply to recover\n", ""), r
+    assert not journal.exists()

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from migd.apply.result import ApplyResult, Flag
-from migd.daemon.service import ManualApply, Reloaded, Resumed
+from migd.daemon.requests import ManualApply, Reloaded, Resumed
 from migd.exits import EXPECTED, Exit, failure, for_result
 from migd.netcap import CappedThreadingMixIn
 from migd.profiles.loader import load_profile

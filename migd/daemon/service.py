@@ -17,9 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from migd.apply.executor import Applier
 from migd.apply.result import ApplyOptions, ApplyResult, BusyError, Flag, GpuStatus, OnBusy, Unreadable
@@ -27,6 +25,7 @@ from migd.daemon.clock import Clock
 from migd.daemon.config import Config, ReconcileMode
 from migd.daemon.override import Override, OverrideStore
 from migd.daemon.progress import Tracker
+from migd.daemon.requests import ManualApply, Reloaded, Resumed
 from migd.daemon.sdnotify import Notifier
 from migd.daemon.slurmpass import slurm_switch
 from migd.daemon.status import LastApply, Outcome, Status
@@ -34,7 +33,7 @@ from migd.daemon.watchdog import Heartbeat
 from migd.exits import EXPECTED
 from migd.hardware.backend import GpuBackend, GpuState
 from migd.isolation.audit import Finding, Severity, audit_readings
-from migd.planner import GpuPlan
+from migd.planner import GpuPlan, layout_text, summary
 from migd.profiles.model import Profile, describe_gpus
 from migd.yamlsrc import ValidationError
 
@@ -54,46 +53,12 @@ def restart_only(old: Config, new: Config) -> list[tuple[str, object, object]]:
             ("slurm", old.slurm, new.slurm)]
 
 
-@dataclass(frozen=True)
-class ManualApply:
-    """What migctl may choose for an apply the daemon does on its behalf (hooks stay the daemon's)."""
-
-    on_busy: OnBusy = OnBusy.REFUSE
-    dry_run: bool = False
-    busy_timeout_s: float | None = None  # None: the daemon's busy_timeout
-    lock_timeout_s: float = 30.0
-    parallel: bool = True
-    mode_only: bool = False
-
-    @classmethod
-    def from_request(cls, req: dict[str, Any]) -> ManualApply:
-        """Checked values from a control-socket request; ValueError names a bad one."""
-        on_busy = OnBusy(req.get("on_busy", "refuse"))
-        numbers = {k: req.get(k) for k in ("busy_timeout_s", "lock_timeout_s")}
-        for k, v in numbers.items():
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
-                raise ValueError(f"{k} {v!r}")
-        return cls(on_busy=on_busy, dry_run=bool(req.get("dry_run")), busy_timeout_s=numbers["busy_timeout_s"],
-                   lock_timeout_s=30.0 if numbers["lock_timeout_s"] is None else float(numbers["lock_timeout_s"]),
-                   parallel=bool(req.get("parallel", True)), mode_only=bool(req.get("mode_only")))
-
-
-@dataclass(frozen=True)
-class Reloaded:
-    """A reload's outcome: ``error`` if rejected (the running configuration stays), else ``detail``."""
-
-    error: str | None
-    detail: str
-
-
-@dataclass(frozen=True)
-class Resumed:
-    """What ``migctl resume`` did: the manual apply lifted (None: none held), the scheduled profile
-    now active (None: no schedule entry has fired) and its apply (None: nothing was planned)."""
-
-    lifted: str | None
-    profile: str | None
-    result: ApplyResult | None
+def _log_drift(profile: str, plans: list[GpuPlan], then: str) -> None:
+    """Drift said as drift, with what changed: what each GPU holds and what the profile wants."""
+    for p in plans:
+        if p.changes:
+            log.warning("drift on GPU %d: it holds %s, profile %s wants %s; %s", p.gpu.index, layout_text(p.current,
+                        p.gpu), profile, summary(p.desired.instances) if p.desired.mig else "MIG disabled", then)
 
 
 def outcome_of(result: ApplyResult) -> Outcome:
@@ -203,6 +168,8 @@ class Daemon:
                 if not manual and (not correct or not changes):
                     self._unchanged(profile, plans, unreadable)
                     return ApplyResult(profile.name, plans, [])
+                if reason == "reconcile":  # nothing fired: the GPUs were changed behind migd's back
+                    _log_drift(profile.name, plans, "correcting it")
                 if self.slurm is not None and changes:
                     policy = opts.on_busy if manual else self.config.on_busy  # (opts map wait to retries)
                     result = self.slurm.apply(profile, plans, opts, policy,
@@ -234,10 +201,7 @@ class Daemon:
     def _unchanged(self, profile: Profile, plans: list[GpuPlan], unreadable: list[Unreadable]) -> None:
         """Nothing to apply (or drift only reported): audit the readings the plan was made from."""
         self.progress.update(profile.name, plans, None, unreadable)
-        drift = [p.gpu.index for p in plans if p.changes]
-        if drift:
-            log.warning("drift from profile %s on GPU %s (reconcile: report, not corrected)",
-                        profile.name, ",".join(map(str, drift)))
+        _log_drift(profile.name, plans, "reconcile: report, not corrected")
         self._audit([p.seen for p in plans if p.seen is not None], plans)
         self._check_settled(profile.name)
 
@@ -259,7 +223,9 @@ class Daemon:
         for r in result.results:
             if r.status in (GpuStatus.ROLLED_BACK, GpuStatus.FAILED):
                 log.error("GPU %d: %s applying %s: %s", r.index, r.status, profile.name, r.error)
-        if outcome is Outcome.SUCCESS:
+        if outcome is Outcome.SUCCESS and reason == "reconcile":
+            log.info("drift corrected: profile %s restored in %.2fs", profile.name, result.seconds)
+        elif outcome is Outcome.SUCCESS:
             log.info("applied profile %s (%s) in %.2fs", profile.name, reason, result.seconds)
         elif outcome is Outcome.CANCELLED:
             log.warning("%s of %s cancelled: every GPU it changed is back on its previous layout",

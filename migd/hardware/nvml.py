@@ -58,7 +58,15 @@ class NvmlBackend:
         self._smi_argv = list(smi_argv)
         self._smi_timeout_s = smi_timeout_s
         self.nvml = Nvml(on_nvml_error)
-        self.nvml.init()
+        try:
+            self.nvml.init()
+        except HardwareError as e:
+            if e.code != pynvml.NVML_ERROR_LIBRARY_NOT_FOUND:
+                raise
+            # nvml.h: NVML_ERROR_LIBRARY_NOT_FOUND, "NVML Shared Library couldn't be found or loaded"
+            raise HardwareError("no NVIDIA driver found: NVML (libnvidia-ml.so.1) cannot be loaded; install the "
+                                "driver, or try migd on a simulated node: migctl --sim dgx-a100 status",
+                                e.code) from None
         self._open = True
         self._events = EventWatch(self.nvml)
         self._live: dict[str, GpuModel] = {}  # uuid -> table read from a GPU the catalog lacks

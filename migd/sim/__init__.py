@@ -37,6 +37,8 @@ def sim_backend(state_path: str | os.PathLike[str], fleet: str = DEFAULT_FLEET, 
     broken libnvidia-ml is on a real node: NVML cannot be opened (HardwareError)."""
     try:
         load_library(state_path, fleet, mig_enabled)
+    except PermissionError as e:  # as a device node the user may not open: not permitted, not a fault
+        raise PermissionError(e.errno, e.strerror, str(state_path)) from None
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise HardwareError(f"simulator state {state_path} cannot be read: {e}") from None
     return NvmlBackend(smi_argv=smi_argv(state_path), on_nvml_error=on_nvml_error)
