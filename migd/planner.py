@@ -171,16 +171,17 @@ def _fits(model: GpuModel, profile_ids: tuple[int, ...]) -> bool:
 
 
 def _refusal(model: GpuModel, want: list[GiProfile], name: str) -> str | None:
-    """Why ``want`` (named ``name``) cannot coexist on ``model``; None if it may."""
+    """Why ``want`` (named ``name``) cannot coexist on ``model``; None if it may.  A profile's own
+    instance limit is said first: it is the number a user changes (``count: 8`` of 1g: "at most 7")."""
+    for prof, n in Counter(want).items():
+        if n > prof.instance_count:
+            return f"{n} x {prof.name} exceed the {prof.instance_count} instance(s) {model.key} allows"
     mem = sum(p.memory_slices for p in want)
     if mem > model.memory_slices:
         return f"{name} needs {mem} memory slices, {model.key} has {model.memory_slices}"
     comp = sum(p.slices for p in want)
     if comp > model.compute_slices:
         return f"{name} needs {comp} compute slices, {model.key} has {model.compute_slices}"
-    for prof, n in Counter(want).items():
-        if n > prof.instance_count:
-            return f"{n} x {prof.name} exceed the {prof.instance_count} instance(s) {model.key} allows"
     conflict = media_conflict(want)
     return None if conflict is None else f"on {model.key}: {conflict}"
 

@@ -323,3 +323,64 @@ def test_recover_of_a_journal_whose_gpus_all_settled_says_one_thing(tmp_path: Pa
                         "--state-dir", str(m.state_dir), "recover"], capture_output=True, text=True, timeout=60)
     assert (r.returncode, r.stdout, r.stderr) == (0, "no interrupted apply to recover\n", ""), r
     assert not journal.exists()
+
+
+def _migd_run(migd: MigdProcess, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "migd.daemon.main", "--config", str(migd.config), "--sim",
+                           migd.fleet, "--sim-state", str(migd.migctl.state), "--state-dir",
+                           str(migd.migctl.state_dir), *extra], capture_output=True, text=True, timeout=60)
+
+
+def test_a_second_migd_says_not_starting_once(migd: MigdProcess) -> None:
+    _day(migd)
+    p = _migd_run(migd, "--metrics-listen", "127.0.0.1:0")
+    assert p.returncode == 2 and p.stderr.count("not starting") == 1, p.stderr
+
+
+def test_check_prints_the_error_alone(migd: MigdProcess) -> None:
+    migd.config.write_text(migd.config.read_text().replace("on_busy: wait", "on_busy: sometimes"))
+    p = _migd_run(migd, "--check")
+    assert p.returncode == 2 and p.stdout == "", p
+    line, = p.stderr.splitlines()
+    assert line.startswith(f"{migd.config}:") and "on_busy" in line and "CRITICAL" not in line, line
+
+
+def test_the_demo_starts_fresh_with_fresh(migd: MigdProcess) -> None:
+    """A manual apply kept from an earlier run stopped the README's demo from reaching night at 19:00."""
+    _day(migd)
+    assert migctl(migd, "apply", str(PROFILES / "balanced.yaml")).returncode == 0
+    assert migd.stop() == 0
+    migd.start(now="2026-11-23T18:59:59")  # without --fresh the kept apply holds across the restart
+    migd.wait_ready()
+    assert _daemon(migd)["active"]["reason"] == "manual"
+    assert migd.stop() == 0
+    log = migd.log.read_text()
+    assert f"migd's state dir {migd.migctl.state_dir} (--fresh starts both anew)" in log
+    migd.start(now="2026-11-23T18:59:59", extra=("--fresh",))
+    migd.wait_ready()
+    doc = _daemon(migd)
+    assert doc["override"] is None and doc["active"]["reason"] == "schedule", doc["active"]
+    migd.wait_until(lambda: _daemon(migd)["applied_profile"] == "night", timeout=30)
+    assert migd.assert_profile("night")
+
+
+def test_fresh_is_refused_on_real_gpus(migd: MigdProcess) -> None:
+    p = subprocess.run([sys.executable, "-m", "migd.daemon.main", "--config", str(migd.config), "--fresh",
+                        "--state-dir", str(migd.tmp / "state")], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "--fresh" in p.stderr and "only with --sim" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("instances, message", [
+    (["{profile: 1g, count: 1000}"], "gpus[0].instances[0].count: must be at most 7, not 1000"),
+    (["{profile: 3g, count: 3}"], "3 x 3g.40gb exceed the 2 instance(s) A100-SXM4-80GB allows"),
+    (["{profile: 4g}", "{profile: 3g, count: 2}"], "4g.40gb+2x3g.40gb needs 12 memory slices, A100-SXM4-80GB has 8"),
+])
+def test_the_readmes_example_errors_are_the_real_ones(tmp_path: Path, instances: list[str], message: str) -> None:
+    """The README quoted "needs 9 memory slices" where migd says 12, and "at most 8" for a count that
+    then failed at 8 ("has 7"): the limit said is the one that holds for the GPUs selected."""
+    path = tmp_path / "p.yaml"
+    text = PROFILE.format(select="select: all").replace("      - {profile: 7g, count: 1}\n", "")
+    path.write_text(text + "".join(f"      - {i}\n" for i in instances))
+    r = Migctl(tmp_path, "dgx-a100")("plan", str(path))
+    assert r.code == 2 and message in r.err, r.err
+    assert message in (PROFILES.parent / "README.md").read_text()

@@ -52,7 +52,7 @@ def test_examples_validate_for_every_seven_slice_model() -> None:
 @pytest.mark.parametrize("text,line,col,field,needle", [
     (GOOD.replace("count: 7", "count: 7, colour: red"), 8, 33, "gpus[0].instances[0].colour", "unknown key"),
     (GOOD.replace("count: 7", "count: seven"), 8, 30, "gpus[0].instances[0].count", "must be an integer"),
-    (GOOD.replace("count: 7", "count: 1000"), 8, 30, "gpus[0].instances[0].count", "at most 8"),
+    (GOOD.replace("count: 7", "count: 1000"), 8, 30, "gpus[0].instances[0].count", "at most 7"),
     (GOOD.replace("mig: enabled", "mig: maybe"), 6, 10, "gpus[0].mig", "not allowed"),
     (GOOD.replace("kind: Profile", "kind: Profle"), 2, 7, "kind", "not allowed"),
     (GOOD.replace("select: all", "select: some"), 5, 13, "gpus[0].select", "not allowed"),

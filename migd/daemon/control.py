@@ -121,7 +121,7 @@ def claim(path: Path) -> None:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # left by a daemon that died: nobody listens
         return
-    raise AlreadyRunning(f"another migd is running (its control socket {path} answers); not starting")
+    raise AlreadyRunning(f"another migd is running (its control socket {path} answers)")
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import logging
 import os
+import shutil
 import signal
 import sys
 from collections.abc import Sequence
@@ -78,6 +80,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sim", metavar="FLEET", choices=sorted(FLEETS),
                    help=f"run against the simulator: {', '.join(sorted(FLEETS))}")
     p.add_argument("--sim-state", metavar="PATH", help="simulator state file")
+    p.add_argument("--fresh", action="store_true", help="with --sim: start the simulated node and migd's state "
+                   "(kept manual apply, journal, owners) anew, as for a first demo")
     p.add_argument("--state-dir", help="journal, lock, owners (default /var/lib/migd)")
     p.add_argument("--control-socket", help=f"control socket path (default {DEFAULT_SOCKET})")
     p.add_argument("--metrics-listen", help="HOST:PORT for /metrics and /healthz (overrides the config)")
@@ -95,7 +99,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = load_config(args.config)
     except (ValidationError, OSError) as e:
-        log.critical("invalid configuration, not starting: %s", e)
+        if args.check:  # a checker prints the error alone, as a compiler would
+            print(f"{args.config}: {e}" if isinstance(e, OSError) and not e.filename else str(e), file=sys.stderr)
+        else:
+            log.critical("invalid configuration, not starting: %s", e)
         return Exit.INVALID
     if args.check:
         print(f"{args.config}: ok ({len(cfg.profiles)} profiles, {len(cfg.schedule.entries)} transitions)")
@@ -103,6 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     errors = NvmlErrorCounter()
     state, state_dir, socket_path = _paths(args, cfg)
     try:
+        if args.fresh:
+            _start_fresh(args, state, state_dir, socket_path)
         ensure_private_dir(state_dir, "state dir")
         ensure_private_dir(socket_path.parent, "control socket's directory")
         claim(socket_path)
@@ -121,6 +130,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                 reload_config=lambda: load_config(args.config)), socket_path, errors)
     finally:
         backend.close()
+
+
+def _start_fresh(args: argparse.Namespace, state: Path | None, state_dir: Path, socket_path: Path) -> None:
+    """``--fresh``: forget the simulated node and migd's state, so the demo starts as on a new node (never
+    on real GPUs, and never under a migd that still runs there)."""
+    if state is None:
+        raise ValidationError("--fresh", None, None, "", "only with --sim: on real GPUs the state dir holds the "
+                              "journal that recovers an interrupted apply")
+    claim(socket_path)
+    with contextlib.suppress(FileNotFoundError):
+        state.unlink()
+    shutil.rmtree(state_dir, ignore_errors=True)
 
 
 def _clock(args: argparse.Namespace, cfg: Config) -> Clock:
@@ -174,6 +195,10 @@ def _serve(args: argparse.Namespace, cfg: Config, backend: GpuBackend, daemon: D
     gpus = backend.list_gpus()
     log.info("migd starting: %d GPU(s), %d profiles, timezone %s, control socket %s", len(gpus),
              len(cfg.profiles), cfg.timezone.key, socket_path)
+    if args.sim:
+        state = paths.sim_paths(args.sim, args.sim_state, args.state_dir or cfg.state_dir)[0]
+        log.info("simulated node %s: state %s, migd's state dir %s (--fresh starts both anew)", args.sim, state,
+                 daemon.applier.state_dir)
     for model in {g.model for g in gpus if g.model is not None}:  # before the first plan needs them
         build_tables(model)
     # What start-up built (catalog, profiles, pynvml, the simulated library) lives as long as migd:

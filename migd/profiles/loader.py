@@ -6,6 +6,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+from migd.hardware.catalog import MODELS
 from migd.profiles.model import GpuSection, InstanceSpec, Loc, PciId, Profile, Selector
 from migd.yamlsrc import Node, load, read
 
@@ -13,7 +14,9 @@ API_VERSION = "migd/v1"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _PROFILE = re.compile(r"^(?:\d+c\.)?\d+g(?:\.\d+gb)?(?:[+-][a-z.]+)?$")
 _CI = re.compile(r"^\d+c(?:\.\d+g(?:\.\d+gb)?(?:[+-][a-z.]+)?)?$")
-MAX_COUNT = 8  # no GPU has more than 7 instances; anything larger is a typo
+# No GPU in the catalog holds more instances of one profile (NVML's instanceCount: 7 x 1g on A100/H100);
+# anything larger is a typo, and each GPU's own table gives the real limit at plan time.
+MAX_COUNT = max(gi.instance_count for m in MODELS.values() for gi in m.profiles)
 
 
 def _loc(n: Node) -> Loc:
