@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import configparser
+import fnmatch
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,6 +14,7 @@ import pytest
 from tests.helpers import REPO
 
 UNIT = REPO / "systemd" / "migd.service"
+DROP_IN = REPO / "systemd" / "migd.service.d" / "slurm.conf"
 
 
 def test_unit_essentials() -> None:
@@ -28,15 +31,62 @@ def test_unit_essentials() -> None:
 
 
 def test_systemd_analyze_verify(tmp_path: Path) -> None:
+    """The unit and its Slurm drop-in verify clean with ExecStart where the README's install puts migd
+    (/opt/migd, here a temp dir holding the installed console script)."""
     tool = shutil.which("systemd-analyze")
     migd = shutil.which("migd")
     if tool is None or migd is None:
         pytest.skip("systemd-analyze or the migd console script is not installed")
+    venv = tmp_path / "opt" / "migd"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "migd").symlink_to(migd)
     unit = tmp_path / "migd.service"
-    unit.write_text(UNIT.read_text().replace("/usr/local/bin/migd", migd))
+    unit.write_text(UNIT.read_text().replace("/opt/migd/", f"{venv}/"))
+    (tmp_path / "migd.service.d").mkdir()
+    shutil.copy(DROP_IN, tmp_path / "migd.service.d" / "slurm.conf")
     r = subprocess.run([tool, "verify", str(unit)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "migd.service" not in r.stderr, r.stderr  # no warnings about our unit
+
+
+def test_the_readme_install_steps_match_the_unit() -> None:
+    """It ran /usr/local/bin/migd, which a pip install into a venv never creates (Debian 12 refuses a
+    system-wide pip install), and named a Documentation= file nothing installed."""
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("## Installing on a real node", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    assert "sudo python3 -m venv /opt/migd\n" in block
+    cp = _unit()
+    for key in ("ExecStart", "ExecStartPre"):
+        assert cp["Service"][key].startswith("/opt/migd/bin/migd "), cp["Service"][key]
+    tomllib = pytest.importorskip("tomllib", reason="Python 3.11's tomllib reads pyproject.toml")
+    shipped = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["data-files"]
+    installed = {f"/opt/migd/{where}/{Path(f).name}" for where, files in shipped.items() for f in files}
+    doc = cp["Unit"]["Documentation"].removeprefix("file://")
+    assert doc in installed, doc
+    for src in re.findall(r"(/opt/migd/share/\S+)", block):
+        assert src in installed or any(fnmatch.fnmatch(i, src) for i in installed), src
+    for src in installed:
+        assert (REPO / shipped_source(shipped, src)).exists(), src
+
+
+def shipped_source(shipped: dict[str, list[str]], installed: str) -> str:
+    where, name = installed.removeprefix("/opt/migd/").rsplit("/", 1)
+    return next(f for f in shipped[where] if Path(f).name == name)
+
+
+def test_a_configuration_error_is_not_restarted_and_slurm_mode_may_write_its_config() -> None:
+    cp = _unit()
+    assert cp["Service"]["RestartPreventExitStatus"] == "2"  # exit 2: bad config; restarting cannot help
+    assert "network-online.target" in cp["Unit"]["Wants"] and "network-online.target" in cp["Unit"]["After"]
+    assert "ProtectSystem=strict" in UNIT.read_text()
+    assert "ReadWritePaths=/etc/slurm" in DROP_IN.read_text().splitlines()
+
+
+def _unit() -> configparser.ConfigParser:
+    cp = configparser.ConfigParser(strict=False, interpolation=None)
+    cp.optionxform = str  # type: ignore[assignment,method-assign]
+    cp.read_string(UNIT.read_text())
+    return cp
 
 
 def test_journald_priorities_one_line_per_event() -> None:
