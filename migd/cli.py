@@ -200,9 +200,9 @@ def cmd_isolation(args: argparse.Namespace, backend: GpuBackend, state_dir: Path
     from migd.daemon.control import request
     from migd.isolation.audit import Severity, audit
     from migd.isolation.probe import run_probe
-    plans = {p.gpu.index: p for p in Applier(backend, state_dir).plan(load_profile(args.profile))} \
-        if args.profile else None
-    findings = audit(backend, plans)
+    profile = load_profile(args.profile) if args.profile else None
+    plans = {p.gpu.index: p for p in Applier(backend, state_dir).plan(profile)} if profile else None
+    findings = audit(backend, plans, f"profile {profile.name}" if profile else "the active profile")
     daemon = request(control_socket(args), {"cmd": "isolation"}, timeout_s=10)
     doc: dict[str, Any] = {"schema": "migd.isolation/v1", "findings": [f.to_json() for f in findings],
                            "daemon": None if daemon is None else {k: daemon[k] for k in ("unhealthy", "breaches")}}

@@ -384,3 +384,28 @@ def test_the_readmes_example_errors_are_the_real_ones(tmp_path: Path, instances:
     r = Migctl(tmp_path, "dgx-a100")("plan", str(path))
     assert r.code == 2 and message in r.err, r.err
     assert message in (PROFILES.parent / "README.md").read_text()
+
+
+def test_isolation_names_the_profile_it_was_given(tmp_path: Path) -> None:
+    """It said "not in the active profile" when the profile given simply was not active."""
+    m = Migctl(tmp_path, "single-a100")
+    assert m("apply", str(PROFILES / "day.yaml")).code == 0
+    r = m("isolation", "--profile", str(PROFILES / "night.yaml"))
+    assert "is not in profile night" in r.out and "from profile night does not exist" in r.out, r.out
+    assert "active profile" not in r.out
+
+
+def test_the_log_says_when_mig_mode_is_enabled(migd: MigdProcess) -> None:
+    _day(migd)  # the fleet starts with MIG off; the start-up apply enables it
+    log = migd.log.read_text()
+    assert "GPU 0: MIG mode enabled" in log and "GPU 7: MIG mode enabled" in log, log[-2000:]
+
+
+@pytest.mark.parametrize("args", [[], ["--help"], ["-h"]])
+def test_the_fake_nvidia_smi_answers_without_arguments_and_for_help(tmp_path: Path, args: list[str]) -> None:
+    m = Migctl(tmp_path, "single-a100")
+    assert m("status").code == 0  # creates the simulated node
+    r = subprocess.run([sys.executable, "-m", "migd.sim.smi", "--sim-state", str(m.state), *args],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stderr == "" and "supported: -L" in r.stdout, r
+    assert ("GPU 0: NVIDIA A100-SXM4-80GB" in r.stdout) == (args == []), r.stdout

@@ -291,6 +291,8 @@ class Applier:
             applied = self._exec(op, gi_ids)
             if op.kind is OpKind.SET_MIG:
                 mode_applied = applied
+                log.info("GPU %d: MIG mode %s%s", op.gpu, "enabled" if op.mig else "disabled",
+                         "" if applied else " once the GPU is reset (the change is pending)")
             done += 1
             if journal_uuid is not None:
                 self.journal.mark(journal_uuid, done=done)

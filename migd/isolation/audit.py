@@ -57,7 +57,7 @@ class Finding:
         return {"gpu": self.gpu, "check": self.check.value, "severity": self.severity.value, "message": self.message}
 
 
-def audit_gpu(reading: GpuState, plan: GpuPlan | None = None) -> list[Finding]:
+def audit_gpu(reading: GpuState, plan: GpuPlan | None = None, against: str = "the active profile") -> list[Finding]:
     """Findings on one reading of a GPU (``plan``: also what the active profile lacks or does not want)."""
     gpu = reading.gpu
     if not gpu.mig_current or gpu.model is None:
@@ -114,19 +114,23 @@ def audit_gpu(reading: GpuState, plan: GpuPlan | None = None) -> list[Finding]:
     if plan is not None:
         for op in plan.ops:
             if op.kind is OpKind.DESTROY_GI:
-                add(Check.ORPHAN, f"GI {op.gi_id} ({op.name}) at {op.placement} is not in the active profile")
+                add(Check.ORPHAN, f"GI {op.gi_id} ({op.name}) at {op.placement} is not in {against}")
             elif op.kind is OpKind.CREATE_GI:
-                add(Check.MISSING, f"{op.name} at {op.placement} from the active profile does not exist")
+                add(Check.MISSING, f"{op.name} at {op.placement} from {against} does not exist")
     return out
 
 
-def audit_readings(readings: Iterable[GpuState], plans: dict[int, GpuPlan] | None = None) -> list[Finding]:
+def audit_readings(readings: Iterable[GpuState], plans: dict[int, GpuPlan] | None = None,
+                   against: str = "the active profile") -> list[Finding]:
+    """``against``: what the plans were made for, as findings name it (migd: its active profile;
+    ``migctl isolation --profile FILE``: that profile, which need not be active)."""
     out: list[Finding] = []
     for seen in readings:
-        out += audit_gpu(seen, (plans or {}).get(seen.gpu.index))
+        out += audit_gpu(seen, (plans or {}).get(seen.gpu.index), against)
     return out
 
 
-def audit(backend: GpuBackend, plans: dict[int, GpuPlan] | None = None) -> list[Finding]:
+def audit(backend: GpuBackend, plans: dict[int, GpuPlan] | None = None,
+          against: str = "the active profile") -> list[Finding]:
     """Read every GPU now and audit it."""
-    return audit_readings((read_state(backend, g) for g in backend.list_gpus()), plans)
+    return audit_readings((read_state(backend, g) for g in backend.list_gpus()), plans, against)

@@ -112,6 +112,11 @@ def _select(state: SimState, ident: str | None) -> list[SimGpu]:
     raise SimError(f"No devices were found matching {ident!r}")
 
 
+USAGE = """supported: -L, -r -i GPU, -mig 0|1 [-i GPU], mig -lgi|-lci|-lgip|-lgipp [-i GPU], -h
+The simulator's nvidia-smi shares the simulated NVML library's state (--sim-state PATH or MIGD_SIM_STATE).
+"""
+
+
 def run(argv: Sequence[str], store: StateStore) -> tuple[int, str]:
     """Run one fake nvidia-smi command; returns (exit code, output)."""
     args = list(argv)
@@ -121,6 +126,10 @@ def run(argv: Sequence[str], store: StateStore) -> tuple[int, str]:
         ident = args[k + 1] if k + 1 < len(args) else None
         del args[k:k + 2]
     try:
+        if args in (["-h"], ["--help"]):
+            return 0, USAGE
+        if args == []:  # the real tool's full table is not simulated: its GPUs and MIG devices, then what is
+            return 0, list_gpus(store.read()) + "(fake nvidia-smi: " + USAGE.splitlines()[0] + ")\n"
         if args == ["-L"]:
             return 0, list_gpus(store.read())
         if args == ["-r"]:
