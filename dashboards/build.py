@@ -98,7 +98,7 @@ ROWS: list[tuple[str, list[Panel]]] = [
               ((f"histogram_quantile(0.95, sum by (le) (rate(migd_apply_duration_seconds_bucket{{{NODE}}}[1h])))",
                 "p95"), (f"time() - migd_last_apply_timestamp_seconds{{{NODE}}}", "since last apply {{instance}}")),
               "s"),
-        Panel("Last apply succeeded", "stat", ((f"migd_last_apply_success{{{NODE}}}", "{{instance}}"),)),
+        Panel("Last apply did not fail", "stat", ((f"migd_last_apply_success{{{NODE}}}", "{{instance}}"),)),
         Panel("NVML errors", "timeseries",
               ((f"increase(migd_nvml_errors_total{{{NODE}}}[1h])", "{{function}} {{error}}"),)),
         Panel("Xid errors by GPU", "timeseries",

@@ -46,7 +46,7 @@ def test_doctor_is_clean_and_read_only_on_every_fleet(tmp_path: Path, fleet: str
     assert _gpu_state(store) == before  # no mode change, no instance, no reset
     assert store.read().clients == {}  # and NVML was let go
     table = m("doctor")
-    assert table.code == 0 and table.out.endswith("no differences from the catalog\n")
+    assert table.code == 0 and table.out.startswith("doctor: no differences from the catalog ("), table.out
 
 
 def test_doctor_reports_a_wrong_catalog_entry(tmp_path: Path) -> None:
