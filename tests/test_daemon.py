@@ -638,3 +638,15 @@ def test_migctl_as_an_ordinary_user_says_so_in_one_line(migd: MigdProcess) -> No
                                 str(migd.migctl.state_dir), *args])
         assert code in (1, 2, 4) and "Traceback" not in err, err
         assert len(err.strip().splitlines()) == 1 and ("not permitted" in err or "Permission denied" in err), err
+
+
+def test_status_as_an_ordinary_user_is_not_a_hardware_error(migd: MigdProcess) -> None:
+    """It said "hardware error ... Permission denied" and exited 4: not permitted is not a fault."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to become another user")
+    assert migd.migctl("status").code == 0
+    os.chmod(migd.migctl.state, 0o600)  # the simulated driver, as a device node this user may not open
+    code, err = _as_nobody(["--sim", migd.fleet, "--sim-state", str(migd.migctl.state), "--state-dir",
+                            str(migd.migctl.state_dir), "status"])
+    assert code == 1 and err.startswith("not permitted: ") and "Permission denied" in err, err
+    assert "hardware error" not in err and len(err.strip().splitlines()) == 1, err
