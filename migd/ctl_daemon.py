@@ -24,10 +24,6 @@ def out(args: argparse.Namespace, doc: dict[str, Any], table: str) -> None:
     sys.stdout.write(table if args.output == "table" else dump(doc, args.output))
 
 
-def daemon_answers(args: argparse.Namespace) -> bool:
-    return listening(control_socket(args))
-
-
 def apply_via_daemon(args: argparse.Namespace, text: str | None) -> int | None:
     """Hand the apply to a running migd, so the daemon and the CLI never race.  None: no daemon.
 
@@ -56,10 +52,8 @@ def apply_via_daemon(args: argparse.Namespace, text: str | None) -> int | None:
         return 130
     if reply is None:
         return None
-    if "result" in reply:
+    if not _error(reply):
         out(args, reply["result"], apply_table(reply["result"], by="migd"))
-    else:
-        print(f"error (from migd): {reply.get('error')}", file=sys.stderr)
     if withdrawn:
         print("interrupted: the apply was cancelled; no GPU was left changed and nothing is held", file=sys.stderr)
         return 130
@@ -72,15 +66,23 @@ def apply_via_daemon(args: argparse.Namespace, text: str | None) -> int | None:
 
 def refuse_local(args: argparse.Namespace) -> None:
     """``apply --local`` beside a running migd would be undone at its next pass: refused unless forced."""
-    if args.dry_run or not daemon_answers(args):
-        return
     sock = control_socket(args)
+    if args.dry_run or not listening(sock):
+        return
     if not args.force_local:
         raise ValidationError("--local", None, None, "", f"migd is running (its control socket {sock} answers) and "
                               "would put its active profile back at its next pass; apply through it (without "
                               "--local), or --force-local in an emergency")
     print(f"warning: --force-local: migd is running ({sock}); unless it is stopped it reconciles these GPUs back "
           "to its active profile at its next pass (migctl daemon shows it)", file=sys.stderr)
+
+
+def _error(reply: dict[str, Any]) -> bool:
+    """Whether migd refused the request; if so its reason is said, once, as migd's."""
+    if "error" not in reply:
+        return False
+    print(f"error (from migd): {reply['error']}", file=sys.stderr)
+    return True
 
 
 def daemon_request(args: argparse.Namespace, req: dict[str, Any], timeout_s: float = 30.0) -> dict[str, Any]:
@@ -114,8 +116,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     reply = request(control_socket(args), {"cmd": "resume"}, timeout_s=3600.0)
     if reply is None:
         return _resume_offline(args)
-    if "error" in reply:
-        print(f"error (from migd): {reply['error']}", file=sys.stderr)
+    if _error(reply):
         return int(reply["exit"])
     lifted, profile, result = reply.get("lifted"), reply.get("profile"), reply.get("result")
     print(f"lifted the manual apply of {lifted}" if lifted else "no manual apply was held")
@@ -147,8 +148,7 @@ def cmd_clear_fault(args: argparse.Namespace) -> int:
     if reply is None:
         print("not applied: migd is not running (fault marks live in the daemon)", file=sys.stderr)
         return Exit.NOT_APPLIED
-    if "error" in reply:
-        print(f"error (from migd): {reply['error']}", file=sys.stderr)
+    if _error(reply):
         return int(reply["exit"])
     print(f"cleared: {', '.join(reply['cleared']) or 'nothing (no fault mark on that GPU)'}")
     return int(reply["exit"])

@@ -12,7 +12,7 @@ memoised by their inputs and request-only work by request; ``forget`` drops ever
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
 from typing import NamedTuple
@@ -136,18 +136,21 @@ def busy_of(state: GpuState) -> Busy:
     return busy
 
 
+def _counted(names: Iterable[str]) -> str:
+    """``7x1g.10gb`` or ``2g.20gb+2x1g.10gb``: profile names with their counts, in first-seen order."""
+    return "+".join(f"{n}x{name}" if n > 1 else name for name, n in Counter(names).items())
+
+
 def summary(instances: list[DesiredInstance] | tuple[DesiredInstance, ...]) -> str:
-    c = Counter(i.gi.name for i in instances)
-    return "+".join(f"{n}x{name}" if n > 1 else name for name, n in c.items()) or "nothing"
+    return _counted(i.gi.name for i in instances) or "nothing"
 
 
 def layout_text(current: list[GpuInstance], gpu: GpuInfo) -> str:
     """What a GPU holds, as :func:`summary` writes a request (``MIG disabled`` when it is off)."""
     if not gpu.mig_current:
         return "MIG disabled"
-    names = Counter(p.name if (p := gpu.model.profile_by_id(g.profile_id) if gpu.model else None) else
-                    str(g.profile_id) for g in current)
-    return "+".join(f"{n}x{name}" if n > 1 else name for name, n in names.items()) or "no instances"
+    return _counted(p.name if (p := gpu.model.profile_by_id(g.profile_id) if gpu.model else None) else
+                    str(g.profile_id) for g in current) or "no instances"
 
 
 def _feasibility(model: GpuModel, want: list[DesiredInstance], sequence: tuple[int, ...]) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from migd.apply.force import stop_processes
-from migd.apply.journal import SETTLED, Journal, layout_from_json, layout_to_json
+from migd.apply.journal import Journal, layout_from_json, layout_to_json, unfinished
 from migd.apply.lock import ApplyLock
 from migd.apply.owners import Owners
 from migd.apply.result import (
@@ -400,7 +400,7 @@ class Applier:
         if not self.journal.exists():
             return []
         data = _located(self.journal.load)
-        pending = {uuid: e for uuid, e in data["gpus"].items() if e["status"] not in SETTLED}
+        pending = unfinished(data)
         if not pending:  # every GPU reached its old or new layout before the process ended
             log.info("the journal of an apply of %r by pid %s names no unfinished GPU: removed",
                      data.get("profile"), data.get("pid"))

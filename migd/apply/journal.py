@@ -47,6 +47,11 @@ STATUSES = ("pending", "applying", "done", "rolled_back", "failed")
 SETTLED = ("done", "rolled_back")  # the GPU is in the new or the old layout
 
 
+def unfinished(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A validated journal's GPUs (by UUID) that may be half-way: neither done nor rolled back."""
+    return {uuid: e for uuid, e in data["gpus"].items() if e["status"] not in SETTLED}
+
+
 def _check_entry(path: Path, field: str, e: Any) -> None:
     def bad(where: str, message: str) -> ValidationError:
         return ValidationError(str(path), None, None, f"{field}{where}", message)
@@ -153,7 +158,7 @@ def left_behind(path: Path) -> dict[str, Any] | None:
     pid = data.get("pid")
     return {"path": str(path), "profile": data.get("profile"), "pid": pid,
             "running": isinstance(pid, int) and _alive(pid),
-            "unfinished_gpus": sorted(e.get("index", -1) for e in data["gpus"].values() if e["status"] not in SETTLED),
+            "unfinished_gpus": sorted(e.get("index", -1) for e in unfinished(data).values()),
             "error": None}
 
 

@@ -126,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.critical("cannot open NVML, not starting: %s", e)
         return Exit.INVALID  # every start-up refusal is exit 2
     try:
-        return _serve(args, cfg, backend, Daemon(cfg, backend, state_dir, _clock(args, cfg), Notifier(),
+        return _serve(args, cfg, backend, state, Daemon(cfg, backend, state_dir, _clock(args, cfg), Notifier(),
                                                 reload_config=lambda: load_config(args.config)), socket_path, errors)
     finally:
         backend.close()
@@ -149,8 +149,8 @@ def _clock(args: argparse.Namespace, cfg: Config) -> Clock:
     return Clock(start, args.time_scale)
 
 
-def _serve(args: argparse.Namespace, cfg: Config, backend: GpuBackend, daemon: Daemon, socket_path: Path,
-           errors: NvmlErrorCounter) -> int:
+def _serve(args: argparse.Namespace, cfg: Config, backend: GpuBackend, sim_state: Path | None, daemon: Daemon,
+           socket_path: Path, errors: NvmlErrorCounter) -> int:
     """Metrics, fault watch and control socket around the daemon's loop, until it stops."""
     events = EventCounters()
     metrics = None
@@ -195,9 +195,8 @@ def _serve(args: argparse.Namespace, cfg: Config, backend: GpuBackend, daemon: D
     gpus = backend.list_gpus()
     log.info("migd starting: %d GPU(s), %d profiles, timezone %s, control socket %s", len(gpus),
              len(cfg.profiles), cfg.timezone.key, socket_path)
-    if args.sim:
-        state = paths.sim_paths(args.sim, args.sim_state, args.state_dir or cfg.state_dir)[0]
-        log.info("simulated node %s: state %s, migd's state dir %s (--fresh starts both anew)", args.sim, state,
+    if sim_state is not None:
+        log.info("simulated node %s: state %s, migd's state dir %s (--fresh starts both anew)", args.sim, sim_state,
                  daemon.applier.state_dir)
     for model in {g.model for g in gpus if g.model is not None}:  # before the first plan needs them
         build_tables(model)

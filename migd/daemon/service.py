@@ -336,7 +336,7 @@ class Daemon:
         loop then decides on the new configuration as after SIGHUP."""
         with self.lock:
             done = self.reload()
-        if done.error is None:
+        if done.error is None:  # set, then wake: the loop woken by reload() itself may have looked already
             self.reloaded.set()
             self.wake.set()
         return done
