@@ -1,6 +1,6 @@
 """Stable, documented shapes of migctl's output (``-o json``/``yaml``); their tables are in ``migd.report_text``.
 
-Schemas (README "Output formats"): ``migd.status/v1``, ``migd.plan/v1``, ``migd.apply/v1``.
+Schemas (docs/migctl.md "Output formats"): ``migd.status/v1``, ``migd.plan/v1``, ``migd.apply/v1``.
 Fields are only ever added, never renamed or removed, within a schema version.
 """
 

@@ -376,14 +376,15 @@ def test_fresh_is_refused_on_real_gpus(migd: MigdProcess) -> None:
     (["{profile: 4g}", "{profile: 3g, count: 2}"], "4g.40gb+2x3g.40gb needs 12 memory slices, A100-SXM4-80GB has 8"),
 ])
 def test_the_readmes_example_errors_are_the_real_ones(tmp_path: Path, instances: list[str], message: str) -> None:
-    """The README quoted "needs 9 memory slices" where migd says 12, and "at most 8" for a count that
+    """The documentation quoted "needs 9 memory slices" where migd says 12, and "at most 8" for a count that
     then failed at 8 ("has 7"): the limit said is the one that holds for the GPUs selected."""
     path = tmp_path / "p.yaml"
     text = PROFILE.format(select="select: all").replace("      - {profile: 7g, count: 1}\n", "")
     path.write_text(text + "".join(f"      - {i}\n" for i in instances))
     r = Migctl(tmp_path, "dgx-a100")("plan", str(path))
     assert r.code == 2 and message in r.err, r.err
-    assert message in (PROFILES.parent / "README.md").read_text()
+    docs = [PROFILES.parent / "README.md", *sorted((PROFILES.parent / "docs").glob("*.md"))]
+    assert any(message in d.read_text() for d in docs), message
 
 
 def test_isolation_names_the_profile_it_was_given(tmp_path: Path) -> None:
