@@ -238,7 +238,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 code = Exit.INVALID
                 continue
             models = sorted({m for ms in sections.values() for m in ms})
-            print(f"{f}: {name}: ok ({', '.join(models) or _NO_MODEL})")
+            print(f"{f}: {name}: ok ({_models(models, args.verbose)})")
         for w in check.warnings:
             print(f"warning: {w}", file=sys.stderr)
         for key, notes in check.caveats.items():
@@ -248,6 +248,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 _NO_MODEL = "no catalog model offers its profiles: the GPU's own table decides at apply time"
+_NAMED = 3  # models named on a config's line without -v
+
+
+def _models(models: list[str], verbose: bool) -> str:
+    """The catalog models a config is valid on: all with -v, else the first few and how many more."""
+    if not models:
+        return _NO_MODEL
+    if verbose or len(models) <= _NAMED + 1:
+        return ", ".join(models)
+    return f"{', '.join(models[:_NAMED])} and {len(models) - _NAMED} more catalog models; -v lists them"
 
 
 def _note_caveats(caveats: dict[str, list[str]], verbose: bool) -> None:

@@ -110,8 +110,13 @@ def test_validate_notes_unconfirmed_facts_once_for_all_files() -> None:
                        timeout=120)
     assert r.returncode == 0, r.stderr
     assert len(r.stdout.splitlines()) == len(files)
+    for line in r.stdout.splitlines():  # a config's line names a few models, not all 27
+        assert line.endswith("more catalog models; -v lists them)") and len(line) < 160, line
     notes = r.stderr.splitlines()
     assert len(notes) == 1 and notes[0].startswith("note: ") and "-v" in notes[0], notes
+    v = subprocess.run([sys.executable, "-m", "migd.cli", "validate", "-v", files[0]], capture_output=True, text=True,
+                       timeout=120)
+    assert v.returncode == 0 and "RTX-PRO-6000-Blackwell-Server" in v.stdout and "more catalog" not in v.stdout
 
 
 
