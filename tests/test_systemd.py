@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import configparser
 import fnmatch
+import os
 import re
 import shutil
 import subprocess
@@ -122,3 +123,36 @@ def test_a_notify_socket_nobody_reads_never_stalls_the_daemon(tmp_path: Path) ->
         assert done.wait(5), "Notifier.send blocked on a full notify socket"
     finally:
         sock.close()
+
+
+def _install_blocks() -> list[str]:
+    section = (REPO / "README.md").read_text().split("## Installing on a real node", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```sh\n(.*?)```", section, re.S)
+
+
+def test_the_readme_install_steps_run_and_the_unit_verifies(tmp_path: Path) -> None:
+    """The README's install steps, as written (less `sudo` and `systemctl`), in a private mount namespace
+    whose /etc, /opt and /usr/local are overlays: the venv, the unit, the drop-in and /etc/migd are
+    made as on a node, `migd --check` passes, and `systemd-analyze verify` finds nothing in the unit."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("systemd-analyze") is None:
+        if os.environ.get("MIGD_REQUIRE_ROOT") == "1":
+            pytest.fail("needs root, unshare and systemd-analyze (.ci/run runs as root)")
+        pytest.skip("needs root (mount namespaces), unshare and systemd-analyze")
+    steps = [ln.removeprefix("sudo ") for block in _install_blocks() for ln in block.replace("\\\n", " ").splitlines()
+             if ln.strip() and not ln.startswith("sudo systemctl")]
+    assert len(steps) >= 8 and steps[0] == "python3 -m venv /opt/migd", steps
+    (tmp_path / "migd").symlink_to(REPO)  # "./migd": this checkout
+    overlays = "\n".join(f"mkdir -p {tmp_path}/{d}.u {tmp_path}/{d}.w && mount -t overlay overlay -o "
+                         f"lowerdir=/{d},upperdir={tmp_path}/{d}.u,workdir={tmp_path}/{d}.w /{d}"
+                         for d in ("etc", "opt", "usr/local"))
+    script = "\n".join(["set -e", overlays, f"cd {tmp_path}", *steps,
+                        "systemd-analyze verify /etc/systemd/system/migd.service 2>&1"])
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c", script],
+                       capture_output=True, text=True, timeout=300)
+    if r.returncode != 0 and "overlay" in r.stderr and "mount" in r.stderr:
+        pytest.skip(f"no overlay mounts here: {r.stderr.strip()[-200:]}")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "/etc/migd/migd.yaml: ok (4 profiles" in r.stdout, r.stdout[-2000:]
+    assert "migd.service" not in r.stdout.split("ok (4 profiles", 1)[1], r.stdout[-2000:]  # verify said nothing
+    assert (tmp_path / "etc.u" / "systemd" / "system" / "migd.service.d" / "slurm.conf").exists()
+    assert not Path("/etc/migd").exists() and not Path("/opt/migd").exists()  # the host is untouched
