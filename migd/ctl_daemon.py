@@ -43,7 +43,8 @@ def apply_via_daemon(args: argparse.Namespace, text: str | None) -> int | None:
               "waiting for it)", file=sys.stderr)
     req = {"cmd": "apply", "file": path, "text": text, "config": args.config, "on_busy": args.on_busy,
            "dry_run": args.dry_run, "busy_timeout_s": parse_duration(args.busy_timeout),
-           "lock_timeout_s": args.lock_timeout, "parallel": not args.sequential, "mode_only": args.mode_only}
+           "lock_timeout_s": args.lock_timeout, "parallel": not args.sequential, "mode_only": args.mode_only,
+           "withdraw_on_hangup": True}
     try:
         reply = request(sock, req, on_interrupt=interrupted)
     except KeyboardInterrupt:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import signal
 import socket
@@ -415,3 +416,16 @@ def test_the_fake_nvidia_smi_answers_without_arguments_and_for_help(tmp_path: Pa
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stderr == "" and "supported: -L" in r.stdout, r
     assert ("GPU 0: NVIDIA A100-SXM4-80GB" in r.stdout) == (args == []), r.stdout
+
+
+def test_a_client_that_only_closes_its_write_side_does_not_cancel(migd: MigdProcess) -> None:
+    """Only migctl's request (withdraw_on_hangup) is withdrawn by a hang-up: a script that sends the
+    request and closes its end for writing, as `nc -U` does, gets its apply done."""
+    _day(migd)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(str(migd.socket_path))
+        s.sendall(json.dumps({"cmd": "apply", "file": str(PROFILES / "night.yaml")}).encode() + b"\n")
+        s.shutdown(socket.SHUT_WR)
+        reply = json.loads(s.makefile("rb").readline())
+    assert reply["ok"] and reply["result"]["results"][0]["status"] == "applied", reply
+    assert migd.assert_profile("night") and _daemon(migd)["override"]["profile"] == "night"

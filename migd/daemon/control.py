@@ -130,7 +130,7 @@ class Handlers:
 
     status: Callable[[], dict[str, Any]]  # migd.daemon/v1
     reload: Callable[[], Reloaded]  # done before the reply: accepted, or rejected and why
-    apply: Callable[[Profile, ManualApply, Flag], ApplyResult]  # (Flag: the client withdrew)
+    apply: Callable[[Profile, ManualApply, Flag | None], ApplyResult]  # (Flag: the client withdrew)
     isolation: Callable[[], dict[str, Any]]  # unhealthy, breaches, findings
     clear_fault: Callable[[str], list[str]]  # GPU index or UUID -> fault marks cleared
     resume: Callable[[], Resumed]  # lift a manual apply's hold: back to the schedule now
@@ -171,12 +171,14 @@ class ControlServer(CappedThreadingMixIn, socketserver.UnixStreamServer):
             if done.error is not None:
                 return {"ok": False, "exit": Exit.INVALID, "error": done.error}
             return {"ok": True, "exit": Exit.OK, "detail": done.detail}
-        if cmd == "apply":
+        if cmd == "apply" and req.get("withdraw_on_hangup") is True:  # migctl: its Ctrl-C cancels the apply
             hangup = HangUp(conn)
             try:
                 return self._apply(req, hangup)
             finally:
                 hangup.close()
+        if cmd == "apply":  # a client that closes its end after the request (nc -U) is not withdrawing it
+            return self._apply(req, None)
         if cmd == "resume":
             return self._resume()
         if cmd == "isolation":
@@ -186,7 +188,7 @@ class ControlServer(CappedThreadingMixIn, socketserver.UnixStreamServer):
             return {"ok": bool(cleared), "exit": Exit.OK if cleared else Exit.NOT_APPLIED, "cleared": cleared}
         return {"ok": False, "exit": Exit.INVALID, "error": f"unknown command {cmd!r}"}
 
-    def _apply(self, req: dict[str, Any], hangup: Flag) -> dict[str, Any]:
+    def _apply(self, req: dict[str, Any], hangup: Flag | None) -> dict[str, Any]:
         profile = load_profile(str(req["file"]), req.get("config"), text=req.get("text"), strict=True)
         opts = ManualApply.from_request(req)
         result = self.handlers.apply(profile, opts, hangup)
