@@ -28,7 +28,9 @@ def status_doc(backend: GpuBackend, owners: dict[str, dict[int, str]],
     for g in backend.list_gpus():
         entry: dict[str, Any] = {
             "index": g.index, "uuid": g.uuid, "name": g.name, "model": g.model_key, "pci_bus_id": g.pci_bus_id,
-            "mig": {"current": g.mig_current, "pending": g.mig_pending}, "instances": []}
+            # after_reset names what NVML calls the pending mode; pending is kept for v1 readers
+            "mig": {"current": g.mig_current, "pending": g.mig_pending, "after_reset": g.mig_pending},
+            "instances": []}
         if g.mig_current:
             devs = {(d.gi_id, d.ci_id): d for d in backend.list_mig_devices(g.index)}
             for gi in backend.list_gpu_instances(g.index):

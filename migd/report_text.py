@@ -39,8 +39,8 @@ def status_table(doc: dict[str, Any]) -> str:
     lines = [_journal_line(doc["journal"])] if doc.get("journal") else []
     for g in doc["gpus"]:
         mode = "enabled" if g["mig"]["current"] else "disabled"
-        if g["mig"]["pending"] != g["mig"]["current"]:
-            mode += f" (pending {'enabled' if g['mig']['pending'] else 'disabled'}: reset needed)"
+        if g["mig"]["after_reset"] != g["mig"]["current"]:
+            mode += f" ({'enabled' if g['mig']['after_reset'] else 'disabled'} after the next reset)"
         lines.append(f"GPU {g['index']}  {g['model']}  {g['pci_bus_id']}  MIG {mode}")
         for gi in g["instances"]:
             for ci in gi["compute_instances"] or [None]:

@@ -429,3 +429,15 @@ def test_a_client_that_only_closes_its_write_side_does_not_cancel(migd: MigdProc
         reply = json.loads(s.makefile("rb").readline())
     assert reply["ok"] and reply["result"]["results"][0]["status"] == "applied", reply
     assert migd.assert_profile("night") and _daemon(migd)["override"]["profile"] == "night"
+
+
+def test_status_names_the_mode_after_a_reset_for_what_it_is(tmp_path: Path) -> None:
+    """``mig.pending: true`` read as "a change is pending"; ``after_reset`` says what it is."""
+    m = Migctl(tmp_path, "a100-vm")  # a pass-through VM: an Ampere mode change waits for a reset
+    assert m("status").code == 0
+    r = subprocess.run([sys.executable, "-m", "migd.sim.smi", "--sim-state", str(m.state), "-mig", "1", "-i", "0"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r
+    mig = m("status", "-o", "json").json()["gpus"][0]["mig"]
+    assert mig == {"current": False, "pending": True, "after_reset": True}, mig
+    assert m("status").out.splitlines()[0].endswith("MIG disabled (enabled after the next reset)")

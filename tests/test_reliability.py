@@ -83,7 +83,7 @@ def test_reset_failure_rolls_back(tmp_path: Path) -> None:
     failed = [x for x in r.json()["results"] if "nvidia-smi -r exited" in (x["error"] or "")]
     assert r.code == 1 and len(failed) == 1, r.out
     st = m("status", "-o", "json").json()["gpus"][failed[0]["index"]]["mig"]
-    assert st == {"current": False, "pending": False}  # the pending enable was withdrawn
+    assert st == {"current": False, "pending": False, "after_reset": False}  # the pending enable was withdrawn
     assert m("apply", str(PROFILES / "day.yaml")).code == 0
 
 
