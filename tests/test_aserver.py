@@ -4,6 +4,7 @@ does not read."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -11,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from migd.metrics.aserver import MetricsServer
+from migd.metrics.aserver import MetricsServer, _Connection
 
 BODY = b"# a made-up exposition\n" + b"x" * 100_000 + b"\n"
 
@@ -98,21 +99,52 @@ def test_http10_bad_request_and_body_close_the_connection(server: MetricsServer)
             assert _closed(s, 5), request
 
 
-def test_connections_over_the_cap_are_closed_at_once(server: MetricsServer) -> None:
+def test_at_the_cap_a_new_connection_takes_the_place_of_the_longest_idle(server: MetricsServer) -> None:
+    """The cap bounds descriptors, but never locks a scrape out: the connection idle longest makes room."""
     server.max_connections = 2
     held = [_connect(server), _connect(server)]
     try:
         deadline = time.monotonic() + 5
         while len(server.connections) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
-        with _connect(server) as extra:
-            assert _closed(extra, 5)
-        assert server.refused == 1
-        held[0].sendall(GET)  # those admitted are still served
-        assert _responses(held[0], 1)[0][1] == BODY
+        held[1].sendall(GET)  # held[1] is active; held[0] has asked nothing since it connected
+        assert _responses(held[1], 1)[0][1] == BODY
+        with _connect(server) as new:
+            new.sendall(GET)
+            assert _responses(new, 1)[0][1] == BODY
+            assert _closed(held[0], 5)
+            assert server.refused == 1
+            held[1].sendall(GET)  # the active one is still served
+            assert _responses(held[1], 1)[0][1] == BODY
     finally:
         for s in held:
             s.close()
+
+
+def test_a_slow_drip_on_every_slot_does_not_lock_out_a_scrape(server: MetricsServer) -> None:
+    """70 connections each sending a header byte now and then held all 64 slots: scrapes were reset.
+    Bytes are no sign of life, only complete requests are; a new connection takes a dripper's place."""
+    server.idle_timeout_s = 2.0
+    drips = [_connect(server) for _ in range(server.max_connections + 6)]
+    try:
+        stop = time.monotonic() + 3
+        while time.monotonic() < stop:  # one byte per connection every 0.3 s: faster than the idle timeout
+            for d in drips:
+                try:
+                    d.send(b"X")
+                except OSError:
+                    pass
+            with _connect(server) as scrape:
+                scrape.sendall(GET)
+                assert _responses(scrape, 1)[0][1] == BODY
+            time.sleep(0.3)
+        deadline = time.monotonic() + 5  # and the drippers are dropped by the idle timeout
+        while any(not _closed(d, 0.01) for d in drips) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert all(_closed(d, 0.01) for d in drips)
+    finally:
+        for d in drips:
+            d.close()
 
 
 def test_idle_and_oversized_clients_are_dropped(server: MetricsServer) -> None:
@@ -160,3 +192,40 @@ def test_a_client_that_stops_reading_is_dropped_after_the_idle_timeout(server: M
             time.sleep(0.05)
         assert not server.connections
 
+
+class _Transport:
+    """Records what a connection writes, in the order of all connections' writes."""
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name, self.log = name, log
+
+    def write(self, data: bytes) -> None:
+        self.log.append(self.name)
+
+    def is_closing(self) -> bool:
+        return False
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+def test_pipelined_requests_on_one_connection_do_not_starve_another() -> None:
+    """One connection's pipelined /healthz flood was answered in one turn; scrapes on the others waited
+    seconds.  Now one request per turn of the loop: a scrape that arrives behind 2,000 pipelined requests
+    is the second answer, not the 2,001st (deterministic: the loop is stepped here, not timed)."""
+    server = MetricsServer("127.0.0.1", 0, _Exposition(), _Sampler(), stale_after_s=60)  # type: ignore[arg-type]
+    try:
+        order: list[str] = []
+        flood, scrape = _Connection(server), _Connection(server)
+        flood.connection_made(_Transport("flood", order))
+        scrape.connection_made(_Transport("scrape", order))
+        flood.data_received(b"GET /healthz HTTP/1.1\r\n\r\n" * 2000)
+        scrape.data_received(GET)
+        server._loop.run_until_complete(asyncio.sleep(0.5))
+        assert len(order) == 2001 and order.index("scrape") <= 1, order[:5]
+    finally:
+        server._server.close()
+        server._loop.close()

@@ -6,12 +6,16 @@ stream reader, writer and futures per request: a third less work per connection 
 streams); the exposition is rendered as often as it changes (exposition.py) and served as bytes.
 HTTP/1.1 keep-alive is honoured (Prometheus keeps its connection), pipelined requests are answered
 in order, and a client that does not read its responses is not read from until it does (flow
-control, as a stream's ``drain`` gives).  A connection idle for ``idle_timeout_s`` (no request
-arriving, or a response it does not read) is dropped by a sweep that runs only while connections
-are open; beyond ``max_connections`` a new connection is closed at once (the bound that kept
-~1,100 idle connections from exhausting the daemon's descriptors); a request head over
-``max_header_bytes`` drops the connection.  Only GET /metrics and GET /healthz exist; nothing
-here can change a GPU.
+control, as a stream's ``drain`` gives).
+
+Hostile neighbours (issue 29): only a complete request counts as activity, so a client that drips a
+head a byte at a time is dropped ``idle_timeout_s`` after its last complete request (or its connect),
+as servers defend against slowloris; at ``max_connections`` a new connection takes the place of the
+one idle longest (the bound that kept ~1,100 idle connections from exhausting the daemon's
+descriptors, without letting 64 of them lock a scrape out); pipelined requests are answered one per
+turn of the event loop, so one connection's buffer cannot hold the others back; a request head over
+``max_header_bytes`` drops the connection.  Only GET /metrics and GET /healthz exist; nothing here
+can change a GPU.
 """
 
 from __future__ import annotations
@@ -92,15 +96,17 @@ class MetricsServer:
         return 404, _TEXT, b"not found: only /metrics and /healthz\n", ""
 
     # -- connections ----------------------------------------------------------------------------
-    def opened(self, conn: _Connection) -> bool:
-        """Admit a new connection (False: over the cap, closed by the caller)."""
+    def opened(self, conn: _Connection) -> None:
+        """Admit a new connection; at the cap, the one idle longest (no complete request for longest) makes
+        room: a slot stays for a new scrape however many clients hold connections without asking."""
         if len(self.connections) >= self.max_connections:
+            oldest = min(self.connections, key=lambda c: c.active)
+            self.connections.discard(oldest)
+            oldest.transport.abort()
             self.refused += 1
-            return False
         self.connections.add(conn)
         if self._sweep is None:
             self._sweep = self._loop.call_later(self.idle_timeout_s / 4, self._drop_idle)
-        return True
 
     def _drop_idle(self) -> None:
         """Abort connections idle for ``idle_timeout_s``; runs again only while any are open."""
@@ -126,29 +132,33 @@ class MetricsServer:
 
 
 class _Connection(asyncio.Protocol):
-    """One client: request heads are collected from the bytes received and answered in order."""
+    """One client: request heads are collected from the bytes received and answered in order, one per
+    turn of the event loop."""
 
-    __slots__ = ("server", "transport", "buffer", "active", "paused")
+    __slots__ = ("server", "transport", "buffer", "active", "paused", "queued", "held")
 
     def __init__(self, server: MetricsServer) -> None:
         self.server = server
-        self.buffer = b""
+        self.buffer = bytearray()
         self.paused = False  # the client is not reading: answer nothing more until it does
-        self.active = 0.0  # loop time of the last sign of life (bytes received, or writing resumed)
+        self.queued = False  # a turn to answer the next request is scheduled
+        self.held = False  # reading paused: enough unanswered requests are buffered
+        self.active = 0.0  # loop time of the last complete request (or the connect, or writing resumed)
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
         self.active = self.server._loop.time()
-        if not self.server.opened(self):
-            transport.close()
+        self.server.opened(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
 
     def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        self.active = self.server._loop.time()
-        self._answer()
+        self.buffer += data  # (bytes alone are no sign of life: only a complete request is)
+        if len(self.buffer) > 4 * self.server.max_header_bytes and not self.held:
+            self.held = True  # read no more until what is buffered is answered
+            self.transport.pause_reading()
+        self._queue()
 
     def pause_writing(self) -> None:
         self.paused = True
@@ -157,21 +167,37 @@ class _Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.paused = False
         self.active = self.server._loop.time()
-        self.transport.resume_reading()
-        self._answer()
+        if not self.held:
+            self.transport.resume_reading()
+        self._queue()
 
-    def _answer(self) -> None:
-        while not self.paused and not self.transport.is_closing():
-            end = self.buffer.find(_END)
-            if end < 0:
-                if len(self.buffer) > self.server.max_header_bytes:
-                    self.transport.abort()  # a head that large is no request of ours
-                return
-            head, self.buffer = self.buffer[:end], self.buffer[end + len(_END):]
-            response, keep = self.server.answer(head)
-            self.transport.write(response)
-            if not keep:
-                self.transport.close()  # after the response is sent
+    def _queue(self) -> None:
+        if not self.queued:
+            self.queued = True
+            self.server._loop.call_soon(self._turn)
+
+    def _turn(self) -> None:
+        """Answer one buffered request; the next waits for another turn, after every other connection's."""
+        self.queued = False
+        if self.paused or self.transport.is_closing():
+            return
+        end = self.buffer.find(_END)
+        if end < 0:
+            if len(self.buffer) > self.server.max_header_bytes:
+                self.transport.abort()  # a head that large is no request of ours
+            elif self.held:
+                self.held = False
+                self.transport.resume_reading()
+            return
+        head = bytes(self.buffer[:end])
+        del self.buffer[:end + len(_END)]
+        self.active = self.server._loop.time()
+        response, keep = self.server.answer(head)
+        self.transport.write(response)
+        if not keep:
+            self.transport.close()  # after the response is sent
+        elif self.buffer or self.held:
+            self._queue()  # the next request, or reading resumed once the buffer is answered
 
 
 def _keep_alive(lines: list[str]) -> bool:
