@@ -10,9 +10,21 @@ DEFAULT_STATE_DIR = "/var/lib/migd"  # journal, apply lock, owner labels, kept m
 DEFAULT_SOCKET = "/run/migd/control.sock"
 
 
+def sim_root() -> Path:
+    """Where simulated nodes live by default: a directory of this user's own under $TMPDIR (or /tmp),
+    created 0700 and checked on every use (``ensure_private_dir``), never a shared name in a
+    world-writable directory where another local user could plant a state dir or a lock symlink."""
+    return Path(os.environ.get("TMPDIR", "/tmp")) / f"migd-sim-{os.geteuid()}"
+
+
 def sim_paths(fleet: str, sim_state: str | None, state_dir: str | None) -> tuple[Path, Path]:
     """A simulated node's state file and its state dir (beside it, unless given)."""
-    state = Path(sim_state or os.path.join(os.environ.get("TMPDIR", "/tmp"), f"migd-sim-{fleet}.json"))
+    if sim_state:
+        state = Path(sim_state)
+    else:
+        from migd.trust import ensure_private_dir  # (trust builds on yamlsrc; paths stays importable alone)
+        ensure_private_dir(sim_root(), "the simulator's directory")
+        state = sim_root() / f"{fleet}.json"
     return state, Path(state_dir) if state_dir else state.with_name(state.name + ".d")
 
 

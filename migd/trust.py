@@ -48,13 +48,14 @@ def check_path(path: str | Path, what: str) -> None:
 
 
 def ensure_private_dir(path: Path, what: str) -> None:
-    """Create ``path`` (mode 0700) or check it: owned by root or us, writable by nobody else."""
+    """Create ``path`` (mode 0700) or check it: a directory (not a symlink), owned by root or us, mode 0700."""
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise ValidationError(str(path), None, None, "", f"{what} is not a directory (a symlink?)")
     if st.st_uid not in _owners():
         raise ValidationError(str(path), None, None, "", f"{what} is owned by uid {st.st_uid}; fix with chown root")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise ValidationError(str(path), None, None, "", f"{what} is writable by group or others (mode "
-                              f"{stat.S_IMODE(st.st_mode):04o}): others could plant files there; fix with chmod 0700")
+    if st.st_mode & 0o077:  # (systemd's StateDirectoryMode and RuntimeDirectoryMode in the unit: 0700)
+        raise ValidationError(str(path), None, None, "", f"{what} is open to group or others (mode "
+                              f"{stat.S_IMODE(st.st_mode):04o}): others could read the journal or plant files "
+                              "there; fix with chmod 0700")

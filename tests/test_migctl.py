@@ -161,8 +161,8 @@ def test_hardware_error_exit_code(tmp_path: Path) -> None:
     m = Migctl(tmp_path, "single-a100")
     m("apply", str(PROFILES / "day.yaml"))
     control.set_lost(StateStore(m.state), 0)
-    r = m("apply", str(PROFILES / "night.yaml"))
-    assert r.code == 4 and "GPU_IS_LOST" in r.err
+    r = m("apply", str(PROFILES / "night.yaml"))  # its only GPU is lost: nothing to serve
+    assert r.code == 4 and "GPU 0: LOST" in r.out and "GPU_IS_LOST" in r.out
 
 
 def test_lock_prevents_two_applies(tmp_path: Path) -> None:
@@ -299,7 +299,7 @@ def test_hooks_apply_locally_beside_a_stale_control_socket(tmp_path: Path) -> No
     import socket
     m = Migctl(tmp_path, "single-a100")
     m("status")
-    m.state_dir.mkdir(parents=True, exist_ok=True)
+    m.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     stale.bind(str(m.state_dir / "control.sock"))
     stale.close()  # the file stays, nobody listens

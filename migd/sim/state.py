@@ -164,7 +164,7 @@ class StateStore:
     def _fd(self) -> int:
         pid = _PID[0]
         if self._lock_fd is None or self._lock_fd[0] != pid:
-            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
             if os.fstat(fd).st_size < 8:
                 os.ftruncate(fd, 8)  # generation 0 (only ever extends: a concurrent first write stays)
             # The generation is read through a shared mapping: a memory read, not a system call, on
@@ -213,7 +213,7 @@ class StateStore:
         assert self.path is not None
         tmp = f"{self.path.parent}/.{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp"
         raw = json.dumps(state.to_json(), separators=(",", ":")).encode()
-        with open(tmp, "wb") as f:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "wb") as f:
             f.write(raw)
         os.replace(tmp, self._path_str)
         generation = self._generation_of(fd) + 1
