@@ -32,17 +32,19 @@ from migd.ctl_daemon import (
     refuse_local,
 )
 from migd.ctl_parser import parser
-from migd.doctor import diagnose
-from migd.exits import EXPECTED, Exit, failure, for_result
+from migd.doctor import UNREADABLE_CHECK, diagnose
+from migd.exits import EXPECTED, Exit, failure, for_result, partly
 from migd.hardware.backend import GpuBackend
+from migd.hardware.inventory import Unreadable
+from migd.planner import GpuPlan
 from migd.profiles.export import export_mig_parted, export_profile
 from migd.profiles.loader import load_profile
 from migd.profiles.model import Profile, index_ranges
 from migd.profiles.validate import check_file
 from migd.report import apply_doc, assert_doc, doctor_doc, plan_doc, status_doc
-from migd.report_text import apply_table, assert_table, doctor_table, plan_table, status_table
+from migd.report_text import apply_table, assert_table, doctor_table, plan_table, status_table, unreadable_lines
 from migd.sim.fleets import FLEETS
-from migd.yamlsrc import ValidationError, load, parse_duration
+from migd.yamlsrc import ValidationError, load, read
 
 
 def open_backend(args: argparse.Namespace) -> tuple[GpuBackend, Path]:
@@ -59,26 +61,33 @@ def cmd_status(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -
     applier = Applier(backend, state_dir)
     doc = status_doc(backend, applier.owners.load(), left_behind(applier.journal.path))
     out(args, doc, status_table(doc))
-    return Exit.OK
+    return partly(Exit.OK, doc["unreadable"], bool(doc["gpus"]))
+
+
+def _touched(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> \
+        tuple[Profile, list[GpuPlan], list[Unreadable]]:
+    """The profile, its plans, and the GPUs it may select that NVML cannot read (lost: left alone)."""
+    profile = _profile(args)
+    plans, unreadable = Applier(backend, state_dir).plan_each(profile, args.mode_only, must_select=True)
+    return profile, plans, [u for u in unreadable if profile.may_select(u.index)]
 
 
 def cmd_plan(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
-    profile = _profile(args)
-    doc = plan_doc(profile.name, Applier(backend, state_dir).plan(profile, args.mode_only))
+    profile, plans, unreadable = _touched(args, backend, state_dir)
+    doc = plan_doc(profile.name, plans, unreadable)
     out(args, doc, plan_table(doc, args.verbose))
-    return Exit.OK
+    return partly(Exit.OK, unreadable, bool(plans))
 
 
 def cmd_assert(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
-    profile = _profile(args)
-    plans = Applier(backend, state_dir).plan(profile, args.mode_only)
+    profile, plans, unreadable = _touched(args, backend, state_dir)
     unmatched: list[int] = []
     if profile.kind == "mig-parted":  # mig-parted asserts the whole node: every GPU must be matched
-        planned = {p.gpu.index for p in plans}  # (cmd/nvidia-mig-parted/assert/config.go, CountTrue(matched))
-        unmatched = [i for i in range(backend.gpu_count()) if i not in planned]
-    doc = assert_doc(profile.name, plans, unmatched)
+        planned = {p.gpu.index for p in plans} | {u.index for u in unreadable}  # (cmd/nvidia-mig-parted/
+        unmatched = [i for i in range(backend.gpu_count()) if i not in planned]  # assert/config.go CountTrue)
+    doc = assert_doc(profile.name, plans, unmatched, unreadable)
     out(args, doc, assert_table(doc))
-    return Exit.OK if doc["ok"] else Exit.NOT_APPLIED
+    return partly(Exit.OK, unreadable, bool(plans)) if doc["ok"] else Exit.NOT_APPLIED
 
 
 def _hooks(path: str | None) -> Hooks:
@@ -91,19 +100,18 @@ def _hooks(path: str | None) -> Hooks:
     return parse_hooks(doc["hooks"], strict)
 
 
-def _stdin(args: argparse.Namespace) -> str | None:
-    """The profile's text when FILE is ``-`` (read once: the daemon path and a local fallback share it)."""
-    if args.file != "-":
-        return None
-    if getattr(args, "stdin_text", None) is None:
-        args.stdin_text = sys.stdin.read()
-    return str(args.stdin_text)
+def _text(args: argparse.Namespace, strict: bool = False) -> str:
+    """The profile's text, read once by migctl as the user who runs it (the daemon path and a local
+    fallback share it): migd, sandboxed (ProtectHome, PrivateTmp), is sent the text and never opens a
+    user's path.  StrictModes (``strict``) applies to files: a pipe is the caller's own."""
+    if getattr(args, "profile_text", None) is None:
+        args.profile_text = sys.stdin.read() if args.file == "-" else read(args.file, strict, "profile")
+    return str(args.profile_text)
 
 
 def _profile(args: argparse.Namespace, strict: bool = False) -> Profile:
-    """FILE, or standard input for ``-`` (StrictModes applies to files: a pipe is the caller's own)."""
-    text = _stdin(args)
-    return load_profile("<stdin>" if text is not None else args.file, args.config, text=text, strict=strict)
+    """FILE, or standard input for ``-``."""
+    return load_profile("<stdin>" if args.file == "-" else args.file, args.config, text=_text(args, strict))
 
 
 @contextlib.contextmanager
@@ -132,14 +140,14 @@ def cmd_apply(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) ->
     if args.force_local:
         args.local = True
     if not args.local:
-        via = apply_via_daemon(args, _stdin(args))
+        via = apply_via_daemon(args, _text(args, strict=os.geteuid() == 0))
         if via is not None:
             return via
     else:
         refuse_local(args)
     # StrictModes: root applies only files that nobody else can rewrite
     profile = _profile(args, strict=os.geteuid() == 0)
-    opts = ApplyOptions(on_busy=OnBusy(args.on_busy), busy_timeout_s=parse_duration(args.busy_timeout),
+    opts = ApplyOptions(on_busy=OnBusy(args.on_busy), busy_timeout_s=args.busy_timeout,
                         dry_run=args.dry_run, hooks=_hooks(args.hooks), lock_timeout_s=args.lock_timeout,
                         parallel=not args.sequential, mode_only=args.mode_only)
     abort = threading.Event()
@@ -202,13 +210,15 @@ def cmd_isolation(args: argparse.Namespace, backend: GpuBackend, state_dir: Path
     from migd.isolation.probe import run_probe
     profile = load_profile(args.profile) if args.profile else None
     plans = {p.gpu.index: p for p in Applier(backend, state_dir).plan(profile)} if profile else None
-    findings = audit(backend, plans, f"profile {profile.name}" if profile else "the active profile")
+    findings, unreadable = audit(backend, plans, f"profile {profile.name}" if profile else "the active profile")
     daemon = request(control_socket(args), {"cmd": "isolation"}, timeout_s=10)
     doc: dict[str, Any] = {"schema": "migd.isolation/v1", "findings": [f.to_json() for f in findings],
+                           "unreadable": [u.to_json() for u in unreadable],
                            "daemon": None if daemon is None else {k: daemon[k] for k in ("unhealthy", "breaches")}}
     if args.probe:
         doc["probe"] = run_probe(backend)
     lines = [f"{f.severity.upper():7} {f.check:10} {f.message}" for f in findings] or ["audit: no findings"]
+    lines = unreadable_lines(doc) + lines
     if daemon is not None:
         lines += [f"UNHEALTHY {u}: {r}" for u, r in daemon["unhealthy"].items()]
         lines += [f"BREACH  {b}" for b in daemon["breaches"]]
@@ -217,7 +227,7 @@ def cmd_isolation(args: argparse.Namespace, backend: GpuBackend, state_dir: Path
     out(args, doc, "\n".join(lines) + "\n")
     faults = bool(daemon and (daemon["unhealthy"] or daemon["breaches"]))
     bad = any(f.severity is Severity.ERROR for f in findings) or faults
-    return Exit.NOT_APPLIED if bad else Exit.OK
+    return Exit.NOT_APPLIED if bad else partly(Exit.OK, unreadable, True)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -274,18 +284,23 @@ def _note_caveats(caveats: dict[str, list[str]], verbose: bool) -> None:
 
 
 def cmd_export(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
-    doc = export_mig_parted(backend, args.name) if args.format == "mig-parted" else \
+    doc, unreadable = export_mig_parted(backend, args.name) if args.format == "mig-parted" else \
         export_profile(backend, Applier(backend, state_dir).owners.load(), args.name)
     sys.stdout.write(json.dumps(doc, indent=2) + "\n" if args.output == "json" else
                      yaml.safe_dump(doc, sort_keys=False, default_flow_style=None))
-    return Exit.OK
+    for line in unreadable_lines({"unreadable": [u.to_json() for u in unreadable]}):
+        print(f"warning: not exported: {line}", file=sys.stderr)
+    return partly(Exit.OK, unreadable, True)
 
 
 def cmd_doctor(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
     """Read-only: compare the driver's view of every GPU with the catalog (exit 1 on a difference)."""
     doc = doctor_doc(diagnose(backend))
     out(args, doc, doctor_table(doc, args.verbose))
-    return Exit.OK if doc["ok"] else Exit.NOT_APPLIED
+    lost = [f for f in doc["findings"] if f["check"] == UNREADABLE_CHECK]
+    if len(lost) < sum(f["verdict"] in ("mismatch", "error") for f in doc["findings"]):
+        return Exit.NOT_APPLIED
+    return partly(Exit.OK, lost, True)  # the other GPUs were checked
 
 
 NO_GPU: dict[str, Callable[[argparse.Namespace], int]] = {

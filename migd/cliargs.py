@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import argparse
-from typing import NoReturn
+import math
+from collections.abc import Callable
+from datetime import datetime
+from typing import NoReturn, TypeVar
+
+from migd.yamlsrc import parse_duration, parse_host_port
+
+T = TypeVar("T")
 
 
 class Parser(argparse.ArgumentParser):
@@ -11,3 +18,51 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _typed(parse: Callable[[str], T]) -> Callable[[str], T]:
+    """An argparse ``type=`` that turns the parser's ValueError into argparse's one-line usage error."""
+    def convert(text: str) -> T:
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    convert.__name__ = parse.__name__  # argparse names the type in some messages
+    return convert
+
+
+def _number(text: str, minimum: float, strict: bool) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < minimum or (strict and value == minimum):
+        raise ValueError(f"must be a number {'above' if strict else 'of at least'} {minimum:g}, not {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ValueError(f"must be a whole number above 0, not {text!r}")
+    return int(text)
+
+
+def _iso(text: str) -> datetime:
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"not an ISO date-time (e.g. 2026-11-23T18:59:30): {text!r}") from None
+
+
+def _listen(text: str) -> str:
+    parse_host_port(text)
+    return text
+
+
+# Every option value is parsed into its type where it is read: one line and exit 2, never a traceback.
+duration = _typed(parse_duration)  # 90, 30s, 5m, 1h30m -> seconds
+seconds = _typed(lambda text: _number(text, 0.0, strict=False))  # finite, >= 0
+positive = _typed(lambda text: _number(text, 0.0, strict=True))  # finite, > 0
+count = _typed(_count)  # 1, 2, ...
+iso_time = _typed(_iso)
+host_port = _typed(_listen)  # HOST:PORT, kept as text

@@ -13,7 +13,7 @@ from migd.daemon.control import listening, request
 from migd.exits import Exit
 from migd.report import dump
 from migd.report_text import RESUME_HINT, apply_table, daemon_table
-from migd.yamlsrc import ValidationError, parse_duration
+from migd.yamlsrc import ValidationError
 
 
 def control_socket(args: argparse.Namespace) -> Path:
@@ -24,7 +24,7 @@ def out(args: argparse.Namespace, doc: dict[str, Any], table: str) -> None:
     sys.stdout.write(table if args.output == "table" else dump(doc, args.output))
 
 
-def apply_via_daemon(args: argparse.Namespace, text: str | None) -> int | None:
+def apply_via_daemon(args: argparse.Namespace, text: str) -> int | None:
     """Hand the apply to a running migd, so the daemon and the CLI never race.  None: no daemon.
 
     Ctrl-C withdraws the request: migd cancels the apply and puts every GPU it changed back, and
@@ -42,7 +42,7 @@ def apply_via_daemon(args: argparse.Namespace, text: str | None) -> int | None:
         print("cancelling: migd stops at the next step and puts every GPU it changed back (Ctrl-C again to stop "
               "waiting for it)", file=sys.stderr)
     req = {"cmd": "apply", "file": path, "text": text, "config": args.config, "on_busy": args.on_busy,
-           "dry_run": args.dry_run, "busy_timeout_s": parse_duration(args.busy_timeout),
+           "dry_run": args.dry_run, "busy_timeout_s": args.busy_timeout,
            "lock_timeout_s": args.lock_timeout, "parallel": not args.sequential, "mode_only": args.mode_only,
            "withdraw_on_hangup": True}
     try:

@@ -6,7 +6,7 @@ import argparse
 import os
 from collections.abc import Sequence
 
-from migd import __version__, paths
+from migd import __version__, cliargs, paths
 from migd.apply.result import OnBusy
 from migd.cliargs import Parser
 from migd.sim.fleets import FLEETS
@@ -60,9 +60,11 @@ def parser() -> argparse.ArgumentParser:
             sp.add_argument("--on-busy", choices=list(OnBusy), default=OnBusy.REFUSE.value,
                             help="instances with running processes that would be destroyed: refuse (default), "
                             "wait for them to end, or force (SIGTERM, then SIGKILL)")
-            sp.add_argument("--busy-timeout", default="5m", help="with --on-busy wait (default 5m)")
+            sp.add_argument("--busy-timeout", type=cliargs.duration, default="5m",
+                            help="with --on-busy wait (default 5m)")
             sp.add_argument("--hooks", help="YAML file with a hooks: mapping (phases as in mig-parted)")
-            sp.add_argument("--lock-timeout", type=float, default=0.0, help="seconds to wait for another apply")
+            sp.add_argument("--lock-timeout", type=cliargs.seconds, default=0.0,
+                            help="seconds to wait for another apply")
             sp.add_argument("--sequential", action="store_true", help="change GPUs one at a time")
             sp.add_argument("--local", action="store_true",
                             help="apply in this process (refused while migd runs: it would undo it; a dry run is "
@@ -82,8 +84,9 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("gpu", help="GPU index or UUID")
     sp = cmd("validate", "check profile files offline")
     sp.add_argument("files", nargs="+", help="profile or mig-parted files")
-    sp.add_argument("--gpus", type=int, metavar="N", help="the node has N GPUs: an index selector beyond N-1 is an "
-                    "error (default: the --sim fleet's size; otherwise indexes no board has are warned about)")
+    sp.add_argument("--gpus", type=cliargs.count, metavar="N", help="the node has N GPUs: an index selector "
+                    "beyond N-1 is an error (default: the --sim fleet's size; otherwise indexes no board has are "
+                    "warned about)")
     sp = cmd("daemon", "the running migd: active profile and why, next transition, blocked "
                         "reason, last apply")
     fmt(sp)

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from migd.hardware.backend import GpuInfo, HardwareError
 from migd.hardware.catalog import Family, GiProfile, GpuModel, Placement, model_for
+from migd.hardware.inventory import Unreadable, survey
 
 MiB = 1024 * 1024
 
@@ -39,7 +40,8 @@ class DoctorSource(Protocol):
 
     def driver_version(self) -> str: ...
     def nvml_version(self) -> str: ...
-    def list_gpus(self) -> list[GpuInfo]: ...
+    def gpu_count(self) -> int: ...
+    def gpu(self, index: int) -> GpuInfo: ...
     def gi_profiles(self, index: int) -> list[Any]: ...
     def possible_placements(self, index: int, profile_id: int) -> list[Placement]: ...
     def gpm_supported(self, index: int) -> bool: ...
@@ -55,11 +57,22 @@ def _catalog_lookup(name: str, pci_device_id: int) -> GpuModel | None:
 
 def diagnose(src: DoctorSource, lookup: Lookup = _catalog_lookup) -> list[Finding]:
     out = [Finding(None, "driver", Verdict.INFO, f"driver {src.driver_version()}, NVML {src.nvml_version()}")]
-    gpus = src.list_gpus()
+    inventory = survey(src)
     unwatched = src.probe_events()
-    for g in gpus:
-        out.extend(_gpu(src, g, lookup(g.name, g.pci_device_id), unwatched.get(g.index)))
-    return out
+    for g in inventory.gpus:
+        try:
+            out.extend(_gpu(src, g, lookup(g.name, g.pci_device_id), unwatched.get(g.index)))
+        except HardwareError as e:  # lost while being read: reported as the others are
+            out.append(_unreadable(Unreadable.of(g.index, e)))
+    out.extend(_unreadable(u) for u in inventory.unreadable)
+    return sorted(out, key=lambda f: -1 if f.gpu is None else f.gpu)
+
+
+UNREADABLE_CHECK = "readable"
+
+
+def _unreadable(u: Unreadable) -> Finding:
+    return Finding(u.index, UNREADABLE_CHECK, Verdict.ERROR, u.describe().split(": ", 1)[1])
 
 
 def _gpu(src: DoctorSource, g: GpuInfo, model: GpuModel | None, unwatched: str | None) -> Iterator[Finding]:

@@ -2,11 +2,13 @@
 
 0 ok; 1 not applied (lock held, hook refused, assert failed, daemon unreachable); 2 invalid input
 or start-up refused; 3 blocked by busy instances; 4 hardware error (or an apply that failed and
-could not be rolled back).
+could not be rolled back); 5 partly: done on every GPU NVML could read, but a GPU the request
+touches is lost or unreadable and was left alone (a request that touches only such GPUs is 4).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -24,6 +26,7 @@ class Exit(IntEnum):
     INVALID = 2
     BUSY = 3
     HARDWARE = 4
+    PARTLY = 5
 
 
 @dataclass(frozen=True)
@@ -59,9 +62,17 @@ def failure(e: BaseException) -> Failure:
     return Failure(Exit.NOT_APPLIED, "not applied", str(e))
 
 
+def partly(code: Exit, unreadable: Sequence[object], served: bool) -> Exit:
+    """A request that touched GPUs NVML cannot read (lost): PARTLY where the others were served, HARDWARE
+    where there were none to serve; any other failure keeps its own code."""
+    if code is not Exit.OK or not unreadable:
+        return code
+    return Exit.PARTLY if served else Exit.HARDWARE
+
+
 def for_result(result: ApplyResult) -> Exit:
     if result.ok:
-        return Exit.OK
-    if any(r.status is GpuStatus.FAILED for r in result.results):
-        return Exit.HARDWARE
+        return partly(Exit.OK, result.unreadable, bool(result.plans))
+    if any(r.status in (GpuStatus.FAILED, GpuStatus.FAULTED) for r in result.results):
+        return Exit.HARDWARE  # (a GPU-wide fault refuses a change as the check before the apply does)
     return Exit.BUSY if any(r.status is GpuStatus.BLOCKED for r in result.results) else Exit.NOT_APPLIED

@@ -7,6 +7,7 @@ Fields are only ever added, never renamed or removed, within a schema version.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
@@ -14,6 +15,7 @@ import yaml
 from migd.apply.result import ApplyResult
 from migd.doctor import Finding, Verdict
 from migd.hardware.backend import GpuBackend, GpuInfo, GpuInstance
+from migd.hardware.inventory import Unreadable, read_each, survey
 from migd.planner import GpuPlan
 
 
@@ -23,23 +25,29 @@ def _pl(p: Any) -> dict[str, int]:
 
 def status_doc(backend: GpuBackend, owners: dict[str, dict[int, str]],
                journal: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``migd.status/v1``; ``journal``: what an unfinished apply left (``apply.journal.left_behind``)."""
-    gpus = []
-    for g in backend.list_gpus():
-        entry: dict[str, Any] = {
-            "index": g.index, "uuid": g.uuid, "name": g.name, "model": g.model_key, "pci_bus_id": g.pci_bus_id,
-            # after_reset names what NVML calls the pending mode; pending is kept for v1 readers
-            "mig": {"current": g.mig_current, "pending": g.mig_pending, "after_reset": g.mig_pending},
-            "instances": []}
-        if g.mig_current:
-            devs = {(d.gi_id, d.ci_id): d for d in backend.list_mig_devices(g.index)}
-            for gi in backend.list_gpu_instances(g.index):
-                entry["instances"].append(_instance_doc(g, gi, devs, owners.get(g.uuid, {})))
-        else:
-            entry["processes"] = [{"pid": p.pid, "used_memory_bytes": p.used_memory_bytes}
-                                  for p in backend.gpu_processes(g.index)]
-        gpus.append(entry)
-    return {"schema": "migd.status/v1", "gpus": gpus, "journal": journal}
+    """``migd.status/v1``; ``journal``: what an unfinished apply left (``apply.journal.left_behind``);
+    ``unreadable``: GPUs NVML cannot read (lost), each with its state and NVML's error."""
+    inventory = survey(backend)
+    gpus, failed = read_each(inventory.gpus, lambda g: _gpu_doc(backend, g, owners))
+    unreadable = sorted(inventory.unreadable + tuple(failed), key=lambda u: u.index)
+    return {"schema": "migd.status/v1", "gpus": gpus, "journal": journal,
+            "unreadable": [u.to_json() for u in unreadable]}
+
+
+def _gpu_doc(backend: GpuBackend, g: GpuInfo, owners: dict[str, dict[int, str]]) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "index": g.index, "uuid": g.uuid, "name": g.name, "model": g.model_key, "pci_bus_id": g.pci_bus_id,
+        # after_reset names what NVML calls the pending mode; pending is kept for v1 readers
+        "mig": {"current": g.mig_current, "pending": g.mig_pending, "after_reset": g.mig_pending},
+        "instances": []}
+    if g.mig_current:
+        devs = {(d.gi_id, d.ci_id): d for d in backend.list_mig_devices(g.index)}
+        for gi in backend.list_gpu_instances(g.index):
+            entry["instances"].append(_instance_doc(g, gi, devs, owners.get(g.uuid, {})))
+    else:
+        entry["processes"] = [{"pid": p.pid, "used_memory_bytes": p.used_memory_bytes}
+                              for p in backend.gpu_processes(g.index)]
+    return entry
 
 
 def _instance_doc(g: GpuInfo, gi: GpuInstance, devs: dict[tuple[int, int], Any], owners: dict[int, str]) -> \
@@ -59,8 +67,9 @@ def _instance_doc(g: GpuInfo, gi: GpuInstance, devs: dict[tuple[int, int], Any],
             "placement": _pl(gi.placement), "owner": owners.get(gi.placement.start), "compute_instances": cis}
 
 
-def plan_doc(profile: str, plans: list[GpuPlan]) -> dict[str, Any]:
-    return {"schema": "migd.plan/v1", "profile": profile, "gpus": [{
+def plan_doc(profile: str, plans: list[GpuPlan], unreadable: Sequence[Unreadable] = ()) -> dict[str, Any]:
+    """``migd.plan/v1``; ``unreadable``: GPUs the profile may select that NVML cannot read, left alone."""
+    doc = {"schema": "migd.plan/v1", "profile": profile, "gpus": [{
         "index": p.gpu.index, "uuid": p.gpu.uuid, "model": p.gpu.model_key, "changes": p.changes, "kept": p.kept,
         "mig": p.desired.mig,
         "operations": [{"kind": o.kind.value, "description": o.describe(), "busy_pids": list(o.busy_pids)}
@@ -68,19 +77,23 @@ def plan_doc(profile: str, plans: list[GpuPlan]) -> dict[str, Any]:
         "target": [{"profile": t.name, "profile_id": t.gi_profile_id, "placement": _pl(t.placement),
                     "compute": [{"profile_id": pid, "placement": _pl(pl)} for pid, pl in t.ci],
                     "owner": t.owner} for t in p.targets]} for p in plans]}
+    doc["unreadable"] = [u.to_json() for u in unreadable]
+    return doc
 
 
-def assert_doc(profile: str, plans: list[GpuPlan], unmatched: list[int]) -> dict[str, Any]:
+def assert_doc(profile: str, plans: list[GpuPlan], unmatched: list[int],
+               unreadable: Sequence[Unreadable] = ()) -> dict[str, Any]:
     """``migd.assert/v1``: whether each GPU the profile selects is as it asks (``unmatched``: GPUs a
-    mig-parted file's entries do not match, which its assert counts as not applied)."""
+    mig-parted file's entries do not match, which its assert counts as not applied; ``unreadable``:
+    GPUs the profile may select that NVML cannot read, so nothing can be said of them)."""
     gpus = [{"index": p.gpu.index, "uuid": p.gpu.uuid, "model": p.gpu.model_key, "applied": not p.changes,
              "operations": len(p.ops)} for p in plans]
     return {"schema": "migd.assert/v1", "profile": profile, "ok": not unmatched and all(g["applied"] for g in gpus),
-            "gpus": gpus, "unmatched": unmatched}
+            "gpus": gpus, "unmatched": unmatched, "unreadable": [u.to_json() for u in unreadable]}
 
 
 def apply_doc(result: ApplyResult, dry_run: bool) -> dict[str, Any]:
-    doc = plan_doc(result.profile, result.plans)
+    doc = plan_doc(result.profile, result.plans, result.unreadable)
     doc["schema"] = "migd.apply/v1"
     doc["dry_run"] = dry_run
     doc["ok"] = result.ok

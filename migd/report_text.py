@@ -35,8 +35,18 @@ def _journal_line(j: dict[str, Any]) -> str:
             f"restores the layout it had before (journal {j['path']})")
 
 
+_LEFT_ALONE = {"lost": "LOST (fallen off the bus; left alone until a GPU reset or a reboot brings it back)",
+               "unreadable": "UNREADABLE (left alone; read again next time)"}
+
+
+def unreadable_lines(doc: dict[str, Any]) -> list[str]:
+    """GPUs NVML cannot read (``unreadable`` of a status, plan, assert or apply document), first: a problem."""
+    return [f"GPU {u['index']}: {_LEFT_ALONE[u['state']]}: {u['error']}" for u in doc.get("unreadable", [])]
+
+
 def status_table(doc: dict[str, Any]) -> str:
     lines = [_journal_line(doc["journal"])] if doc.get("journal") else []
+    lines += unreadable_lines(doc)
     for g in doc["gpus"]:
         mode = "enabled" if g["mig"]["current"] else "disabled"
         if g["mig"]["after_reset"] != g["mig"]["current"]:
@@ -106,27 +116,32 @@ def _plan_counts(doc: dict[str, Any]) -> str:
 def plan_table(doc: dict[str, Any], verbose: bool = False) -> str:
     """A ``migd.plan/v1`` document: the summary, then each group of GPUs (``verbose``: each GPU and its
     operations)."""
-    return "\n".join([f"{doc['profile']}: {_plan_counts(doc)}", *_plan_lines(doc, verbose)]) + "\n"
+    return "\n".join([f"{doc['profile']}: {_plan_counts(doc)}", *unreadable_lines(doc),
+                      *_plan_lines(doc, verbose)]) + "\n"
 
 
 def assert_table(doc: dict[str, Any]) -> str:
     """``migctl assert``: the verdict first, then each GPU that is not as asked (on stdout: what was asked
     is the output)."""
     gpus, pending = doc["gpus"], [g for g in doc["gpus"] if not g["applied"]]
+    lost = unreadable_lines(doc)
     if doc["ok"]:
-        return f"{doc['profile']}: applied on {len(gpus)} GPU(s)\n"
+        unchecked = f"; {len(lost)} GPU(s) it may select could not be read" if lost else ""
+        return "\n".join([f"{doc['profile']}: applied on {len(gpus)} GPU(s){unchecked}", *lost]) + "\n"
     lines = [f"{doc['profile']}: NOT applied ({len(pending) + len(doc['unmatched'])} of "
              f"{len(gpus) + len(doc['unmatched'])} GPU(s) differ)"]
     lines += [line.replace(" not as in", ": not as in", 1) for line in grouped(
         (g["index"], f"not as in {doc['profile']} ({g['operations']} operation(s) needed)") for g in pending)]
     lines += [f"GPU {i}: matched by no entry of {doc['profile']} (a mig-parted assert covers every GPU)"
               for i in doc["unmatched"]]
+    lines += lost
     return "\n".join(lines) + "\n"
 
 
 def _problems(results: list[dict[str, Any]]) -> list[str]:
-    """Rolled-back, failed, cancelled and blocked GPUs, those with the same reason grouped."""
-    words = {"rolled_back": "ROLLED BACK", "failed": "FAILED", "cancelled": "cancelled", "blocked": "blocked"}
+    """Rolled-back, failed, faulted, cancelled and blocked GPUs, those with the same reason grouped."""
+    words = {"rolled_back": "ROLLED BACK", "failed": "FAILED", "faulted": "FAULTED", "cancelled": "cancelled",
+             "blocked": "blocked"}
     return grouped((r["index"], f"{words[r['status']]}: {r['error']}") for r in results if r["status"] in words)
 
 
@@ -140,10 +155,12 @@ def apply_table(doc: dict[str, Any], by: str | None = None, verbose: bool = Fals
         statuses = {r["status"] for r in doc["results"]}
         verdict = "applied" if doc["ok"] else "cancelled" if "cancelled" in statuses and \
             not statuses & {"failed", "rolled_back"} else "NOT applied"
+        if doc["ok"] and doc.get("unreadable"):  # a GPU the profile may select was lost: left alone
+            verdict = "partly applied" if doc["gpus"] else "NOT applied"
         outcome = f"{verdict} in {doc['seconds']:.2f}s; {changed} GPU(s) changed, " \
                   f"{sum(1 for r in doc['results'] if r['status'] == 'unchanged')} already as asked"
     head = f"{doc['profile']}: {outcome}" + (f" (by {by})" if by else "")
-    return "\n".join([head, *_problems(doc["results"]), *_plan_lines(doc, verbose)]) + "\n"
+    return "\n".join([head, *unreadable_lines(doc), *_problems(doc["results"]), *_plan_lines(doc, verbose)]) + "\n"
 
 
 def daemon_table(doc: dict[str, Any]) -> str:
@@ -195,8 +212,11 @@ def doctor_table(doc: dict[str, Any], verbose: bool = False) -> str:
     findings = doc["findings"]
     counts = Counter(f["verdict"] for f in findings)
     gpus = len({f["gpu"] for f in findings if f["gpu"] is not None})
-    bad = counts["mismatch"] + counts["error"]
+    lost = [f["gpu"] for f in findings if f["check"] == "readable"]  # doctor.UNREADABLE_CHECK: no catalog matter
+    bad = counts["mismatch"] + counts["error"] - len(lost)
     verdict = f"{bad} difference(s) from the catalog" if bad else "no differences from the catalog"
+    if lost:
+        verdict += f"; GPU {index_ranges(lost)} cannot be read"
     tally = ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))
     head = f"doctor: {verdict} ({gpus} GPU(s), {len(findings)} checks: {tally}" + \
         ("" if verbose else "; -v lists every check") + ")"

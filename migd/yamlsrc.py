@@ -41,6 +41,31 @@ class ValidationError(Exception):
                 "message": self.message, "allowed": self.allowed}
 
 
+_TOKEN = re.compile(r"[A-Za-z0-9+=_-]{20,}")  # a long unbroken run: a key, a token, a password hash
+_HEXISH = re.compile(r"^(?:(?:GPU|MIG)-)?[0-9a-fA-F-]+$")  # a (GPU or MIG) UUID, a PCI id: shown
+_HIDDEN = ("PRIVATE KEY", "BEGIN ", "$1$", "$2", "$5$", "$6$", "$y$")
+
+
+def _secret_looking(text: str) -> bool:
+    if any(h in text for h in _HIDDEN):
+        return True
+    for run in _TOKEN.findall(text):
+        mixed = any(c.isdigit() for c in run) or (any(c.isupper() for c in run) and any(c.islower() for c in run))
+        if mixed and not _HEXISH.match(run):
+            return True
+    return False
+
+
+def excerpt(text: object, limit: int = 40) -> str:
+    """How a value read from a user's file is quoted in a message, in one place: short, on one line, and
+    not at all where it looks like a secret (migctl may be handed a private key or a shadow file by
+    mistake; root can read it, and the message may reach a terminal, a log or a ticket)."""
+    flat = " ".join(str(text).split())
+    if _secret_looking(flat):
+        return f"a value of {len(flat)} characters (not shown: it looks like a key, token or password hash)"
+    return repr(flat if len(flat) <= limit else flat[:limit - 3] + "...")
+
+
 @dataclass(frozen=True)
 class Node:
     """A YAML node with the path of keys that led to it."""
@@ -85,9 +110,10 @@ class Node:
             if not isinstance(key, str):
                 raise Node(self.file, self.field, k).error("keys must be strings")
             if key in out:
-                raise Node(self.file, self.field, k).error(f"duplicate key {key!r}")
+                raise Node(self.file, self.field, k).error(f"duplicate key {excerpt(key)}")
             if allowed_list is not None and key not in allowed_list:
-                raise self._child(key, k).error(f"unknown key {key!r}", allowed_list)
+                shown = key if excerpt(key) == repr(key) else "?"
+                raise self._child(shown, k).error(f"unknown key {excerpt(key)}", allowed_list)
             out[key] = self._child(key, v)
         for key in required:
             if key not in out:
@@ -105,7 +131,7 @@ class Node:
             return "a mapping"
         if isinstance(self.node, yaml.SequenceNode):
             return "a list"
-        return f"{self.node.value!r}" if self.node.value != "" else "empty"
+        return excerpt(self.node.value) if self.node.value != "" else "empty"
 
     # -- scalars ----------------------------------------------------------------------------------
     def _scalar(self) -> tuple[str, str]:
@@ -119,17 +145,17 @@ class Node:
             raise self.error("must not be empty")
         choice_list = list(choices) if choices is not None else None
         if choice_list is not None and value not in choice_list:
-            raise self.error(f"{value!r} is not allowed", choice_list)
+            raise self.error(f"{excerpt(value)} is not allowed", choice_list)
         return value
 
     def int(self, minimum: int | None = None, maximum: int | None = None) -> int:
         tag, value = self._scalar()
         if tag != "tag:yaml.org,2002:int":
-            raise self.error(f"must be an integer, not {value!r}")
+            raise self.error(f"must be an integer, not {excerpt(value)}")
         try:  # YAML 1.1 ints include 0x1F, 0o17, 1_000 and 1:30 (sexagesimal): let PyYAML read them
             n = int(yaml.SafeLoader("").construct_yaml_int(cast(yaml.ScalarNode, self.node)))  # _scalar checked
         except (ValueError, yaml.YAMLError):
-            raise self.error(f"{value!r} is not an integer") from None
+            raise self.error(f"{excerpt(value)} is not an integer") from None
         if minimum is not None and n < minimum:
             raise self.error(f"must be at least {minimum}, not {n}")
         if maximum is not None and n > maximum:
@@ -139,7 +165,7 @@ class Node:
     def bool(self) -> bool:
         tag, value = self._scalar()
         if tag != "tag:yaml.org,2002:bool":
-            raise self.error(f"must be true or false, not {value!r}")
+            raise self.error(f"must be true or false, not {excerpt(value)}")
         return value.lower() in ("true", "yes", "on", "y")
 
     def duration(self) -> float:
@@ -154,12 +180,20 @@ _DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s?)?$")
 def parse_duration(value: str, where: Node | None = None) -> float:
     m = _DURATION.fullmatch(value.strip())
     if not value.strip() or not m or not any(m.groups()):
-        msg = f"{value!r} is not a duration (examples: 90, 30s, 5m, 1h30m)"
+        msg = f"{excerpt(value)} is not a duration (examples: 90, 30s, 5m, 1h30m)"
         if where is not None:
             raise where.error(msg)
         raise ValueError(msg)
     h, mi, s = m.groups()
     return int(h or 0) * 3600 + int(mi or 0) * 60 + float(s or 0)
+
+
+def parse_host_port(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:9835`` for IPv6) as the metrics listener takes it; ValueError otherwise."""
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"{value!r} is not HOST:PORT (e.g. 127.0.0.1:9835)")
+    return host.strip("[]"), int(port)
 
 
 def read(path: str | Path, strict: bool = False, what: str = "file") -> str:

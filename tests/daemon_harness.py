@@ -73,8 +73,9 @@ class MigdProcess:
         return self.migctl.state_dir / "control.sock"
 
     def start(self, now: str | None = None, time_scale: float = 1.0, watchdog_usec: int | None = None,
-              nofile: int | None = None, extra: tuple[str, ...] = ()) -> None:
-        """``nofile``: the daemon's file descriptor limit (systemd's default soft limit is 1024)."""
+              nofile: int | None = None, extra: tuple[str, ...] = (), wrap: tuple[str, ...] = ()) -> None:
+        """``nofile``: the daemon's file descriptor limit (systemd's default soft limit is 1024); ``wrap``:
+        a command that runs migd's (``unshare ... sh -c '...; exec "$@"' sh``: a sandbox of its own)."""
         env = {**os.environ, "NOTIFY_SOCKET": str(self.notify_path), "PYTHONUNBUFFERED": "1"}
         env.pop("WATCHDOG_USEC", None)
         if watchdog_usec:
@@ -84,7 +85,7 @@ class MigdProcess:
                 "--time-scale", str(time_scale)]
         if now:
             argv += ["--now", now]
-        argv += extra
+        argv = [*wrap, *argv, *extra]
         self.messages, self.cursor = [], 0
         with open(self.log, "a") as log:  # the child keeps its own copy of the descriptor
             limit = None if nofile is None else (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile)))

@@ -131,7 +131,7 @@ def test_a_manual_apply_with_nothing_to_change_says_so(daemon: Daemon, migctl_ni
 
 def test_a_faulted_gpu_does_not_hold_back_the_others(daemon: Daemon) -> None:
     gpus = daemon.backend.list_gpus()
-    daemon.status.unhealthy[gpus[0].uuid] = FaultMark(79, time.time())  # GPU fell off the bus
+    daemon.status.unhealthy.mark(gpus[0].uuid, FaultMark(79, time.time()))  # GPU fell off the bus
     daemon.reconcile("transition")
     st = daemon.status
     assert st.gpus[0].progress is Progress.FAULTED and "Xid 79" in st.gpus[0].reason
@@ -140,7 +140,7 @@ def test_a_faulted_gpu_does_not_hold_back_the_others(daemon: Daemon) -> None:
     assert st.applied_profile is None  # not every GPU holds the profile
     doc = st.to_json()
     assert doc["gpus"]["0"]["state"] == "faulted" and doc["gpus"]["1"]["state"] == "converged"
-    del st.unhealthy[gpus[0].uuid]  # the operator cleared the mark
+    st.unhealthy.clear(gpus[0].uuid)  # the operator cleared the mark
     daemon.reconcile("reconcile")
     assert all(g.progress is Progress.CONVERGED for g in st.gpus.values()) and st.applied_profile == "night"
 

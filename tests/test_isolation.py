@@ -159,3 +159,37 @@ def test_a_lost_gpu_among_eight_blinds_nothing_else(tmp_path: Path) -> None:
         assert m.proc is not None and m.proc.poll() is None
     finally:
         m.close()
+
+
+def test_a_fatal_fault_wins_over_an_apply_waiting_for_busy_work(migd: MigdProcess) -> None:
+    """A manual apply waited for a busy instance; a GPU-wide Xid 79 came while it waited, and it went
+    on to reconfigure the GPU once the instance was free.  The mark is checked at the last moment
+    before each change, under the lock the watch takes to set it."""
+    import subprocess
+    import sys
+
+    import pynvml
+    store = StateStore(migd.migctl.state)
+    gi = store.read().gpus[0].gis[0].id
+    pid = control.start_process(store, 0, gi=gi)
+    before = store.read().mutations
+    apply = subprocess.Popen([sys.executable, "-m", "migd.cli", "--sim", migd.fleet, "--sim-state",
+                              str(migd.migctl.state), "--state-dir", str(migd.migctl.state_dir), "apply",
+                              str(PROFILES / "night.yaml"), "--on-busy", "wait", "--busy-timeout", "2m"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        migd.wait_until(lambda: "waiting up to 120s for busy instances" in migd.log.read_text()
+                        or apply.poll() is not None)
+        assert apply.poll() is None, apply.communicate()
+        with store.transaction() as s:  # Xid 79 on the GPU; the stuck process is still listed
+            s.add_event(0, pynvml.nvmlEventTypeXidCriticalError, 79, control.GPU_WIDE, control.GPU_WIDE)
+        migd.wait_until(lambda: bool(migd.control({"cmd": "isolation"})["unhealthy"]))
+        control.stop_process(store, pid)  # the instance is free: the waiting apply goes on
+        out, err = apply.communicate(timeout=60)
+    finally:
+        if apply.poll() is None:
+            apply.kill()
+    assert apply.returncode == 4, (out, err)
+    assert "GPU-wide fault Xid 79" in out + err, (out, err)
+    assert store.read().mutations == before and migd.assert_profile("day")  # GPU 0 was not touched
+    assert "Traceback" not in migd.log.read_text()

@@ -109,7 +109,7 @@ def test_one_series_per_label_set_and_no_times_or_free_text_in_labels(node: Any)
     uuid = store.read().gpus[0].uuid
     findings += [Finding(0, Check.ORPHAN, Severity.WARNING, "GPU 0: GI 9 (1g.10gb) at 0:1 is not in the profile"),
                  Finding(0, Check.ORPHAN, Severity.WARNING, "GPU 0: GI 10 (1g.10gb) at 1:1 is not in the profile")]
-    status.unhealthy[uuid] = FaultMark(79, 1795000000.0)
+    status.unhealthy.mark(uuid, FaultMark(79, 1795000000.0))
     text = generate_latest(registry).decode()
     s = samples(registry)
     orphans = [x for x in s["migd_audit_findings"] if x.labels["check"] == "orphan"]

@@ -424,7 +424,8 @@ def test_a_client_that_only_closes_its_write_side_does_not_cancel(migd: MigdProc
     _day(migd)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.connect(str(migd.socket_path))
-        s.sendall(json.dumps({"cmd": "apply", "file": str(PROFILES / "night.yaml")}).encode() + b"\n")
+        s.sendall(json.dumps({"cmd": "apply", "file": str(PROFILES / "night.yaml"),
+                                "text": (PROFILES / "night.yaml").read_text()}).encode() + b"\n")
         s.shutdown(socket.SHUT_WR)
         reply = json.loads(s.makefile("rb").readline())
     assert reply["ok"] and reply["result"]["results"][0]["status"] == "applied", reply
@@ -441,3 +442,50 @@ def test_status_names_the_mode_after_a_reset_for_what_it_is(tmp_path: Path) -> N
     mig = m("status", "-o", "json").json()["gpus"][0]["mig"]
     assert mig == {"current": False, "pending": True, "after_reset": True}, mig
     assert m("status").out.splitlines()[0].endswith("MIG disabled (enabled after the next reset)")
+
+
+def test_a_reload_that_adds_an_earlier_transition_ends_a_manual_hold_then(migd: MigdProcess) -> None:
+    """The hold lasts until the next transition of the schedule as it is now: a SIGHUP that adds an
+    earlier one used to show it as next while the hold stayed until 19:00 (issue 29, class 6)."""
+    migd.start(now="2026-11-23T10:00:00", time_scale=60)  # 10:00 KST Monday: day; 60x: a minute a second
+    migd.wait_ready()
+    assert migctl(migd, "--control-socket", str(migd.socket_path), "apply",
+                  str(PROFILES / "night.yaml")).returncode == 0
+    doc = migd.control({"cmd": "status"})["daemon"]
+    assert doc["active"]["until"] == "2026-11-23T10:00:00+00:00"  # 19:00 KST
+    text = migd.config.read_text()
+    migd.config.write_text(text.replace('  - {profile: day,   at: "08:30", days: mon-fri}',
+                                        '  - {profile: day,   at: "08:30", days: mon-fri}\n'
+                                        '  - {profile: day,   at: "10:03", days: mon-fri}'))
+    migd.signal(signal.SIGHUP)
+    migd.wait_until(lambda: migd.control({"cmd": "status"})["daemon"]["active"]["until"] ==
+                    "2026-11-23T01:03:00+00:00")
+    migd.wait_until(lambda: migd.control({"cmd": "status"})["daemon"]["active"]["reason"] == "schedule", 60)
+    migd.wait_until(lambda: migd.assert_profile("day"), 30)
+    assert not (migd.migctl.state_dir / "override.json").exists()
+    assert "now holds until 2026-11-23T01:03:00+00:00 (the schedule changed)" in migd.log.read_text()
+
+
+def test_migd_applies_a_profile_from_a_home_it_cannot_see(migd: MigdProcess, tmp_path: Path) -> None:
+    """The shipped unit has ProtectHome=yes and PrivateTmp=yes: migd cannot open ``~/night.yaml``.  migctl
+    reads the file (it runs as the user) and sends its text; migd never opens a user's path."""
+    if os.geteuid() != 0 or subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode:
+        pytest.skip("needs root and unshare(1) for a private mount namespace")
+    home = tmp_path / "home"
+    home.mkdir()
+    profile = home / "night.yaml"
+    profile.write_text((PROFILES / "night.yaml").read_text())
+    profile.chmod(0o644)
+    hide = f"mount -t tmpfs -o size=1m tmpfs {home} && exec \"$@\""  # what ProtectHome does to /home
+    migd.start(now="2026-11-23T10:00:00", wrap=("unshare", "--mount", "--propagation", "private", "sh", "-c",
+                                                hide, "sh"))
+    migd.wait_ready()
+    r = migctl(migd, "--control-socket", str(migd.socket_path), "apply", str(profile))
+    assert r.returncode == 0 and "(by migd)" in r.stdout, r
+    assert migd.assert_profile("night")
+    profile.chmod(0o666)  # StrictModes is migctl's now, as root: a profile others can rewrite is not sent
+    r = migctl(migd, "--control-socket", str(migd.socket_path), "apply", str(profile))
+    assert r.returncode == 2 and "profile is writable by group or others" in r.stderr, r
+    sent = {"cmd": "apply", "file": str(profile)}  # a client that sends only the path: refused, not opened
+    reply = migd.control(sent)
+    assert reply["exit"] == 2 and "carries no profile text" in reply["error"], reply

@@ -25,13 +25,15 @@ from migd.apply.result import (
     ApplyResult,
     BusyError,
     Cancelled,
+    FaultGate,
+    GpuFaulted,
     GpuResult,
     GpuStatus,
     GpuUnhealthy,
     OnBusy,
-    Unreadable,
 )
 from migd.hardware.backend import GpuBackend, GpuInfo, GpuState, HardwareError, read_state
+from migd.hardware.inventory import Unreadable, survey
 from migd.planner import GpuPlan, Op, OpKind, PlanError, busy_of, layout_of, plan_gpu
 from migd.profiles.model import Profile
 from migd.profiles.resolve import DesiredLayout, resolve_section
@@ -79,24 +81,27 @@ class Applier:
         self.owners = Owners(self.state_dir / "owners.json")
         self._stopping: Callable[[], bool] | None = None
         self._progress: Callable[[], None] | None = None
+        self._faults: FaultGate | None = None
 
     def lock(self, timeout_s: float = 0.0) -> ApplyLock:
         return ApplyLock(self.state_dir / "apply.lock", timeout_s)
 
     # -- planning ---------------------------------------------------------------------------------
     def plan(self, profile: Profile, mode_only: bool = False) -> list[GpuPlan]:
-        """One reading of every GPU the profile selects, and its plan (owners read once).  ``mode_only``:
-        only the MIG mode, as mig-parted's --mode-only (instances that exist are kept)."""
-        return self.plan_each(profile, tolerate=False, mode_only=mode_only, must_select=True)[0]
+        """One reading of every readable GPU the profile selects, and its plan (owners read once).
+        ``mode_only``: only the MIG mode, as mig-parted's --mode-only (instances that exist are kept)."""
+        return self.plan_each(profile, mode_only=mode_only, must_select=True)[0]
 
-    def plan_each(self, profile: Profile, tolerate: bool = True, mode_only: bool = False,
+    def plan_each(self, profile: Profile, mode_only: bool = False,
                   must_select: bool = False) -> tuple[list[GpuPlan], list[Unreadable]]:
-        """As :meth:`plan`, but (``tolerate``) a GPU NVML cannot read is set aside, not fatal to the rest.
+        """As :meth:`plan`, and the GPUs NVML cannot read (lost), set aside rather than fatal to the rest.
+
         ``must_select``: a profile that selects no GPU of the node is an error (ValidationError); a GPU
         that could not be read might have been selected, so it is not one then."""
         plans, owners = [], self.owners.load()
-        gpus, unreadable = self.readable_gpus(tolerate)
-        for gpu in gpus:
+        inventory = survey(self.backend)
+        unreadable = list(inventory.unreadable)
+        for gpu in inventory.gpus:
             try:
                 section = profile.section_for(gpu)
                 if section is None:
@@ -107,24 +112,11 @@ class Applier:
                 desired = resolve_section(section, gpu.model, mode_only)
                 plans.append(self.plan_layout(gpu, desired, owners.get(gpu.uuid, {}), where=f"{profile.source}: "))
             except HardwareError as e:
-                if not tolerate:
-                    raise
-                unreadable.append(Unreadable(gpu.index, str(e), e.lost))
-        if must_select and not plans and not unreadable:
-            raise profile.selects_nothing(gpus)
+                unreadable.append(Unreadable.of(gpu.index, e))
+        unreadable.sort(key=lambda u: u.index)
+        if must_select and not plans and not any(profile.may_select(u.index) for u in unreadable):
+            raise profile.selects_nothing(inventory.gpus)
         return plans, unreadable
-
-    def readable_gpus(self, tolerate: bool = True) -> tuple[list[GpuInfo], list[Unreadable]]:
-        """Every GPU NVML can read; with ``tolerate`` the others are listed instead of raising."""
-        gpus, unreadable = [], []
-        for i in range(self.backend.gpu_count()):
-            try:
-                gpus.append(self.backend.gpu(i))
-            except HardwareError as e:
-                if not tolerate:
-                    raise
-                unreadable.append(Unreadable(i, str(e), e.lost))
-        return gpus, unreadable
 
     def plan_layout(self, gpu: GpuInfo, desired: DesiredLayout, owners: dict[int, str],
                     where: str = "") -> GpuPlan:
@@ -143,7 +135,10 @@ class Applier:
         opts = opts or ApplyOptions()
         with self.lock(opts.lock_timeout_s):
             self.resolve_journal()
-            return self.apply_plans(profile, self.plan(profile, opts.mode_only), opts)
+            plans, unreadable = self.plan_each(profile, opts.mode_only, must_select=True)
+            result = self.apply_plans(profile, plans, opts)
+            result.unreadable = [u for u in unreadable if profile.may_select(u.index)]
+            return result
 
     def apply_plans(self, profile: Profile, plans: list[GpuPlan], opts: ApplyOptions) -> ApplyResult:
         """Carry out ``plans``, made from readings taken under the apply lock that the caller still holds."""
@@ -190,7 +185,7 @@ class Applier:
         Without ``opts.partial`` any blocked GPU stops the whole apply (BusyError); with it, only that
         GPU waits and the others are applied now."""
         deadline = time.monotonic() + opts.busy_timeout_s
-        killed = False
+        killed = waited = False
         while True:
             blocked = [o for p in plans for o in p.blocked]
             if not blocked:
@@ -206,6 +201,9 @@ class Applier:
                 return [p for p in plans if not p.blocked], [p for p in plans if p.blocked]
             if stop is not None:
                 raise BusyError(stop, blocked, opts.on_busy)
+            if not waited:
+                log.info("waiting up to %gs for busy instances: %s", opts.busy_timeout_s, _blocked_text(blocked))
+                waited = True
             if opts.on_busy is OnBusy.FORCE and not killed:
                 stop_processes(self.backend, sorted({pid for o in blocked for pid in o.busy_pids}), opts.kill_grace_s)
                 killed = True
@@ -229,7 +227,7 @@ class Applier:
             "owners_before": {str(k): v for k, v in owners_before.items()}}
             for p, (before, owners_before) in zip(plans, befores, strict=True)})
         results: list[GpuResult] = []
-        self._stopping, self._progress = opts.stopping, opts.progress
+        self._stopping, self._progress, self._faults = opts.stopping, opts.progress, opts.faults
         try:
             opts.hooks.run("apply-start", env)
             if any(o.kind is OpKind.SET_MIG for p in plans for o in p.ops):
@@ -276,6 +274,17 @@ class Applier:
             b.create_compute_instance(i, gi_ids[_given(op.gi_start)], _given(op.profile_id), op.placement)
         return True
 
+    def _guarded(self, uuid: str, op: Op, gi_ids: dict[int, int]) -> bool:
+        """One change, made only if the GPU carries no GPU-wide fault mark, checked under the marks' lock
+        (the watch cannot mark the GPU between the check and the change)."""
+        if self._faults is None:
+            return self._exec(op, gi_ids)
+        with self._faults.guard(uuid) as fault:
+            if fault is not None:
+                raise GpuFaulted(f"GPU {op.gpu}: GPU-wide fault {fault}: not changed further (migctl clear-fault "
+                                 "after checking it)", gpu=op.gpu)
+            return self._exec(op, gi_ids)
+
     def _execute_ops(self, plan: GpuPlan, journal_uuid: str | None = None) -> tuple[int, GpuState]:
         """Run a plan's operations and read the GPU back; ``journal_uuid`` marks a forward apply
         (journaled, cancellable)."""
@@ -288,7 +297,7 @@ class Applier:
                 raise Cancelled(f"GPU {op.gpu}: {CANCELLED}")
             if op.kind is OpKind.RESET and mode_applied:
                 continue  # the mode change took effect without a reset (Hopper)
-            applied = self._exec(op, gi_ids)
+            applied = self._guarded(plan.gpu.uuid, op, gi_ids)
             if op.kind is OpKind.SET_MIG:
                 mode_applied = applied
                 log.info("GPU %d: MIG mode %s%s", op.gpu, "enabled" if op.mig else "disabled",
@@ -334,7 +343,10 @@ class Applier:
             # INFO: the outcome (rolled back, or a CRITICAL failed rollback) is reported once by whoever
             # reports the apply (migctl's table, migd's log of the result)
             log.info("GPU %d: apply failed (%s); rolling back to the previous layout", i, why)
-            return self._rollback(plan.gpu, *before, why, t0)
+            result = self._rollback(plan.gpu, *before, why, t0)
+            if isinstance(e, GpuFaulted) and result.status is GpuStatus.ROLLED_BACK:
+                result.status = GpuStatus.FAULTED  # stopped before a change: the GPU is as it was
+            return result
         self._set_owners(uuid, {t.placement.start: t.owner for t in plan.targets if t.owner})
         log.info("GPU %d: applied %d operations in %.2fs", i, done, time.monotonic() - t0)
         return GpuResult(i, uuid, GpuStatus.APPLIED, done, None, time.monotonic() - t0, seen)
@@ -408,8 +420,9 @@ class Applier:
             return []
         log.warning("found an unfinished apply of %r by pid %s: restoring %d GPU(s) to their previous layout",
                     data.get("profile"), data.get("pid"), len(pending))
-        gpus, unreadable = self.readable_gpus()
-        for u in unreadable:
+        inventory = survey(self.backend)
+        gpus = inventory.gpus
+        for u in inventory.unreadable:
             log.error("GPU %d cannot be read (%s): if the journal names it, its entry is kept", u.index, u.error)
         by_uuid = {g.uuid: g for g in gpus}
         results = []

@@ -9,6 +9,7 @@ import signal
 import time
 
 from migd.hardware.backend import GpuBackend
+from migd.hardware.inventory import read_each, survey
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,8 @@ def stop_processes(backend: GpuBackend, pids: list[int], grace_s: float) -> None
 
 
 def _gpu_pids(backend: GpuBackend) -> set[int]:
-    return {p.pid for g in backend.list_gpus() for p in backend.gpu_processes(g.index)}
+    pids, _ = read_each(survey(backend).gpus, lambda g: [p.pid for p in backend.gpu_processes(g.index)])
+    return {pid for each in pids for pid in each}
 
 
 def _pidfds(pids: list[int]) -> dict[int, int]:

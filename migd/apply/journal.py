@@ -14,7 +14,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from migd.apply.statefile import atomic_write_json, check_schema, read_json
+from migd.apply.statefile import (
+    atomic_write_json,
+    check_schema,
+    conform,
+    digits,
+    mapping,
+    of,
+    optional,
+    read_json,
+    record,
+)
 from migd.hardware.catalog import GpuModel, Placement
 from migd.profiles.resolve import DesiredInstance, DesiredLayout
 from migd.yamlsrc import ValidationError
@@ -44,6 +54,10 @@ def layout_from_json(model: GpuModel, raw: dict[str, Any]) -> DesiredLayout:
 
 
 STATUSES = ("pending", "applying", "done", "rolled_back", "failed")
+_ENTRY = record(index=optional(of(int)), done=optional(of(int)), ops=optional(of(int)),
+                owners_before=optional(mapping(of(str), keys=digits)))
+_OUTER = record(profile=optional(of(str)), pid=optional(of(int)), started=optional(of(int, float)),
+                gpus=optional(mapping(_ENTRY)))  # (each entry's status and layout: _check_entry)
 SETTLED = ("done", "rolled_back")  # the GPU is in the new or the old layout
 
 
@@ -76,6 +90,7 @@ def _check_entry(path: Path, field: str, e: Any) -> None:
 def validate(path: Path, data: Any) -> dict[str, Any]:
     """A journal as written by this migd version, or a ValidationError naming the damaged field."""
     check_schema(path, data, SCHEMA)
+    conform(path, data, _OUTER)
     gpus = data.get("gpus")
     if not isinstance(gpus, dict):
         raise ValidationError(str(path), None, None, "gpus", "missing, or not a mapping of GPU UUID to entry")

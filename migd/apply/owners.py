@@ -6,10 +6,22 @@ import logging
 import threading
 from pathlib import Path
 
-from migd.apply.statefile import atomic_write_json, check_schema, read_json
+from migd.apply.statefile import (
+    atomic_write_json,
+    check_schema,
+    conform,
+    digits,
+    mapping,
+    of,
+    optional,
+    read_json,
+    record,
+)
 from migd.yamlsrc import ValidationError
 
 SCHEMA = "migd.owners/v1"
+_BY_GPU = mapping(mapping(of(str), keys=digits))  # GPU UUID -> GI placement start -> owner
+_V1 = record(schema=of(str), gpus=optional(_BY_GPU))
 log = logging.getLogger(__name__)
 
 
@@ -25,6 +37,7 @@ class Owners:
         try:
             raw = read_json(self.path)
             check_schema(self.path, raw, SCHEMA)
+            conform(self.path, raw, _V1 if "schema" in raw else _BY_GPU)
         except FileNotFoundError:
             return {}
         except ValidationError as e:  # labels only: GPU work goes on; the next write replaces the file

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from migd.apply.hooks import Hooks
-from migd.hardware.backend import GpuState
+from migd.hardware.backend import GpuState, HardwareError
+from migd.hardware.inventory import Unreadable
 from migd.kinds import Word
 from migd.planner import GpuPlan, Op
 
@@ -42,6 +44,16 @@ class GpuUnhealthy(Exception):
     pass
 
 
+class GpuFaulted(HardwareError):
+    """A GPU-wide fault mark found at the last moment before a change: the change is not made."""
+
+
+class FaultGate(Protocol):
+    """What an apply asks before each change to a GPU (``migd.isolation.marks.FaultMarks``)."""
+
+    def guard(self, uuid: str) -> AbstractContextManager[str | None]: ...
+
+
 class GpuStatus(Word):
     UNCHANGED = "unchanged"
     APPLIED = "applied"
@@ -70,6 +82,7 @@ class ApplyOptions:
     poll_s: float = 1.0
     kill_grace_s: float = 10.0
     unhealthy: Callable[[], dict[str, str]] | None = None  # uuid -> reason: reconfiguration refused
+    faults: FaultGate | None = None  # checked again before every change, under the marks' own lock
     partial: bool = False  # GPUs busy instances block are left (status "blocked"); the others go ahead
     cancel: Flag | None = None  # set (SIGTERM): stop waiting; roll back the GPU being changed
     abort: Flag | None = None  # set (the requester's Ctrl-C): stop, and put every GPU back as it was
@@ -102,6 +115,7 @@ class ApplyResult:
     plans: list[GpuPlan]
     results: list[GpuResult]
     seconds: float = 0.0
+    unreadable: list[Unreadable] = field(default_factory=list)  # GPUs the profile may select, left alone
 
     @property
     def ok(self) -> bool:
@@ -116,15 +130,6 @@ class ApplyResult:
         out = {p.gpu.index: p.seen for p in self.plans if p.seen is not None}
         out.update({r.index: r.seen for r in self.results if r.seen is not None})
         return out
-
-
-@dataclass(frozen=True)
-class Unreadable:
-    """A GPU NVML could not read while planning (``lost``: GPU_IS_LOST, it fell off the bus)."""
-
-    index: int
-    error: str
-    lost: bool
 
 
 class Cancelled(Exception):

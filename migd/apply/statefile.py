@@ -15,6 +15,8 @@ import errno
 import json
 import os
 import tempfile
+from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -78,3 +80,98 @@ def check_schema(path: Path, data: Any, schema: str) -> None:
     if found != schema:
         raise ValidationError(str(path), None, None, "schema", f"{found!r} is not {schema!r}, the version this "
                               "migd reads (written by a newer migd?)")
+
+
+# -- the inner shape of a state file ----------------------------------------------------------------
+# Each file migd keeps is checked field by field when read: a hand edit, a file of the right schema but
+# the wrong inner shape, or a damaged one is refused with one line naming the file and the field,
+# never a traceback at start-up (a restart loop under systemd) or in ``migctl status``.
+
+Shape = Callable[[Any, str], None]  # raises Misfit(field, what it should be) if the value does not fit
+
+
+class Misfit(Exception):
+    def __init__(self, where: str, message: str) -> None:
+        super().__init__(message)
+        self.where = where
+
+
+def conform(path: Path, data: Any, shape: Shape) -> Any:
+    """``data`` if it fits ``shape``, else a ValidationError naming ``path`` and the field."""
+    try:
+        shape(data, "")
+    except Misfit as e:
+        raise ValidationError(str(path), None, None, e.where.lstrip("."), str(e)) from None
+    return data
+
+
+def of(*types: type) -> Shape:
+    names = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+
+    def check(value: Any, where: str) -> None:
+        if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+            raise Misfit(where, f"{_show(value)} is not {names}")
+    return check
+
+
+def optional(shape: Shape) -> Shape:
+    """``shape``, or null, or absent from its record."""
+    def check_optional(value: Any, where: str) -> None:
+        if value is not None:
+            shape(value, where)
+    return check_optional
+
+
+def one_of(*choices: str) -> Shape:
+    def check(value: Any, where: str) -> None:
+        if value not in choices:
+            raise Misfit(where, f"{_show(value)} is not one of {', '.join(choices)}")
+    return check
+
+
+def utc_time(value: Any, where: str) -> None:
+    """An ISO date-time with its UTC offset: without one, Python cannot compare it with migd's clock."""
+    of(str)(value, where)
+    try:
+        t = datetime.fromisoformat(value)
+    except ValueError:
+        raise Misfit(where, f"{_show(value)} is not an ISO date-time") from None
+    if t.tzinfo is None:
+        raise Misfit(where, f"{_show(value)} has no UTC offset (e.g. +00:00)")
+
+
+def digits(value: Any, where: str) -> None:
+    if not (isinstance(value, str) and value.isdigit()):
+        raise Misfit(where, f"key {_show(value)} is not a number")
+
+
+def mapping(values: Shape, keys: Shape | None = None) -> Shape:
+    def check(value: Any, where: str) -> None:
+        if not isinstance(value, dict):
+            raise Misfit(where, f"{_show(value)} is not a mapping")
+        for k, v in value.items():
+            if keys is not None:
+                keys(k, f"{where}.{k}")
+            values(v, f"{where}.{k}")
+    return check
+
+
+def record(**fields: Shape) -> Shape:
+    """A mapping with these fields (an ``optional`` one may be absent); others are allowed: fields are
+    only ever added within a schema version."""
+    def check(value: Any, where: str) -> None:
+        if not isinstance(value, dict):
+            raise Misfit(where, f"{_show(value)} is not a mapping")
+        for name, shape in fields.items():
+            if name not in value and getattr(shape, "__name__", "") != "check_optional":
+                raise Misfit(f"{where}.{name}", "missing")
+            shape(value.get(name), f"{where}.{name}")
+    return check
+
+
+def _show(value: Any) -> str:
+    """A short view of what was found: the type, and a scalar's start (never a whole value)."""
+    if isinstance(value, (dict, list)):
+        return f"a {'mapping' if isinstance(value, dict) else 'list'}"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -19,7 +19,7 @@ from migd.profiles.model import Profile
 from migd.profiles.validate import check_profile
 from migd.slurm.settings import SlurmSettings, parse_slurm
 from migd.trust import check_path
-from migd.yamlsrc import Node, ValidationError, load
+from migd.yamlsrc import Node, ValidationError, load, parse_host_port
 
 KEYS = ["timezone", "profiles_dir", "schedule", "on_busy", "busy_timeout", "reconcile_interval", "reconcile",
         "metrics", "hooks", "control_socket", "state_dir", "strict_permissions", "sample_interval", "slurm"]
@@ -136,9 +136,10 @@ def load_config(path: str | Path, text: str | None = None) -> Config:
             metrics = None
         elif "listen" in mm:
             metrics = mm["listen"].str()
-            host, _, port = metrics.rpartition(":")
-            if not host or not port.isdigit() or not 0 <= int(port) < 65536:
-                raise mm["listen"].error(f"{metrics!r} is not HOST:PORT")
+            try:
+                parse_host_port(metrics)
+            except ValueError as e:
+                raise mm["listen"].error(str(e)) from None
     return Config(
         path=str(path), timezone=tz, profiles_dir=pdir, profiles=profiles,
         schedule=_schedule(m["schedule"], tz, profiles, unusable),
@@ -154,3 +155,12 @@ def load_config(path: str | Path, text: str | None = None) -> Config:
         sample_interval_s=max(1.0, m["sample_interval"].duration()) if "sample_interval" in m else 15.0,
         slurm=parse_slurm(m["slurm"]) if "slurm" in m else None,
     )
+
+
+def restart_only(old: Config, new: Config) -> list[tuple[str, object, object]]:
+    """Settings read once at start-up (sockets, paths, threads): a reload can only report them."""
+    return [("metrics.listen", old.metrics_listen, new.metrics_listen),
+            ("control_socket", old.control_socket, new.control_socket),
+            ("state_dir", old.state_dir, new.state_dir),
+            ("sample_interval", old.sample_interval_s, new.sample_interval_s),
+            ("slurm", old.slurm, new.slurm)]

@@ -27,6 +27,7 @@ from migd.netcap import CappedThreadingMixIn
 from migd.profiles.loader import load_profile
 from migd.profiles.model import Profile
 from migd.report import apply_doc
+from migd.yamlsrc import ValidationError
 
 log = logging.getLogger("migd.control")
 MAX_REQUEST = 1 << 20
@@ -189,7 +190,11 @@ class ControlServer(CappedThreadingMixIn, socketserver.UnixStreamServer):
         return {"ok": False, "exit": Exit.INVALID, "error": f"unknown command {cmd!r}"}
 
     def _apply(self, req: dict[str, Any], hangup: Flag | None) -> dict[str, Any]:
-        profile = load_profile(str(req["file"]), req.get("config"), text=req.get("text"), strict=True)
+        text = req.get("text")
+        if not isinstance(text, str):  # migd opens no client's path: it may not see it (ProtectHome, PrivateTmp)
+            raise ValidationError(str(req.get("file")), None, None, "", "the request carries no profile text; "
+                                  "migd reads no client's files (a migctl of this version sends the text)")
+        profile = load_profile(str(req["file"]), req.get("config"), text=text)
         opts = ManualApply.from_request(req)
         result = self.handlers.apply(profile, opts, hangup)
         reply = {"ok": result.ok, "exit": for_result(result), "result": apply_doc(result, opts.dry_run)}

@@ -11,10 +11,9 @@ import shutil
 import signal
 import sys
 from collections.abc import Sequence
-from datetime import datetime
 from pathlib import Path
 
-from migd import __version__, paths
+from migd import __version__, cliargs, paths
 from migd.cliargs import Parser
 from migd.daemon.config import Config, load_config
 from migd.daemon.control import AlreadyRunning, ControlServer, Handlers, claim
@@ -22,8 +21,9 @@ from migd.daemon.sdnotify import Notifier
 from migd.daemon.service import Clock, Daemon
 from migd.daemon.signals import SignalRelay
 from migd.daemon.watchdog import Watchdog
-from migd.exits import Exit
+from migd.exits import EXPECTED, Exit, failure
 from migd.hardware.backend import GpuBackend, HardwareError
+from migd.hardware.inventory import survey
 from migd.isolation.watch import FaultWatch
 from migd.metrics.collector import EventCounters
 from migd.metrics.sampler import NvmlErrorCounter
@@ -55,23 +55,6 @@ def setup_logging(level: str) -> None:
     logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler], force=True)
 
 
-def _iso_time(text: str) -> datetime:
-    try:
-        return datetime.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an ISO date-time (e.g. 2026-11-23T18:59:30): {text!r}") from None
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a number above 0, not {text!r}")
-    return value
-
-
 def parser() -> argparse.ArgumentParser:
     p = Parser(prog="migd", description="MIG partition daemon: schedules, reconcile, metrics.")
     p.add_argument("--version", action="version", version=f"migd {__version__}")
@@ -84,9 +67,10 @@ def parser() -> argparse.ArgumentParser:
                    "(kept manual apply, journal, owners) anew, as for a first demo")
     p.add_argument("--state-dir", help="journal, lock, owners (default /var/lib/migd)")
     p.add_argument("--control-socket", help=f"control socket path (default {DEFAULT_SOCKET})")
-    p.add_argument("--metrics-listen", help="HOST:PORT for /metrics and /healthz (overrides the config)")
-    p.add_argument("--now", type=_iso_time, help="pretend the clock starts at this ISO time (demo, tests)")
-    p.add_argument("--time-scale", type=_positive, default=1.0, help="run the clock this many times faster")
+    p.add_argument("--metrics-listen", type=cliargs.host_port,
+                   help="HOST:PORT for /metrics and /healthz (overrides the config)")
+    p.add_argument("--now", type=cliargs.iso_time, help="pretend the clock starts at this ISO time (demo, tests)")
+    p.add_argument("--time-scale", type=cliargs.positive, default=1.0, help="run the clock this many times faster")
     p.add_argument("--check", action="store_true", help="validate the configuration and exit")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="least severe messages logged (default info)")
@@ -128,6 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _serve(args, cfg, backend, state, Daemon(cfg, backend, state_dir, _clock(args, cfg), Notifier(),
                                                 reload_config=lambda: load_config(args.config)), socket_path, errors)
+    except EXPECTED as e:  # what start-up could not survive: one line, never a traceback in the journal
+        f = failure(e)
+        log.critical("stopping: %s", f)
+        return f.code
     finally:
         backend.close()
 
@@ -192,9 +180,12 @@ def _serve(args: argparse.Namespace, cfg: Config, backend: GpuBackend, sim_state
     signals = SignalRelay((signal.SIGHUP, signal.SIGTERM, signal.SIGINT), on_signal)
     watchdog = Watchdog(daemon.notifier, daemon.heartbeat)
     watchdog.start()
-    gpus = backend.list_gpus()
-    log.info("migd starting: %d GPU(s), %d profiles, timezone %s, control socket %s", len(gpus),
+    inventory = survey(backend)
+    gpus = inventory.gpus
+    log.info("migd starting: %d GPU(s), %d profiles, timezone %s, control socket %s", inventory.count,
              len(cfg.profiles), cfg.timezone.key, socket_path)
+    for u in inventory.unreadable:  # the others are served; this one is reported in status and metrics
+        log.error("%s", u.describe())
     if sim_state is not None:
         log.info("simulated node %s: state %s, migd's state dir %s (--fresh starts both anew)", args.sim, sim_state,
                  daemon.applier.state_dir)

@@ -7,18 +7,22 @@ what was applied, even if the file it came from was edited or removed since.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from migd.apply.statefile import atomic_write_json, check_schema, read_json
+from migd.apply.statefile import atomic_write_json, check_schema, conform, of, optional, read_json, record, utc_time
 from migd.profiles.loader import load_profile
 from migd.profiles.model import Profile
 from migd.yamlsrc import ValidationError
 
 SCHEMA = "migd.override/v1"
+_SHAPE = record(schema=of(str), profile=of(str), source=of(str), config=optional(of(str)), text=of(str),
+                until=optional(utc_time), since=utc_time)
 log = logging.getLogger("migd")
 
 
@@ -54,6 +58,7 @@ class OverrideStore:
         try:
             raw = read_json(self.path)
             check_schema(self.path, raw, SCHEMA)
+            conform(self.path, raw, _SHAPE)
             profile = load_profile(raw["source"], raw["config"], text=raw["text"])
             until = datetime.fromisoformat(raw["until"]) if raw["until"] else None
             return Override(profile, until, datetime.fromisoformat(raw["since"]))
@@ -63,3 +68,30 @@ class OverrideStore:
             log.error("ignoring the kept manual override %s, which cannot be read: %s", self.path, e)
             self.clear()
             return None
+
+
+NextFire = Callable[[datetime], "datetime | None"]  # the schedule's next transition after a time
+
+
+def hold(store: OverrideStore, profile: Profile, next_fire: NextFire, now: datetime) -> Override:
+    """A manual apply holds until the next scheduled transition, across restarts too."""
+    ov = Override(profile, next_fire(now), now)
+    try:
+        store.save(ov)
+    except OSError as e:
+        log.error("the manual apply of %s holds, but cannot be kept across a restart: %s", profile.name, e)
+    return ov
+
+
+def rehold(store: OverrideStore, ov: Override, next_fire: NextFire, now: datetime) -> Override:
+    """The hold derived again from the schedule as it is now (a reload, or a start with a changed config):
+    until its next transition.  One whose end already passed is left to end."""
+    if ov.until is not None and ov.until <= now:
+        return ov
+    new = dataclasses.replace(ov, until=next_fire(now))
+    if new != ov:
+        log.info("manual apply of %s now holds until %s (the schedule changed)", new.profile.name,
+                 new.until.isoformat() if new.until else "no further scheduled transition")
+        with contextlib.suppress(OSError):  # (held in memory; the next start derives it again)
+            store.save(new)
+    return new

@@ -11,8 +11,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from migd.apply.result import ApplyResult, GpuResult, GpuStatus, Unreadable
+from migd.apply.result import ApplyResult, GpuResult, GpuStatus
 from migd.daemon.status import GpuProgress, Progress, Status
+from migd.hardware.inventory import Unreadable
 from migd.planner import GpuPlan
 
 log = logging.getLogger("migd")

@@ -17,21 +17,23 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 from migd.apply.executor import Applier
-from migd.apply.result import ApplyOptions, ApplyResult, BusyError, Flag, GpuStatus, OnBusy, Unreadable
+from migd.apply.result import ApplyOptions, ApplyResult, BusyError, Flag, GpuStatus, OnBusy
 from migd.daemon.clock import Clock
-from migd.daemon.config import Config, ReconcileMode
-from migd.daemon.override import Override, OverrideStore
+from migd.daemon.config import Config, ReconcileMode, restart_only
+from migd.daemon.override import OverrideStore, hold, rehold
 from migd.daemon.progress import Tracker
 from migd.daemon.requests import ManualApply, Reloaded, Resumed
 from migd.daemon.sdnotify import Notifier
 from migd.daemon.slurmpass import slurm_switch
-from migd.daemon.status import LastApply, Outcome, Status
+from migd.daemon.status import LastApply, Outcome, Status, outcome_of
 from migd.daemon.watchdog import Heartbeat
 from migd.exits import EXPECTED
 from migd.hardware.backend import GpuBackend, GpuState
+from migd.hardware.inventory import Unreadable, survey
 from migd.isolation.audit import Finding, Severity, audit_readings
 from migd.planner import GpuPlan, layout_text, summary
 from migd.profiles.model import Profile, describe_gpus
@@ -44,32 +46,12 @@ log = logging.getLogger("migd")
 REFUSALS = EXPECTED
 
 
-def restart_only(old: Config, new: Config) -> list[tuple[str, object, object]]:
-    """Settings read once at start-up (sockets, paths, threads): a reload can only report them."""
-    return [("metrics.listen", old.metrics_listen, new.metrics_listen),
-            ("control_socket", old.control_socket, new.control_socket),
-            ("state_dir", old.state_dir, new.state_dir),
-            ("sample_interval", old.sample_interval_s, new.sample_interval_s),
-            ("slurm", old.slurm, new.slurm)]
-
-
 def _log_drift(profile: str, plans: list[GpuPlan], then: str) -> None:
     """Drift said as drift, with what changed: what each GPU holds and what the profile wants."""
     for p in plans:
         if p.changes:
             log.warning("drift on GPU %d: it holds %s, profile %s wants %s; %s", p.gpu.index, layout_text(p.current,
                         p.gpu), profile, summary(p.desired.instances) if p.desired.mig else "MIG disabled", then)
-
-
-def outcome_of(result: ApplyResult) -> Outcome:
-    statuses = {r.status for r in result.results}
-    for status, outcome in ((GpuStatus.FAILED, Outcome.FAILED), (GpuStatus.ROLLED_BACK, Outcome.ROLLED_BACK),
-                            (GpuStatus.CANCELLED, Outcome.CANCELLED), (GpuStatus.BLOCKED, Outcome.BLOCKED),
-                            (GpuStatus.FAULTED, Outcome.BLOCKED),
-                            (GpuStatus.APPLIED, Outcome.SUCCESS)):
-        if status in statuses:
-            return outcome
-    return Outcome.UNCHANGED
 
 
 class Daemon:
@@ -114,7 +96,7 @@ class Daemon:
     def _options(self, on_busy: OnBusy) -> ApplyOptions:
         return ApplyOptions(on_busy=on_busy, busy_timeout_s=0.0, hooks=self.config.hooks,
                             lock_timeout_s=30.0, cancel=self.cancel, progress=self.heartbeat.beat,
-                            unhealthy=self.status.unhealthy_reasons)
+                            unhealthy=self.status.unhealthy_reasons, faults=self.status.unhealthy)
 
     def _scheduled_options(self) -> ApplyOptions:
         """Busy GPUs wait (the others go ahead); force only after busy_timeout gave running work its chance."""
@@ -155,10 +137,12 @@ class Daemon:
             with self.applier.lock(opts.lock_timeout_s):
                 for r in self.applier.recover_locked():
                     log.warning("GPU %d: %s after an interrupted apply", r.index, r.status.replace("_", " "))
-                plans, unreadable = self.applier.plan_each(profile, tolerate=not manual and not opts.dry_run,
-                                                           mode_only=opts.mode_only, must_select=manual)
+                plans, unreadable = self.applier.plan_each(profile, mode_only=opts.mode_only, must_select=manual)
+                touched = [u for u in unreadable if profile.may_select(u.index)]  # lost: left alone, reported
                 if opts.dry_run:
-                    return self.applier.apply_plans(profile, plans, opts)
+                    result = self.applier.apply_plans(profile, plans, opts)
+                    result.unreadable = touched
+                    return result
                 changes = any(p.changes for p in plans)
                 if self.slurm is not None and not changes:
                     if self.slurm.mid_switch:
@@ -167,7 +151,7 @@ class Daemon:
                         self.slurm.check_sync(plans)
                 if not manual and (not correct or not changes):
                     self._unchanged(profile, plans, unreadable)
-                    return ApplyResult(profile.name, plans, [])
+                    return ApplyResult(profile.name, plans, [], unreadable=touched)
                 if reason == "reconcile":  # nothing fired: the GPUs were changed behind migd's back
                     _log_drift(profile.name, plans, "correcting it")
                 if self.slurm is not None and changes:
@@ -179,6 +163,7 @@ class Daemon:
                         self._hold(profile)  # the passes that follow finish this switch when the jobs end
                 else:
                     result = self.applier.apply_plans(profile, plans, opts)
+                result.unreadable = touched
                 if manual and result.ok:
                     self._hold(profile)  # published before the locks are released
         except REFUSALS as e:
@@ -206,15 +191,17 @@ class Daemon:
         self._check_settled(profile.name)
 
     def _hold(self, profile: Profile) -> None:
-        """A manual apply holds until the next scheduled transition, across restarts too."""
-        now = self.clock.now()
+        self.status.override = hold(self.overrides, profile, self._next_transition, self.clock.now())
+
+    def _reschedule_hold(self) -> None:
+        """Everything derived from the schedule is derived again when it may have changed (start, reload)."""
+        if self.status.override is not None:
+            self.status.override = rehold(self.overrides, self.status.override, self._next_transition,
+                                          self.clock.now())
+
+    def _next_transition(self, now: datetime) -> datetime | None:
         nxt = self.config.schedule.next_fire(now)
-        ov = Override(profile, nxt[0] if nxt else None, now)
-        self.status.override = ov
-        try:
-            self.overrides.save(ov)
-        except OSError as e:
-            log.error("the manual apply of %s holds, but cannot be kept across a restart: %s", profile.name, e)
+        return nxt[0] if nxt else None
 
     def _finish(self, profile: Profile, result: ApplyResult, reason: str, t0: float) -> None:
         """Count, log and audit one apply, scheduled or manual alike, from what the apply read back."""
@@ -263,12 +250,12 @@ class Daemon:
     # -- requests from the control socket -------------------------------------------------------
     def clear_fault(self, gpu: str) -> list[str]:
         """An operator checked a GPU (index or UUID) and clears its fault mark: it may be reconfigured."""
-        gpus = self.backend.list_gpus()
+        gpus = survey(self.backend).gpus
         uuids = [g.uuid for g in gpus if gpu in (str(g.index), g.uuid)]
         if not uuids:
             raise ValidationError("clear-fault", None, None, "GPU", f"no GPU {gpu!r} on this node (it has "
                                   f"{describe_gpus(gpus)})")
-        cleared = [u for u in uuids if self.status.unhealthy.pop(u, None) is not None]
+        cleared = [u for u in uuids if self.status.unhealthy.clear(u)]
         log.warning("fault mark cleared on %s by an operator", ", ".join(cleared) or "nothing")
         if cleared:
             self.wake.set()
@@ -320,6 +307,7 @@ class Daemon:
             log.warning("reloaded, but %s changed: that takes effect only after a restart (systemctl restart "
                         "migd)", ", ".join(stale))
         self.config = new
+        self._reschedule_hold()
         self.status.timezone = new.timezone
         self.status.profile_names, self.status.busy_timeout_s = tuple(sorted(new.profiles)), new.busy_timeout_s
         self.status.last_reload_error = None
@@ -348,6 +336,7 @@ class Daemon:
                 log.warning("GPU %d: %s after an interrupted apply", r.index, r.status.replace("_", " "))
         except REFUSALS as e:
             log.error("cannot recover an interrupted apply yet: %s", e)
+        self._reschedule_hold()
         if self.status.override is not None:
             ov = self.status.override
             log.info("manual apply of %s (%s) still holds until %s", ov.profile.name, ov.profile.source,

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone, tzinfo
 from typing import Any
 
+from migd.apply.result import ApplyResult, GpuStatus
 from migd.daemon.override import Override
-from migd.isolation.xids import FaultMark
+from migd.isolation.marks import FaultMarks
 from migd.kinds import Word
 
 SCHEMA = "migd.daemon/v1"
@@ -35,6 +36,18 @@ class Outcome(Word):
         """What pages (``MigdApplyFailed``): a change that failed or was refused by an error.  A blocked
         or cancelled apply did what the busy policy or the operator asked."""
         return self in (Outcome.FAILED, Outcome.ROLLED_BACK, Outcome.ERROR)
+
+
+def outcome_of(result: ApplyResult) -> Outcome:
+    """The one outcome an apply is counted as: its worst GPU's."""
+    statuses = {r.status for r in result.results}
+    for status, outcome in ((GpuStatus.FAILED, Outcome.FAILED), (GpuStatus.ROLLED_BACK, Outcome.ROLLED_BACK),
+                            (GpuStatus.CANCELLED, Outcome.CANCELLED), (GpuStatus.BLOCKED, Outcome.BLOCKED),
+                            (GpuStatus.FAULTED, Outcome.BLOCKED),
+                            (GpuStatus.APPLIED, Outcome.SUCCESS)):
+        if status in statuses:
+            return outcome
+    return Outcome.UNCHANGED
 
 
 class Progress(Word):
@@ -113,7 +126,7 @@ class Status:
     last_reload_error: str | None = None
     restart_needed: list[str] = field(default_factory=list)  # settings a reload changed but cannot apply
     apply_count: dict[Outcome, int] = field(default_factory=dict)
-    unhealthy: dict[str, FaultMark] = field(default_factory=dict)  # gpu uuid -> GPU-wide fault (fault watch)
+    unhealthy: FaultMarks = field(default_factory=FaultMarks)  # gpu uuid -> GPU-wide fault (fault watch)
     slurm: dict[str, Any] | None = None  # Slurm mode: the node's switch state (migd.slurm/v1 fields)
     profile_names: tuple[str, ...] = ()  # the configured profiles (their time series start at 0)
     busy_timeout_s: float = 0.0  # how long a transition may wait for busy instances (config)
@@ -173,4 +186,4 @@ class Status:
             "unhealthy": self.unhealthy_reasons(), "slurm": self.slurm}
 
     def unhealthy_reasons(self) -> dict[str, str]:
-        return {uuid: str(mark) for uuid, mark in self.unhealthy.items()}
+        return self.unhealthy.reasons()

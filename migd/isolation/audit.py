@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from migd.hardware.backend import GpuBackend, GpuState, read_state
+from migd.hardware.inventory import Unreadable, read_each, survey
 from migd.kinds import Word
 from migd.planner import GpuPlan, OpKind
 
@@ -131,6 +132,9 @@ def audit_readings(readings: Iterable[GpuState], plans: dict[int, GpuPlan] | Non
 
 
 def audit(backend: GpuBackend, plans: dict[int, GpuPlan] | None = None,
-          against: str = "the active profile") -> list[Finding]:
-    """Read every GPU now and audit it."""
-    return audit_readings((read_state(backend, g) for g in backend.list_gpus()), plans, against)
+          against: str = "the active profile") -> tuple[list[Finding], list[Unreadable]]:
+    """Read every GPU now and audit it; the GPUs NVML cannot read (lost) are returned, not audited."""
+    inventory = survey(backend)
+    readings, failed = read_each(inventory.gpus, lambda g: read_state(backend, g))
+    return audit_readings(readings, plans, against), sorted(inventory.unreadable + tuple(failed),
+                                                            key=lambda u: u.index)

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from migd.hardware.backend import GpuBackend
+from migd.hardware.inventory import survey
 
 _SNIPPET = "import torch; x = torch.ones(1 << 20, device='cuda'); assert float(x.sum()) == float(1 << 20)"
 
@@ -18,7 +19,7 @@ def run_probe(backend: GpuBackend, timeout_s: float = 120.0) -> dict[str, Any]:
     if importlib.util.find_spec("torch") is None:
         return {"status": "skipped", "detail": "no CUDA-capable Python stack (torch is not installed)", "results": []}
     results = []
-    for g in backend.list_gpus():
+    for g in survey(backend).gpus:  # a lost GPU runs nothing: the status and audit report it
         if not g.mig_current:
             continue
         for d in backend.list_mig_devices(g.index):

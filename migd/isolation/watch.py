@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from migd.hardware.backend import EventKind, GpuBackend, GpuEvent, HardwareError
+from migd.isolation.marks import FaultMarks
 from migd.isolation.xids import FATAL_GPU_XIDS, FaultMark
 from migd.loop import BackgroundLoop
 from migd.metrics.collector import EventCounters
@@ -26,13 +27,13 @@ class FaultWatch(BackgroundLoop):
     thread_name = "migd-faults"
     join_timeout_s = 5.0
 
-    def __init__(self, backend: GpuBackend, lock: Any, events: EventCounters, unhealthy: dict[str, FaultMark],
+    def __init__(self, backend: GpuBackend, lock: Any, events: EventCounters, unhealthy: FaultMarks,
                  on_config_change: Callable[[], None] | None = None) -> None:
         super().__init__(log, "fault watch")
         self.backend = backend
         self.lock = lock
         self.events = events
-        self.unhealthy = unhealthy  # shared with the daemon's status: uuid -> the mark
+        self.unhealthy = unhealthy  # the daemon's marks: set here, cleared by an operator
         self.on_config_change = on_config_change
         self._procs: dict[int, dict[int, set[int]]] = {}  # gpu -> gi -> pids, as last seen
         self._uuids: dict[int, str] = {}  # gpu index -> UUID, as last seen (a lost GPU tells none)
@@ -81,7 +82,7 @@ class FaultWatch(BackgroundLoop):
         if ev.gi_id is None:
             log.error("GPU %d: GPU-wide Xid %s", ev.gpu_index, ev.xid)
             if ev.xid in FATAL_GPU_XIDS:
-                self.unhealthy[uuid] = FaultMark(ev.xid or 0, now)
+                self.unhealthy.mark(uuid, FaultMark(ev.xid or 0, now))
                 log.critical("GPU %d marked unhealthy after Xid %s: reconfiguration refused until cleared",
                              ev.gpu_index, ev.xid)
             return

@@ -84,14 +84,14 @@ class MigdCollector(Collector):
         st = self.status()
         known = faults.known_gpus(snap, self.events)
         yield from faults.xid_families(snap, self.events, known)
-        yield from faults.unhealthy_families(dict(st.unhealthy), known)
+        yield from faults.unhealthy_families(st.unhealthy.snapshot(), known)
         if self.audit is not None:
             yield from faults.audit_families(self.audit(), known)
 
     def version(self) -> tuple[Any, ...]:
         """What the slow families are made of: a new snapshot, an event counted, a fault mark set or
         cleared, a new audit."""
-        marks = tuple(sorted(self.status().unhealthy.items()))
+        marks = tuple(sorted(self.status().unhealthy.snapshot().items()))
         return self.sampler.snapshot, self.events.version, marks, tuple(self.audit()) if self.audit else ()
 
     def live_families(self) -> Iterator[Metric]:

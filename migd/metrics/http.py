@@ -15,6 +15,7 @@ from migd.metrics.aserver import MetricsServer
 from migd.metrics.collector import EventCounters, MigdCollector, Part
 from migd.metrics.exposition import Exposition
 from migd.metrics.sampler import NvmlErrorCounter, Sampler, ViewSource
+from migd.yamlsrc import parse_host_port
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class Sources:
 
 def start_metrics(listen: str, sources: Sources, interval_s: float) -> tuple[MetricsServer, MigdCollector]:
     """Start the sampler thread and the HTTP server; the collector's observe_apply takes apply durations."""
-    host, _, port = listen.rpartition(":")
+    host, port = parse_host_port(listen)  # checked where it was given (config, --metrics-listen)
     sampler = Sampler(sources.backend, sources.lock, sources.owners, interval_s)
     sampler.sample_once()
     sampler.start()
@@ -45,7 +46,7 @@ def start_metrics(listen: str, sources: Sources, interval_s: float) -> tuple[Met
     ProcessCollector(registry=live)
     PlatformCollector(registry=live)
     GCCollector(registry=live)
-    server = MetricsServer(host.strip("[]"), int(port), Exposition(slow, collector.version, live), sampler,
+    server = MetricsServer(host, port, Exposition(slow, collector.version, live), sampler,
                            stale_after_s=max(60.0, 4 * interval_s))
     sampler.on_snapshot.append(server.exposition.refresh)
     threading.Thread(target=server.serve_forever, name="migd-http", daemon=True).start()

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from migd.hardware.backend import GpuBackend, GpuInfo, GpuInstance
 from migd.hardware.catalog import CiProfile, GiProfile
+from migd.hardware.inventory import Unreadable, read_each, survey
 from migd.profiles.loader import API_VERSION
+
+T = TypeVar("T")
 
 
 def _instances(backend: GpuBackend, g: GpuInfo) -> Iterator[tuple[GpuInstance, GiProfile, list[CiProfile]]]:
@@ -25,20 +28,29 @@ def _instances(backend: GpuBackend, g: GpuInfo) -> Iterator[tuple[GpuInstance, G
         yield gi, prof, [] if not cps or cps == [prof.default_ci] else cps
 
 
-def export_profile(backend: GpuBackend, owners: dict[str, dict[int, str]], name: str = "exported") -> dict[str, Any]:
-    groups: dict[tuple[Any, ...], list[int]] = {}
-    for g in backend.list_gpus():
-        if g.model is None:
-            continue
+def _each(backend: GpuBackend, key: Callable[[GpuInfo], T]) -> tuple[dict[T, list[int]], list[Unreadable]]:
+    """GPU indexes grouped by ``key`` (the layout); a GPU NVML cannot read (lost) is left out and returned."""
+    inventory = survey(backend)
+    known = [g for g in inventory.gpus if g.model is not None]
+    keys, failed = read_each(known, lambda g: (key(g), g.index))
+    groups: dict[T, list[int]] = {}
+    for k, index in keys:
+        groups.setdefault(k, []).append(index)
+    return groups, sorted(inventory.unreadable + tuple(failed), key=lambda u: u.index)
+
+
+def export_profile(backend: GpuBackend, owners: dict[str, dict[int, str]],
+                   name: str = "exported") -> tuple[dict[str, Any], list[Unreadable]]:
+    """The node as a migd profile, and the GPUs it leaves out because NVML cannot read them."""
+    def layout(g: GpuInfo) -> tuple[Any, ...]:
         if not g.mig_current:
-            key: tuple[Any, ...] = ("disabled",)
-        else:
-            items: Counter[tuple[str, tuple[str, ...] | None, str | None]] = Counter()
-            for gi, prof, split in _instances(backend, g):
-                compute = tuple(f"{c.slices}c" for c in split) if split else None
-                items[(prof.name, compute, owners.get(g.uuid, {}).get(gi.placement.start))] += 1
-            key = ("enabled", tuple(sorted(items.items(), key=lambda kv: repr(kv))))
-        groups.setdefault(key, []).append(g.index)
+            return ("disabled",)
+        items: Counter[tuple[str, tuple[str, ...] | None, str | None]] = Counter()
+        for gi, prof, split in _instances(backend, g):
+            compute = tuple(f"{c.slices}c" for c in split) if split else None
+            items[(prof.name, compute, owners.get(g.uuid, {}).get(gi.placement.start))] += 1
+        return ("enabled", tuple(sorted(items.items(), key=lambda kv: repr(kv))))
+    groups, unreadable = _each(backend, layout)
     sections = []
     for key, indexes in groups.items():
         sec: dict[str, Any] = {"select": {"index": indexes}, "mig": key[0]}
@@ -53,26 +65,24 @@ def export_profile(backend: GpuBackend, owners: dict[str, dict[int, str]], name:
                 sec["instances"].append(inst)
         sections.append(sec)
     return {"apiVersion": API_VERSION, "kind": "Profile", "name": name,
-            "description": "exported from the current GPU state", "gpus": sections}
+            "description": "exported from the current GPU state", "gpus": sections}, unreadable
 
 
-def export_mig_parted(backend: GpuBackend, name: str = "exported") -> dict[str, Any]:
+def export_mig_parted(backend: GpuBackend, name: str = "exported") -> tuple[dict[str, Any], list[Unreadable]]:
     """The current state as a mig-parted config (``version: v1``): GPUs with the same layout share an
     entry; ``mig-devices`` counts GI profiles, or CI profiles for a GI split into several CIs (mig-parted
     keeps no placements and no owners, so neither is written)."""
-    groups: dict[tuple[bool, tuple[tuple[str, int], ...]], list[int]] = {}
-    for g in backend.list_gpus():
-        if g.model is None:
-            continue
+    def key(g: GpuInfo) -> tuple[bool, tuple[tuple[str, int], ...]]:
         counts: Counter[str] = Counter()
         if g.mig_current:
             for _, prof, split in _instances(backend, g):
                 counts.update([c.name for c in split] or [prof.name])
-        groups.setdefault((g.mig_current, tuple(sorted(counts.items()))), []).append(g.index)
+        return g.mig_current, tuple(sorted(counts.items()))
+    groups, unreadable = _each(backend, key)
     entries = []
     for (mig, counts_), indexes in groups.items():
         entry: dict[str, Any] = {"devices": indexes, "mig-enabled": mig}
         if mig:
             entry["mig-devices"] = dict(counts_)
         entries.append(entry)
-    return {"version": "v1", "mig-configs": {name: entries}}
+    return {"version": "v1", "mig-configs": {name: entries}}, unreadable

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from migd.hardware.catalog import MODELS
 from migd.profiles.model import GpuSection, InstanceSpec, Loc, PciId, Profile, Selector
-from migd.yamlsrc import Node, load, read
+from migd.yamlsrc import Node, excerpt, load, read
 
 API_VERSION = "migd/v1"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -31,7 +31,7 @@ def load_profile(path: str | Path, config: str | None = None, text: str | None =
     """
     text = read(path, strict, "profile") if text is None else text
     root = load(path, text)
-    top = root.mapping()
+    top = profile_top(root)
     if "mig-configs" in top or ("version" in top and "apiVersion" not in top):
         profile = _load_mig_parted(root, config)
     elif config is not None:
@@ -41,6 +41,16 @@ def load_profile(path: str | Path, config: str | None = None, text: str | None =
     return replace(profile, text=text)
 
 
+def profile_top(root: Node) -> dict[str, Node]:
+    """The top-level keys of a profile or mig-parted file; a file with none of their keys is refused
+    without quoting any of it: it may be any file root can read (a private key, a shadow file)."""
+    top = root.mapping() if root.is_mapping() else {}
+    if not top.keys() & {"apiVersion", "kind", "version", "mig-configs"}:
+        raise root.error("not a migd profile (apiVersion: migd/v1, kind: Profile) or a mig-parted config "
+                         "(version: v1, mig-configs: ...)")
+    return top
+
+
 def _load_migd(root: Node) -> Profile:
     top = root.mapping(allowed=["apiVersion", "kind", "name", "description", "gpus"],
                        required=["apiVersion", "kind", "name", "gpus"])
@@ -48,7 +58,7 @@ def _load_migd(root: Node) -> Profile:
     top["kind"].str(choices=["Profile"])
     name = top["name"].str()
     if not _NAME.match(name):
-        raise top["name"].error(f"{name!r} is not a valid name (letters, digits, '.', '_', '-'; max 63)")
+        raise top["name"].error(f"{excerpt(name)} is not a valid name (letters, digits, '.', '_', '-'; max 63)")
     description = top["description"].str() if "description" in top else ""
     sections = [_migd_section(n) for n in top["gpus"].items()]
     if not sections:
@@ -84,7 +94,7 @@ def _pci_id(n: Node) -> PciId:
             raise ValueError
         ids = [_go_uint32(p) for p in parts]
     except ValueError:
-        raise n.error(f"{raw!r} is not a PCI device id like 0x20B010DE or 0x233010DE:0x16C010DE") from None
+        raise n.error(f"{excerpt(raw)} is not a PCI device id like 0x20B010DE or 0x233010DE:0x16C010DE") from None
     return PciId(ids[0], ids[1] if len(ids) == 2 else None)
 
 
@@ -118,12 +128,12 @@ def _instance(n: Node) -> InstanceSpec:
     m = n.mapping(allowed=["profile", "count", "owner", "compute"], required=["profile"])
     profile = m["profile"].str()
     if not _PROFILE.match(profile):
-        raise m["profile"].error(f"{profile!r} is not a MIG profile name (e.g. 1g, 3g.40gb, 1g.10gb+me, "
+        raise m["profile"].error(f"{excerpt(profile)} is not a MIG profile name (e.g. 1g, 3g.40gb, 1g.10gb+me, "
                                  "1c.3g.40gb)")
     count = m["count"].int(minimum=1, maximum=MAX_COUNT) if "count" in m else 1
     owner = m["owner"].str() if "owner" in m else None
     if owner is not None and not _NAME.match(owner):
-        raise m["owner"].error(f"{owner!r} is not a valid owner label (letters, digits, '.', '_', '-')")
+        raise m["owner"].error(f"{excerpt(owner)} is not a valid owner label (letters, digits, '.', '_', '-')")
     compute = None
     if "compute" in m:
         items = list(m["compute"].items())
@@ -132,13 +142,14 @@ def _instance(n: Node) -> InstanceSpec:
         compute = tuple(x.str() for x in items)
         for x, c in zip(items, compute, strict=True):
             if not _CI.match(c):
-                raise x.error(f"{c!r} is not a compute-instance profile (e.g. 1c, 2c, 1c.3g.40gb)")
+                raise x.error(f"{excerpt(c)} is not a compute-instance profile (e.g. 1c, 2c, 1c.3g.40gb)")
     return InstanceSpec(profile=profile, count=count, owner=owner, compute=compute, loc=_loc(m["profile"]))
 
 
 # -- mig-parted ---------------------------------------------------------------------------------
 def mig_parted_configs(path: str | Path, text: str | None = None) -> list[str]:
     root = load(path, text)
+    profile_top(root)
     return list(root.mapping(allowed=["version", "mig-configs"], required=["mig-configs"])["mig-configs"]
                 .mapping())
 
@@ -150,7 +161,7 @@ def _load_mig_parted(root: Node, config: str | None) -> Profile:
     if config is None:
         raise root.error("this is a mig-parted file: choose a config with --config NAME", sorted(configs))
     if config not in configs:
-        raise top["mig-configs"].error(f"no config named {config!r}", sorted(configs))
+        raise top["mig-configs"].error(f"no config named {excerpt(config)}", sorted(configs))
     sections = [_mig_parted_section(n) for n in configs[config].items()]
     if not sections:
         raise configs[config].error("lists no devices")
@@ -175,7 +186,7 @@ def _mig_devices(m: dict[str, Node], mig: bool) -> list[InstanceSpec]:
     instances = []
     for name, v in devices.items():
         if not _PROFILE.match(name):
-            raise v.error(f"{name!r} is not a MIG profile name")
+            raise v.error(f"{excerpt(name)} is not a MIG profile name")
         instances.append(InstanceSpec(profile=name, count=v.int(minimum=0, maximum=MAX_COUNT), owner=None,
                                       compute=None, loc=_loc(v)))
     if devices and all(i.count == 0 for i in instances):

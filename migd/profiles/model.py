@@ -69,6 +69,11 @@ class Selector:
                 return False
         return True
 
+    def may_match(self, index: int) -> bool:
+        """Whether this selector could select GPU ``index`` whose other attributes NVML cannot read (a lost
+        GPU): only an index list can rule it out."""
+        return self.indexes is None or index in self.indexes
+
     def describe(self) -> str:
         parts = []
         if self.indexes is not None:
@@ -127,6 +132,10 @@ class Profile:
             raise second.loc.error(f"GPU {gpu.index} ({gpu.model_key}) is also selected by the section at line "
                                    f"{first.loc.line}; each GPU may be selected by one section only")
         return hits[0] if hits else None
+
+    def may_select(self, index: int) -> bool:
+        """Whether the profile could select GPU ``index`` were it readable (a lost GPU: the request touches it)."""
+        return any(s.selector.may_match(index) for s in self.sections)
 
     def selects_nothing(self, gpus: Iterable[GpuInfo]) -> ValidationError:
         """A profile that selects no GPU of this node would change nothing: an error, not "applied"

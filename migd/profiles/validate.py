@@ -9,7 +9,7 @@ from pathlib import Path
 from migd.hardware.backend import GpuInfo
 from migd.hardware.catalog import MODELS, GpuModel
 from migd.planner import PlanError, plan_gpu
-from migd.profiles.loader import load_profile, mig_parted_configs
+from migd.profiles.loader import load_profile, mig_parted_configs, profile_top
 from migd.profiles.model import GpuSection, Profile
 from migd.profiles.resolve import gi_name_of, resolve_section
 from migd.yamlsrc import ValidationError, load
@@ -123,7 +123,7 @@ class FileCheck:
 def check_file(path: str | Path, gpus: int | None = None) -> FileCheck:
     """:func:`validate_file` plus caveats and warnings: a layout planned on a borrowed or derived table
     may differ on the real GPU (its live table decides).  ``gpus``: the node's GPU count, if known."""
-    top = load(path).mapping()
+    top = profile_top(load(path))
     names = mig_parted_configs(path) if "mig-configs" in top else [None]
     out: list[tuple[str, Checked]] = []
     notes: Caveats = {}

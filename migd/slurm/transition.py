@@ -24,12 +24,13 @@ from datetime import datetime
 from pathlib import Path
 
 from migd.apply.result import OnBusy
-from migd.apply.statefile import atomic_write_json, atomic_write_text, read_json
+from migd.apply.statefile import atomic_write_json, atomic_write_text, conform, of, one_of, optional, read_json, record
 from migd.hardware.backend import GpuState
 from migd.kinds import Word
 from migd.slurm.ctl import NodeInfo, Runner, SlurmCtl, SlurmError
 from migd.slurm.gres import GresError, GresRecord, gres_conf, node_gres, read_minors, records, set_node_gres
 from migd.slurm.settings import GresUpdate, SlurmSettings
+from migd.yamlsrc import ValidationError
 
 log = logging.getLogger(__name__)
 SCHEMA = "migd.slurm/v1"
@@ -41,6 +42,12 @@ class Phase(Word):
     DRAINING = "draining"  # drained for a switch; jobs holding GPUs still run
     SWITCHING = "switching"  # applying the layout and publishing the GRES
     FAILED = "failed"  # the last switch failed; the node serves its old layout
+
+
+_NUMBER = of(int, float)
+_STATE = record(schema=of(str), phase=one_of(*Phase), profile=optional(of(str)), was_serving=optional(of(bool)),
+                reservation=optional(of(str)), reserved_for=optional(_NUMBER), jobs_waiting=optional(of(int)),
+                gres_in_sync=optional(of(bool)), reason=optional(of(str)), since=optional(_NUMBER))
 
 
 @dataclass
@@ -75,11 +82,13 @@ class SlurmGate:
     # -- state ------------------------------------------------------------------------------------
     def _load(self) -> SlurmState:
         try:
-            doc = read_json(self._path)
+            doc = conform(self._path, read_json(self._path), _STATE)
+            if doc.get("schema") != SCHEMA:
+                raise ValidationError(str(self._path), None, None, "schema", f"not a {SCHEMA} file")
         except FileNotFoundError:
             return SlurmState()
-        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-            log.error("%s: not a %s file; starting from 'serving'", self._path, SCHEMA)
+        except ValidationError as e:
+            log.error("%s; starting from 'serving' (check the node with scontrol show node)", e)
             return SlurmState()
         doc = {k: v for k, v in doc.items() if k in SlurmState.__dataclass_fields__}
         doc["phase"] = Phase(doc.get("phase", Phase.SERVING))

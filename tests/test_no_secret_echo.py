@@ -1,0 +1,74 @@
+"""A file handed to migctl by mistake is not echoed back (issue 29, class 3): root can read a private
+key or a shadow file, and an error message reaches terminals, logs and tickets.  Errors name file,
+line, column and the expected shape; they quote at most a short excerpt of a profile's own values,
+and nothing that looks like a key, a token or a password hash."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from migd.yamlsrc import excerpt
+
+KEY_BODY = "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW"
+NOT_PROFILES = {
+    "private key": f"-----BEGIN OPENSSH PRIVATE KEY-----\n{KEY_BODY}\n-----END OPENSSH PRIVATE KEY-----\n",
+    "shadow line": "root:$6$Zq0aXb1c$4fG7hJ2kL9mN3pQ5rS8tU1vW6xY0zA2bC4dE6fG8hI0jK2lM4nO6pQ8rS0tU2vW4xY6z"
+                   ":19000:0:99999:7:::\n",
+    "token file": "token: ghp_16C7e42F292c6912E7710c838347Ae178B4a\n",
+    "env file": "AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY\n",
+}
+SECRETS = (KEY_BODY[:16], "4fG7hJ2kL9mN3pQ5", "ghp_16C7e42F292c", "wJalrXUtnFEMI", "EXAMPLEKEY", "Zq0aXb1c")
+
+
+def _migctl(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "migd.cli", "--sim", "single-a100", "--sim-state",
+                           str(tmp / "sim.json"), "--state-dir", str(tmp / "state"), *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("kind", sorted(NOT_PROFILES))
+@pytest.mark.parametrize("command", [("apply", "--local"), ("plan",), ("validate",), ("apply", "--dry-run")])
+def test_a_file_that_is_not_a_profile_is_not_quoted(tmp_path: Path, kind: str, command: tuple[str, ...]) -> None:
+    path = tmp_path / "secret"
+    path.write_text(NOT_PROFILES[kind])
+    path.chmod(0o600)
+    r = _migctl(tmp_path, command[0], str(path), *command[1:])
+    assert r.returncode == 2, r
+    line, = r.stderr.splitlines()
+    assert line == f"error: {path}:1:1: not a migd profile (apiVersion: migd/v1, kind: Profile) or a mig-parted " \
+                   "config (version: v1, mig-configs: ...)", line
+    assert not any(s in r.stdout + r.stderr for s in SECRETS)
+
+
+def test_a_hooks_file_that_is_a_key_is_not_quoted(tmp_path: Path) -> None:
+    key = tmp_path / "id_ed25519"
+    key.write_text(NOT_PROFILES["private key"])
+    key.chmod(0o600)
+    profile = Path(__file__).resolve().parents[1] / "profiles" / "day.yaml"
+    r = _migctl(tmp_path, "apply", "--local", str(profile), "--hooks", str(key))
+    assert r.returncode == 2 and "must be a mapping, not a value of" in r.stderr, r.stderr
+    assert not any(s in r.stderr for s in SECRETS)
+
+
+def test_a_profile_value_that_looks_like_a_token_is_not_quoted(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("apiVersion: migd/v1\nkind: Profile\nname: p\ngpus:\n  - select: all\n    instances:\n"
+                    "      - {profile: sk_live_51HqLyjWDarjtT1zdp7dc}\n")
+    r = _migctl(tmp_path, "plan", str(path))
+    assert r.returncode == 2 and "sk_live" not in r.stderr, r.stderr
+    assert f"{path}:7:19: gpus[0].instances[0].profile: a value of 29 characters (not shown" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(("value", "shown"), [
+    ("3g.40gbb", "'3g.40gbb'"),
+    ("GPU-5e8ab3c1-4cf1-4f3b-9b5c-2f0b7f1e2a11", "'GPU-5e8ab3c1-4cf1-4f3b-9b5c-2f0b7f1e2a11'"),
+    ("nvidia-mig-manager-service", "'nvidia-mig-manager-service'"),
+    ("a" * 60, "'" + "a" * 37 + "...'"),
+    ("two\nlines", "'two lines'"),
+])
+def test_ordinary_profile_values_are_still_quoted_short(value: str, shown: str) -> None:
+    assert excerpt(value) == shown

@@ -1,0 +1,37 @@
+"""Every option is parsed into its type where it is read: a bad value is one line naming the option,
+exit 2, and never a traceback (``migd --metrics-listen nonsense`` and ``migctl apply --busy-timeout 5x``
+used to end in ValueError tracebacks, the second after migd had been asked)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import PROFILES
+
+BAD = [
+    (("migd.daemon.main", "--metrics-listen", "nonsense"), "--metrics-listen"),
+    (("migd.daemon.main", "--metrics-listen", "127.0.0.1:99999"), "--metrics-listen"),
+    (("migd.daemon.main", "--metrics-listen", ":9835"), "--metrics-listen"),
+    (("migd.daemon.main", "--time-scale", "inf"), "--time-scale"),
+    (("migd.daemon.main", "--time-scale", "nan"), "--time-scale"),
+    (("migd.daemon.main", "--now", "tomorrow"), "--now"),
+    (("migd.cli", "apply", "--busy-timeout", "5x", str(PROFILES / "day.yaml")), "--busy-timeout"),
+    (("migd.cli", "apply", "--lock-timeout", "nan", str(PROFILES / "day.yaml")), "--lock-timeout"),
+    (("migd.cli", "apply", "--lock-timeout", "-3", str(PROFILES / "day.yaml")), "--lock-timeout"),
+    (("migd.cli", "validate", "--gpus", "0", str(PROFILES / "day.yaml")), "--gpus"),
+    (("migd.cli", "validate", "--gpus", "eight", str(PROFILES / "day.yaml")), "--gpus"),
+]
+
+
+@pytest.mark.parametrize(("argv", "option"), BAD, ids=[" ".join(a[1:3]) for a, _ in BAD])
+def test_a_bad_option_value_is_one_line_and_exit_2(argv: tuple[str, ...], option: str) -> None:
+    r = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True, timeout=60,
+                       env={"PATH": "/usr/bin:/bin", "MIGD_CONFIG": "/nonexistent"})
+    assert r.returncode == 2, r
+    assert r.stdout == "" and "Traceback" not in r.stderr, r.stderr
+    line, = r.stderr.splitlines()
+    assert f"error: argument {option}: " in line and repr(argv[-2] if argv[-1].endswith(".yaml") else argv[-1]) \
+        in line, line
