@@ -245,3 +245,24 @@ def test_an_apply_syncs_the_journal_at_most_twice_per_gpu(tmp_path: Path, monkey
             if next((p for t, p in synced[i + 1:] if t == synced[i][0]), None) == state_dir]
     assert len(journal) == 1 + 8 and len(dirs) == 1, synced
     assert len(journal) + len(dirs) <= 2 * 8
+
+
+def test_a_full_disk_when_the_lock_is_taken_leaves_the_lock_free(tmp_path: Path, small_fs: Path) -> None:
+    """The lock's PID could not be written (ENOSPC): its descriptor used to stay open, and every later
+    apply of that process (migd's, for as long as it lived) was refused: "held by pid unknown"."""
+    m = Migctl(tmp_path, "single-a100")
+    m.state_dir = small_fs / "state"
+    assert m("apply", str(PROFILES / "day.yaml")).code == 0
+    (m.state_dir / "apply.lock").unlink()  # the next apply creates it anew: its PID needs a block
+    with open(small_fs / "filler", "ab", buffering=0) as f:  # the file system full to the last block
+        for size in (65536, 4096, 1):
+            try:
+                while True:
+                    f.write(b"\0" * size)
+            except OSError:
+                pass
+    r = m("apply", NIGHT)
+    assert r.code == 1 and "No space left" in r.err and "Traceback" not in r.err, r.err
+    (small_fs / "filler").unlink()
+    r = m("apply", NIGHT)  # the same process, as migd is: the lock is free again
+    assert r.code == 0, r.err
