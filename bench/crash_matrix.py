@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from migd.apply.executor import Applier  # noqa: E402
 from migd.apply.result import ApplyOptions  # noqa: E402
 from migd.profiles.loader import load_profile  # noqa: E402
-from migd.sim import control, sim_backend  # noqa: E402
+from migd.sim import control  # noqa: E402
+from migd.sim.backend import sim_backend  # noqa: E402
 from migd.sim.state import StateStore  # noqa: E402
 
 PROFILES = Path(__file__).resolve().parents[1] / "profiles"

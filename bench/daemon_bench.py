@@ -21,7 +21,7 @@ from typing import Any
 from refs import MINIMAL_SERVER, DirectSampler
 
 from migd.metrics.sampler import Sampler
-from migd.sim import sim_backend
+from migd.sim.backend import sim_backend
 from migd.sim.library import loaded
 from tests.daemon_harness import MigdProcess, free_port
 from tests.helpers import PROFILES, Migctl

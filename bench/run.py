@@ -40,11 +40,12 @@ from migd.apply.executor import Applier  # noqa: E402
 from migd.apply.result import ApplyOptions  # noqa: E402
 from migd.hardware.backend import ComputeInstance, GpuInstance  # noqa: E402
 from migd.hardware.catalog import MODELS, GiProfile  # noqa: E402
-from migd.planner import _solve, build_tables, forget, plan_gpu  # noqa: E402
+from migd.plan.offline import fake_gpu  # noqa: E402
+from migd.plan.planner import _solve, build_tables, forget, plan_gpu  # noqa: E402
+from migd.plan.requests import DesiredInstance, DesiredLayout  # noqa: E402
 from migd.profiles.loader import load_profile  # noqa: E402
-from migd.profiles.resolve import DesiredInstance, DesiredLayout  # noqa: E402
-from migd.profiles.validate import fake_gpu  # noqa: E402
-from migd.sim import control, sim_backend  # noqa: E402
+from migd.sim import control  # noqa: E402
+from migd.sim.backend import sim_backend  # noqa: E402
 from migd.sim.state import StateStore  # noqa: E402
 
 PROFILES = ROOT / "profiles"

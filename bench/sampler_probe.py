@@ -44,7 +44,7 @@ def _backend(sim: str | None) -> Any:
         return NvmlBackend()
     import tempfile
 
-    from migd.sim import sim_backend
+    from migd.sim.backend import sim_backend
     return sim_backend(Path(tempfile.mkdtemp()) / "state.json", sim)
 
 
@@ -66,7 +66,7 @@ def probe(sim: str | None) -> int:
     refused = guard_read_only()
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from migd.daemon.status import Status
+    from migd.api.daemon import Status
     from migd.metrics.collector import MigdCollector
     from migd.metrics.sampler import NvmlErrorCounter, Sampler
 
@@ -74,8 +74,8 @@ def probe(sim: str | None) -> int:
     calls: dict[str, int] = {}
     unlocked = backend.nvml.unlocked
 
-    def counted(fn: str, *args: Any, **kw: Any) -> Any:
-        calls[fn] = calls.get(fn, 0) + 1
+    def counted(fn: Any, *args: Any, **kw: Any) -> Any:
+        calls[fn.__name__] = calls.get(fn.__name__, 0) + 1
         return unlocked(fn, *args, **kw)
 
     backend.nvml.unlocked = counted

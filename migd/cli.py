@@ -33,10 +33,11 @@ from migd.ctl_daemon import (
 )
 from migd.ctl_parser import parser
 from migd.doctor import UNREADABLE_CHECK, diagnose
+from migd.errors import ValidationError
 from migd.exits import EXPECTED, Exit, failure, for_result, partly
 from migd.hardware.backend import GpuBackend
 from migd.hardware.inventory import Unreadable
-from migd.planner import GpuPlan
+from migd.plan.planner import GpuPlan
 from migd.profiles.export import export_mig_parted, export_profile
 from migd.profiles.loader import load_profile
 from migd.profiles.model import Profile, index_ranges
@@ -44,13 +45,13 @@ from migd.profiles.validate import check_file
 from migd.report import apply_doc, assert_doc, doctor_doc, plan_doc, status_doc
 from migd.report_text import apply_table, assert_table, doctor_table, plan_table, status_table, unreadable_lines
 from migd.sim.fleets import FLEETS
-from migd.yamlsrc import ValidationError, load, read
+from migd.yamlsrc import load, read
 
 
 def open_backend(args: argparse.Namespace) -> tuple[GpuBackend, Path]:
     """The NVML backend over real NVML, or over the simulator with --sim."""
     if args.sim:
-        from migd.sim import sim_backend
+        from migd.sim.backend import sim_backend
         state, state_dir = paths.sim_paths(args.sim, args.sim_state, args.state_dir)
         return sim_backend(state, args.sim), state_dir
     from migd.hardware.nvml import NvmlBackend
@@ -205,7 +206,7 @@ def _discard(applier: Applier, yes: bool) -> int:
 
 
 def cmd_isolation(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
-    from migd.daemon.control import request
+    from migd.api.control import request
     from migd.isolation.audit import Severity, audit
     from migd.isolation.probe import run_probe
     profile = load_profile(args.profile) if args.profile else None

@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from migd import paths
-from migd.daemon.control import listening, request
+from migd.api.control import ApplyRequest, ManualApply, listening, request
+from migd.apply.result import OnBusy
+from migd.errors import ValidationError
 from migd.exits import Exit
 from migd.report import dump
 from migd.report_text import RESUME_HINT, apply_table, daemon_table
-from migd.yamlsrc import ValidationError
 
 
 def control_socket(args: argparse.Namespace) -> Path:
@@ -41,10 +42,10 @@ def apply_via_daemon(args: argparse.Namespace, text: str) -> int | None:
         withdrawn.append(True)
         print("cancelling: migd stops at the next step and puts every GPU it changed back (Ctrl-C again to stop "
               "waiting for it)", file=sys.stderr)
-    req = {"cmd": "apply", "file": path, "text": text, "config": args.config, "on_busy": args.on_busy,
-           "dry_run": args.dry_run, "busy_timeout_s": args.busy_timeout,
-           "lock_timeout_s": args.lock_timeout, "parallel": not args.sequential, "mode_only": args.mode_only,
-           "withdraw_on_hangup": True}
+    req = ApplyRequest(path, text, args.config, ManualApply(
+        on_busy=OnBusy(args.on_busy), dry_run=args.dry_run, busy_timeout_s=args.busy_timeout,
+        lock_timeout_s=args.lock_timeout, parallel=not args.sequential, mode_only=args.mode_only),
+        withdraw_on_hangup=True).to_json()
     try:
         reply = request(sock, req, on_interrupt=interrupted)
     except KeyboardInterrupt:
@@ -134,7 +135,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def _resume_offline(args: argparse.Namespace) -> int:
-    from migd.daemon.override import OverrideStore
+    from migd.api.override import OverrideStore
     store = OverrideStore(paths.state_dir(args.state_dir, args.sim, args.sim_state) / "override.json")
     if not store.path.exists():
         print("migd is not running and no manual apply is kept: its next start follows the schedule")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from migd import __version__, cliargs, paths
 from migd.apply.result import OnBusy
@@ -29,6 +29,9 @@ def _globals(p: argparse.ArgumentParser, defaults: bool) -> None:
                    help="every GPU, operation and check in tables, and each step logged (INFO) to stderr")
 
 
+Command = Callable[[str, str], argparse.ArgumentParser]  # adds one subcommand (name, help)
+
+
 def parser() -> argparse.ArgumentParser:
     p = Parser(prog="migctl", description="Manage NVIDIA MIG partitions.")
     p.add_argument("--version", action="version", version=f"migctl {__version__}")
@@ -41,12 +44,19 @@ def parser() -> argparse.ArgumentParser:
         sp: argparse.ArgumentParser = sub.add_parser(name, help=hlp, parents=[common])
         return sp
 
-    def fmt(sp: argparse.ArgumentParser, choices: Sequence[str] = ("table", "json", "yaml")) -> None:
-        sp.add_argument("-o", "--output", choices=choices, default=choices[0],
-                        help=f"output format (default {choices[0]}; json/yaml follow the documented schema)")
+    _fmt(cmd("status", "GPUs, MIG mode, instances, owners, MIG UUIDs, processes"))
+    _profile_commands(cmd)
+    _node_commands(cmd)
+    return p
 
-    sp = cmd("status", "GPUs, MIG mode, instances, owners, MIG UUIDs, processes")
-    fmt(sp)
+
+def _fmt(sp: argparse.ArgumentParser, choices: Sequence[str] = ("table", "json", "yaml")) -> None:
+    sp.add_argument("-o", "--output", choices=choices, default=choices[0],
+                    help=f"output format (default {choices[0]}; json/yaml follow the documented schema)")
+
+
+def _profile_commands(cmd: Command) -> None:
+    """plan, assert and apply: each takes a profile file."""
     for name, hlp in (("plan", "show the operations an apply would run"), ("assert", "exit 0 if applied"),
                       ("apply", "apply a profile")):
         sp = cmd(name, hlp)
@@ -54,24 +64,29 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("--config", help="config name in a mig-parted file")
         sp.add_argument("--mode-only", action="store_true",
                         help="only the MIG mode (enabled/disabled), as mig-parted's --mode-only; instances stay")
-        fmt(sp)
+        _fmt(sp)
         if name == "apply":
-            sp.add_argument("--dry-run", action="store_true", help="plan and show what would change; change nothing")
-            sp.add_argument("--on-busy", choices=list(OnBusy), default=OnBusy.REFUSE.value,
-                            help="instances with running processes that would be destroyed: refuse (default), "
-                            "wait for them to end, or force (SIGTERM, then SIGKILL)")
-            sp.add_argument("--busy-timeout", type=cliargs.duration, default="5m",
-                            help="with --on-busy wait (default 5m)")
-            sp.add_argument("--hooks", help="YAML file with a hooks: mapping (phases as in mig-parted)")
-            sp.add_argument("--lock-timeout", type=cliargs.seconds, default=0.0,
-                            help="seconds to wait for another apply")
-            sp.add_argument("--sequential", action="store_true", help="change GPUs one at a time")
-            sp.add_argument("--local", action="store_true",
-                            help="apply in this process (refused while migd runs: it would undo it; a dry run is "
-                            "fine)")
-            sp.add_argument("--force-local", action="store_true",
-                            help="apply in this process even though migd runs (emergencies: migd reconciles to "
-                            "its active profile at its next pass)")
+            _apply_options(sp)
+
+
+def _apply_options(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--dry-run", action="store_true", help="plan and show what would change; change nothing")
+    sp.add_argument("--on-busy", choices=list(OnBusy), default=OnBusy.REFUSE.value,
+                    help="instances with running processes that would be destroyed: refuse (default), "
+                    "wait for them to end, or force (SIGTERM, then SIGKILL)")
+    sp.add_argument("--busy-timeout", type=cliargs.duration, default="5m", help="with --on-busy wait (default 5m)")
+    sp.add_argument("--hooks", help="YAML file with a hooks: mapping (phases as in mig-parted)")
+    sp.add_argument("--lock-timeout", type=cliargs.seconds, default=0.0, help="seconds to wait for another apply")
+    sp.add_argument("--sequential", action="store_true", help="change GPUs one at a time")
+    sp.add_argument("--local", action="store_true",
+                    help="apply in this process (refused while migd runs: it would undo it; a dry run is fine)")
+    sp.add_argument("--force-local", action="store_true",
+                    help="apply in this process even though migd runs (emergencies: migd reconciles to its active "
+                    "profile at its next pass)")
+
+
+def _node_commands(cmd: Command) -> None:
+    """The commands about the node, migd and files, in the order --help lists them."""
     sp = cmd("recover", "restore GPUs left half-way by an interrupted apply")
     sp.add_argument("--discard", action="store_true",
                     help="set aside a journal that cannot be used (damaged, or naming a GPU that is gone)")
@@ -79,7 +94,7 @@ def parser() -> argparse.ArgumentParser:
     sp = cmd("isolation", "fault-isolation audit (and the daemon's fault marks and breaches)")
     sp.add_argument("--profile", help="also report instances missing from / not in this profile")
     sp.add_argument("--probe", action="store_true", help="run a tiny CUDA workload in each instance")
-    fmt(sp)
+    _fmt(sp)
     sp = cmd("clear-fault", "clear a GPU-wide fault mark so the GPU may be reconfigured")
     sp.add_argument("gpu", help="GPU index or UUID")
     sp = cmd("validate", "check profile files offline")
@@ -87,19 +102,13 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--gpus", type=cliargs.count, metavar="N", help="the node has N GPUs: an index selector "
                     "beyond N-1 is an error (default: the --sim fleet's size; otherwise indexes no board has are "
                     "warned about)")
-    sp = cmd("daemon", "the running migd: active profile and why, next transition, blocked "
-                        "reason, last apply")
-    fmt(sp)
+    _fmt(cmd("daemon", "the running migd: active profile and why, next transition, blocked reason, last apply"))
     cmd("reload", "make the running migd reload its configuration and profiles")
     cmd("resume", "lift a manual apply's hold: back to the scheduled profile now")
-    sp = cmd("doctor", "read-only check of driver, GPUs, profile tables, events and GPM "
-                        "against the catalog (changes nothing)")
-    fmt(sp)
+    _fmt(cmd("doctor", "read-only check of driver, GPUs, profile tables, events and GPM against the catalog "
+                       "(changes nothing)"))
     sp = cmd("export", "print the current state as a migd profile")
     sp.add_argument("--name", default="exported", help="name of the exported profile (default exported)")
     sp.add_argument("--format", choices=["migd", "mig-parted"], default="migd",
                     help="a migd profile (default; keeps placements and owners) or a mig-parted config")
-    fmt(sp, ("yaml", "json"))
-    return p
-
-
+    _fmt(sp, ("yaml", "json"))

@@ -15,9 +15,9 @@ from enum import IntEnum
 from migd.apply.hooks import HookError
 from migd.apply.lock import LockBusy
 from migd.apply.result import ApplyResult, BusyError, GpuStatus, GpuUnhealthy
+from migd.errors import ValidationError
 from migd.hardware.backend import HardwareError
-from migd.planner import PlanError
-from migd.yamlsrc import ValidationError
+from migd.plan.planner import PlanError
 
 
 class Exit(IntEnum):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from migd.trust import ensure_private_dir
+
 DEFAULT_CONFIG = "/etc/migd/migd.yaml"
 DEFAULT_STATE_DIR = "/var/lib/migd"  # journal, apply lock, owner labels, kept manual override
 DEFAULT_SOCKET = "/run/migd/control.sock"
@@ -22,7 +24,6 @@ def sim_paths(fleet: str, sim_state: str | None, state_dir: str | None) -> tuple
     if sim_state:
         state = Path(sim_state)
     else:
-        from migd.trust import ensure_private_dir  # (trust builds on yamlsrc; paths stays importable alone)
         ensure_private_dir(sim_root(), "the simulator's directory")
         state = sim_root() / f"{fleet}.json"
     return state, Path(state_dir) if state_dir else state.with_name(state.name + ".d")

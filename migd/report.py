@@ -14,16 +14,16 @@ import yaml
 
 from migd.apply.result import ApplyResult
 from migd.doctor import Finding, Verdict
-from migd.hardware.backend import GpuBackend, GpuInfo, GpuInstance
+from migd.hardware.backend import GpuInfo, GpuInstance, GpuReader
 from migd.hardware.inventory import Unreadable, read_each, survey
-from migd.planner import GpuPlan
+from migd.plan.planner import GpuPlan
 
 
 def _pl(p: Any) -> dict[str, int]:
     return {"start": p.start, "size": p.size}
 
 
-def status_doc(backend: GpuBackend, owners: dict[str, dict[int, str]],
+def status_doc(backend: GpuReader, owners: dict[str, dict[int, str]],
                journal: dict[str, Any] | None = None) -> dict[str, Any]:
     """``migd.status/v1``; ``journal``: what an unfinished apply left (``apply.journal.left_behind``);
     ``unreadable``: GPUs NVML cannot read (lost), each with its state and NVML's error."""
@@ -34,7 +34,7 @@ def status_doc(backend: GpuBackend, owners: dict[str, dict[int, str]],
             "unreadable": [u.to_json() for u in unreadable]}
 
 
-def _gpu_doc(backend: GpuBackend, g: GpuInfo, owners: dict[str, dict[int, str]]) -> dict[str, Any]:
+def _gpu_doc(backend: GpuReader, g: GpuInfo, owners: dict[str, dict[int, str]]) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "index": g.index, "uuid": g.uuid, "name": g.name, "model": g.model_key, "pci_bus_id": g.pci_bus_id,
         # after_reset names what NVML calls the pending mode; pending is kept for v1 readers

@@ -13,7 +13,7 @@ import os
 import stat
 from pathlib import Path
 
-from migd.yamlsrc import ValidationError
+from migd.errors import ValidationError
 
 
 def _owners() -> tuple[int, ...]:

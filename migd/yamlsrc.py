@@ -16,30 +16,8 @@ from typing import Any, cast
 
 import yaml
 
-
-class ValidationError(Exception):
-    """Bad input.  Nothing has been changed on any GPU when this is raised."""
-
-    def __init__(self, file: str, line: int | None, column: int | None, field: str, message: str,
-                 allowed: Iterable[str] | None = None) -> None:
-        self.file, self.line, self.column, self.field = file, line, column, field
-        self.message = message
-        self.allowed = list(allowed) if allowed is not None else None
-        super().__init__(str(self))
-
-    def __str__(self) -> str:
-        where = self.file
-        if self.line is not None:
-            where += f":{self.line}:{self.column}"
-        text = f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
-        if self.allowed:
-            text += f" (allowed: {', '.join(self.allowed)})"
-        return text
-
-    def to_json(self) -> dict[str, object]:
-        return {"file": self.file, "line": self.line, "column": self.column, "field": self.field,
-                "message": self.message, "allowed": self.allowed}
-
+from migd.errors import ValidationError
+from migd.trust import refuse_untrusted
 
 _TOKEN = re.compile(r"[A-Za-z0-9+=_-]{20,}")  # a long unbroken run: a key, a token, a password hash
 _HEXISH = re.compile(r"^(?:(?:GPU|MIG)-)?[0-9a-fA-F-]+$")  # a (GPU or MIG) UUID, a PCI id: shown
@@ -201,7 +179,6 @@ def read(path: str | Path, strict: bool = False, what: str = "file") -> str:
     try:
         with open(path, encoding="utf-8") as f:
             if strict:
-                from migd.trust import refuse_untrusted  # (trust builds on this module's error type)
                 refuse_untrusted(str(path), os.fstat(f.fileno()), what)
             return f.read()
     except (OSError, UnicodeDecodeError) as e:

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from migd.hardware.nvml import NvmlBackend
-from migd.sim import sim_backend
+from migd.sim.backend import sim_backend
 from migd.sim.library import loaded
 from migd.sim.state import StateStore
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from migd.daemon.control import request
+from migd.api.control import request
 from tests.helpers import PROFILES, Migctl
 
 CONFIG = """\

@@ -11,12 +11,13 @@ import yaml
 
 from migd.hardware.backend import HardwareError
 from migd.hardware.catalog import MODELS, GpuModel
-from migd.planner import plan_gpu
+from migd.plan.offline import fake_gpu
+from migd.plan.planner import plan_gpu
 from migd.profiles.loader import load_profile, mig_parted_configs
 from migd.profiles.model import GpuSection
 from migd.profiles.resolve import resolve_section
-from migd.profiles.validate import check_section, fake_gpu
-from migd.sim import sim_backend
+from migd.profiles.validate import check_section
+from migd.sim.backend import sim_backend
 from tests.helpers import REFERENCE, Migctl, check_golden
 
 DEFAULT = REFERENCE / "mig-parted-config-default.yaml"

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from migd import __version__
-from migd.sim import control, sim_backend
+from migd.sim import control
+from migd.sim.backend import sim_backend
 from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
 from tests.helpers import PROFILES
@@ -261,7 +262,8 @@ def _explode(*args: object) -> Any:
 
 def test_control_server_always_answers(tmp_path: Path) -> None:
     """A failure inside the daemon reaches migctl as an error reply, never as a silent hang-up."""
-    from migd.daemon.control import ControlServer, Handlers, request
+    from migd.api.control import request
+    from migd.daemon.control import ControlServer, Handlers
     server = ControlServer(tmp_path / "ctl.sock", Handlers(_explode, _explode, _explode, _explode, _explode, _explode))
     server.start()
     try:

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
+from migd.api.daemon import Outcome, Progress
 from migd.daemon.clock import Clock
 from migd.daemon.config import load_config
 from migd.daemon.service import Daemon, ManualApply
-from migd.daemon.status import Outcome, Progress
 from migd.hardware.backend import read_state
 from migd.isolation.xids import FaultMark
 from migd.profiles.loader import load_profile
-from migd.sim import sim_backend
+from migd.sim.backend import sim_backend
 from migd.sim.library import loaded
 from tests.helpers import PROFILES, Migctl
 

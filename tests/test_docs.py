@@ -26,3 +26,13 @@ def test_every_doc_is_installed_beside_the_readme() -> None:
     pyproject = (REPO / "pyproject.toml").read_text()
     for doc in sorted((REPO / "docs").glob("*.md")):
         assert f'"docs/{doc.name}"' in pyproject, f"{doc.name} is not in pyproject's data-files"
+
+
+def test_every_config_key_is_in_the_reference_table() -> None:
+    """docs/daemon.md's table lists every key migd's config accepts, no more and no fewer."""
+    import re
+
+    from migd.daemon.config import KEYS
+    text = (REPO / "docs" / "daemon.md").read_text()
+    listed = set(re.findall(r"^\| `([a-z_]+)` \|", text, flags=re.M))
+    assert listed == set(KEYS)

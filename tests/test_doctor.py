@@ -14,7 +14,8 @@ import pytest
 from migd.doctor import Verdict, diagnose
 from migd.hardware.catalog import GpuModel, model_for
 from migd.report import doctor_doc
-from migd.sim import control, sim_backend
+from migd.sim import control
+from migd.sim.backend import sim_backend
 from migd.sim.state import CATALOG_FLEETS, FLEETS, StateStore
 from tests.helpers import PROFILES, Migctl
 

@@ -1,4 +1,4 @@
-"""The per-model first-fit table (migd.firstfit) answers exactly what the planner's search answers
+"""The per-model first-fit table (migd.plan.firstfit) answers exactly what the planner's search answers
 on an empty GPU, for every profile sequence of every catalog model, and the CI placement that
 stops early answers what a full search answers (issue 16: a faster planner, the same plans)."""
 
@@ -9,12 +9,21 @@ import re
 
 import pytest
 
-from migd.firstfit import first_fit
 from migd.hardware.catalog import MODELS, CiProfile, GpuModel, Placement, media_conflict
-from migd.placement import Solution, ci_multisets, fresh_cis, fresh_layout, fresh_options, item_rank, place_cis, search
-from migd.planner import PlanError, _fits, _refusal, build_tables, forget, plan_gpu
-from migd.profiles.resolve import DesiredInstance, DesiredLayout
-from migd.profiles.validate import fake_gpu
+from migd.plan.firstfit import first_fit
+from migd.plan.offline import fake_gpu
+from migd.plan.placement import (
+    Solution,
+    ci_multisets,
+    fresh_cis,
+    fresh_layout,
+    fresh_options,
+    item_rank,
+    place_cis,
+    search,
+)
+from migd.plan.planner import PlanError, _fits, _refusal, build_tables, forget, plan_gpu
+from migd.plan.requests import DesiredInstance, DesiredLayout
 
 
 def _want(model: GpuModel, seq: tuple[int, ...], owners: bool) -> list[DesiredInstance]:

@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 
 from migd.apply.executor import Applier
 from migd.daemon.config import load_config
-from migd.planner import PlanError
+from migd.errors import ValidationError
+from migd.plan.planner import PlanError
 from migd.profiles.loader import load_profile
 from migd.profiles.validate import check_profile
-from migd.sim import sim_backend
-from migd.yamlsrc import ValidationError
+from migd.sim.backend import sim_backend
 from tests.helpers import PROFILES, REFERENCE
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
@@ -109,14 +109,20 @@ def test_mutated_daemon_configs(tmp_path_factory: Any, data: st.DataObject) -> N
         assert e.file and (e.line is not None or "profiles" in e.file or "directory" in e.message), str(e)
 
 
-def test_reference_mig_parted_configs_never_crash() -> None:
+# NVIDIA's config-default.yaml names 95 GB and 189 GB profiles of a board migd's catalog does not hold
+# yet: those three configs cannot be checked offline (each GPU's live table decides at apply time).
+UNCHECKABLE = {"all-3g.95gb", "all-4g.95gb", "all-7g.189gb"}
+
+
+def test_every_reference_mig_parted_config_is_valid() -> None:
+    """All 81 configs of NVIDIA's own file load and are valid on some catalog model (or, the three
+    above, on none the catalog knows): an error or a newly uncheckable config fails here."""
     path = REFERENCE / "mig-parted-config-default.yaml"
     text = path.read_text()
-    for cfg in yaml.safe_load(text)["mig-configs"]:
-        try:
-            check_profile(load_profile("ref.yaml", config=cfg, text=text))
-        except ValidationError as e:
-            located(e)
+    configs = list(yaml.safe_load(text)["mig-configs"])
+    checked = {cfg: check_profile(load_profile("ref.yaml", config=cfg, text=text)) for cfg in configs}
+    assert len(configs) == 81
+    assert {cfg for cfg, sections in checked.items() if not any(sections.values())} == UNCHECKABLE
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
@@ -128,8 +134,11 @@ def test_bad_input_never_changes_a_gpu(tmp_path_factory: Any, data: st.DataObjec
     applier = Applier(backend, d / "state")
     before = (d / "s.json").read_bytes()
     try:
-        applier.apply(load_profile("fuzz.yaml", text=text))
+        profile = load_profile("fuzz.yaml", text=text)
+        result = applier.apply(profile)
     except (ValidationError, PlanError):
         assert (d / "s.json").read_bytes() == before
+    else:  # input that passed is applied as asked: nothing is left to do
+        assert result.ok and not any(p.changes for p in applier.plan(profile)), result
     finally:
         backend.close()

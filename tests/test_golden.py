@@ -17,15 +17,16 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from migd.api.daemon import LastApply, Outcome, Status
 from migd.apply.executor import Applier
 from migd.daemon.clock import Clock
 from migd.daemon.config import load_config
 from migd.daemon.service import Daemon
-from migd.daemon.status import LastApply, Outcome, Status
 from migd.metrics.collector import MigdCollector
 from migd.metrics.sampler import NvmlErrorCounter, Sampler
 from migd.report_text import daemon_table
-from migd.sim import control, sim_backend
+from migd.sim import control
+from migd.sim.backend import sim_backend
 from migd.sim.state import StateStore
 from tests.helpers import PROFILES, Migctl, check_golden
 

@@ -201,7 +201,7 @@ def test_fault_marks_are_read_whole_while_the_watch_writes_them() -> None:
     import sys
     import threading
 
-    from migd.daemon.status import Status
+    from migd.api.daemon import Status
     from migd.isolation.xids import FaultMark
     status = Status()
     stop = threading.Event()

@@ -13,12 +13,13 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from migd.api.daemon import LastApply, Outcome, Status
 from migd.apply.executor import Applier
-from migd.daemon.status import LastApply, Outcome, Status
 from migd.metrics.collector import MigdCollector
 from migd.metrics.sampler import NvmlErrorCounter, Sampler
 from migd.profiles.loader import load_profile
-from migd.sim import control, sim_backend
+from migd.sim import control
+from migd.sim.backend import sim_backend
 from migd.sim.state import StateStore
 from tests.helpers import PROFILES
 

@@ -11,14 +11,16 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from migd.api.daemon import ProfileTime, Status
 from migd.apply.executor import Applier
-from migd.daemon.status import ProfileTime, Status
 from migd.isolation.audit import Check, Finding, Severity
+from migd.isolation.events import EventCounters
 from migd.isolation.xids import INSTANCE_XIDS, KNOWN_XIDS, FaultMark
-from migd.metrics.collector import EventCounters, MigdCollector
+from migd.metrics.collector import MigdCollector
 from migd.metrics.sampler import NvmlErrorCounter, Sampler
 from migd.profiles.loader import load_profile
-from migd.sim import control, sim_backend
+from migd.sim import control
+from migd.sim.backend import sim_backend
 from migd.sim.state import StateStore
 from tests.test_metrics import samples
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from migd.hardware.backend import ComputeInstance, GpuInstance
 from migd.hardware.catalog import MODELS, GiProfile, Placement
-from migd.planner import plan_gpu
-from migd.profiles.resolve import DesiredInstance, DesiredLayout
-from migd.profiles.validate import fake_gpu
+from migd.plan.offline import fake_gpu
+from migd.plan.planner import plan_gpu
+from migd.plan.requests import DesiredInstance, DesiredLayout
 from tests.test_catalog import ROLE_NAMES, feasible_multisets
 
 MODEL = MODELS["A100-SXM4-80GB"]

@@ -7,13 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from migd.errors import ValidationError
 from migd.hardware.backend import GpuInfo
 from migd.hardware.catalog import MODELS
-from migd.planner import PlanError
 from migd.profiles.loader import load_profile, mig_parted_configs
 from migd.profiles.resolve import resolve_section
 from migd.profiles.validate import check_section, validate_file
-from migd.yamlsrc import ValidationError
 from tests.helpers import PROFILES, REFERENCE, Migctl
 
 GOOD = """\
@@ -62,8 +61,11 @@ def test_examples_validate_for_every_seven_slice_model() -> None:
 ])
 def test_structural_errors_are_located(tmp_path: Path, text: str, line: int | None, col: int | None, field: str,
                                        needle: str | None) -> None:
-    if line is None:  # mig enabled with no instances is valid
-        validate_file(tmp_path.joinpath("ok.yaml")) if tmp_path.joinpath("ok.yaml").write_text(text) else None
+    if line is None:  # mig enabled with no instances is valid: validate_file returns (it does not raise)
+        ok = tmp_path / "ok.yaml"
+        ok.write_text(text)
+        (name, checked), = validate_file(ok)
+        assert name == "t" and isinstance(checked, dict) and checked, checked  # section -> valid models
         return
     e = bad(tmp_path, text)
     assert (e.line, e.column, e.field) == (line, col, field), str(e)
@@ -159,19 +161,20 @@ def test_mig_parted_files_parse(name: str) -> None:
 
 
 def test_mig_parted_all_balanced_filters_by_pci_id() -> None:
+    """Each named model must exist and be matched (a renamed catalog key fails here, not silently)."""
     path = REFERENCE / "mig-parted-config-default.yaml"
     p = load_profile(path, config="all-balanced")
-    for key, model in MODELS.items():
+    want = {"A100-SXM4-40GB": [("1g.5gb", 2), ("2g.10gb", 1), ("3g.20gb", 1)],
+            "A100-PCIE-40GB": [("1g.5gb", 2), ("2g.10gb", 1), ("3g.20gb", 1)],
+            "A30-24GB": [("1g.6gb", 2), ("2g.12gb", 1)]}
+    for key in [*want, "H100-PCIe-80GB"]:
+        model = MODELS[key]
         hits = [s for s in p.sections if s.selector.pci_device_ids and model.pci_device_id in s.selector.pci_device_ids]
-        if key in ("A100-SXM4-40GB", "A100-PCIE-40GB"):
-            assert [i.profile for i in hits[0].instances] == ["1g.5gb", "2g.10gb", "3g.20gb"]
-        if key == "A30-24GB":
-            assert [(i.profile, i.count) for i in hits[0].instances] == [("1g.6gb", 2), ("2g.12gb", 1)]
-        if key == "H100-PCIe-80GB":
-            try:
-                check_section(hits[0])
-            except (ValidationError, PlanError) as e:  # pragma: no cover - would be a real bug
-                pytest.fail(str(e))
+        assert hits, f"no all-balanced entry filters {key} by its PCI id"
+        if key in want:
+            assert [(i.profile, i.count) for i in hits[0].instances] == want[key], key
+        else:
+            assert key in check_section(hits[0])  # plans on the catalog's H100 PCIe
 
 
 @pytest.mark.parametrize("text, words", [

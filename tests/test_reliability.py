@@ -20,7 +20,8 @@ from migd.apply.executor import Applier
 from migd.apply.result import ApplyOptions
 from migd.metrics.sampler import NvmlErrorCounter
 from migd.profiles.loader import load_profile
-from migd.sim import control, sim_backend
+from migd.sim import control
+from migd.sim.backend import sim_backend
 from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
 from tests.helpers import PROFILES, REPO, Migctl
@@ -196,7 +197,7 @@ def test_a_config_cannot_switch_off_the_check_of_itself(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("StrictModes applies to root")
     from migd.daemon.config import load_config
-    from migd.yamlsrc import ValidationError
+    from migd.errors import ValidationError
     (tmp_path / "profiles").mkdir()
     (tmp_path / "profiles" / "day.yaml").write_text((PROFILES / "day.yaml").read_text())
     cfg = tmp_path / "migd.yaml"
@@ -212,7 +213,8 @@ def test_a_config_cannot_switch_off_the_check_of_itself(tmp_path: Path) -> None:
 def test_forty_concurrent_migctl_clients_all_get_an_answer(tmp_path: Path) -> None:
     import threading as th
 
-    from migd.daemon.control import ControlServer, Handlers, request
+    from migd.api.control import request
+    from migd.daemon.control import ControlServer, Handlers
 
     def slow_status() -> dict[str, object]:
         time.sleep(0.2)
@@ -249,7 +251,7 @@ def test_force_never_signals_a_reused_pid(tmp_path: Path) -> None:
     import threading as th
 
     from migd.apply.result import OnBusy
-    from migd.sim import sim_backend
+    from migd.sim.backend import sim_backend
     if not os.access("/proc/sys/kernel/ns_last_pid", os.W_OK):
         pytest.skip("cannot steer PID allocation here (needs root in the PID namespace)")
     m = Migctl(tmp_path, "single-a100")

@@ -13,7 +13,7 @@ import pytest
 
 from migd.hardware.nvml import NvmlBackend
 from migd.metrics.sampler import Sampler
-from migd.sim import sim_backend
+from migd.sim.backend import sim_backend
 from migd.sim.library import loaded
 from tests.helpers import PROFILES, Migctl
 

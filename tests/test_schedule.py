@@ -11,7 +11,7 @@ import pytest
 
 from migd.daemon.config import load_config
 from migd.daemon.schedule import Entry, Schedule, ScheduleError, normalize_days
-from migd.yamlsrc import ValidationError
+from migd.errors import ValidationError
 from tests.helpers import PROFILES, REFERENCE
 
 UTC = timezone.utc

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from migd.hardware.backend import ComputeInstance, GpuInstance
 from migd.hardware.catalog import MODELS, CiProfile, GiProfile
-from migd.placement import (
+from migd.plan.placement import (
     Busy,
     Option,
     Solution,
@@ -22,7 +22,7 @@ from migd.placement import (
     search,
     search_order,
 )
-from migd.profiles.resolve import DesiredInstance
+from migd.plan.requests import DesiredInstance
 from tests.test_planner_transitions import _all
 
 MODEL = MODELS["A100-SXM4-80GB"]

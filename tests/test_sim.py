@@ -15,7 +15,8 @@ import pytest
 from migd.hardware.backend import HardwareError
 from migd.hardware.catalog import MODELS, Placement
 from migd.hardware.nvml import NvmlBackend
-from migd.sim import control, smi_argv
+from migd.sim import control
+from migd.sim.backend import smi_argv
 from migd.sim.library import load
 from migd.sim.state import StateStore, new_state
 from tests.test_catalog import ROLE_NAMES, feasible_multisets
@@ -246,7 +247,7 @@ def test_crash_mid_apply_keeps_landed_changes(make_backend: Any) -> None:
     _, store, path = make_backend("single-a100", mig_enabled=True)
     control.crash_after_mutations(store, 2)
     script = textwrap.dedent(f"""
-        from migd.sim import sim_backend
+        from migd.sim.backend import sim_backend
         from migd.hardware.catalog import Placement
         b = sim_backend({str(path)!r})
         for s in range(7):

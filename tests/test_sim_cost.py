@@ -20,10 +20,12 @@ import pytest
 
 from migd.hardware.catalog import Placement
 from migd.hardware.nvml import NvmlBackend
+from migd.isolation.events import EventCounters
+from migd.isolation.marks import FaultMarks
 from migd.isolation.watch import FaultWatch
-from migd.metrics.collector import EventCounters
 from migd.metrics.sampler import Sampler
-from migd.sim import control, sim_backend
+from migd.sim import control
+from migd.sim.backend import sim_backend
 from migd.sim.entry_telemetry import activity
 from migd.sim.library import SimLibrary, loaded
 from migd.sim.state import StateStore
@@ -184,7 +186,7 @@ def test_gpm_activity_spans_the_whole_interval_between_cycles(tmp_path: Path) ->
 
 def test_the_fault_watch_remembers_processes_with_one_listing_per_gpu(h100: NvmlBackend) -> None:
     control.start_process(lib().store, 2, gi=9, ci=0)
-    watch = FaultWatch(h100, threading.RLock(), EventCounters(), {})
+    watch = FaultWatch(h100, threading.RLock(), EventCounters(), FaultMarks())
     watch.remember()  # first: learns the UUIDs
     before = Counter(lib().calls)
     watch.remember()

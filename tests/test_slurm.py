@@ -26,7 +26,8 @@ from migd.hardware.backend import read_state
 from migd.hardware.nvml import NvmlBackend
 from migd.metrics.daemonstate import slurm_families as _slurm
 from migd.report_text import daemon_table
-from migd.sim import control, sim_backend
+from migd.sim import control
+from migd.sim.backend import sim_backend
 from migd.sim.state import StateStore
 from migd.slurm.gres import gres_conf, node_gres, read_minors, records
 from migd.slurm.transition import Phase

@@ -16,38 +16,31 @@ from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
-from migd.apply.force import stop_processes
+from migd.apply.busy import blocked_text, settle_busy
 from migd.apply.journal import Journal, layout_from_json, layout_to_json, unfinished
 from migd.apply.lock import ApplyLock
 from migd.apply.owners import Owners
 from migd.apply.result import (
     ApplyOptions,
     ApplyResult,
-    BusyError,
     Cancelled,
     FaultGate,
     GpuFaulted,
     GpuResult,
     GpuStatus,
     GpuUnhealthy,
-    OnBusy,
 )
-from migd.hardware.backend import GpuBackend, GpuInfo, GpuState, HardwareError, read_state
+from migd.apply.steps import guarded, verify
+from migd.errors import ValidationError
+from migd.hardware.backend import ApplyPort, GpuInfo, GpuState, HardwareError, read_state
 from migd.hardware.inventory import Unreadable, survey
-from migd.planner import GpuPlan, Op, OpKind, PlanError, busy_of, layout_of, plan_gpu
+from migd.plan.planner import GpuPlan, OpKind, PlanError, busy_of, layout_of, plan_gpu
+from migd.plan.requests import DesiredLayout
 from migd.profiles.model import Profile
-from migd.profiles.resolve import DesiredLayout, resolve_section
-from migd.yamlsrc import ValidationError
+from migd.profiles.resolve import resolve_section
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-def _given(value: T | None) -> T:
-    """An operation field its kind requires (the planner always sets it)."""
-    if value is None:
-        raise HardwareError("internal error: an operation lacks a field its kind requires")
-    return value
 
 
 DISCARD_HINT = "kept for the operator; after checking the GPUs by hand, `migctl recover --discard` sets it aside"
@@ -67,14 +60,10 @@ CANCELLED = "stopped on request (Ctrl-C or SIGTERM); put back as it was before t
 SETTLED_STATUS = (GpuStatus.APPLIED, GpuStatus.ROLLED_BACK, GpuStatus.CANCELLED)  # in the old or new layout
 
 
-def _blocked_text(ops: list[Op]) -> str:
-    return "; ".join(o.describe() for o in ops)
-
-
 class Applier:
     """Plans and applies profiles on one node.  ``state_dir`` holds the lock, journal and owners."""
 
-    def __init__(self, backend: GpuBackend, state_dir: Path) -> None:
+    def __init__(self, backend: ApplyPort, state_dir: Path) -> None:
         self.backend = backend
         self.state_dir = Path(state_dir)
         self.journal = Journal(self.state_dir / "journal.json")
@@ -153,10 +142,11 @@ class Applier:
         if bad and not opts.partial:
             raise GpuUnhealthy("reconfiguration refused on unhealthy GPUs: " + "; ".join(bad))
         skip = {p.gpu.uuid for p in faulted}
-        plans, blocked = self._settle_busy(profile, [p for p in plans if p.gpu.uuid not in skip], opts, skip)
+        plans, blocked = settle_busy(self.backend, [p for p in plans if p.gpu.uuid not in skip], opts, lambda: [
+            p for p in self.plan(profile, opts.mode_only) if p.gpu.uuid not in skip])
         changing = [p for p in plans if p.changes]
         results = [GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.UNCHANGED) for p in plans if not p.changes]
-        results += [GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.BLOCKED, len(p.ops), _blocked_text(p.blocked))
+        results += [GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.BLOCKED, len(p.ops), blocked_text(p.blocked))
                     for p in blocked]
         results += [GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.FAULTED, len(p.ops),
                               f"GPU-wide fault: {unhealthy[p.gpu.uuid]} (migctl clear-fault after checking it)")
@@ -177,44 +167,6 @@ class Applier:
         back = [self.plan_layout(self.backend.gpu(p.gpu.index), self._before(p), dict(owners.get(p.gpu.uuid, {})))
                 for p in plans if p.changes]
         return self.apply_plans(Profile(name=name, description="restore", sections=(), source=""), back, opts)
-
-    def _settle_busy(self, profile: Profile, plans: list[GpuPlan], opts: ApplyOptions,
-                     skip: set[str]) -> tuple[list[GpuPlan], list[GpuPlan]]:
-        """Wait for (or force) busy instances as ``opts`` says: (plans to run, plans left blocked).
-
-        Without ``opts.partial`` any blocked GPU stops the whole apply (BusyError); with it, only that
-        GPU waits and the others are applied now."""
-        deadline = time.monotonic() + opts.busy_timeout_s
-        killed = waited = False
-        while True:
-            blocked = [o for p in plans for o in p.blocked]
-            if not blocked:
-                return plans, []
-            stop = None
-            if opts.stopping():
-                stop = f"stopped while waiting for busy instances: {_blocked_text(blocked)}"
-            elif opts.on_busy is OnBusy.REFUSE:
-                stop = f"instances with running processes would be destroyed: {_blocked_text(blocked)}"
-            elif opts.on_busy is OnBusy.WAIT and time.monotonic() >= deadline:
-                stop = f"instances still busy after {opts.busy_timeout_s:g}s: {_blocked_text(blocked)}"
-            if stop is not None and opts.partial:
-                return [p for p in plans if not p.blocked], [p for p in plans if p.blocked]
-            if stop is not None:
-                raise BusyError(stop, blocked, opts.on_busy)
-            if not waited:
-                log.info("waiting up to %gs for busy instances: %s", opts.busy_timeout_s, _blocked_text(blocked))
-                waited = True
-            if opts.on_busy is OnBusy.FORCE and not killed:
-                stop_processes(self.backend, sorted({pid for o in blocked for pid in o.busy_pids}), opts.kill_grace_s)
-                killed = True
-            elif opts.on_busy is OnBusy.FORCE and time.monotonic() >= deadline:
-                raise BusyError(f"instances still busy after SIGKILL: {_blocked_text(blocked)}", blocked,
-                                opts.on_busy)
-            else:
-                time.sleep(opts.poll_s)
-            if opts.progress is not None:
-                opts.progress()
-            plans = [p for p in self.plan(profile, opts.mode_only) if p.gpu.uuid not in skip]
 
     def _run(self, profile: Profile, plans: list[GpuPlan], opts: ApplyOptions) -> list[GpuResult]:
         env = {"MIGD_PROFILE": profile.name, "MIGD_GPUS": ",".join(str(p.gpu.index) for p in plans),
@@ -257,34 +209,6 @@ class Applier:
             return DesiredLayout(mig=False)
         return layout_of(p.gpu.model, p.current)
 
-    def _exec(self, op: Op, gi_ids: dict[int, int]) -> bool:
-        """Run one operation; False only for a MIG mode change that waits for a reset."""
-        b, i, k = self.backend, op.gpu, op.kind
-        if k is OpKind.DESTROY_CI:
-            b.destroy_compute_instance(i, _given(op.gi_id), _given(op.ci_id))
-        elif k is OpKind.DESTROY_GI:
-            b.destroy_gpu_instance(i, _given(op.gi_id))
-        elif k is OpKind.SET_MIG:
-            return b.set_mig_mode(i, _given(op.mig))
-        elif k is OpKind.RESET:
-            b.reset_gpu(i)
-        elif k is OpKind.CREATE_GI:
-            gi_ids[_given(op.gi_start)] = b.create_gpu_instance(i, _given(op.profile_id), _given(op.placement))
-        elif k is OpKind.CREATE_CI:
-            b.create_compute_instance(i, gi_ids[_given(op.gi_start)], _given(op.profile_id), op.placement)
-        return True
-
-    def _guarded(self, uuid: str, op: Op, gi_ids: dict[int, int]) -> bool:
-        """One change, made only if the GPU carries no GPU-wide fault mark, checked under the marks' lock
-        (the watch cannot mark the GPU between the check and the change)."""
-        if self._faults is None:
-            return self._exec(op, gi_ids)
-        with self._faults.guard(uuid) as fault:
-            if fault is not None:
-                raise GpuFaulted(f"GPU {op.gpu}: GPU-wide fault {fault}: not changed further (migctl clear-fault "
-                                 "after checking it)", gpu=op.gpu)
-            return self._exec(op, gi_ids)
-
     def _execute_ops(self, plan: GpuPlan, journal_uuid: str | None = None) -> tuple[int, GpuState]:
         """Run a plan's operations and read the GPU back; ``journal_uuid`` marks a forward apply
         (journaled, cancellable)."""
@@ -297,7 +221,7 @@ class Applier:
                 raise Cancelled(f"GPU {op.gpu}: {CANCELLED}")
             if op.kind is OpKind.RESET and mode_applied:
                 continue  # the mode change took effect without a reset (Hopper)
-            applied = self._guarded(plan.gpu.uuid, op, gi_ids)
+            applied = guarded(self.backend, self._faults, plan.gpu.uuid, op, gi_ids)
             if op.kind is OpKind.SET_MIG:
                 mode_applied = applied
                 log.info("GPU %d: MIG mode %s%s", op.gpu, "enabled" if op.mig else "disabled",
@@ -307,26 +231,7 @@ class Applier:
                 self.journal.mark(journal_uuid, done=done)
             if self._progress is not None:
                 self._progress()
-        return done, self._verify(plan)
-
-    def _verify(self, plan: GpuPlan) -> GpuState:
-        """Read the GPU back and compare it with the plan: the reading feeds the isolation audit."""
-        seen = read_state(self.backend, self.backend.gpu(plan.gpu.index))
-        gpu = seen.gpu
-        if gpu.mig_current != plan.desired.mig:
-            raise HardwareError(f"GPU {gpu.index}: MIG mode is {'on' if gpu.mig_current else 'off'} after apply",
-                                gpu=gpu.index)
-        if not gpu.mig_current:
-            return seen
-        actual = sorted((g.profile_id, g.placement.start, tuple(sorted((c.profile_id, c.placement.start)
-                                                                      for c in g.compute_instances)))
-                        for g in seen.instances)
-        want = sorted((t.gi_profile_id, t.placement.start, tuple(sorted((pid, pl.start) for pid, pl in t.ci)))
-                      for t in plan.targets)
-        if actual != want:
-            raise HardwareError(f"GPU {gpu.index}: layout after apply differs from the plan: {actual} != {want}",
-                                gpu=gpu.index)
-        return seen
+        return done, verify(self.backend, plan)
 
     def _run_gpu(self, plan: GpuPlan, before: tuple[DesiredLayout, dict[int, str]]) -> GpuResult:
         t0 = time.monotonic()

@@ -8,13 +8,13 @@ import os
 import signal
 import time
 
-from migd.hardware.backend import GpuBackend
+from migd.hardware.backend import GpuReader
 from migd.hardware.inventory import read_each, survey
 
 log = logging.getLogger(__name__)
 
 
-def stop_processes(backend: GpuBackend, pids: list[int], grace_s: float) -> None:
+def stop_processes(backend: GpuReader, pids: list[int], grace_s: float) -> None:
     """--on-busy force: SIGTERM, wait, then SIGKILL.  Logged loudly: this ends someone's work.
 
     Each signal goes only to a process NVML lists on the GPUs at that moment, through a pidfd
@@ -43,7 +43,7 @@ def stop_processes(backend: GpuBackend, pids: list[int], grace_s: float) -> None
             time.sleep(0.1)
 
 
-def _gpu_pids(backend: GpuBackend) -> set[int]:
+def _gpu_pids(backend: GpuReader) -> set[int]:
     pids, _ = read_each(survey(backend).gpus, lambda g: [p.pid for p in backend.gpu_processes(g.index)])
     return {pid for each in pids for pid in each}
 

@@ -12,8 +12,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from migd.errors import ValidationError
 from migd.trust import check_path
-from migd.yamlsrc import ValidationError
 
 log = logging.getLogger(__name__)
 

@@ -25,9 +25,9 @@ from migd.apply.statefile import (
     read_json,
     record,
 )
+from migd.errors import ValidationError
 from migd.hardware.catalog import GpuModel, Placement
-from migd.profiles.resolve import DesiredInstance, DesiredLayout
-from migd.yamlsrc import ValidationError
+from migd.plan.requests import DesiredInstance, DesiredLayout
 
 SCHEMA = "migd.journal/v1"  # like mig-parted's api/checkpoint/v1: fields are only added within v1
 

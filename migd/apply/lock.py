@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from migd.errors import ValidationError
 from migd.trust import ensure_private_dir
-from migd.yamlsrc import ValidationError
 
 
 class LockBusy(Exception):

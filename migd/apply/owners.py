@@ -17,7 +17,7 @@ from migd.apply.statefile import (
     read_json,
     record,
 )
-from migd.yamlsrc import ValidationError
+from migd.errors import ValidationError
 
 SCHEMA = "migd.owners/v1"
 _BY_GPU = mapping(mapping(of(str), keys=digits))  # GPU UUID -> GI placement start -> owner

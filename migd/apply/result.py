@@ -11,7 +11,7 @@ from migd.apply.hooks import Hooks
 from migd.hardware.backend import GpuState, HardwareError
 from migd.hardware.inventory import Unreadable
 from migd.kinds import Word
-from migd.planner import GpuPlan, Op
+from migd.plan.planner import GpuPlan, Op
 
 
 class OnBusy(Word):

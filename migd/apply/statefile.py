@@ -20,7 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from migd.yamlsrc import ValidationError
+from migd.errors import ValidationError
 
 
 def atomic_write_json(path: Path, data: Any, mode: int = 0o600, *, sync_dir: bool = True) -> None:

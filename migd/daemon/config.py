@@ -13,13 +13,14 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from migd.apply.hooks import Hooks, parse_hooks
 from migd.apply.result import OnBusy
 from migd.daemon.schedule import Entry, Schedule, ScheduleError
+from migd.errors import ValidationError
 from migd.kinds import Word
 from migd.profiles.loader import load_profile, mig_parted_configs
 from migd.profiles.model import Profile
 from migd.profiles.validate import check_profile
 from migd.slurm.settings import SlurmSettings, parse_slurm
 from migd.trust import check_path
-from migd.yamlsrc import Node, ValidationError, load, parse_host_port
+from migd.yamlsrc import Node, load, parse_host_port
 
 KEYS = ["timezone", "profiles_dir", "schedule", "on_busy", "busy_timeout", "reconcile_interval", "reconcile",
         "metrics", "hooks", "control_socket", "state_dir", "strict_permissions", "sample_interval", "slurm"]

@@ -14,23 +14,21 @@ import select
 import socket
 import socketserver
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from migd.api.control import MAX_REQUEST, ApplyRequest, ManualApply, listening
 from migd.apply.result import ApplyResult, Flag
-from migd.daemon.requests import ManualApply, Reloaded, Resumed
+from migd.daemon.requests import Reloaded, Resumed
 from migd.exits import EXPECTED, Exit, failure, for_result
 from migd.netcap import CappedThreadingMixIn
 from migd.profiles.loader import load_profile
 from migd.profiles.model import Profile
 from migd.report import apply_doc
-from migd.yamlsrc import ValidationError
 
 log = logging.getLogger("migd.control")
-MAX_REQUEST = 1 << 20
 
 
 class HangUp:
@@ -99,18 +97,6 @@ class _Handler(socketserver.StreamRequestHandler):
 
 class AlreadyRunning(Exception):
     """Another migd answers on the control socket."""
-
-
-def listening(path: Path) -> bool:
-    """Whether a daemon answers on ``path`` (a socket file nobody listens on is stale)."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        s.connect(str(path))
-    except (FileNotFoundError, ConnectionRefusedError):
-        return False
-    finally:
-        s.close()
-    return True
 
 
 def claim(path: Path) -> None:
@@ -190,12 +176,9 @@ class ControlServer(CappedThreadingMixIn, socketserver.UnixStreamServer):
         return {"ok": False, "exit": Exit.INVALID, "error": f"unknown command {cmd!r}"}
 
     def _apply(self, req: dict[str, Any], hangup: Flag | None) -> dict[str, Any]:
-        text = req.get("text")
-        if not isinstance(text, str):  # migd opens no client's path: it may not see it (ProtectHome, PrivateTmp)
-            raise ValidationError(str(req.get("file")), None, None, "", "the request carries no profile text; "
-                                  "migd reads no client's files (a migctl of this version sends the text)")
-        profile = load_profile(str(req["file"]), req.get("config"), text=text)
-        opts = ManualApply.from_request(req)
+        asked = ApplyRequest.from_json(req)
+        profile = load_profile(asked.file, asked.config, text=asked.text)
+        opts = asked.options
         result = self.handlers.apply(profile, opts, hangup)
         reply = {"ok": result.ok, "exit": for_result(result), "result": apply_doc(result, opts.dry_run)}
         if result.ok and not opts.dry_run:
@@ -221,69 +204,3 @@ class ControlServer(CappedThreadingMixIn, socketserver.UnixStreamServer):
         self.server_close()
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
-
-
-def _connect(path: Path, timeout_s: float) -> socket.socket | None:
-    """Connected, or None if nobody listens; a full backlog (EAGAIN) is waited out for up to 10 s."""
-    deadline = time.monotonic() + min(timeout_s, 10.0)
-    delay = 0.01
-    while True:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(timeout_s)
-        try:
-            s.connect(str(path))
-            return s
-        except (FileNotFoundError, ConnectionRefusedError):
-            s.close()
-            return None
-        except BlockingIOError:
-            s.close()
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"migd's control socket {path} stays busy (too many clients at once)") from None
-            time.sleep(delay)
-            delay = min(0.2, delay * 2)
-
-
-class ControlError(ConnectionError):
-    """Talking to migd failed (it died, or closed the socket): not the caller's own stdout."""
-
-
-def request(path: str | Path, req: dict[str, Any], timeout_s: float = 3600.0,
-            on_interrupt: Callable[[], None] | None = None) -> dict[str, Any] | None:
-    """Send one request; None if no daemon is listening there.
-
-    ``on_interrupt``: a first Ctrl-C while waiting closes this end for writing, which tells migd the
-    request is withdrawn (an apply is then cancelled and its GPUs put back), calls ``on_interrupt``
-    and goes on waiting for migd's account of it; a second Ctrl-C raises KeyboardInterrupt."""
-    s = _connect(Path(path), timeout_s)
-    if s is None:
-        return None
-    with s:
-        try:
-            s.sendall(json.dumps(req).encode() + b"\n")
-            line = _read_line(s, on_interrupt)
-        except OSError as e:
-            raise ControlError(f"migd's control socket {path}: {e.strerror or e}") from None
-    if not line:
-        raise ControlError(f"migd closed the control socket {path} without answering; see its log")
-    reply: dict[str, Any] = json.loads(line)
-    return reply
-
-
-def _read_line(s: socket.socket, on_interrupt: Callable[[], None] | None) -> bytes:
-    buf = b""
-    withdrawn = False
-    while not buf.endswith(b"\n"):
-        try:
-            chunk = s.recv(65536)
-        except KeyboardInterrupt:
-            if on_interrupt is None or withdrawn:
-                raise
-            withdrawn = True
-            s.shutdown(socket.SHUT_WR)
-            on_interrupt()
-            continue
-        if not chunk:
-            break
-        buf += chunk
-    return buf

@@ -11,7 +11,9 @@ import shutil
 import signal
 import sys
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from migd import __version__, cliargs, paths
 from migd.cliargs import Parser
@@ -21,17 +23,20 @@ from migd.daemon.sdnotify import Notifier
 from migd.daemon.service import Clock, Daemon
 from migd.daemon.signals import SignalRelay
 from migd.daemon.watchdog import Watchdog
+from migd.errors import ValidationError
 from migd.exits import EXPECTED, Exit, failure
 from migd.hardware.backend import GpuBackend, HardwareError
 from migd.hardware.inventory import survey
+from migd.isolation.events import EventCounters
 from migd.isolation.watch import FaultWatch
-from migd.metrics.collector import EventCounters
 from migd.metrics.sampler import NvmlErrorCounter
 from migd.paths import DEFAULT_CONFIG, DEFAULT_SOCKET
-from migd.planner import build_tables
-from migd.sim.state import FLEETS
+from migd.plan.planner import build_tables
+from migd.sim.fleets import FLEETS
 from migd.trust import ensure_private_dir
-from migd.yamlsrc import ValidationError
+
+if TYPE_CHECKING:
+    from migd.metrics.aserver import MetricsServer
 
 log = logging.getLogger("migd")
 
@@ -141,61 +146,25 @@ def _serve(args: argparse.Namespace, cfg: Config, backend: GpuBackend, sim_state
            socket_path: Path, errors: NvmlErrorCounter) -> int:
     """Metrics, fault watch and control socket around the daemon's loop, until it stops."""
     events = EventCounters()
-    metrics = None
     listen = args.metrics_listen or cfg.metrics_listen
-    if listen:
-        from migd.metrics.http import Sources, start_metrics
-        try:
-            metrics, collector = start_metrics(listen, Sources(
-                backend, daemon.lock, daemon.applier.owners.load, lambda: daemon.status,
-                lambda: daemon.audit_findings, errors, events), cfg.sample_interval_s)
-        except OSError as e:
-            log.critical("cannot serve metrics on %s: %s; not starting", listen, e.strerror or e)
-            return Exit.INVALID
-        daemon.on_apply.append(collector.observe_apply)
-        daemon.on_apply.append(collector.sampler.invalidate)  # the sampler reads changed layouts afresh
+    try:
+        metrics = _metrics(listen, cfg, backend, daemon, errors, events) if listen else None
+    except OSError as e:
+        log.critical("cannot serve metrics on %s: %s; not starting", listen, e.strerror or e)
+        return Exit.INVALID
 
     def config_changed() -> None:
         daemon.drift_suspected()
         if metrics is not None:
-            collector.sampler.invalidate()
+            metrics.sampler.invalidate()
     watch = FaultWatch(backend, daemon.lock, events, daemon.status.unhealthy, on_config_change=config_changed)
-    control = ControlServer(socket_path, Handlers(
-        status=lambda: daemon.status.to_json(), reload=daemon.reload_now, apply=daemon.manual_apply,
-        isolation=lambda: {"unhealthy": daemon.status.unhealthy_reasons(), "breaches": list(watch.breaches),
-                           "findings": [f.to_json() for f in daemon.audit_findings]},
-        clear_fault=daemon.clear_fault, resume=daemon.resume))
+    control = _control(socket_path, daemon, watch)
     control.start()
     watch.start()
-
-    def on_signal(signum: int) -> None:
-        if signum == signal.SIGHUP:
-            daemon.reload_requested.set()
-        else:
-            log.info("received %s: finishing the current step, then exiting", signal.Signals(signum).name)
-            daemon.cancel.set()
-            daemon.stop.set()
-        daemon.wake.set()
-
-    signals = SignalRelay((signal.SIGHUP, signal.SIGTERM, signal.SIGINT), on_signal)
+    signals = SignalRelay((signal.SIGHUP, signal.SIGTERM, signal.SIGINT), partial(_on_signal, daemon))
     watchdog = Watchdog(daemon.notifier, daemon.heartbeat)
     watchdog.start()
-    inventory = survey(backend)
-    gpus = inventory.gpus
-    log.info("migd starting: %d GPU(s), %d profiles, timezone %s, control socket %s", inventory.count,
-             len(cfg.profiles), cfg.timezone.key, socket_path)
-    for u in inventory.unreadable:  # the others are served; this one is reported in status and metrics
-        log.error("%s", u.describe())
-    if sim_state is not None:
-        log.info("simulated node %s: state %s, migd's state dir %s (--fresh starts both anew)", args.sim, sim_state,
-                 daemon.applier.state_dir)
-    for model in {g.model for g in gpus if g.model is not None}:  # before the first plan needs them
-        build_tables(model)
-    # What start-up built (catalog, profiles, pynvml, the simulated library) lives as long as migd:
-    # moved out of the cyclic collector's reach, a full collection scans only what the daemon
-    # allocates as it runs, and a scrape no longer waits for one (issue 16: scrape p99).
-    gc.collect()
-    gc.freeze()
+    _prepare(args, cfg, backend, daemon, socket_path, sim_state)
     try:
         daemon.run()
     finally:
@@ -209,6 +178,56 @@ def _serve(args: argparse.Namespace, cfg: Config, backend: GpuBackend, sim_state
     return Exit.OK
 
 
+def _metrics(listen: str, cfg: Config, backend: GpuBackend, daemon: Daemon, errors: NvmlErrorCounter,
+             events: EventCounters) -> MetricsServer:
+    """The sampler and /metrics, fed by every apply (OSError: the address cannot be bound)."""
+    from migd.metrics.http import Sources, start_metrics
+    server, collector = start_metrics(listen, Sources(
+        backend, daemon.lock, daemon.applier.owners.load, lambda: daemon.status,
+        lambda: daemon.audit_findings, errors, events), cfg.sample_interval_s)
+    daemon.on_apply.append(collector.observe_apply)
+    daemon.on_apply.append(collector.sampler.invalidate)  # the sampler reads changed layouts afresh
+    return server
+
+
+def _control(socket_path: Path, daemon: Daemon, watch: FaultWatch) -> ControlServer:
+    return ControlServer(socket_path, Handlers(
+        status=lambda: daemon.status.to_json(), reload=daemon.reload_now, apply=daemon.manual_apply,
+        isolation=lambda: {"unhealthy": daemon.status.unhealthy_reasons(), "breaches": list(watch.breaches),
+                           "findings": [f.to_json() for f in daemon.audit_findings]},
+        clear_fault=daemon.clear_fault, resume=daemon.resume))
+
+
+def _on_signal(daemon: Daemon, signum: int) -> None:
+    if signum == signal.SIGHUP:
+        daemon.reload_requested.set()
+    else:
+        log.info("received %s: finishing the current step, then exiting", signal.Signals(signum).name)
+        daemon.cancel.set()
+        daemon.stop.set()
+    daemon.wake.set()
+
+
+def _prepare(args: argparse.Namespace, cfg: Config, backend: GpuBackend, daemon: Daemon, socket_path: Path,
+             sim_state: Path | None) -> None:
+    """Say what migd starts on (a lost GPU among them), and build what the first plan needs."""
+    inventory = survey(backend)
+    log.info("migd starting: %d GPU(s), %d profiles, timezone %s, control socket %s", inventory.count,
+             len(cfg.profiles), cfg.timezone.key, socket_path)
+    for u in inventory.unreadable:  # the others are served; this one is reported in status and metrics
+        log.error("%s", u.describe())
+    if sim_state is not None:
+        log.info("simulated node %s: state %s, migd's state dir %s (--fresh starts both anew)", args.sim, sim_state,
+                 daemon.applier.state_dir)
+    for model in {g.model for g in inventory.gpus if g.model is not None}:  # before the first plan needs them
+        build_tables(model)
+    # What start-up built (catalog, profiles, pynvml, the simulated library) lives as long as migd:
+    # moved out of the cyclic collector's reach, a full collection scans only what the daemon
+    # allocates as it runs, and a scrape does not wait for one.
+    gc.collect()
+    gc.freeze()
+
+
 def _paths(args: argparse.Namespace, cfg: Config) -> tuple[Path | None, Path, Path]:
     """Simulator state (None on real GPUs), state dir and control socket."""
     sdir = args.state_dir or cfg.state_dir
@@ -219,7 +238,7 @@ def _paths(args: argparse.Namespace, cfg: Config) -> tuple[Path | None, Path, Pa
 
 def _backend(args: argparse.Namespace, state: Path | None, errors: NvmlErrorCounter) -> GpuBackend:
     if state is not None:
-        from migd.sim import sim_backend
+        from migd.sim.backend import sim_backend
         return sim_backend(state, args.sim, on_nvml_error=errors)
     from migd.hardware.nvml import NvmlBackend
     return NvmlBackend(on_nvml_error=errors)

@@ -1,8 +1,6 @@
-"""A manual apply made through the daemon, kept on disk until the next scheduled transition.
+"""How long a manual apply holds: made at the apply, derived again whenever the schedule changes.
 
-The file holds the profile's own text (not a path to it), so what comes back after a restart is
-what was applied, even if the file it came from was edited or removed since.
-"""
+The override itself and its file are ``migd.api.override``."""
 
 from __future__ import annotations
 
@@ -10,66 +8,12 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
-from typing import Any
 
-from migd.apply.statefile import atomic_write_json, check_schema, conform, of, optional, read_json, record, utc_time
-from migd.profiles.loader import load_profile
+from migd.api.override import Override, OverrideStore
 from migd.profiles.model import Profile
-from migd.yamlsrc import ValidationError
 
-SCHEMA = "migd.override/v1"
-_SHAPE = record(schema=of(str), profile=of(str), source=of(str), config=optional(of(str)), text=of(str),
-                until=optional(utc_time), since=utc_time)
 log = logging.getLogger("migd")
-
-
-@dataclass(frozen=True)
-class Override:
-    """A manual apply, holding until the next scheduled transition (``until``; None: no more)."""
-
-    profile: Profile  # as applied, even if a configured profile has its name
-    until: datetime | None
-    since: datetime
-
-    def to_json(self) -> dict[str, Any]:
-        return {"profile": self.profile.name, "source": self.profile.source,
-                "until": self.until.isoformat() if self.until else None, "since": self.since.isoformat()}
-
-
-class OverrideStore:
-    """``override.json`` in the state dir (written atomically, mode 0600)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def save(self, ov: Override) -> None:
-        atomic_write_json(self.path, {"schema": SCHEMA, **ov.to_json(), "config": ov.profile.config,
-                                      "text": ov.profile.text})
-
-    def clear(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
-
-    def load(self) -> Override | None:
-        """The kept override; a damaged one is reported, removed and ignored (the schedule holds)."""
-        try:
-            raw = read_json(self.path)
-            check_schema(self.path, raw, SCHEMA)
-            conform(self.path, raw, _SHAPE)
-            profile = load_profile(raw["source"], raw["config"], text=raw["text"])
-            until = datetime.fromisoformat(raw["until"]) if raw["until"] else None
-            return Override(profile, until, datetime.fromisoformat(raw["since"]))
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, KeyError, TypeError, ValidationError) as e:
-            log.error("ignoring the kept manual override %s, which cannot be read: %s", self.path, e)
-            self.clear()
-            return None
-
-
 NextFire = Callable[[datetime], "datetime | None"]  # the schedule's next transition after a time
 
 

@@ -11,10 +11,10 @@ import logging
 import time
 from collections.abc import Callable
 
+from migd.api.daemon import GpuProgress, Progress, Status
 from migd.apply.result import ApplyResult, GpuResult, GpuStatus
-from migd.daemon.status import GpuProgress, Progress, Status
 from migd.hardware.inventory import Unreadable
-from migd.planner import GpuPlan
+from migd.plan.planner import GpuPlan
 
 log = logging.getLogger("migd")
 REPEAT_S = 600.0  # a wait past busy_timeout is logged again at most this often

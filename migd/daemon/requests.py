@@ -1,36 +1,11 @@
-"""What the control socket asks of the daemon and what it answers, as typed values: a manual apply's
-options, a reload's verdict and what ``migctl resume`` did."""
+"""What the daemon answers the control socket, as typed values: a reload's verdict and what ``migctl
+resume`` did (what a client asks is ``migd.api.control``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from migd.apply.result import ApplyResult, OnBusy
-
-
-@dataclass(frozen=True)
-class ManualApply:
-    """What migctl may choose for an apply the daemon does on its behalf (hooks stay the daemon's)."""
-
-    on_busy: OnBusy = OnBusy.REFUSE
-    dry_run: bool = False
-    busy_timeout_s: float | None = None  # None: the daemon's busy_timeout
-    lock_timeout_s: float = 30.0
-    parallel: bool = True
-    mode_only: bool = False
-
-    @classmethod
-    def from_request(cls, req: dict[str, Any]) -> ManualApply:
-        """Checked values from a control-socket request; ValueError names a bad one."""
-        on_busy = OnBusy(req.get("on_busy", "refuse"))
-        numbers = {k: req.get(k) for k in ("busy_timeout_s", "lock_timeout_s")}
-        for k, v in numbers.items():
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
-                raise ValueError(f"{k} {v!r}")
-        return cls(on_busy=on_busy, dry_run=bool(req.get("dry_run")), busy_timeout_s=numbers["busy_timeout_s"],
-                   lock_timeout_s=30.0 if numbers["lock_timeout_s"] is None else float(numbers["lock_timeout_s"]),
-                   parallel=bool(req.get("parallel", True)), mode_only=bool(req.get("mode_only")))
+from migd.apply.result import ApplyResult
 
 
 @dataclass(frozen=True)

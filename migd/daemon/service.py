@@ -20,24 +20,26 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
+from migd.api.control import DAEMON_LOCK_TIMEOUT_S, ManualApply
+from migd.api.daemon import LastApply, Outcome, Status, outcome_of
+from migd.api.override import OverrideStore
 from migd.apply.executor import Applier
 from migd.apply.result import ApplyOptions, ApplyResult, BusyError, Flag, GpuStatus, OnBusy
 from migd.daemon.clock import Clock
 from migd.daemon.config import Config, ReconcileMode, restart_only
-from migd.daemon.override import OverrideStore, hold, rehold
+from migd.daemon.override import hold, rehold
 from migd.daemon.progress import Tracker
-from migd.daemon.requests import ManualApply, Reloaded, Resumed
+from migd.daemon.requests import Reloaded, Resumed
 from migd.daemon.sdnotify import Notifier
 from migd.daemon.slurmpass import slurm_switch
-from migd.daemon.status import LastApply, Outcome, Status, outcome_of
 from migd.daemon.watchdog import Heartbeat
+from migd.errors import ValidationError
 from migd.exits import EXPECTED
 from migd.hardware.backend import GpuBackend, GpuState
 from migd.hardware.inventory import Unreadable, survey
 from migd.isolation.audit import Finding, Severity, audit_readings
-from migd.planner import GpuPlan, layout_text, summary
+from migd.plan.planner import GpuPlan, layout_text, summary
 from migd.profiles.model import Profile, describe_gpus
-from migd.yamlsrc import ValidationError
 
 __all__ = ["Clock", "Daemon", "ManualApply", "Reloaded", "Resumed"]
 log = logging.getLogger("migd")
@@ -95,7 +97,7 @@ class Daemon:
 
     def _options(self, on_busy: OnBusy) -> ApplyOptions:
         return ApplyOptions(on_busy=on_busy, busy_timeout_s=0.0, hooks=self.config.hooks,
-                            lock_timeout_s=30.0, cancel=self.cancel, progress=self.heartbeat.beat,
+                            lock_timeout_s=DAEMON_LOCK_TIMEOUT_S, cancel=self.cancel, progress=self.heartbeat.beat,
                             unhealthy=self.status.unhealthy_reasons, faults=self.status.unhealthy)
 
     def _scheduled_options(self) -> ApplyOptions:
@@ -154,15 +156,7 @@ class Daemon:
                     return ApplyResult(profile.name, plans, [], unreadable=touched)
                 if reason == "reconcile":  # nothing fired: the GPUs were changed behind migd's back
                     _log_drift(profile.name, plans, "correcting it")
-                if self.slurm is not None and changes:
-                    policy = opts.on_busy if manual else self.config.on_busy  # (opts map wait to retries)
-                    result = self.slurm.apply(profile, plans, opts, policy,
-                                              self.clock.real(opts.busy_timeout_s if manual else
-                                                              self.config.busy_timeout_s))
-                    if manual and self.slurm.waiting:
-                        self._hold(profile)  # the passes that follow finish this switch when the jobs end
-                else:
-                    result = self.applier.apply_plans(profile, plans, opts)
+                result = self._apply(profile, plans, opts, manual)
                 result.unreadable = touched
                 if manual and result.ok:
                     self._hold(profile)  # published before the locks are released
@@ -181,6 +175,17 @@ class Daemon:
             self.wake.set()  # active profile again at once, not against what was not applied
         if manual or result.changed or result.ok:  # a retry finding the same GPUs busy is not another apply
             self._finish(profile, result, reason, t0)
+        return result
+
+    def _apply(self, profile: Profile, plans: list[GpuPlan], opts: ApplyOptions, manual: bool) -> ApplyResult:
+        """The planned change, through Slurm's drain and GRES on a Slurm node (the apply lock is held)."""
+        if self.slurm is None or not any(p.changes for p in plans):
+            return self.applier.apply_plans(profile, plans, opts)
+        policy = opts.on_busy if manual else self.config.on_busy  # (opts map wait to retries)
+        result = self.slurm.apply(profile, plans, opts, policy,
+                                  self.clock.real(opts.busy_timeout_s if manual else self.config.busy_timeout_s))
+        if manual and self.slurm.waiting:
+            self._hold(profile)  # the passes that follow finish this switch when the jobs end
         return result
 
     def _unchanged(self, profile: Profile, plans: list[GpuPlan], unreadable: list[Unreadable]) -> None:

@@ -18,7 +18,7 @@ from migd.apply.executor import Applier
 from migd.apply.result import ApplyOptions, ApplyResult, GpuResult, GpuStatus, OnBusy
 from migd.daemon.config import Config
 from migd.hardware.backend import GpuBackend
-from migd.planner import GpuPlan
+from migd.plan.planner import GpuPlan
 from migd.profiles.model import Profile
 from migd.slurm.ctl import SlurmCtl, SlurmError, command_runner
 from migd.slurm.transition import Phase, SlurmGate

@@ -7,13 +7,10 @@ tests and the demo run that same class over the simulated NVML library (``migd.s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from migd.hardware.catalog import GpuModel, Placement
 from migd.kinds import Word
-
-if TYPE_CHECKING:
-    from migd.hardware.nvml_view import GpuView
 
 NVML_ERROR_GPU_IS_LOST = 15  # nvml.h nvmlReturn_t
 GPU_WIDE = 0xFFFFFFFF  # gpuInstanceId of an event that is not scoped to one instance
@@ -134,18 +131,74 @@ class GpuState:
     pids: tuple[int, ...] = ()  # compute processes of a GPU in non-MIG mode
 
 
-class GpuBackend(Protocol):
-    """Everything migd does to a GPU.  GPUs are named by their NVML index."""
+class GpuView(Protocol):
+    """One GPU's layout as read once for the sampler (the adapter keeps its handles behind it): read
+    again only when its MIG mode or layout changes."""
+
+    @property
+    def index(self) -> int: ...
+
+    @property
+    def info(self) -> GpuInfo: ...
+
+    @property
+    def instances(self) -> tuple[GpuInstance, ...]: ...
+
+    @property
+    def gpm(self) -> bool: ...
+
+
+@runtime_checkable
+class GpuReader(Protocol):
+    """What reading a node's GPUs takes: the narrow port of status, plans and the post-apply check."""
+
+    def gpu_count(self) -> int: ...
+
+    def gpu(self, index: int) -> GpuInfo: ...
+
+    def list_gpu_instances(self, index: int) -> list[GpuInstance]: ...
+
+    def list_mig_devices(self, index: int) -> list[MigDevice]: ...
+
+    def gpu_processes(self, index: int) -> list[ProcessInfo]:
+        """Every compute process on the GPU (in MIG mode too, with its GI/CI)."""
+        ...
+
+
+@runtime_checkable
+class GpuWriter(Protocol):
+    """The changes an apply makes, one NVML operation each."""
+
+    def set_mig_mode(self, index: int, enabled: bool) -> bool:
+        """Request a MIG mode; True if it is now current, False if it waits for a GPU reset."""
+        ...
+
+    def reset_gpu(self, index: int) -> None: ...
+
+    def create_gpu_instance(self, index: int, profile_id: int, placement: Placement) -> int: ...
+
+    def create_compute_instance(self, index: int, gi_id: int, ci_profile_id: int,
+                                placement: Placement | None = None) -> int: ...
+
+    def destroy_compute_instance(self, index: int, gi_id: int, ci_id: int) -> None: ...
+
+    def destroy_gpu_instance(self, index: int, gi_id: int) -> None: ...
+
+
+@runtime_checkable
+class ApplyPort(GpuReader, GpuWriter, Protocol):
+    """What the applier takes: read and change GPUs (an in-memory fake of it runs its unit tests)."""
+
+
+class GpuBackend(ApplyPort, Protocol):
+    """Everything migd does to a GPU (the NVML adapter is the one implementation).  GPUs are named by
+    their NVML index; each consumer takes the narrowest port it needs."""
 
     def driver_version(self) -> str: ...
 
     def nvml_version(self) -> str: ...
 
-    def gpu_count(self) -> int: ...
-
     def list_gpus(self) -> list[GpuInfo]: ...
-
-    def gpu(self, index: int) -> GpuInfo: ...
 
     # The sampler's per-layout view (hardware/nvml_view.py): read once, then only what changes.
     def open_view(self, index: int) -> GpuView: ...
@@ -159,37 +212,14 @@ class GpuBackend(Protocol):
         """The N of the GPU's /dev/nvidiaN (nvml.h nvmlDeviceGetMinorNumber): not always its index."""
         ...
 
-    def set_mig_mode(self, index: int, enabled: bool) -> bool:
-        """Request a MIG mode; True if it is now current, False if it waits for a GPU reset."""
-        ...
-
-    def reset_gpu(self, index: int) -> None: ...
-
     def gi_profiles(self, index: int) -> list[Any]:
         """The live GI profile table (NVML profile info structs); empty where NVML offers none."""
         ...
 
     def possible_placements(self, index: int, profile_id: int) -> list[Placement]: ...
 
-    def list_gpu_instances(self, index: int) -> list[GpuInstance]: ...
-
-    def create_gpu_instance(self, index: int, profile_id: int, placement: Placement) -> int: ...
-
-    def create_compute_instance(self, index: int, gi_id: int, ci_profile_id: int,
-                                placement: Placement | None = None) -> int: ...
-
-    def destroy_compute_instance(self, index: int, gi_id: int, ci_id: int) -> None: ...
-
-    def destroy_gpu_instance(self, index: int, gi_id: int) -> None: ...
-
-    def list_mig_devices(self, index: int) -> list[MigDevice]: ...
-
     def probe_mig_devices(self, index: int) -> dict[tuple[int, int], str | None]:
         """(GI, CI) -> None if the MIG device answers (handle, memory, processes), else the error."""
-        ...
-
-    def gpu_processes(self, index: int) -> list[ProcessInfo]:
-        """Every compute process on the GPU (in MIG mode too, with its GI/CI)."""
         ...
 
     def gpm_supported(self, index: int) -> bool: ...
@@ -205,7 +235,7 @@ class GpuBackend(Protocol):
     def close(self) -> None: ...
 
 
-def read_state(backend: GpuBackend, gpu: GpuInfo) -> GpuState:
+def read_state(backend: GpuReader, gpu: GpuInfo) -> GpuState:
     """Instances and MIG devices (with their processes) of a MIG GPU, or the processes of a whole GPU."""
     i = gpu.index
     if not gpu.mig_current:

@@ -167,7 +167,7 @@ class GiProfile:
     @cached_property
     def search_rank(self) -> tuple[int, int]:
         """The planner's search order of profiles: most memory slices first, then profile id
-        (migd.placement searches in it, migd.firstfit tabulates it, requests sort by it)."""
+        (migd.plan.placement searches in it, migd.plan.firstfit tabulates it, requests sort by it)."""
         return -self.memory_slices, self.profile_id
 
     @cached_property

@@ -15,7 +15,7 @@ import logging
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import pynvml
 
@@ -27,6 +27,7 @@ from migd.hardware.backend import (
     GpuEvent,
     GpuInfo,
     GpuInstance,
+    GpuView,
     HardwareError,
     MigDevice,
     ProcessInfo,
@@ -34,8 +35,8 @@ from migd.hardware.backend import (
 from migd.hardware.catalog import CI_ENUM_COUNT, GI_ENUM_COUNT, GpuModel, Placement, model_for
 from migd.hardware.livetable import live_model
 from migd.hardware.nvml_telemetry import EventWatch, gpm_sample
-from migd.hardware.nvml_view import GpuView
-from migd.hardware.nvmlcall import ALL_ERRORS, Nvml, error_name
+from migd.hardware.nvml_view import NvmlView
+from migd.hardware.nvmlcall import ALL_ERRORS, Nvml, NvmlFunction, error_name
 from migd.hardware.profiletables import ProfileTables
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ class NvmlBackend:
 
     def _dev(self, index: int) -> Any:
         # Handles are fetched per call: a reset or mode change may replace them (nvml.h SetMigMode).
-        return self.nvml("nvmlDeviceGetHandleByIndex", index, gpu=index)
+        return self.nvml(pynvml.nvmlDeviceGetHandleByIndex, index, gpu=index)
 
     @staticmethod
     def _str(v: Any) -> str:
@@ -91,31 +92,31 @@ class NvmlBackend:
 
     # -- GPUs -------------------------------------------------------------------------------------
     def driver_version(self) -> str:
-        return self._str(self.nvml("nvmlSystemGetDriverVersion"))
+        return self._str(self.nvml(pynvml.nvmlSystemGetDriverVersion))
 
     def nvml_version(self) -> str:
-        return self._str(self.nvml("nvmlSystemGetNVMLVersion"))
+        return self._str(self.nvml(pynvml.nvmlSystemGetNVMLVersion))
 
     def gpu_count(self) -> int:
-        return int(self.nvml("nvmlDeviceGetCount"))
+        return int(self.nvml(pynvml.nvmlDeviceGetCount))
 
     def list_gpus(self) -> list[GpuInfo]:
         return [self.gpu(i) for i in range(self.gpu_count())]
 
     def gpu(self, index: int) -> GpuInfo:
         dev = self._dev(index)
-        name = self._str(self.nvml("nvmlDeviceGetName", dev, gpu=index))
-        pci = self.nvml("nvmlDeviceGetPciInfo", dev, gpu=index)
-        modes = self.nvml("nvmlDeviceGetMigMode", dev, gpu=index, absent=(pynvml.NVML_ERROR_NOT_SUPPORTED,))
+        name = self._str(self.nvml(pynvml.nvmlDeviceGetName, dev, gpu=index))
+        pci = self.nvml(pynvml.nvmlDeviceGetPciInfo, dev, gpu=index)
+        modes = self.nvml(pynvml.nvmlDeviceGetMigMode, dev, gpu=index, absent=(pynvml.NVML_ERROR_NOT_SUPPORTED,))
         current, pending = modes if modes is not None else (0, 0)
         info = GpuInfo(
             index=index,
-            uuid=self._str(self.nvml("nvmlDeviceGetUUID", dev, gpu=index)),
+            uuid=self._str(self.nvml(pynvml.nvmlDeviceGetUUID, dev, gpu=index)),
             name=name,
             pci_bus_id=self._str(pci.busId),
             pci_device_id=int(pci.pciDeviceId),
-            architecture=int(self.nvml("nvmlDeviceGetArchitecture", dev, gpu=index)),
-            memory_total_bytes=int(self.nvml("nvmlDeviceGetMemoryInfo", dev, gpu=index).total),
+            architecture=int(self.nvml(pynvml.nvmlDeviceGetArchitecture, dev, gpu=index)),
+            memory_total_bytes=int(self.nvml(pynvml.nvmlDeviceGetMemoryInfo, dev, gpu=index).total),
             mig_current=bool(current),
             mig_pending=bool(pending),
             model=model_for(name=name, pci_device_id=int(pci.pciDeviceId)),
@@ -138,7 +139,7 @@ class NvmlBackend:
         return self._live[g.uuid]
 
     def minor_number(self, index: int) -> int:
-        return int(self.nvml("nvmlDeviceGetMinorNumber", self._dev(index), gpu=index))
+        return int(self.nvml(pynvml.nvmlDeviceGetMinorNumber, self._dev(index), gpu=index))
 
     def set_mig_mode(self, index: int, enabled: bool) -> bool:
         """nvml.h: the call may reset the GPU itself; ``activationStatus`` says IN_USE when the GPU
@@ -147,8 +148,8 @@ class NvmlBackend:
         mode = pynvml.NVML_DEVICE_MIG_ENABLE if enabled else pynvml.NVML_DEVICE_MIG_DISABLE
         dev = self._dev(index)
         self._tables.forget(index)
-        status = self.nvml("nvmlDeviceSetMigMode", dev, mode, gpu=index)
-        current, _ = self.nvml("nvmlDeviceGetMigMode", self._dev(index), gpu=index)
+        status = self.nvml(pynvml.nvmlDeviceSetMigMode, dev, mode, gpu=index)
+        current, _ = self.nvml(pynvml.nvmlDeviceGetMigMode, self._dev(index), gpu=index)
         if bool(current) == enabled:
             return True
         if status in (pynvml.NVML_SUCCESS, pynvml.NVML_ERROR_RESET_REQUIRED, pynvml.NVML_ERROR_IN_USE):
@@ -194,25 +195,26 @@ class NvmlBackend:
         dev = self._dev(index)
 
         def read() -> list[tuple[int, Any]]:
-            infos = ((e, self.nvml("nvmlDeviceGetGpuInstanceProfileInfo", dev, e, gpu=index,
+            infos = ((e, self.nvml(pynvml.nvmlDeviceGetGpuInstanceProfileInfo, dev, e, gpu=index,
                                    absent=_NO_SUCH_PROFILE)) for e in range(GI_ENUM_COUNT))
             return [(e, i) for e, i in infos if i is not None]
         return self._tables.gi(index, self._mode(dev, index), read)
 
     def _mode(self, dev: Any, index: int) -> tuple[bool, bool]:
-        modes = self.nvml("nvmlDeviceGetMigMode", dev, gpu=index, absent=(pynvml.NVML_ERROR_NOT_SUPPORTED,))
+        modes = self.nvml(pynvml.nvmlDeviceGetMigMode, dev, gpu=index, absent=(pynvml.NVML_ERROR_NOT_SUPPORTED,))
         return (bool(modes[0]), bool(modes[1])) if modes is not None else (False, False)
 
     def possible_placements(self, index: int, profile_id: int) -> list[Placement]:
         """nvml.h: every placement of a profile "regardless of whether MIG is enabled"."""
         dev = self._dev(index)
         count = ctypes.c_uint(0)
-        self.nvml("nvmlDeviceGetGpuInstancePossiblePlacements", dev, profile_id, None, ctypes.byref(count), gpu=index)
+        placements = pynvml.nvmlDeviceGetGpuInstancePossiblePlacements
+        self.nvml(placements, dev, profile_id, None, ctypes.byref(count), gpu=index)
         buf = (pynvml.c_nvmlGpuInstancePlacement_t * max(1, count.value))()
-        self.nvml("nvmlDeviceGetGpuInstancePossiblePlacements", dev, profile_id, buf, ctypes.byref(count), gpu=index)
+        self.nvml(placements, dev, profile_id, buf, ctypes.byref(count), gpu=index)
         return [Placement(int(buf[i].start), int(buf[i].size)) for i in range(count.value)]
 
-    def _handles(self, fn: str, parent: Any, info: Any, ptype: Any, index: int) -> list[Any]:
+    def _handles(self, fn: NvmlFunction, parent: Any, info: Any, ptype: Any, index: int) -> list[Any]:
         """The instances of one profile through NVML's caller-allocated handle array.  ``*count``
         carries the array's capacity in, as NVIDIA's go-nvml does (device.go GetGpuInstances)."""
         capacity = max(1, int(info.instanceCount))
@@ -248,8 +250,8 @@ class NvmlBackend:
         mode = self._mode(dev, index)
         out = []
         for info in self.gi_profiles(index):
-            for gi in self._handles("nvmlDeviceGetGpuInstances", dev, info, pynvml.c_nvmlGpuInstance_t, index):
-                gi_info = self.nvml("nvmlGpuInstanceGetInfo", gi, gpu=index)
+            for gi in self._handles(pynvml.nvmlDeviceGetGpuInstances, dev, info, pynvml.c_nvmlGpuInstance_t, index):
+                gi_info = self.nvml(pynvml.nvmlGpuInstanceGetInfo, gi, gpu=index)
                 cis = self._compute_instances(gi, index, self._tables.ci(
                     index, mode, int(gi_info.profileId), functools.partial(self._ci_profiles, gi, index)))
                 out.append(GpuInstance(id=int(gi_info.id), profile_id=int(gi_info.profileId),
@@ -259,16 +261,16 @@ class NvmlBackend:
 
     def _ci_profiles(self, gi: Any, index: int) -> list[Any]:
         shared = pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
-        infos = (self.nvml("nvmlGpuInstanceGetComputeInstanceProfileInfo", gi, e, shared, gpu=index,
+        infos = (self.nvml(pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo, gi, e, shared, gpu=index,
                            absent=_NO_SUCH_PROFILE) for e in range(CI_ENUM_COUNT))
         return [i for i in infos if i is not None]
 
     def _compute_instances(self, gi: Any, index: int, profiles: list[Any]) -> list[ComputeInstance]:
         out = []
         for info in profiles:
-            for ref in self._handles("nvmlGpuInstanceGetComputeInstances", gi, info, pynvml.c_nvmlComputeInstance_t,
-                                     index):
-                ci = self.nvml("nvmlComputeInstanceGetInfo", ref, gpu=index)
+            for ref in self._handles(pynvml.nvmlGpuInstanceGetComputeInstances, gi, info,
+                                     pynvml.c_nvmlComputeInstance_t, index):
+                ci = self.nvml(pynvml.nvmlComputeInstanceGetInfo, ref, gpu=index)
                 out.append(ComputeInstance(id=int(ci.id), profile_id=int(ci.profileId),
                                            placement=Placement(int(ci.placement.start), int(ci.placement.size))))
         return sorted(out, key=lambda c: c.id)
@@ -277,42 +279,42 @@ class NvmlBackend:
         # nvml.h: `const nvmlGpuInstancePlacement_t *placement`; pynvml forwards the argument as
         # given and sets no argtypes, so it must be a pointer here, never the struct by value.
         pl = pynvml.c_nvmlGpuInstancePlacement_t(placement.start, placement.size)
-        gi = self.nvml("nvmlDeviceCreateGpuInstanceWithPlacement", self._dev(index), profile_id, ctypes.byref(pl),
+        gi = self.nvml(pynvml.nvmlDeviceCreateGpuInstanceWithPlacement, self._dev(index), profile_id, ctypes.byref(pl),
                        gpu=index)
-        return int(self.nvml("nvmlGpuInstanceGetInfo", gi, gpu=index).id)
+        return int(self.nvml(pynvml.nvmlGpuInstanceGetInfo, gi, gpu=index).id)
 
     def _gi(self, index: int, gi_id: int) -> Any:
-        return self.nvml("nvmlDeviceGetGpuInstanceById", self._dev(index), gi_id, gpu=index)
+        return self.nvml(pynvml.nvmlDeviceGetGpuInstanceById, self._dev(index), gi_id, gpu=index)
 
     def create_compute_instance(self, index: int, gi_id: int, ci_profile_id: int,
                                 placement: Placement | None = None) -> int:
         gi = self._gi(index, gi_id)
         if placement is None:
-            ci = self.nvml("nvmlGpuInstanceCreateComputeInstance", gi, ci_profile_id, gpu=index)
+            ci = self.nvml(pynvml.nvmlGpuInstanceCreateComputeInstance, gi, ci_profile_id, gpu=index)
         else:  # nvml.h: `const nvmlComputeInstancePlacement_t *placement`, by reference as above
             pl = pynvml.c_nvmlComputeInstancePlacement_t(placement.start, placement.size)
-            ci = self.nvml("nvmlGpuInstanceCreateComputeInstanceWithPlacement", gi, ci_profile_id, ctypes.byref(pl),
-                           gpu=index)
-        return int(self.nvml("nvmlComputeInstanceGetInfo", ci, gpu=index).id)
+            create = pynvml.nvmlGpuInstanceCreateComputeInstanceWithPlacement
+            ci = self.nvml(create, gi, ci_profile_id, ctypes.byref(pl), gpu=index)
+        return int(self.nvml(pynvml.nvmlComputeInstanceGetInfo, ci, gpu=index).id)
 
     def destroy_compute_instance(self, index: int, gi_id: int, ci_id: int) -> None:
-        ci = self.nvml("nvmlGpuInstanceGetComputeInstanceById", self._gi(index, gi_id), ci_id, gpu=index)
-        self.nvml("nvmlComputeInstanceDestroy", ci, gpu=index)
+        ci = self.nvml(pynvml.nvmlGpuInstanceGetComputeInstanceById, self._gi(index, gi_id), ci_id, gpu=index)
+        self.nvml(pynvml.nvmlComputeInstanceDestroy, ci, gpu=index)
 
     def destroy_gpu_instance(self, index: int, gi_id: int) -> None:
-        self.nvml("nvmlGpuInstanceDestroy", self._gi(index, gi_id), gpu=index)
+        self.nvml(pynvml.nvmlGpuInstanceDestroy, self._gi(index, gi_id), gpu=index)
 
     # -- MIG devices, processes, memory -----------------------------------------------------------
     def _mig_handles(self, index: int) -> list[tuple[Any, int, int]]:
         """(MIG device handle, GI id, CI id) for every MIG device of the GPU."""
         dev = self._dev(index)
         out = []
-        for i in range(int(self.nvml("nvmlDeviceGetMaxMigDeviceCount", dev, gpu=index))):
-            mig = self.nvml("nvmlDeviceGetMigDeviceHandleByIndex", dev, i, gpu=index,
+        for i in range(int(self.nvml(pynvml.nvmlDeviceGetMaxMigDeviceCount, dev, gpu=index))):
+            mig = self.nvml(pynvml.nvmlDeviceGetMigDeviceHandleByIndex, dev, i, gpu=index,
                             absent=(pynvml.NVML_ERROR_NOT_FOUND,))
             if mig is not None:
-                out.append((mig, int(self.nvml("nvmlDeviceGetGpuInstanceId", mig, gpu=index)),
-                            int(self.nvml("nvmlDeviceGetComputeInstanceId", mig, gpu=index))))
+                out.append((mig, int(self.nvml(pynvml.nvmlDeviceGetGpuInstanceId, mig, gpu=index)),
+                            int(self.nvml(pynvml.nvmlDeviceGetComputeInstanceId, mig, gpu=index))))
         return out
 
     def list_mig_devices(self, index: int) -> list[MigDevice]:
@@ -326,8 +328,8 @@ class NvmlBackend:
         out: dict[tuple[int, int], str | None] = {}
         for mig, gi_id, ci_id in self._mig_handles(index):
             try:
-                self.nvml("nvmlDeviceGetMemoryInfo", mig, gpu=index)
-                self.nvml("nvmlDeviceGetComputeRunningProcesses", mig, gpu=index)
+                self.nvml(pynvml.nvmlDeviceGetMemoryInfo, mig, gpu=index)
+                self.nvml(pynvml.nvmlDeviceGetComputeRunningProcesses, mig, gpu=index)
                 out[(gi_id, ci_id)] = None
             except HardwareError as e:
                 out[(gi_id, ci_id)] = f"NVML_ERROR_{error_name(e.code)}"
@@ -337,7 +339,7 @@ class NvmlBackend:
         return self._processes(self._dev(index), index)
 
     def _processes(self, dev: Any, index: int) -> list[ProcessInfo]:
-        procs = self.nvml("nvmlDeviceGetComputeRunningProcesses", dev, gpu=index)
+        procs = self.nvml(pynvml.nvmlDeviceGetComputeRunningProcesses, dev, gpu=index)
         return [ProcessInfo(pid=int(p.pid), used_memory_bytes=p.usedGpuMemory,
                             gi_id=None if p.gpuInstanceId == GPU_WIDE else int(p.gpuInstanceId),
                             ci_id=None if p.computeInstanceId == GPU_WIDE else int(p.computeInstanceId))
@@ -345,7 +347,7 @@ class NvmlBackend:
 
     # -- GPM and events ---------------------------------------------------------------------------
     def gpm_supported(self, index: int) -> bool:
-        support = self.nvml("nvmlGpmQueryDeviceSupport", self._dev(index), gpu=index,
+        support = self.nvml(pynvml.nvmlGpmQueryDeviceSupport, self._dev(index), gpu=index,
                             absent=ALL_ERRORS)
         return bool(support is not None and support.isSupportedDevice)
 
@@ -357,26 +359,27 @@ class NvmlBackend:
         info = self.gpu(index)
         dev = self._dev(index)
         if not info.mig_current:
-            return GpuView(index, info, dev)
+            return NvmlView(index, info, dev)
         instances = tuple(self.list_gpu_instances(index))
         gpm = bool(instances) and info.model is not None and info.model.is_hopper_or_newer \
             and self.gpm_supported(index)
         return nvml_view.open_view(self.nvml, info, dev, instances, self._mig_handles(index), gpm)
 
+    # (each view it is handed is one open_view made: an NvmlView behind the port's GpuView)
     def close_view(self, view: GpuView) -> None:
-        nvml_view.close_view(self.nvml, view)
+        nvml_view.close_view(self.nvml, cast(NvmlView, view))
 
     def view_mode(self, view: GpuView) -> tuple[bool, bool]:
-        return nvml_view.view_mode(self.nvml, view)
+        return nvml_view.view_mode(self.nvml, cast(NvmlView, view))
 
     def view_devices(self, view: GpuView) -> list[MigDevice]:
-        return nvml_view.read_view_devices(self.nvml, view)
+        return nvml_view.read_view_devices(self.nvml, cast(NvmlView, view))
 
     def view_processes(self, view: GpuView) -> list[ProcessInfo]:
-        return self._processes(view.handle, view.index)
+        return self._processes(cast(NvmlView, view).handle, view.index)
 
     def view_activity(self, view: GpuView, interval_s: float) -> dict[int, GpmMetrics]:
-        return nvml_view.read_activity(self.nvml, view, interval_s)
+        return nvml_view.read_activity(self.nvml, cast(NvmlView, view), interval_s)
 
     def wait_event(self, timeout_ms: int) -> GpuEvent | None:
         return self._events.wait(timeout_ms)

@@ -48,9 +48,9 @@ def alloc_samples(nvml: Nvml, gi_ids: list[int]) -> Samples:
     samples: Samples = {}
     try:
         for gi in gi_ids:
-            first = nvml("nvmlGpmSampleAlloc")
+            first = nvml(pynvml.nvmlGpmSampleAlloc)
             samples[gi] = (first, None)  # kept at once: a failing second alloc still frees it
-            samples[gi] = (first, nvml("nvmlGpmSampleAlloc"))
+            samples[gi] = (first, nvml(pynvml.nvmlGpmSampleAlloc))
     except HardwareError:
         free_samples(nvml, samples, -1)
         raise
@@ -64,7 +64,7 @@ def free_samples(nvml: Nvml, samples: Samples, index: int) -> None:
             if s is None:
                 continue
             try:
-                nvml("nvmlGpmSampleFree", s)
+                nvml(pynvml.nvmlGpmSampleFree, s)
             except HardwareError as e:
                 log.warning("GPU %d: freeing a GPM sample failed: %s", index, e)
     samples.clear()
@@ -72,7 +72,7 @@ def free_samples(nvml: Nvml, samples: Samples, index: int) -> None:
 
 def _take(nvml: Nvml, dev: Any, index: int, samples: Samples, slot: int) -> None:
     for gi, pair in samples.items():
-        nvml("nvmlGpmMigSampleGet", dev, gi, pair[slot], gpu=index)
+        nvml(pynvml.nvmlGpmMigSampleGet, dev, gi, pair[slot], gpu=index)
 
 
 def read_samples(nvml: Nvml, dev: Any, index: int, samples: Samples, interval_s: float) -> dict[int, GpmMetrics]:
@@ -150,7 +150,7 @@ def gpm_metrics(nvml: Nvml, gi: int, s1: Any, s2: Any, index: int) -> GpmMetrics
 
 
 def read_metrics(nvml: Nvml, gi: int, mg: Any, index: int) -> GpmMetrics:
-    nvml("nvmlGpmMetricsGet", mg, gpu=index)
+    nvml(pynvml.nvmlGpmMetricsGet, mg, gpu=index)
     raw = _RESULT_FIELDS.unpack_from(mg, _RESULTS_AT)  # (nvmlReturn, value) of each metric asked for
     vals = [raw[i + 1] / 100.0 if raw[i] == pynvml.NVML_SUCCESS else None for i in range(0, len(raw), 2)]
     return GpmMetrics(gi_id=gi, sm_active=vals[0], sm_occupancy=vals[1], graphics_active=vals[2],
@@ -174,7 +174,7 @@ class EventWatch:
     def _ensure(self) -> Any:
         with self._lock:
             if self._set is None:
-                es = self._nvml("nvmlEventSetCreate")
+                es = self._nvml(pynvml.nvmlEventSetCreate)
                 try:
                     self.unwatched = self._register_all(es)
                 except BaseException:
@@ -185,13 +185,13 @@ class EventWatch:
 
     def _register_all(self, es: Any) -> dict[int, str]:
         skipped: dict[int, str] = {}
-        for i in range(int(self._nvml("nvmlDeviceGetCount"))):
+        for i in range(int(self._nvml(pynvml.nvmlDeviceGetCount))):
             try:
-                dev = self._nvml("nvmlDeviceGetHandleByIndex", i, gpu=i)
+                dev = self._nvml(pynvml.nvmlDeviceGetHandleByIndex, i, gpu=i)
                 self._index_of[_address(dev)] = i
-                mask = _WANTED_EVENTS & int(self._nvml("nvmlDeviceGetSupportedEventTypes", dev, gpu=i))
+                mask = _WANTED_EVENTS & int(self._nvml(pynvml.nvmlDeviceGetSupportedEventTypes, dev, gpu=i))
                 if mask:
-                    self._nvml("nvmlDeviceRegisterEvents", dev, mask, es, gpu=i)
+                    self._nvml(pynvml.nvmlDeviceRegisterEvents, dev, mask, es, gpu=i)
                 else:
                     skipped[i] = "no Xid or MIG-config events on this GPU"
             except HardwareError as e:
@@ -204,14 +204,14 @@ class EventWatch:
 
     def _free(self, es: Any) -> None:
         try:
-            self._nvml.unlocked("nvmlEventSetFree", es)
+            self._nvml.unlocked(pynvml.nvmlEventSetFree, es)
         except HardwareError as e:
             log.warning("freeing the NVML event set failed: %s", e)
 
     def probe(self) -> dict[int, str]:
         """Create, register and free a set of our own: which GPUs could not be watched, and why."""
         with self._nvml.session.shared():
-            es = self._nvml("nvmlEventSetCreate")
+            es = self._nvml(pynvml.nvmlEventSetCreate)
             try:
                 return self._register_all(es)
             finally:
@@ -227,14 +227,14 @@ class EventWatch:
     def wait(self, timeout_ms: int) -> GpuEvent | None:
         with self._nvml.session.shared():
             es = self._ensure()
-            data = self._nvml("nvmlEventSetWait", es, timeout_ms, absent=(pynvml.NVML_ERROR_TIMEOUT,))
+            data = self._nvml(pynvml.nvmlEventSetWait, es, timeout_ms, absent=(pynvml.NVML_ERROR_TIMEOUT,))
             if data is None:
                 return None
             # The index as registered: a GPU that just fell off the bus (Xid 79) answers no query, and
             # its event must still be counted against it.
             index = self._index_of.get(_address(data.device))
             if index is None:
-                index = int(self._nvml("nvmlDeviceGetIndex", data.device))
+                index = int(self._nvml(pynvml.nvmlDeviceGetIndex, data.device))
         gi = None if data.gpuInstanceId == GPU_WIDE else int(data.gpuInstanceId)
         ci = None if data.computeInstanceId == GPU_WIDE else int(data.computeInstanceId)
         if data.eventType & pynvml.nvmlEventTypeXidCriticalError:

@@ -2,7 +2,7 @@
 
 nvml.h: GPU-instance profile info "is immutable throughout the lifetime of a MIG mode"; handles,
 names and UUIDs of MIG devices live as long as their instances ("handles become invalid if the
-parent device is unbound/reset or the GI is destroyed").  So a :class:`GpuView` keeps them, and a
+parent device is unbound/reset or the GI is destroyed").  So a :class:`NvmlView` keeps them, and a
 cycle asks only what changes: the MIG mode (to notice a change), each MIG device's memory and
 processes, and GPM.  The two GPM sample buffers per GPU instance are allocated with the view and
 freed with it (nvmlGpmSampleFree), not per cycle; the first sample is taken as the view opens and
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+import pynvml
 
 from migd.hardware.backend import GpmMetrics, GpuInfo, GpuInstance, HardwareError, MigDevice, ProcessInfo
 from migd.hardware.nvml_telemetry import GpmRing, alloc_samples, free_samples
@@ -30,7 +32,7 @@ class ViewDevice:
 
 
 @dataclass
-class GpuView:
+class NvmlView:
     index: int
     info: GpuInfo
     handle: Any
@@ -49,13 +51,13 @@ def _str(v: Any) -> str:
 
 def view_devices(nvml: Nvml, index: int, mig_handles: list[tuple[Any, int, int]]) -> tuple[ViewDevice, ...]:
     """What stays of each MIG device while it lives: its handle, ids, UUID and name."""
-    return tuple(ViewDevice(h, gi, ci, _str(nvml("nvmlDeviceGetUUID", h, gpu=index)),
-                            _str(nvml("nvmlDeviceGetName", h, gpu=index))) for h, gi, ci in mig_handles)
+    return tuple(ViewDevice(h, gi, ci, _str(nvml(pynvml.nvmlDeviceGetUUID, h, gpu=index)),
+                            _str(nvml(pynvml.nvmlDeviceGetName, h, gpu=index))) for h, gi, ci in mig_handles)
 
 
 def open_view(nvml: Nvml, info: GpuInfo, handle: Any, instances: tuple[GpuInstance, ...],
-              mig_handles: list[tuple[Any, int, int]], gpm: bool) -> GpuView:
-    view = GpuView(info.index, info, handle, instances, view_devices(nvml, info.index, mig_handles))
+              mig_handles: list[tuple[Any, int, int]], gpm: bool) -> NvmlView:
+    view = NvmlView(info.index, info, handle, instances, view_devices(nvml, info.index, mig_handles))
     if gpm:
         view.gpm_ring = GpmRing(alloc_samples(nvml, sorted({g.id for g in instances})))
         try:
@@ -68,14 +70,14 @@ def open_view(nvml: Nvml, info: GpuInfo, handle: Any, instances: tuple[GpuInstan
     return view
 
 
-def close_view(nvml: Nvml, view: GpuView) -> None:
+def close_view(nvml: Nvml, view: NvmlView) -> None:
     if view.gpm_ring is not None:
         free_samples(nvml, view.gpm_ring.samples, view.index)
         view.gpm_ring = None
 
 
-def view_mode(nvml: Nvml, view: GpuView) -> tuple[bool, bool]:
-    current, pending = nvml("nvmlDeviceGetMigMode", view.handle, gpu=view.index)
+def view_mode(nvml: Nvml, view: NvmlView) -> tuple[bool, bool]:
+    current, pending = nvml(pynvml.nvmlDeviceGetMigMode, view.handle, gpu=view.index)
     return bool(current), bool(pending)
 
 
@@ -83,8 +85,8 @@ def read_devices(nvml: Nvml, index: int, devices: tuple[ViewDevice, ...]) -> lis
     """Memory and processes of each MIG device: the two calls a cycle needs per device."""
     out = []
     for d in devices:
-        mem = nvml("nvmlDeviceGetMemoryInfo", d.handle, gpu=index)
-        procs = nvml("nvmlDeviceGetComputeRunningProcesses", d.handle, gpu=index)
+        mem = nvml(pynvml.nvmlDeviceGetMemoryInfo, d.handle, gpu=index)
+        procs = nvml(pynvml.nvmlDeviceGetComputeRunningProcesses, d.handle, gpu=index)
         out.append(MigDevice(gpu_index=index, gi_id=d.gi_id, ci_id=d.ci_id, uuid=d.uuid, name=d.name,
                              memory_total_bytes=int(mem.total), memory_used_bytes=int(mem.used),
                              processes=tuple(ProcessInfo(pid=int(p.pid), used_memory_bytes=p.usedGpuMemory,
@@ -92,14 +94,14 @@ def read_devices(nvml: Nvml, index: int, devices: tuple[ViewDevice, ...]) -> lis
     return out
 
 
-def read_view_devices(nvml: Nvml, view: GpuView) -> list[MigDevice]:
+def read_view_devices(nvml: Nvml, view: NvmlView) -> list[MigDevice]:
     """Each MIG device's memory, and its processes from one listing of the parent GPU instead of one
     per device: nvml.h's nvmlProcessInfo_t carries each process's gpuInstanceId/computeInstanceId
     "if MIG is enabled" (the driver's answer on the parent handle under MIG; nvidia-smi's process
     table shows the same GI/CI columns).  A cycle costs 1 + n calls here instead of 2n."""
     with nvml.session.shared():
         by_device: dict[tuple[int, int], list[ProcessInfo]] = {}
-        for p in nvml("nvmlDeviceGetComputeRunningProcesses", view.handle, gpu=view.index):
+        for p in nvml(pynvml.nvmlDeviceGetComputeRunningProcesses, view.handle, gpu=view.index):
             gi, ci = int(p.gpuInstanceId), int(p.computeInstanceId)
             by_device.setdefault((gi, ci), []).append(ProcessInfo(pid=int(p.pid), used_memory_bytes=p.usedGpuMemory,
                                                                   gi_id=gi, ci_id=ci))
@@ -108,14 +110,14 @@ def read_view_devices(nvml: Nvml, view: GpuView) -> list[MigDevice]:
         for d in view.devices:
             mem = memory.get(d.gi_id)
             if mem is None:
-                mem = memory[d.gi_id] = nvml("nvmlDeviceGetMemoryInfo", d.handle, gpu=view.index)
+                mem = memory[d.gi_id] = nvml(pynvml.nvmlDeviceGetMemoryInfo, d.handle, gpu=view.index)
             out.append(MigDevice(gpu_index=view.index, gi_id=d.gi_id, ci_id=d.ci_id, uuid=d.uuid, name=d.name,
                                  memory_total_bytes=int(mem.total), memory_used_bytes=int(mem.used),
                                  processes=tuple(by_device.get((d.gi_id, d.ci_id), ()))))
         return out
 
 
-def read_activity(nvml: Nvml, view: GpuView, interval_s: float) -> dict[int, GpmMetrics]:
+def read_activity(nvml: Nvml, view: NvmlView, interval_s: float) -> dict[int, GpmMetrics]:
     """Activity since the previous read (or since the view opened), at least ``interval_s`` apart."""
     if view.gpm_ring is None:
         return {}

@@ -8,13 +8,13 @@ import subprocess
 import sys
 from typing import Any
 
-from migd.hardware.backend import GpuBackend
+from migd.hardware.backend import GpuReader
 from migd.hardware.inventory import survey
 
 _SNIPPET = "import torch; x = torch.ones(1 << 20, device='cuda'); assert float(x.sum()) == float(1 << 20)"
 
 
-def run_probe(backend: GpuBackend, timeout_s: float = 120.0) -> dict[str, Any]:
+def run_probe(backend: GpuReader, timeout_s: float = 120.0) -> dict[str, Any]:
     """Run the snippet once per MIG device (CUDA_VISIBLE_DEVICES=<MIG UUID>); skipped without torch+CUDA."""
     if importlib.util.find_spec("torch") is None:
         return {"status": "skipped", "detail": "no CUDA-capable Python stack (torch is not installed)", "results": []}

@@ -15,10 +15,10 @@ from collections.abc import Callable
 from typing import Any
 
 from migd.hardware.backend import EventKind, GpuBackend, GpuEvent, HardwareError
+from migd.isolation.events import EventCounters
 from migd.isolation.marks import FaultMarks
 from migd.isolation.xids import FATAL_GPU_XIDS, FaultMark
 from migd.loop import BackgroundLoop
-from migd.metrics.collector import EventCounters
 
 log = logging.getLogger("migd.faults")
 
@@ -67,14 +67,8 @@ class FaultWatch(BackgroundLoop):
     def handle(self, ev: GpuEvent) -> None:
         uuid = self._uuid(ev.gpu_index)
         now = time.time()
-        with self.events.lock:
-            self.events.last_event[(str(ev.gpu_index), ev.kind.value)] = now
-            self.events.version += 1
-            self.events.gpu_of[uuid] = str(ev.gpu_index)
-            if ev.kind is EventKind.XID:
-                self.events.xids[(str(ev.gpu_index), uuid, str(ev.xid))] += 1
-                if ev.gi_id is not None:
-                    self.events.instance_xids[(str(ev.gpu_index), uuid, str(ev.gi_id), str(ev.xid))] += 1
+        xid = ev.xid if ev.kind is EventKind.XID else None
+        self.events.event(ev.gpu_index, uuid, ev.kind.value, now, xid, ev.gi_id if xid is not None else None)
         if ev.kind is EventKind.MIG_CONFIG_CHANGE:
             if self.on_config_change is not None:
                 self.on_config_change()
@@ -114,9 +108,7 @@ class FaultWatch(BackgroundLoop):
             msg = f"GPU {ev.gpu_index}: Xid {ev.xid} in GI {ev.gi_id} affected other instances: " + "; ".join(hurt)
             log.critical("isolation breach: %s", msg)
             self.breaches.append(msg)
-            with self.events.lock:
-                self.events.breaches[(str(ev.gpu_index), self._uuid(ev.gpu_index))] += 1
-                self.events.version += 1
+            self.events.breach(ev.gpu_index, self._uuid(ev.gpu_index))
         self.remember()
 
     def step(self) -> float:

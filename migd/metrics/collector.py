@@ -10,7 +10,6 @@ from __future__ import annotations
 import bisect
 import itertools
 import threading
-from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,23 +17,11 @@ from typing import Any
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from migd.isolation.events import EventCounters
 from migd.metrics import daemonstate, faults, gpus
 from migd.metrics.sampler import NvmlErrorCounter, Sampler
 
 APPLY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
-
-
-@dataclass
-class EventCounters:
-    """Xid counters per GPU/instance/Xid and last-event times (fed by the fault watch)."""
-
-    xids: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # gpu, gpu_uuid, xid: every Xid
-    gpu_of: dict[str, str] = field(default_factory=dict)  # gpu uuid -> index, as the events named them
-    instance_xids: Counter[tuple[str, str, str, str]] = field(default_factory=Counter)  # gpu, gpu_uuid, gi, xid
-    version: int = 0  # bumped (under the lock) whenever anything here changes
-    last_event: dict[tuple[str, str], float] = field(default_factory=dict)  # (gpu, kind) -> time
-    breaches: Counter[tuple[str, str]] = field(default_factory=Counter)  # gpu, gpu_uuid
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 @dataclass

@@ -11,7 +11,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from migd import __version__
-from migd.daemon.status import Outcome, Progress, Status
+from migd.api.daemon import Outcome, Progress, Status
 from migd.slurm.transition import Phase
 
 

@@ -11,8 +11,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
+from migd.isolation.events import EventCounters
 from migd.metrics.aserver import MetricsServer
-from migd.metrics.collector import EventCounters, MigdCollector, Part
+from migd.metrics.collector import MigdCollector, Part
 from migd.metrics.exposition import Exposition
 from migd.metrics.sampler import NvmlErrorCounter, Sampler, ViewSource
 from migd.yamlsrc import parse_host_port

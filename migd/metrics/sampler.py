@@ -17,8 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from migd.hardware.backend import GpmMetrics, GpuInfo, GpuInstance, HardwareError, MigDevice, ProcessInfo
-from migd.hardware.nvml_view import GpuView
+from migd.hardware.backend import GpmMetrics, GpuInfo, GpuInstance, GpuView, HardwareError, MigDevice, ProcessInfo
 from migd.loop import BackgroundLoop
 from migd.metrics.snapshot import CiSample, GiSample, GpuSample, Snapshot, Unread
 

@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from migd.hardware.backend import GpuBackend, GpuInfo, GpuInstance
+from migd.hardware.backend import GpuInfo, GpuInstance, GpuReader
 from migd.hardware.catalog import CiProfile, GiProfile
 from migd.hardware.inventory import Unreadable, read_each, survey
 from migd.profiles.loader import API_VERSION
@@ -14,7 +14,7 @@ from migd.profiles.loader import API_VERSION
 T = TypeVar("T")
 
 
-def _instances(backend: GpuBackend, g: GpuInfo) -> Iterator[tuple[GpuInstance, GiProfile, list[CiProfile]]]:
+def _instances(backend: GpuReader, g: GpuInfo) -> Iterator[tuple[GpuInstance, GiProfile, list[CiProfile]]]:
     """Each GI of a MIG GPU with its profile and its CI split: empty when it holds one full CI, or none
     (a GI without CIs is exported with its default CI: CUDA cannot use it otherwise)."""
     model = g.model
@@ -28,7 +28,7 @@ def _instances(backend: GpuBackend, g: GpuInfo) -> Iterator[tuple[GpuInstance, G
         yield gi, prof, [] if not cps or cps == [prof.default_ci] else cps
 
 
-def _each(backend: GpuBackend, key: Callable[[GpuInfo], T]) -> tuple[dict[T, list[int]], list[Unreadable]]:
+def _each(backend: GpuReader, key: Callable[[GpuInfo], T]) -> tuple[dict[T, list[int]], list[Unreadable]]:
     """GPU indexes grouped by ``key`` (the layout); a GPU NVML cannot read (lost) is left out and returned."""
     inventory = survey(backend)
     known = [g for g in inventory.gpus if g.model is not None]
@@ -39,7 +39,7 @@ def _each(backend: GpuBackend, key: Callable[[GpuInfo], T]) -> tuple[dict[T, lis
     return groups, sorted(inventory.unreadable + tuple(failed), key=lambda u: u.index)
 
 
-def export_profile(backend: GpuBackend, owners: dict[str, dict[int, str]],
+def export_profile(backend: GpuReader, owners: dict[str, dict[int, str]],
                    name: str = "exported") -> tuple[dict[str, Any], list[Unreadable]]:
     """The node as a migd profile, and the GPUs it leaves out because NVML cannot read them."""
     def layout(g: GpuInfo) -> tuple[Any, ...]:
@@ -68,7 +68,7 @@ def export_profile(backend: GpuBackend, owners: dict[str, dict[int, str]],
             "description": "exported from the current GPU state", "gpus": sections}, unreadable
 
 
-def export_mig_parted(backend: GpuBackend, name: str = "exported") -> tuple[dict[str, Any], list[Unreadable]]:
+def export_mig_parted(backend: GpuReader, name: str = "exported") -> tuple[dict[str, Any], list[Unreadable]]:
     """The current state as a mig-parted config (``version: v1``): GPUs with the same layout share an
     entry; ``mig-devices`` counts GI profiles, or CI profiles for a GI split into several CIs (mig-parted
     keeps no placements and no owners, so neither is written)."""

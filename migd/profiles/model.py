@@ -6,8 +6,8 @@ import fnmatch
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from migd.errors import ValidationError
 from migd.hardware.backend import GpuInfo
-from migd.yamlsrc import ValidationError
 
 
 @dataclass(frozen=True)

@@ -6,20 +6,14 @@ import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from migd.hardware.backend import GpuInfo
+from migd.errors import ValidationError
 from migd.hardware.catalog import MODELS, GpuModel
-from migd.planner import PlanError, plan_gpu
+from migd.plan.offline import fake_gpu
+from migd.plan.planner import PlanError, plan_gpu
 from migd.profiles.loader import load_profile, mig_parted_configs, profile_top
 from migd.profiles.model import GpuSection, Profile
 from migd.profiles.resolve import gi_name_of, resolve_section
-from migd.yamlsrc import ValidationError, load
-
-
-def fake_gpu(model: GpuModel, index: int = 0, mig: bool = True) -> GpuInfo:
-    """A GPU of ``model`` as NVML would describe it, for planning without hardware."""
-    return GpuInfo(index=index, uuid=f"GPU-catalog-{model.key}", name=model.nvml_name, pci_bus_id="",
-                   pci_device_id=model.pci_device_id, architecture=model.architecture,
-                   memory_total_bytes=model.total_memory_mib << 20, mig_current=mig, mig_pending=mig, model=model)
+from migd.yamlsrc import load
 
 
 def _candidates(section: GpuSection) -> list[GpuModel]:

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone, tzinfo
 from typing import Any
 
+from migd.api.override import Override
 from migd.apply.result import ApplyResult, GpuStatus
-from migd.daemon.override import Override
 from migd.isolation.marks import FaultMarks
 from migd.kinds import Word
 

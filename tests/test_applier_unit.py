@@ -1,0 +1,105 @@
+"""The applier's decisions on an in-memory node (tests/fakes.py): milliseconds each, beside the
+simulator tests that run the same paths through the real pynvml and C ABI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from migd.apply.executor import Applier
+from migd.apply.result import ApplyOptions, BusyError, GpuStatus
+from migd.exits import Exit, for_result
+from migd.hardware.backend import ApplyPort
+from migd.isolation.marks import FaultMarks
+from migd.isolation.xids import FaultMark
+from migd.profiles.loader import load_profile
+from tests.fakes import FakeNode
+from tests.helpers import PROFILES
+
+DAY, NIGHT = load_profile(PROFILES / "day.yaml"), load_profile(PROFILES / "night.yaml")
+
+
+def _applier(tmp_path: Path, *models: str) -> tuple[FakeNode, Applier]:
+    node = FakeNode(*models)
+    assert isinstance(node, ApplyPort)  # the fake offers every method of the applier's port
+    return node, Applier(node, tmp_path / "state")
+
+
+def test_day_then_night_then_night_again_changes_only_what_differs(tmp_path: Path) -> None:
+    node, applier = _applier(tmp_path, "A100-SXM4-80GB")
+    assert applier.apply(DAY).ok and node.layout(0) == [("1g.10gb", s) for s in range(7)]
+    before = node.changes
+    result = applier.apply(NIGHT)
+    assert result.ok and node.layout(0) == [("7g.80gb", 0)]
+    assert node.changes - before == len(result.plans[0].ops)  # exactly the plan's operations
+    before = node.changes
+    again = applier.apply(NIGHT)
+    assert again.ok and node.changes == before and [r.status for r in again.results] == [GpuStatus.UNCHANGED]
+
+
+def test_a_busy_instance_refuses_the_apply_and_nothing_changes(tmp_path: Path) -> None:
+    node, applier = _applier(tmp_path, "A100-SXM4-80GB")
+    applier.apply(DAY)
+    node.run(0, gi_id=min(node.gpus[0].gis))
+    before = (node.changes, node.layout(0))
+    with pytest.raises(BusyError) as e:
+        applier.apply(NIGHT)
+    assert "instances with running processes would be destroyed" in str(e.value)
+    assert (node.changes, node.layout(0)) == before
+
+
+def test_a_driver_error_mid_apply_is_rolled_back_to_the_layout_before(tmp_path: Path) -> None:
+    node, applier = _applier(tmp_path, "A100-SXM4-80GB")
+    applier.apply(DAY)
+    node.fail_after = 5  # the sixth change of the night apply fails
+    result = applier.apply(NIGHT)
+    assert [r.status for r in result.results] == [GpuStatus.ROLLED_BACK]
+    assert node.layout(0) == [("1g.10gb", s) for s in range(7)] and for_result(result) == Exit.NOT_APPLIED
+    assert not applier.journal.exists()
+
+
+def test_a_lost_gpu_is_left_alone_and_the_others_applied(tmp_path: Path) -> None:
+    node, applier = _applier(tmp_path, "A100-SXM4-80GB", "A100-SXM4-80GB", "A100-SXM4-80GB")
+    node.gpus[1].lost = True
+    result = applier.apply(NIGHT)
+    assert result.ok and [u.index for u in result.unreadable] == [1] and result.unreadable[0].lost
+    assert [r.index for r in result.results] == [0, 2] and for_result(result) == Exit.PARTLY
+    assert node.layout(0) == node.layout(2) == [("7g.80gb", 0)] and node.gpus[1].gis == {}
+
+
+def test_a_fault_mark_set_before_a_change_stops_it(tmp_path: Path) -> None:
+    node, applier = _applier(tmp_path, "A100-SXM4-80GB")
+    applier.apply(DAY)
+    marks = FaultMarks()
+    marks.mark("GPU-fake-0", FaultMark(79, 0.0))
+    before = node.changes
+    result = applier.apply(NIGHT, ApplyOptions(faults=marks))
+    assert [r.status for r in result.results] == [GpuStatus.FAULTED] and "Xid 79" in (result.results[0].error or "")
+    assert node.changes == before and for_result(result) == Exit.HARDWARE
+
+
+def test_the_daemon_serves_the_readable_gpus_and_says_which_is_lost(tmp_path: Path) -> None:
+    """The daemon's start-up pass on a node where GPU 1 fell off the bus: the others converge, GPU 1
+    is 'lost', and the pass is not an error (the applier's port is the in-memory node)."""
+    from datetime import datetime
+
+    from migd.api.daemon import Outcome, Progress
+    from migd.daemon.clock import Clock
+    from migd.daemon.config import load_config
+    from migd.daemon.service import Daemon
+    (tmp_path / "profiles").mkdir()
+    for name in ("day.yaml", "night.yaml"):
+        (tmp_path / "profiles" / name).write_text((PROFILES / name).read_text())
+    (tmp_path / "migd.yaml").write_text('timezone: Asia/Seoul\nprofiles_dir: profiles\nschedule:\n'
+                                        '  - {profile: day, at: "08:30", days: mon-fri}\n'
+                                        '  - {profile: night, at: "19:00", days: mon-fri}\nmetrics: {enabled: false}\n')
+    node = FakeNode("H100-SXM5-80GB", "H100-SXM5-80GB", "H100-SXM5-80GB")
+    node.gpus[1].lost = True
+    daemon = Daemon(load_config(tmp_path / "migd.yaml"), node, tmp_path / "state",  # type: ignore[arg-type]
+                    Clock(datetime.fromisoformat("2026-11-23T10:00:00+09:00")))
+    daemon.reconcile("start")
+    states = {i: g.progress for i, g in daemon.status.gpus.items()}
+    assert states == {0: Progress.CONVERGED, 1: Progress.LOST, 2: Progress.CONVERGED}, states
+    assert daemon.status.last_apply is not None and daemon.status.last_apply.result is Outcome.SUCCESS
+    assert node.layout(0) == node.layout(2) == [("1g.10gb", s) for s in range(7)]

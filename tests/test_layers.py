@@ -1,0 +1,72 @@
+"""The shape of the package, as a reader meets it: layers, no import circle, small modules.
+
+The layers themselves are declared once, in pyproject.toml's [tool.importlinter] (docs/layout.md draws
+them); ``lint-imports`` checks every import against them.  These tests run it, and check what it does
+not: a circle inside one package, and a module grown past 400 lines."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+MAX_LINES = 400
+
+
+def test_every_import_keeps_to_the_layers() -> None:
+    tool = shutil.which("lint-imports") or str(Path(sys.executable).with_name("lint-imports"))
+    if not Path(tool).exists():
+        pytest.fail("lint-imports is missing: pip install -e '.[test]' installs import-linter")
+    r = subprocess.run([tool, "--no-cache"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "0 broken" in r.stdout, r.stdout[-3000:] + r.stderr
+
+
+def test_no_module_imports_itself_round_a_circle() -> None:
+    graph = grimp.build_graph("migd")
+    circles = sorted({tuple(sorted((m, i))) for m in graph.modules for i in graph.find_modules_directly_imported_by(m)
+                      if graph.chain_exists(importer=i, imported=m)})
+    assert circles == []
+
+
+def test_the_layer_check_fails_on_an_import_running_back_up(tmp_path: Path) -> None:
+    """The contract can fail: a copy of the package where the planner imports the daemon is refused."""
+    shutil.copytree(REPO / "migd", tmp_path / "migd", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    planner = tmp_path / "migd" / "plan" / "planner.py"
+    planner.write_text(planner.read_text() + "\nfrom migd.daemon import service  # noqa\n")
+    tool = shutil.which("lint-imports") or str(Path(sys.executable).with_name("lint-imports"))
+    r = subprocess.run([tool, "--no-cache"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert r.returncode != 0 and "migd.plan.planner -> migd.daemon.service" in r.stdout, r.stdout[-2000:]
+
+
+def test_no_module_is_over_400_lines() -> None:
+    long = {str(p.relative_to(REPO)): n for p in (REPO / "migd").rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}, f"split these by job: {long}"
+
+
+def test_nvml_is_called_through_pynvmls_functions_not_by_name() -> None:
+    """``nvml("nvmlDeviceGetName", ...)`` went through getattr: no tool could see the name.  Outside the
+    simulator (which implements those names), NVML functions are pynvml's function objects."""
+    import re
+    by_name = [f"{p.relative_to(REPO)}:{n}" for p in (REPO / "migd").rglob("*.py") if "sim" not in p.parts
+               for n, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"[\"']nvml[A-Z]\w+[\"']", line)]
+    assert by_name == []
+
+
+def test_no_function_is_over_50_lines_but_the_search() -> None:
+    """The placement search's walk stays whole until a split is measured no slower (its docstring)."""
+    import ast
+    long = []
+    for p in (REPO / "migd").rglob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno is not None \
+                    and node.end_lineno - node.lineno + 1 > 50:
+                long.append(f"{p.relative_to(REPO)}:{node.name}")
+    assert long == ["migd/plan/placement.py:search"]
