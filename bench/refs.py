@@ -9,7 +9,7 @@ from typing import Any
 
 import pynvml
 
-from migd.hardware.catalog import GiProfile, Placement
+from migd.catalog.models import GiProfile, Placement
 
 # A minimal asyncio HTTP server serving the same bytes from its own process (argv: port, file).
 MINIMAL_SERVER = """

@@ -38,8 +38,8 @@ import refs  # noqa: E402
 import migd.apply.journal as journal_module  # noqa: E402
 from migd.apply.executor import Applier  # noqa: E402
 from migd.apply.result import ApplyOptions  # noqa: E402
-from migd.hardware.backend import ComputeInstance, GpuInstance  # noqa: E402
-from migd.hardware.catalog import MODELS, GiProfile  # noqa: E402
+from migd.catalog.models import MODELS, GiProfile  # noqa: E402
+from migd.hardware.types import ComputeInstance, GpuInstance  # noqa: E402
 from migd.plan.offline import fake_gpu  # noqa: E402
 from migd.plan.planner import _solve, build_tables, forget, plan_gpu  # noqa: E402
 from migd.plan.requests import DesiredInstance, DesiredLayout  # noqa: E402

@@ -39,7 +39,7 @@ def guard_read_only() -> list[str]:
 
 
 def _backend(sim: str | None) -> Any:
-    from migd.hardware.nvml import NvmlBackend
+    from migd.hardware.nvml.backend import NvmlBackend
     if sim is None:
         return NvmlBackend()
     import tempfile
@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--sim", metavar="FLEET", help="the same over the simulator (the fleet as it starts: MIG off), "
                                                   "which tests/test_real_gpu_records.py holds to the real run")
     args = ap.parse_args(argv)
-    from migd.hardware.backend import HardwareError
+    from migd.hardware.types import HardwareError
     try:
         return probe(args.sim)
     except HardwareError as e:

@@ -35,8 +35,8 @@ from migd.ctl_parser import parser
 from migd.doctor import UNREADABLE_CHECK, diagnose
 from migd.errors import ValidationError
 from migd.exits import EXPECTED, Exit, failure, for_result, partly
-from migd.hardware.backend import GpuBackend
 from migd.hardware.inventory import Unreadable
+from migd.hardware.ports import GpuBackend
 from migd.plan.planner import GpuPlan
 from migd.profiles.export import export_mig_parted, export_profile
 from migd.profiles.loader import load_profile
@@ -54,7 +54,7 @@ def open_backend(args: argparse.Namespace) -> tuple[GpuBackend, Path]:
         from migd.sim.backend import sim_backend
         state, state_dir = paths.sim_paths(args.sim, args.sim_state, args.state_dir)
         return sim_backend(state, args.sim), state_dir
-    from migd.hardware.nvml import NvmlBackend
+    from migd.hardware.nvml.backend import NvmlBackend
     return NvmlBackend(), paths.state_dir(args.state_dir)
 
 

@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from migd.hardware.backend import GpuInfo, HardwareError
-from migd.hardware.catalog import Family, GiProfile, GpuModel, Placement, model_for
+from migd.catalog.models import Family, GiProfile, GpuModel, Placement, model_for
 from migd.hardware.inventory import Unreadable, survey
+from migd.hardware.types import GpuInfo, HardwareError
 
 MiB = 1024 * 1024
 

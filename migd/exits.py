@@ -16,7 +16,7 @@ from migd.apply.hooks import HookError
 from migd.apply.lock import LockBusy
 from migd.apply.result import ApplyResult, BusyError, GpuStatus, GpuUnhealthy
 from migd.errors import ValidationError
-from migd.hardware.backend import HardwareError
+from migd.hardware.types import HardwareError
 from migd.plan.planner import PlanError
 
 

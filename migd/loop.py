@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from migd.hardware.backend import HardwareError
+from migd.hardware.types import HardwareError
 
 
 class BackgroundLoop:

@@ -14,8 +14,9 @@ import yaml
 
 from migd.apply.result import ApplyResult
 from migd.doctor import Finding, Verdict
-from migd.hardware.backend import GpuInfo, GpuInstance, GpuReader
 from migd.hardware.inventory import Unreadable, read_each, survey
+from migd.hardware.ports import GpuReader
+from migd.hardware.types import GpuInfo, GpuInstance
 from migd.plan.planner import GpuPlan
 
 

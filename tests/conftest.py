@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from migd.hardware.nvml import NvmlBackend
+from migd.hardware.nvml.backend import NvmlBackend
 from migd.sim.backend import sim_backend
 from migd.sim.library import loaded
 from migd.sim.state import StateStore

@@ -12,15 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from migd.hardware.backend import (
-    ComputeInstance,
-    GpuInfo,
-    GpuInstance,
-    HardwareError,
-    MigDevice,
-    ProcessInfo,
-)
-from migd.hardware.catalog import MODELS, GpuModel, Placement
+from migd.catalog.models import MODELS, GpuModel, Placement
+from migd.hardware.types import ComputeInstance, GpuInfo, GpuInstance, HardwareError, MigDevice, ProcessInfo
 from migd.plan.offline import fake_gpu
 
 LOST, INVALID_ARGUMENT, IN_USE = 15, 2, 19  # nvml.h nvmlReturn_t

@@ -10,7 +10,7 @@ import pytest
 from migd.apply.executor import Applier
 from migd.apply.result import ApplyOptions, BusyError, GpuStatus
 from migd.exits import Exit, for_result
-from migd.hardware.backend import ApplyPort
+from migd.hardware.ports import ApplyPort
 from migd.isolation.marks import FaultMarks
 from migd.isolation.xids import FaultMark
 from migd.profiles.loader import load_profile

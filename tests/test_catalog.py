@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from migd.hardware.catalog import MODELS, GpuModel, model_for
+from migd.catalog.models import MODELS, GpuModel, model_for
 
 # catalog key -> facts key of its gpus entry
 FACTS_KEY = {

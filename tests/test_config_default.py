@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from migd.hardware.backend import HardwareError
-from migd.hardware.catalog import MODELS, GpuModel
+from migd.catalog.models import MODELS, GpuModel
+from migd.hardware.types import HardwareError
 from migd.plan.offline import fake_gpu
 from migd.plan.planner import plan_gpu
 from migd.profiles.loader import load_profile, mig_parted_configs

@@ -21,7 +21,7 @@ from migd.api.daemon import Outcome, Progress
 from migd.daemon.clock import Clock
 from migd.daemon.config import load_config
 from migd.daemon.service import Daemon, ManualApply
-from migd.hardware.backend import read_state
+from migd.hardware.ports import read_state
 from migd.isolation.xids import FaultMark
 from migd.profiles.loader import load_profile
 from migd.sim.backend import sim_backend

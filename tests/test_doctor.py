@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from migd.catalog.models import GpuModel, model_for
 from migd.doctor import Verdict, diagnose
-from migd.hardware.catalog import GpuModel, model_for
 from migd.report import doctor_doc
 from migd.sim import control
 from migd.sim.backend import sim_backend

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from migd.hardware.catalog import MODELS, CiProfile, GpuModel, Placement, media_conflict
+from migd.catalog.models import MODELS, CiProfile, GpuModel, Placement, media_conflict
 from migd.plan.firstfit import first_fit
 from migd.plan.offline import fake_gpu
 from migd.plan.placement import (

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from migd.hardware.catalog import MODELS, GpuModel
-from migd.hardware.livetable import live_model
+from migd.catalog.livetable import live_model
+from migd.catalog.models import MODELS, GpuModel
 from migd.sim.gpu import UNLISTED
 from tests.helpers import Migctl
 

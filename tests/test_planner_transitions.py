@@ -10,8 +10,8 @@ from collections import Counter
 from functools import cache
 from pathlib import Path
 
-from migd.hardware.backend import ComputeInstance, GpuInstance
-from migd.hardware.catalog import MODELS, GiProfile, Placement
+from migd.catalog.models import MODELS, GiProfile, Placement
+from migd.hardware.types import ComputeInstance, GpuInstance
 from migd.plan.offline import fake_gpu
 from migd.plan.planner import plan_gpu
 from migd.plan.requests import DesiredInstance, DesiredLayout

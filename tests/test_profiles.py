@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from migd.catalog.models import MODELS
 from migd.errors import ValidationError
-from migd.hardware.backend import GpuInfo
-from migd.hardware.catalog import MODELS
+from migd.hardware.types import GpuInfo
 from migd.profiles.loader import load_profile, mig_parted_configs
 from migd.profiles.resolve import resolve_section
 from migd.profiles.validate import check_section, validate_file

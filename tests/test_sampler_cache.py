@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from migd.hardware.nvml import NvmlBackend
+from migd.hardware.nvml.backend import NvmlBackend
 from migd.metrics.sampler import Sampler
 from migd.sim.backend import sim_backend
 from migd.sim.library import loaded

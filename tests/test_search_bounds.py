@@ -9,8 +9,8 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from migd.hardware.backend import ComputeInstance, GpuInstance
-from migd.hardware.catalog import MODELS, CiProfile, GiProfile
+from migd.catalog.models import MODELS, CiProfile, GiProfile
+from migd.hardware.types import ComputeInstance, GpuInstance
 from migd.plan.placement import (
     Busy,
     Option,

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from migd.hardware.session import SessionLock
+from migd.hardware.nvml.session import SessionLock
 
 
 def _in_thread(fn: object) -> threading.Thread:

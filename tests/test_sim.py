@@ -12,9 +12,9 @@ from typing import Any
 import pynvml
 import pytest
 
-from migd.hardware.backend import HardwareError
-from migd.hardware.catalog import MODELS, Placement
-from migd.hardware.nvml import NvmlBackend
+from migd.catalog.models import MODELS, Placement
+from migd.hardware.nvml.backend import NvmlBackend
+from migd.hardware.types import HardwareError
 from migd.sim import control
 from migd.sim.backend import smi_argv
 from migd.sim.library import load
@@ -248,7 +248,7 @@ def test_crash_mid_apply_keeps_landed_changes(make_backend: Any) -> None:
     control.crash_after_mutations(store, 2)
     script = textwrap.dedent(f"""
         from migd.sim.backend import sim_backend
-        from migd.hardware.catalog import Placement
+        from migd.catalog.models import Placement
         b = sim_backend({str(path)!r})
         for s in range(7):
             b.create_gpu_instance(0, 19, Placement(s, 1))

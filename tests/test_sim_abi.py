@@ -19,9 +19,9 @@ from typing import Any
 import pynvml as N
 import pytest
 
-from migd.hardware.backend import HardwareError
-from migd.hardware.catalog import Placement
-from migd.hardware.nvml import NvmlBackend
+from migd.catalog.models import Placement
+from migd.hardware.nvml.backend import NvmlBackend
+from migd.hardware.types import HardwareError
 from migd.sim import control
 from migd.sim.library import SimLibrary, load
 from migd.sim.state import StateStore, new_state

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from migd.hardware.catalog import Placement
-from migd.hardware.nvml import NvmlBackend
+from migd.catalog.models import Placement
+from migd.hardware.nvml.backend import NvmlBackend
 from migd.isolation.events import EventCounters
 from migd.isolation.marks import FaultMarks
 from migd.isolation.watch import FaultWatch

@@ -22,8 +22,8 @@ from migd.apply.result import GpuStatus, OnBusy
 from migd.daemon.clock import Clock
 from migd.daemon.config import load_config
 from migd.daemon.service import Daemon, ManualApply
-from migd.hardware.backend import read_state
-from migd.hardware.nvml import NvmlBackend
+from migd.hardware.nvml.backend import NvmlBackend
+from migd.hardware.ports import read_state
 from migd.metrics.daemonstate import slurm_families as _slurm
 from migd.report_text import daemon_table
 from migd.sim import control

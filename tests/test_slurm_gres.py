@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from migd.hardware.backend import read_state
+from migd.hardware.ports import read_state
 from migd.sim.backend import sim_backend
 from migd.sim.devnodes import mig_minors_text
 from migd.slurm.gres import GresError, gres_conf, node_gres, read_minors, records, set_node_gres

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from migd.apply.force import stop_processes
 from migd.apply.result import ApplyOptions, BusyError, OnBusy
-from migd.hardware.backend import GpuReader
+from migd.hardware.ports import GpuReader
 from migd.plan.planner import GpuPlan, Op
 
 log = logging.getLogger(__name__)

@@ -32,8 +32,9 @@ from migd.apply.result import (
 )
 from migd.apply.steps import guarded, verify
 from migd.errors import ValidationError
-from migd.hardware.backend import ApplyPort, GpuInfo, GpuState, HardwareError, read_state
 from migd.hardware.inventory import Unreadable, survey
+from migd.hardware.ports import ApplyPort, read_state
+from migd.hardware.types import GpuInfo, GpuState, HardwareError
 from migd.plan.planner import GpuPlan, OpKind, PlanError, busy_of, layout_of, plan_gpu
 from migd.plan.requests import DesiredLayout
 from migd.profiles.model import Profile

@@ -8,8 +8,8 @@ import os
 import signal
 import time
 
-from migd.hardware.backend import GpuReader
 from migd.hardware.inventory import read_each, survey
+from migd.hardware.ports import GpuReader
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from migd.apply.statefile import (
     read_json,
     record,
 )
+from migd.catalog.models import GpuModel, Placement
 from migd.errors import ValidationError
-from migd.hardware.catalog import GpuModel, Placement
 from migd.plan.requests import DesiredInstance, DesiredLayout
 
 SCHEMA = "migd.journal/v1"  # like mig-parted's api/checkpoint/v1: fields are only added within v1

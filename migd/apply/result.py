@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from migd.apply.hooks import Hooks
-from migd.hardware.backend import GpuState, HardwareError
 from migd.hardware.inventory import Unreadable
+from migd.hardware.types import GpuState, HardwareError
 from migd.kinds import Word
 from migd.plan.planner import GpuPlan, Op
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import TypeVar
 
 from migd.apply.result import FaultGate, GpuFaulted
-from migd.hardware.backend import ApplyPort, GpuReader, GpuState, GpuWriter, HardwareError, read_state
+from migd.hardware.ports import ApplyPort, GpuReader, GpuWriter, read_state
+from migd.hardware.types import GpuState, HardwareError
 from migd.plan.planner import GpuPlan, Op, OpKind
 
 T = TypeVar("T")

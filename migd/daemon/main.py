@@ -25,8 +25,9 @@ from migd.daemon.signals import SignalRelay
 from migd.daemon.watchdog import Watchdog
 from migd.errors import ValidationError
 from migd.exits import EXPECTED, Exit, failure
-from migd.hardware.backend import GpuBackend, HardwareError
 from migd.hardware.inventory import survey
+from migd.hardware.ports import GpuBackend
+from migd.hardware.types import HardwareError
 from migd.isolation.events import EventCounters
 from migd.isolation.watch import FaultWatch
 from migd.metrics.sampler import NvmlErrorCounter
@@ -240,7 +241,7 @@ def _backend(args: argparse.Namespace, state: Path | None, errors: NvmlErrorCoun
     if state is not None:
         from migd.sim.backend import sim_backend
         return sim_backend(state, args.sim, on_nvml_error=errors)
-    from migd.hardware.nvml import NvmlBackend
+    from migd.hardware.nvml.backend import NvmlBackend
     return NvmlBackend(on_nvml_error=errors)
 
 

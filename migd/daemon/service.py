@@ -35,8 +35,9 @@ from migd.daemon.slurmpass import slurm_switch
 from migd.daemon.watchdog import Heartbeat
 from migd.errors import ValidationError
 from migd.exits import EXPECTED
-from migd.hardware.backend import GpuBackend, GpuState
 from migd.hardware.inventory import Unreadable, survey
+from migd.hardware.ports import GpuBackend
+from migd.hardware.types import GpuState
 from migd.isolation.audit import Finding, Severity, audit_readings
 from migd.plan.planner import GpuPlan, layout_text, summary
 from migd.profiles.model import Profile, describe_gpus

@@ -17,7 +17,7 @@ from pathlib import Path
 from migd.apply.executor import Applier
 from migd.apply.result import ApplyOptions, ApplyResult, GpuResult, GpuStatus, OnBusy
 from migd.daemon.config import Config
-from migd.hardware.backend import GpuBackend
+from migd.hardware.ports import GpuBackend
 from migd.plan.planner import GpuPlan
 from migd.profiles.model import Profile
 from migd.slurm.ctl import SlurmCtl, SlurmError, command_runner

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from migd.hardware.backend import GpuInfo, HardwareError
+from migd.hardware.types import GpuInfo, HardwareError
 
 T = TypeVar("T")
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from migd.hardware.backend import GpuInstance, GpuReader, GpuState, read_state
-from migd.hardware.catalog import GpuModel
+from migd.catalog.models import GpuModel
 from migd.hardware.inventory import Unreadable, read_each, survey
+from migd.hardware.ports import GpuReader, read_state
+from migd.hardware.types import GpuInstance, GpuState
 from migd.kinds import Word
 from migd.plan.planner import GpuPlan, OpKind
 

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from typing import Any
 
-from migd.hardware.backend import GpuReader
 from migd.hardware.inventory import survey
+from migd.hardware.ports import GpuReader
 
 _SNIPPET = "import torch; x = torch.ones(1 << 20, device='cuda'); assert float(x.sum()) == float(1 << 20)"
 

@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from migd.hardware.backend import EventKind, GpuBackend, GpuEvent, HardwareError
+from migd.hardware.ports import GpuBackend
+from migd.hardware.types import EventKind, GpuEvent, HardwareError
 from migd.isolation.events import EventCounters
 from migd.isolation.marks import FaultMarks
 from migd.isolation.xids import FATAL_GPU_XIDS, FaultMark

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from migd.hardware.backend import GpmMetrics, GpuInfo, GpuInstance, GpuView, HardwareError, MigDevice, ProcessInfo
+from migd.hardware.ports import GpuView
+from migd.hardware.types import GpmMetrics, GpuInfo, GpuInstance, HardwareError, MigDevice, ProcessInfo
 from migd.loop import BackgroundLoop
 from migd.metrics.snapshot import CiSample, GiSample, GpuSample, Snapshot, Unread
 
@@ -32,7 +33,7 @@ class NvmlErrorCounter:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __call__(self, fn: str, code: int) -> None:
-        from migd.hardware.nvml import error_name
+        from migd.hardware.nvml.call import error_name
         with self._lock:
             self.counts[(fn, error_name(code))] += 1
 

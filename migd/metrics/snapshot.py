@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from migd.hardware.backend import GpmMetrics, GpuInfo
+from migd.hardware.types import GpmMetrics, GpuInfo
 from migd.kinds import Word
 
 

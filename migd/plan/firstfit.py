@@ -21,7 +21,7 @@ from functools import cache
 from operator import attrgetter
 from typing import NamedTuple
 
-from migd.hardware.catalog import GpuModel
+from migd.catalog.models import GpuModel
 
 Sequence = tuple[int, ...]  # GI profile ids in search order
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from migd.hardware.backend import GpuInfo
-from migd.hardware.catalog import GpuModel
+from migd.catalog.models import GpuModel
+from migd.hardware.types import GpuInfo
 
 
 def fake_gpu(model: GpuModel, index: int = 0, mig: bool = True) -> GpuInfo:

@@ -22,8 +22,8 @@ from functools import lru_cache, partial
 from operator import attrgetter
 from typing import NamedTuple
 
-from migd.hardware.backend import GpuInstance
-from migd.hardware.catalog import CiProfile, GiProfile, Placement
+from migd.catalog.models import CiProfile, GiProfile, Placement
+from migd.hardware.types import GpuInstance
 from migd.plan.firstfit import Fit
 from migd.plan.requests import DesiredInstance
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache, partial
 from typing import NamedTuple
 
-from migd.hardware.backend import GpuInfo, GpuInstance, GpuState
-from migd.hardware.catalog import GiProfile, GpuModel, Placement, media_conflict
+from migd.catalog.models import GiProfile, GpuModel, Placement, media_conflict
+from migd.hardware.types import GpuInfo, GpuInstance, GpuState
 from migd.kinds import Word
 from migd.plan.firstfit import first_fit
 from migd.plan.placement import (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from migd.hardware.catalog import CiProfile, GiProfile, Placement
+from migd.catalog.models import CiProfile, GiProfile, Placement
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,10 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from migd.hardware.backend import GpuInfo, GpuInstance, GpuReader
-from migd.hardware.catalog import CiProfile, GiProfile
+from migd.catalog.models import CiProfile, GiProfile
 from migd.hardware.inventory import Unreadable, read_each, survey
+from migd.hardware.ports import GpuReader
+from migd.hardware.types import GpuInfo, GpuInstance
 from migd.profiles.loader import API_VERSION
 
 T = TypeVar("T")

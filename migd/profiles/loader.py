@@ -6,7 +6,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from migd.hardware.catalog import MODELS
+from migd.catalog.models import MODELS
 from migd.profiles.model import GpuSection, InstanceSpec, Loc, PciId, Profile, Selector
 from migd.yamlsrc import Node, excerpt, load, read
 

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from migd.errors import ValidationError
-from migd.hardware.backend import GpuInfo
+from migd.hardware.types import GpuInfo
 
 
 @dataclass(frozen=True)

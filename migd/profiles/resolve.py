@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from migd.hardware.catalog import CiProfile, GiProfile, GpuModel, Placement
+from migd.catalog.models import CiProfile, GiProfile, GpuModel, Placement
 from migd.plan.requests import DesiredInstance, DesiredLayout
 from migd.profiles.model import GpuSection, InstanceSpec
 

@@ -6,8 +6,8 @@ import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from migd.catalog.models import MODELS, GpuModel
 from migd.errors import ValidationError
-from migd.hardware.catalog import MODELS, GpuModel
 from migd.plan.offline import fake_gpu
 from migd.plan.planner import PlanError, plan_gpu
 from migd.profiles.loader import load_profile, mig_parted_configs, profile_top

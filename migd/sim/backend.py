@@ -2,7 +2,7 @@
 
 :func:`sim_backend` loads the simulated library underneath the real, unmodified ``pynvml``
 (:mod:`migd.sim.library`) and builds the production
-:class:`~migd.hardware.nvml.NvmlBackend` on top: only the C library and nvidia-smi's path
+:class:`~migd.hardware.nvml.backend.NvmlBackend` on top: only the C library and nvidia-smi's path
 differ from a real node.
 """
 
@@ -13,8 +13,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from migd.hardware.backend import HardwareError
-from migd.hardware.nvml import NvmlBackend
+from migd.hardware.nvml.backend import NvmlBackend
+from migd.hardware.types import HardwareError
 from migd.sim.state import DEFAULT_FLEET, open_store
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pynvml
 
-from migd.hardware.cstruct import plain
+from migd.hardware.nvml.cstruct import plain
 from migd.sim.cmem import Ref
 from migd.sim.entry import GPU_WIDE, HANDLE, PTR, UINT, Export, exporter, put, reap_clients
 from migd.sim.gpu import MiB, NvmlFail, SimGpu

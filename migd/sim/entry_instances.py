@@ -11,7 +11,7 @@ from typing import Any
 
 import pynvml
 
-from migd.hardware.catalog import CI_ENUM_COUNT, GI_ENUM_COUNT, GiProfile
+from migd.catalog.models import CI_ENUM_COUNT, GI_ENUM_COUNT, GiProfile
 from migd.sim.cmem import Ref
 from migd.sim.entry import GPU_WIDE, HANDLE, PTR, UINT, Export, exporter, put
 from migd.sim.gpu import NvmlFail, SimGi, SimGpu

@@ -16,7 +16,7 @@ from typing import Any
 
 import pynvml
 
-from migd.hardware.cstruct import plain
+from migd.hardware.nvml.cstruct import plain
 from migd.sim.cmem import Ref
 from migd.sim.entry import HANDLE, PTR, UINT, ULL, Export, exporter, put
 from migd.sim.gpu import NvmlFail

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 import pynvml
 
-from migd.hardware.catalog import MODELS, GiProfile, GpuModel, media_conflict
+from migd.catalog.models import MODELS, GiProfile, GpuModel, media_conflict
 
 MiB = 1024 * 1024
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 
 import pynvml
 
-from migd.hardware.catalog import GiProfile
+from migd.catalog.models import GiProfile
 from migd.sim.control import SimError, reset_gpu
 from migd.sim.gpu import mig_uuid, sim_model
 from migd.sim.state import SimGi, SimGpu, SimState, StateStore

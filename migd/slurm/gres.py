@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from migd.hardware.backend import GpuState
+from migd.hardware.types import GpuState
 
 
 class GresError(Exception):

@@ -26,7 +26,7 @@ from pathlib import Path
 from migd.apply.result import OnBusy
 from migd.apply.statefile import atomic_write_json, atomic_write_text, conform, of, one_of, optional, read_json, record
 from migd.errors import ValidationError
-from migd.hardware.backend import GpuState
+from migd.hardware.types import GpuState
 from migd.kinds import Word
 from migd.slurm.ctl import NodeInfo, Runner, SlurmCtl, SlurmError
 from migd.slurm.gres import GresError, GresRecord, gres_conf, node_gres, read_minors, records, set_node_gres

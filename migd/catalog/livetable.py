@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from migd.hardware.gpumodel import CI_LAYOUT, ROLE_ENUM, Family, GiProfile, GpuModel, Placement, ci_profiles_for
+from migd.catalog.gpumodel import CI_LAYOUT, ROLE_ENUM, Family, GiProfile, GpuModel, Placement, ci_profiles_for
 
 _ROLE_OF_ENUM = {v: k for k, v in ROLE_ENUM.items()}
 _ATTR = {"+me": "+me", "+me.all": "+me.all", "-me": "-me", "+gfx": "+gfx"}

@@ -12,8 +12,8 @@ from typing import Any
 
 import pynvml
 
-from migd.hardware.backend import HardwareError
-from migd.hardware.session import SessionLock
+from migd.hardware.nvml.session import SessionLock
+from migd.hardware.types import HardwareError
 
 log = logging.getLogger(__name__)
 

@@ -19,25 +19,25 @@ from typing import Any, TypeVar, cast
 
 import pynvml
 
-from migd.hardware import nvml_view
-from migd.hardware.backend import (
+from migd.catalog.livetable import live_model
+from migd.catalog.models import CI_ENUM_COUNT, GI_ENUM_COUNT, GpuModel, Placement, model_for
+from migd.hardware.nvml import view as nvml_view
+from migd.hardware.nvml.call import ALL_ERRORS, Nvml, NvmlFunction, error_name
+from migd.hardware.nvml.profiletables import ProfileTables
+from migd.hardware.nvml.telemetry import EventWatch, gpm_sample
+from migd.hardware.nvml.view import NvmlView
+from migd.hardware.ports import GpuView
+from migd.hardware.types import (
     GPU_WIDE,
     ComputeInstance,
     GpmMetrics,
     GpuEvent,
     GpuInfo,
     GpuInstance,
-    GpuView,
     HardwareError,
     MigDevice,
     ProcessInfo,
 )
-from migd.hardware.catalog import CI_ENUM_COUNT, GI_ENUM_COUNT, GpuModel, Placement, model_for
-from migd.hardware.livetable import live_model
-from migd.hardware.nvml_telemetry import EventWatch, gpm_sample
-from migd.hardware.nvml_view import NvmlView
-from migd.hardware.nvmlcall import ALL_ERRORS, Nvml, NvmlFunction, error_name
-from migd.hardware.profiletables import ProfileTables
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ __all__ = ["NvmlBackend", "error_name"]
 
 
 class NvmlBackend:
-    """:class:`migd.hardware.backend.GpuBackend` over NVML."""
+    """:class:`migd.hardware.ports.GpuBackend` over NVML."""
 
     def __init__(self, smi_argv: Sequence[str] = ("nvidia-smi",), smi_timeout_s: float = 300.0,
                  on_nvml_error: Callable[[str, int], None] | None = None) -> None:

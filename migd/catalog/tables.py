@@ -9,7 +9,7 @@ that relies on them, and ``migctl doctor`` compares every row with the live driv
 
 from __future__ import annotations
 
-from migd.hardware.gpumodel import (
+from migd.catalog.gpumodel import (
     ARCH_AMPERE,
     ARCH_BLACKWELL,
     ARCH_HOPPER,

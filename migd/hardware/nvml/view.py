@@ -6,7 +6,7 @@ parent device is unbound/reset or the GI is destroyed").  So a :class:`NvmlView`
 cycle asks only what changes: the MIG mode (to notice a change), each MIG device's memory and
 processes, and GPM.  The two GPM sample buffers per GPU instance are allocated with the view and
 freed with it (nvmlGpmSampleFree), not per cycle; the first sample is taken as the view opens and
-each cycle adds one (:class:`~migd.hardware.nvml_telemetry.GpmRing`).  A view is dropped on a MIG-config-change event,
+each cycle adds one (:class:`~migd.hardware.nvml.telemetry.GpmRing`).  A view is dropped on a MIG-config-change event,
 an apply, a mode change or any error while it is used; the next cycle reads the GPU afresh.
 """
 
@@ -17,9 +17,9 @@ from typing import Any
 
 import pynvml
 
-from migd.hardware.backend import GpmMetrics, GpuInfo, GpuInstance, HardwareError, MigDevice, ProcessInfo
-from migd.hardware.nvml_telemetry import GpmRing, alloc_samples, free_samples
-from migd.hardware.nvmlcall import Nvml
+from migd.hardware.nvml.call import Nvml
+from migd.hardware.nvml.telemetry import GpmRing, alloc_samples, free_samples
+from migd.hardware.types import GpmMetrics, GpuInfo, GpuInstance, HardwareError, MigDevice, ProcessInfo
 
 
 @dataclass(frozen=True)

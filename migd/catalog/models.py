@@ -8,7 +8,7 @@ mig-parted ``config-default.yaml``; the tables and their sources are in ``tables
 
 from __future__ import annotations
 
-from migd.hardware.gpumodel import (
+from migd.catalog.gpumodel import (
     ARCH_AMPERE,
     ARCH_BLACKWELL,
     ARCH_HOPPER,
@@ -22,7 +22,7 @@ from migd.hardware.gpumodel import (
     Placement,
     media_conflict,
 )
-from migd.hardware.tables import ALL
+from migd.catalog.tables import ALL
 
 __all__ = ["ARCH_AMPERE", "ARCH_BLACKWELL", "ARCH_HOPPER", "CI_ENUM_COUNT", "GI_ENUM_COUNT", "MODELS", "CiProfile",
            "Family", "GiProfile", "GpuModel", "Media", "Placement", "media_conflict", "model_for"]

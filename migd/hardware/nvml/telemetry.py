@@ -15,8 +15,8 @@ from typing import Any
 
 import pynvml
 
-from migd.hardware.backend import GPU_WIDE, EventKind, GpmMetrics, GpuEvent, HardwareError
-from migd.hardware.nvmlcall import Nvml, error_name
+from migd.hardware.nvml.call import Nvml, error_name
+from migd.hardware.types import GPU_WIDE, EventKind, GpmMetrics, GpuEvent, HardwareError
 
 log = logging.getLogger(__name__)
 
