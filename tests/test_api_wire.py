@@ -3,6 +3,8 @@ request migd cannot use is refused by name."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from migd.api.control import DAEMON_LOCK_TIMEOUT_S, ApplyRequest, ManualApply
@@ -39,3 +41,34 @@ def test_a_request_migd_cannot_use_is_refused_by_name(req: dict[str, object], er
 def test_bad_options_are_value_errors(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         ApplyRequest.from_json({"cmd": "apply", "file": "p.yaml", "text": "", **bad})
+
+
+def test_the_slurm_state_survives_its_file(tmp_path: Path) -> None:
+    """migd.slurm/v1 as SlurmGate writes and reads it; the snapshot is a copy the daemon's thread cannot
+    change under a scrape."""
+    from migd.api.slurm import STATE_SHAPE, Phase, SlurmSnapshot, SlurmState
+    from migd.apply.statefile import atomic_write_json, conform, read_json
+    state = SlurmState(Phase.DRAINING, "night", False, "migd-gpu1", 1795000000.0, 3, None, "jobs 7, 9", 1794999000.5)
+    path = tmp_path / "slurm.json"
+    atomic_write_json(path, state.to_json())
+    doc = conform(path, read_json(path), STATE_SHAPE)
+    assert SlurmState(**{k: (Phase(v) if k == "phase" else v) for k, v in doc.items() if k != "schema"}) == state
+    snap = SlurmSnapshot.of("gpu1", state)
+    state.phase = Phase.SERVING
+    assert snap.state.phase is Phase.DRAINING and snap.to_json()["node"] == "gpu1"
+
+
+def test_a_kept_manual_apply_survives_its_file(tmp_path: Path) -> None:
+    from datetime import datetime, timezone
+
+    from migd.api.override import Override, OverrideStore
+    from migd.profiles.loader import load_profile
+    from tests.helpers import PROFILES
+    text = (PROFILES / "night.yaml").read_text()
+    ov = Override(load_profile("/home/a/night.yaml", text=text), datetime(2026, 11, 23, 10, tzinfo=timezone.utc),
+                  datetime(2026, 11, 23, 2, tzinfo=timezone.utc))
+    store = OverrideStore(tmp_path / "override.json")
+    store.save(ov)
+    back = store.load()
+    assert back is not None and (back.profile.name, back.profile.source, back.until, back.since) == \
+        ("night", "/home/a/night.yaml", ov.until, ov.since) and back.profile.sections == ov.profile.sections

@@ -18,6 +18,7 @@ from zoneinfo import ZoneInfo
 import pynvml
 import pytest
 
+from migd.api.slurm import Phase
 from migd.apply.result import GpuStatus, OnBusy
 from migd.daemon.clock import Clock
 from migd.daemon.config import load_config
@@ -30,7 +31,6 @@ from migd.sim import control
 from migd.sim.backend import sim_backend
 from migd.sim.state import StateStore
 from migd.slurm.gres import gres_conf, node_gres, read_minors, records
-from migd.slurm.transition import Phase
 from tests.helpers import PROFILES, Migctl
 from tests.slurm_cluster import SlurmCluster, skip_without_slurm
 
@@ -120,7 +120,7 @@ def test_a_running_job_is_not_killed_and_the_switch_waits_for_it(node: Node) -> 
     assert "Type=7g.80gb MultipleFiles=" in c.gres_conf.read_text()
     assert d.slurm.gate.state.phase is Phase.SERVING
     d.reconcile("reconcile")  # nothing to change: the pass compares Slurm's GRES with the layout
-    assert d.status.slurm is not None and d.status.slurm["gres_in_sync"] is True
+    assert d.status.slurm is not None and d.status.slurm.state.gres_in_sync is True
     assert "slurm node gpu1: serving" in daemon_table(d.status.to_json())
     night_job = c.submit("gpu:7g.80gb:1", f"touch {c.dir / 'night-ran'}")
     c.wait(lambda: (c.dir / "night-ran").exists(), "a job on the night GPU to run")
@@ -210,7 +210,7 @@ def test_a_node_whose_slurm_gres_differs_from_its_layout_is_reported(node: Node)
     d = node.daemon(Clock(NIGHT + timedelta(hours=13, minutes=30)))  # day: the layout is as asked
     d.reconcile("reconcile")
     assert node.layout() == DAY_LAYOUT
-    assert d.status.slurm is not None and d.status.slurm["gres_in_sync"] is False
+    assert d.status.slurm is not None and d.status.slurm.state.gres_in_sync is False
     assert "GRES NOT in sync" in daemon_table(d.status.to_json())
 
 

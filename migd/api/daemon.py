@@ -13,6 +13,7 @@ from datetime import datetime, timezone, tzinfo
 from typing import Any
 
 from migd.api.override import Override
+from migd.api.slurm import SlurmSnapshot
 from migd.apply.result import ApplyResult, GpuStatus
 from migd.isolation.marks import FaultMarks
 from migd.kinds import Word
@@ -127,7 +128,7 @@ class Status:
     restart_needed: list[str] = field(default_factory=list)  # settings a reload changed but cannot apply
     apply_count: dict[Outcome, int] = field(default_factory=dict)
     unhealthy: FaultMarks = field(default_factory=FaultMarks)  # gpu uuid -> GPU-wide fault (fault watch)
-    slurm: dict[str, Any] | None = None  # Slurm mode: the node's switch state (migd.slurm/v1 fields)
+    slurm: SlurmSnapshot | None = None  # Slurm mode: the node's switch state (migd.slurm/v1)
     profile_names: tuple[str, ...] = ()  # the configured profiles (their time series start at 0)
     busy_timeout_s: float = 0.0  # how long a transition may wait for busy instances (config)
     profile_time: ProfileTime = field(default_factory=ProfileTime)
@@ -183,7 +184,7 @@ class Status:
             "gpus": {str(i): g.to_json() for i, g in sorted(self.gpus.items())},
             "last_reload_error": self.last_reload_error, "restart_needed": list(self.restart_needed),
             "apply_count": {k.value: v for k, v in sorted(self.apply_count.items())},
-            "unhealthy": self.unhealthy_reasons(), "slurm": self.slurm}
+            "unhealthy": self.unhealthy_reasons(), "slurm": self.slurm.to_json() if self.slurm else None}
 
     def unhealthy_reasons(self) -> dict[str, str]:
         return self.unhealthy.reasons()

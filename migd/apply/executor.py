@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from migd.apply.busy import blocked_text, settle_busy
-from migd.apply.journal import Journal, layout_from_json, layout_to_json, unfinished
+from migd.apply.journal import Journal, Step, layout_from_json, layout_to_json, unfinished
 from migd.apply.lock import ApplyLock
 from migd.apply.owners import Owners
 from migd.apply.result import (
@@ -175,7 +175,7 @@ class Applier:
         owners = self.owners.load()
         befores = [(self._before(p), owners.get(p.gpu.uuid, {})) for p in plans]  # what a rollback restores
         self.journal.begin(profile.name, {p.gpu.uuid: {
-            "index": p.gpu.index, "status": "pending", "done": 0, "ops": len(p.ops),
+            "index": p.gpu.index, "status": Step.PENDING, "done": 0, "ops": len(p.ops),
             "before": layout_to_json(before),
             "owners_before": {str(k): v for k, v in owners_before.items()}}
             for p, (before, owners_before) in zip(plans, befores, strict=True)})
@@ -216,7 +216,7 @@ class Applier:
         gi_ids = {g.placement.start: g.id for g in plan.current}
         done, mode_applied = 0, False
         if journal_uuid is not None:  # before the first step: an interrupt from here on keeps the journal
-            self.journal.mark(journal_uuid, status="applying")
+            self.journal.mark(journal_uuid, status=Step.APPLYING)
         for op in plan.ops:
             if journal_uuid is not None and self._stopping is not None and self._stopping():
                 raise Cancelled(f"GPU {op.gpu}: {CANCELLED}")
@@ -241,7 +241,7 @@ class Applier:
             done, seen = self._execute_ops(plan, uuid)
             # The GPU's one journal write (issue 16: <= 2 per GPU): what cannot be recorded as done is
             # undone, so the record on disk (this GPU's before-layout) stays the truth.
-            self.journal.update(uuid, status="done")
+            self.journal.update(uuid, status=Step.DONE)
         except Cancelled:  # asked for: not an error, and said once by whoever asked
             return self._rollback(plan.gpu, *before, CANCELLED, t0, GpuStatus.CANCELLED)
         except (HardwareError, OSError) as e:  # OSError: the journal cannot be written (disk full, EIO)
@@ -262,7 +262,7 @@ class Applier:
         every GPU as it found it."""
         if result.status is not GpuStatus.APPLIED:
             return result
-        self._note(plan.gpu.uuid, status="applying")  # from here the journal's before-layout is the truth again
+        self._note(plan.gpu.uuid, status=Step.APPLYING)  # from here the journal's before-layout is the truth again
         return self._rollback(plan.gpu, *before, CANCELLED, time.monotonic(), GpuStatus.CANCELLED)
 
     def _rollback(self, gpu: GpuInfo, before: DesiredLayout, owners_before: dict[int, str], why: str,
@@ -274,10 +274,10 @@ class Applier:
             msg = (f"{why}; ROLLBACK FAILED: {e2}. GPU {gpu.index} is in an intermediate layout; the journal "
                    "keeps the previous layout and the next apply or daemon start retries the rollback")
             log.critical("GPU %d: %s", gpu.index, msg)
-            self._note(gpu.uuid, status="failed", error=msg)
+            self._note(gpu.uuid, status=Step.FAILED, error=msg)
             return GpuResult(gpu.index, gpu.uuid, GpuStatus.FAILED, 0, msg, time.monotonic() - t0)
         self._set_owners(gpu.uuid, owners_before)
-        self._note(gpu.uuid, status="rolled_back", error=why)
+        self._note(gpu.uuid, status=Step.ROLLED_BACK, error=why)
         log.info("GPU %d: back on its previous layout", gpu.index)
         return GpuResult(gpu.index, gpu.uuid, status, 0, why, time.monotonic() - t0)
 

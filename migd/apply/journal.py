@@ -27,6 +27,7 @@ from migd.apply.statefile import (
 )
 from migd.catalog.models import GpuModel, Placement
 from migd.errors import ValidationError
+from migd.kinds import Word
 from migd.plan.requests import DesiredInstance, DesiredLayout
 
 SCHEMA = "migd.journal/v1"  # like mig-parted's api/checkpoint/v1: fields are only added within v1
@@ -53,12 +54,22 @@ def layout_from_json(model: GpuModel, raw: dict[str, Any]) -> DesiredLayout:
     return DesiredLayout(mig=raw["mig"], instances=tuple(out))
 
 
-STATUSES = ("pending", "applying", "done", "rolled_back", "failed")
+class Step(Word):
+    """Where one GPU of a journaled apply stands (the journal's ``gpus.<uuid>.status``)."""
+
+    PENDING = "pending"  # journaled, not touched yet
+    APPLYING = "applying"  # changes under way: its before-layout is the truth
+    DONE = "done"  # in the new layout
+    ROLLED_BACK = "rolled_back"  # back in the old layout
+    FAILED = "failed"  # neither: a rollback failed; recovery tries again
+
+
+STATUSES = tuple(Step)
 _ENTRY = record(index=optional(of(int)), done=optional(of(int)), ops=optional(of(int)),
                 owners_before=optional(mapping(of(str), keys=digits)))
 _OUTER = record(profile=optional(of(str)), pid=optional(of(int)), started=optional(of(int, float)),
                 gpus=optional(mapping(_ENTRY)))  # (each entry's status and layout: _check_entry)
-SETTLED = ("done", "rolled_back")  # the GPU is in the new or the old layout
+SETTLED = (Step.DONE, Step.ROLLED_BACK)  # the GPU is in the new or the old layout
 
 
 def unfinished(data: dict[str, Any]) -> dict[str, dict[str, Any]]:

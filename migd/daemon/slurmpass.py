@@ -14,6 +14,7 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
+from migd.api.slurm import Phase, SlurmSnapshot
 from migd.apply.executor import Applier
 from migd.apply.result import ApplyOptions, ApplyResult, GpuResult, GpuStatus, OnBusy
 from migd.daemon.config import Config
@@ -21,7 +22,7 @@ from migd.hardware.ports import GpuBackend
 from migd.plan.planner import GpuPlan
 from migd.profiles.model import Profile
 from migd.slurm.ctl import SlurmCtl, SlurmError, command_runner
-from migd.slurm.transition import Phase, SlurmGate
+from migd.slurm.transition import SlurmGate
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +44,9 @@ class SlurmSwitch:
         self.gate = gate
         self.applier = applier
 
-    def snapshot(self) -> dict[str, object]:
+    def snapshot(self) -> SlurmSnapshot:
         """For status JSON and metrics: the node, its switch phase and what it waits for."""
-        doc = self.gate.state.to_json()
-        doc.pop("schema", None)
-        return {"node": self.gate.s.node, **doc}
+        return SlurmSnapshot.of(self.gate.s.node, self.gate.state)
 
     def reserve_ahead(self, transition: datetime | None) -> None:
         try:

@@ -12,7 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from migd import __version__
 from migd.api.daemon import Outcome, Progress, Status
-from migd.slurm.transition import Phase
+from migd.api.slurm import Phase, SlurmSnapshot
 
 
 def build_info(hostname: str) -> Metric:
@@ -93,23 +93,23 @@ def sampler_families(sampler: Any) -> Iterator[Metric]:
     yield CounterMetricFamily("migd_sampler_cycles", "Completed NVML sampling cycles", value=sampler.cycles)
 
 
-def slurm_families(doc: dict[str, Any]) -> Iterator[Metric]:
+def slurm_families(snap: SlurmSnapshot) -> Iterator[Metric]:
     """Slurm mode: where the node's switch stands (every phase listed, so series never vanish)."""
-    node = str(doc.get("node", ""))
+    node, st = snap.node, snap.state
     g = GaugeMetricFamily("migd_slurm_phase", "1 for the Slurm switch phase the node is in", labels=["node", "phase"])
     for phase in Phase:
-        g.add_metric([node, phase.value], 1 if doc.get("phase") == phase.value else 0)
+        g.add_metric([node, phase.value], 1 if st.phase is phase else 0)
     yield g
     g = GaugeMetricFamily("migd_slurm_jobs_waiting", "Jobs holding GPUs that the drained node waits for",
                           labels=["node"])
-    g.add_metric([node], float(doc.get("jobs_waiting") or 0))
+    g.add_metric([node], float(st.jobs_waiting))
     yield g
     g = GaugeMetricFamily("migd_slurm_gres_in_sync", "1 if Slurm registered the node with the GRES of its layout "
                           "(after migd's last switch)", labels=["node"])
-    if doc.get("gres_in_sync") is not None:
-        g.add_metric([node], 1 if doc["gres_in_sync"] else 0)
+    if st.gres_in_sync is not None:
+        g.add_metric([node], 1 if st.gres_in_sync else 0)
     yield g
     g = GaugeMetricFamily("migd_slurm_reserved", "1 while a MAINT reservation holds the node for the next transition",
                           labels=["node"])
-    g.add_metric([node], 1 if doc.get("reservation") else 0)
+    g.add_metric([node], 1 if st.reservation else 0)
     yield g

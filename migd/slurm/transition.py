@@ -19,51 +19,20 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 
+from migd.api.slurm import SCHEMA, STATE_SHAPE, Phase, SlurmState
 from migd.apply.result import OnBusy
-from migd.apply.statefile import atomic_write_json, atomic_write_text, conform, of, one_of, optional, read_json, record
+from migd.apply.statefile import atomic_write_json, atomic_write_text, conform, read_json
 from migd.errors import ValidationError
 from migd.hardware.types import GpuState
-from migd.kinds import Word
 from migd.slurm.ctl import NodeInfo, Runner, SlurmCtl, SlurmError
 from migd.slurm.gres import GresError, GresRecord, gres_conf, node_gres, read_minors, records, set_node_gres
 from migd.slurm.settings import GresUpdate, SlurmSettings
 
 log = logging.getLogger(__name__)
-SCHEMA = "migd.slurm/v1"
 _DRAINED = ("drain", "drained", "draining", "maint")
-
-
-class Phase(Word):
-    SERVING = "serving"  # no switch in progress
-    DRAINING = "draining"  # drained for a switch; jobs holding GPUs still run
-    SWITCHING = "switching"  # applying the layout and publishing the GRES
-    FAILED = "failed"  # the last switch failed; the node serves its old layout
-
-
-_NUMBER = of(int, float)
-_STATE = record(schema=of(str), phase=one_of(*Phase), profile=optional(of(str)), was_serving=optional(of(bool)),
-                reservation=optional(of(str)), reserved_for=optional(_NUMBER), jobs_waiting=optional(of(int)),
-                gres_in_sync=optional(of(bool)), reason=optional(of(str)), since=optional(_NUMBER))
-
-
-@dataclass
-class SlurmState:
-    phase: Phase = Phase.SERVING
-    profile: str | None = None
-    was_serving: bool = True  # resume after the switch only if it was serving when migd drained it
-    reservation: str | None = None
-    reserved_for: float | None = None  # the transition (epoch) the reservation is for
-    jobs_waiting: int = 0
-    gres_in_sync: bool | None = None
-    reason: str = ""
-    since: float = 0.0
-
-    def to_json(self) -> dict[str, object]:
-        return {"schema": SCHEMA, **asdict(self)}
 
 
 class SlurmGate:
@@ -82,7 +51,7 @@ class SlurmGate:
     # -- state ------------------------------------------------------------------------------------
     def _load(self) -> SlurmState:
         try:
-            doc = conform(self._path, read_json(self._path), _STATE)
+            doc = conform(self._path, read_json(self._path), STATE_SHAPE)
             if doc.get("schema") != SCHEMA:
                 raise ValidationError(str(self._path), None, None, "schema", f"not a {SCHEMA} file")
         except FileNotFoundError:
