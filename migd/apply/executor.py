@@ -4,6 +4,10 @@ Plan every GPU first (bad input or an impossible layout stops here, nothing touc
 refuse, wait for or (explicitly) stop processes on instances that would be destroyed;
 journal the previous layout; change GPUs in parallel; verify; on any failure put that GPU
 back to its previous layout.  A journal left by a crash is resolved before the next apply.
+
+This module runs the transaction; each job it composes has a module of its own: ``planning``
+(which GPUs, each read once and planned), ``busy`` (the busy policy), ``steps`` (one operation,
+checked against fault marks, and the read-back), ``recovery`` (what a crash left).
 """
 
 from __future__ import annotations
@@ -12,14 +16,15 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
 from migd.apply.busy import blocked_text, settle_busy
-from migd.apply.journal import Journal, Step, layout_from_json, layout_to_json, unfinished
+from migd.apply.journal import Journal, Step, layout_to_json
 from migd.apply.lock import ApplyLock
 from migd.apply.owners import Owners
+from migd.apply.planning import plan_each, plan_layout
+from migd.apply.recovery import recover
 from migd.apply.result import (
     ApplyOptions,
     ApplyResult,
@@ -31,30 +36,15 @@ from migd.apply.result import (
     GpuUnhealthy,
 )
 from migd.apply.steps import guarded, verify
-from migd.errors import ValidationError
-from migd.hardware.inventory import Unreadable, survey
-from migd.hardware.ports import ApplyPort, read_state
+from migd.hardware.inventory import Unreadable
+from migd.hardware.ports import ApplyPort
 from migd.hardware.types import GpuInfo, GpuState, HardwareError
-from migd.plan.planner import GpuPlan, OpKind, PlanError, busy_of, layout_of, plan_gpu
+from migd.plan.planner import GpuPlan, OpKind, PlanError, layout_of
 from migd.plan.requests import DesiredLayout
 from migd.profiles.model import Profile
-from migd.profiles.resolve import resolve_section
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-DISCARD_HINT = "kept for the operator; after checking the GPUs by hand, `migctl recover --discard` sets it aside"
-
-
-def _located(load: Callable[[], T], path: Path | None = None, field: str = "") -> T:
-    """A journal value, or a ValidationError that names the file and field and says what to do."""
-    try:
-        return load()
-    except ValidationError as e:
-        raise ValidationError(e.file, e.line, e.column, e.field, f"{e.message}; {DISCARD_HINT}") from None
-    except (ValueError, KeyError, TypeError) as e:
-        raise ValidationError(str(path), None, None, field, f"{e}; {DISCARD_HINT}") from None
 
 
 CANCELLED = "stopped on request (Ctrl-C or SIGTERM); put back as it was before the apply"
@@ -84,41 +74,11 @@ class Applier:
 
     def plan_each(self, profile: Profile, mode_only: bool = False,
                   must_select: bool = False) -> tuple[list[GpuPlan], list[Unreadable]]:
-        """As :meth:`plan`, and the GPUs NVML cannot read (lost), set aside rather than fatal to the rest.
+        """As :meth:`plan`, and the GPUs NVML cannot read (lost), set aside (``planning.plan_each``)."""
+        return plan_each(self.backend, self.owners.load(), profile, mode_only, must_select)
 
-        ``must_select``: a profile that selects no GPU of the node is an error (ValidationError); a GPU
-        that could not be read might have been selected, so it is not one then."""
-        plans, owners = [], self.owners.load()
-        inventory = survey(self.backend)
-        unreadable = list(inventory.unreadable)
-        for gpu in inventory.gpus:
-            try:
-                section = profile.section_for(gpu)
-                if section is None:
-                    continue
-                if gpu.model is None:
-                    raise section.loc.error(f"selects GPU {gpu.index} ({gpu.name}), which is not a known "
-                                            "MIG-capable model")
-                desired = resolve_section(section, gpu.model, mode_only)
-                plans.append(self.plan_layout(gpu, desired, owners.get(gpu.uuid, {}), where=f"{profile.source}: "))
-            except HardwareError as e:
-                unreadable.append(Unreadable.of(gpu.index, e))
-        unreadable.sort(key=lambda u: u.index)
-        if must_select and not plans and not any(profile.may_select(u.index) for u in unreadable):
-            raise profile.selects_nothing(inventory.gpus)
-        return plans, unreadable
-
-    def plan_layout(self, gpu: GpuInfo, desired: DesiredLayout, owners: dict[int, str],
-                    where: str = "") -> GpuPlan:
-        seen = read_state(self.backend, gpu)
-        if desired.mode_only and gpu.mig_current and gpu.model is not None:
-            desired = layout_of(gpu.model, list(seen.instances), owners)  # MIG stays on: keep what is there
-        try:
-            plan = plan_gpu(gpu, desired, list(seen.instances), busy_of(seen), owners, seen.pids)
-        except PlanError as e:
-            raise PlanError(f"{where}GPU {gpu.index} ({gpu.model_key}): {e}") from None
-        plan.seen = seen
-        return plan
+    def plan_layout(self, gpu: GpuInfo, desired: DesiredLayout, owners: dict[int, str], where: str = "") -> GpuPlan:
+        return plan_layout(self.backend, gpu, desired, owners, where)
 
     # -- applying ---------------------------------------------------------------------------------
     def apply(self, profile: Profile, opts: ApplyOptions | None = None) -> ApplyResult:
@@ -312,38 +272,5 @@ class Applier:
                                 f"{self.journal.path} is kept and nothing was changed")
 
     def recover_locked(self) -> list[GpuResult]:
-        """Resolve a journal left by a process that died mid-apply: restore each unfinished GPU, found
-        by UUID (indices change when a GPU is lost or re-enumerated).  The journal is removed only when
-        every GPU it names is settled; a damaged one is kept (ValidationError naming file and field)."""
-        if not self.journal.exists():
-            return []
-        data = _located(self.journal.load)
-        pending = unfinished(data)
-        if not pending:  # every GPU reached its old or new layout before the process ended
-            log.info("the journal of an apply of %r by pid %s names no unfinished GPU: removed",
-                     data.get("profile"), data.get("pid"))
-            self.journal.finish()
-            return []
-        log.warning("found an unfinished apply of %r by pid %s: restoring %d GPU(s) to their previous layout",
-                    data.get("profile"), data.get("pid"), len(pending))
-        inventory = survey(self.backend)
-        gpus = inventory.gpus
-        for u in inventory.unreadable:
-            log.error("GPU %d cannot be read (%s): if the journal names it, its entry is kept", u.index, u.error)
-        by_uuid = {g.uuid: g for g in gpus}
-        results = []
-        for uuid, entry in pending.items():
-            gpu = by_uuid.get(uuid)
-            if gpu is None or gpu.model is None:
-                why = "is not present (lost, or re-enumerated away)" if gpu is None else "is not a known MIG model"
-                log.error("GPU %s %s: its journal entry is kept", uuid, why)
-                results.append(GpuResult(entry.get("index", -1), uuid, GpuStatus.FAILED, 0, f"{uuid} {why}"))
-                continue
-            before = _located(partial(layout_from_json, gpu.model, entry["before"]), self.journal.path,
-                              f"gpus.{uuid}.before")
-            owners = {int(k): v for k, v in entry.get("owners_before", {}).items()}
-            results.append(self._rollback(gpu, before, owners, "recovered after an interrupted apply",
-                                          time.monotonic()))
-        if all(r.status is GpuStatus.ROLLED_BACK for r in results):
-            self.journal.finish()
-        return results
+        """Resolve a journal left by a process that died mid-apply (``recovery.recover``)."""
+        return recover(self.journal, self.backend, self._rollback)
