@@ -111,8 +111,11 @@ def _text(args: argparse.Namespace, strict: bool = False) -> str:
 
 
 def _profile(args: argparse.Namespace, strict: bool = False) -> Profile:
-    """FILE, or standard input for ``-``."""
-    return load_profile("<stdin>" if args.file == "-" else args.file, args.config, text=_text(args, strict))
+    """FILE, or standard input for ``-``; what is read but worth a look is said on stderr."""
+    profile = load_profile("<stdin>" if args.file == "-" else args.file, args.config, text=_text(args, strict))
+    for w in profile.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    return profile
 
 
 @contextlib.contextmanager
@@ -248,8 +251,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 print(f"error: {sections}", file=sys.stderr)
                 code = Exit.INVALID
                 continue
-            models = sorted({m for ms in sections.values() for m in ms})
-            print(f"{f}: {name}: ok ({_models(models, args.verbose)})")
+            valid, invalid = check.models[name]
+            print(f"{f}: {name}: ok ({_models(sorted(valid), args.verbose)})" + _not_on(invalid, args.verbose))
         for w in check.warnings:
             print(f"warning: {w}", file=sys.stderr)
         for key, notes in check.caveats.items():
@@ -259,6 +262,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 _NO_MODEL = "no catalog model offers its profiles: the GPU's own table decides at apply time"
+
+
+def _not_on(invalid: dict[str, str], verbose: bool) -> str:
+    """The catalog models a config is not valid on (a node of one of them refuses it), or nothing."""
+    if not invalid:
+        return ""
+    if not verbose:
+        return f"; not valid on {len(invalid)} other catalog models (-v says why)"
+    return "".join(f"\n  not valid on {key}: {why}" for key, why in sorted(invalid.items()))
 _NAMED = 3  # models named on a config's line without -v
 
 

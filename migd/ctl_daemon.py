@@ -54,6 +54,8 @@ def apply_via_daemon(args: argparse.Namespace, text: str) -> int | None:
         return 130
     if reply is None:
         return None
+    for w in reply.get("warnings", []):
+        print(f"warning: {w}", file=sys.stderr)
     if not _error(reply):
         out(args, reply["result"], apply_table(reply["result"], by="migd"))
     if withdrawn:

@@ -6,6 +6,7 @@ so a bad edit followed by SIGHUP leaves the daemon running on the old one.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -22,6 +23,7 @@ from migd.slurm.settings import SlurmSettings, parse_slurm
 from migd.trust import check_path
 from migd.yamlsrc import Node, load, parse_host_port
 
+log = logging.getLogger("migd")
 KEYS = ["timezone", "profiles_dir", "schedule", "on_busy", "busy_timeout", "reconcile_interval", "reconcile",
         "metrics", "hooks", "control_socket", "state_dir", "strict_permissions", "sample_interval", "slurm"]
 
@@ -100,6 +102,8 @@ def load_profiles(directory: Path, strict: bool) -> tuple[dict[str, Profile], di
                 except ValidationError as e:
                     unusable[f"{f.name}#{config}"] = e
         for key, p in found:
+            for w in p.warnings:  # read as mig-parted reads it, and worth a look
+                log.warning("%s", w)
             try:
                 check_profile(p)
             except ValidationError as e:

@@ -180,7 +180,8 @@ class ControlServer(CappedThreadingMixIn, socketserver.UnixStreamServer):
         profile = load_profile(asked.file, asked.config, text=asked.text)
         opts = asked.options
         result = self.handlers.apply(profile, opts, hangup)
-        reply = {"ok": result.ok, "exit": for_result(result), "result": apply_doc(result, opts.dry_run)}
+        reply = {"ok": result.ok, "exit": for_result(result), "result": apply_doc(result, opts.dry_run),
+                 "warnings": list(profile.warnings)}
         if result.ok and not opts.dry_run:
             reply["override"] = self.handlers.status().get("override")  # how long it holds, said at once
         return reply

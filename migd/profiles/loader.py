@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from migd.catalog.models import MODELS
+from migd.errors import ValidationError
 from migd.profiles.model import GpuSection, InstanceSpec, Loc, PciId, Profile, Selector
 from migd.yamlsrc import Node, excerpt, load, read
 
@@ -162,11 +163,12 @@ def _load_mig_parted(root: Node, config: str | None) -> Profile:
         raise root.error("this is a mig-parted file: choose a config with --config NAME", sorted(configs))
     if config not in configs:
         raise top["mig-configs"].error(f"no config named {excerpt(config)}", sorted(configs))
-    sections = [_mig_parted_section(n) for n in configs[config].items()]
+    warnings: list[str] = []
+    sections = [_mig_parted_section(n, warnings) for n in configs[config].items()]
     if not sections:
         raise configs[config].error("lists no devices")
     return Profile(name=config, description=f"mig-parted config {config!r} from {Path(root.file).name}",
-                   sections=tuple(sections), source=root.file, kind="mig-parted")
+                   sections=tuple(sections), source=root.file, kind="mig-parted", warnings=tuple(warnings))
 
 
 def _mig_devices(m: dict[str, Node], mig: bool) -> list[InstanceSpec]:
@@ -194,7 +196,25 @@ def _mig_devices(m: dict[str, Node], mig: bool) -> list[InstanceSpec]:
     return instances
 
 
-def _mig_parted_section(n: Node) -> GpuSection:
+def _device_filter(f: Node, warnings: list[str]) -> tuple[PciId, ...] | None:
+    """mig-parted's ``MatchesDeviceFilter`` (api/spec/v1/helpers.go): ``""`` or ``[]`` filters nothing (all
+    devices); an entry that is not a PCI device id (a model name, ``0x233010DE:0x16C010DE:extra``)
+    parses to no device and matches nothing, so the entry is skipped, not refused: a warning names it."""
+    entries = list(f.items()) if f.is_sequence() else [f]
+    ids: list[PciId] = []
+    for x in entries:
+        raw = x.str() if x.is_scalar() and x.node.value != "" else ""
+        if raw == "" and not f.is_sequence():
+            return None
+        try:
+            ids.append(_pci_id(x))
+        except ValidationError as e:
+            warnings.append(f"{e.file}:{e.line}:{e.column}: {e.field}: {e.message}: as in mig-parted, this filter "
+                            "matches no GPU")
+    return tuple(ids) if entries else None
+
+
+def _mig_parted_section(n: Node, warnings: list[str]) -> GpuSection:
     m = n.mapping(allowed=["devices", "device-filter", "mig-enabled", "mig-devices"],
                   required=["devices", "mig-enabled"])
     dev = m["devices"]
@@ -205,8 +225,7 @@ def _mig_parted_section(n: Node) -> GpuSection:
         indexes = tuple(x.int(minimum=0, maximum=63) for x in dev.items())
     pci = None
     if "device-filter" in m:
-        f = m["device-filter"]
-        pci = tuple(_pci_id(x) for x in (f.items() if f.is_sequence() else [f]))
+        pci = _device_filter(m["device-filter"], warnings)
     mig = m["mig-enabled"].bool()
     instances = _mig_devices(m, mig)
     selector = Selector(all=indexes is None and pci is None, indexes=indexes, pci=pci)

@@ -114,6 +114,7 @@ class Profile:
     kind: str = "migd"  # or "mig-parted"
     extra: dict[str, str] = field(default_factory=dict, compare=False)
     text: str = field(default="", compare=False, repr=False)  # the file as read: a manual apply is kept with it
+    warnings: tuple[str, ...] = field(default=(), compare=False)  # read, but worth a look (file:line:col: ...)
 
     @property
     def config(self) -> str | None:

@@ -92,6 +92,28 @@ def check_profile(profile: Profile) -> dict[int, list[str]]:
     return {i: check_section(s) for i, s in enumerate(profile.sections)}
 
 
+def config_models(profile: Profile, checked: dict[int, list[str]],
+                  gpus: int | None = None) -> tuple[list[str], dict[str, str]]:
+    """The catalog models the whole profile is valid on, and for each other model why not.
+
+    A node is one model, and any of its GPUs may meet any section that can select it (a section listing
+    device indexes can meet every model, as ``devices: all`` does): a model is valid only if every such
+    section is.  A section no model offers the profiles of cannot be checked offline: it is left out; so
+    is one whose indexes are all beyond the node (``gpus``, when known)."""
+    live = [(i, s) for i, s in enumerate(profile.sections) if checked.get(i) and (
+        gpus is None or s.selector.indexes is None or any(x < gpus for x in s.selector.indexes))]
+    valid: list[str] = []
+    invalid: dict[str, str] = {}
+    for key, model in MODELS.items():
+        meets = [(i, s) for i, s in live if model in _candidates(s)]
+        bad = [s for i, s in meets if key not in checked[i]]
+        if bad:
+            invalid[key] = f"{bad[0].loc} does not fit it"
+        elif meets:
+            valid.append(key)
+    return valid, invalid
+
+
 Checked = dict[int, list[str]] | ValidationError  # section -> model keys it is valid for, or its error
 
 
@@ -112,6 +134,7 @@ class FileCheck:
     configs: list[tuple[str, Checked]]
     caveats: Caveats = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    models: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)  # config -> config_models
 
 
 def check_file(path: str | Path, gpus: int | None = None) -> FileCheck:
@@ -122,15 +145,17 @@ def check_file(path: str | Path, gpus: int | None = None) -> FileCheck:
     out: list[tuple[str, Checked]] = []
     notes: Caveats = {}
     warnings: list[str] = []
+    models: dict[str, tuple[list[str], dict[str, str]]] = {}
     for name in names:
         try:
             p = load_profile(path, config=name)
-            warns = check_indexes(p, gpus)
+            warns = [*p.warnings, *check_indexes(p, gpus)]
             checked = check_profile(p)
         except ValidationError as e:
             out.append((name or str(path), e))
             continue
         out.append((p.name, checked))
+        models[p.name] = config_models(p, checked, gpus)
         warnings += warns
         for i, keys in checked.items():
             for key in keys:
@@ -138,4 +163,4 @@ def check_file(path: str | Path, gpus: int | None = None) -> FileCheck:
                 split = any(len(d.cis) != 1 or not d.cis[0].default for d in want)
                 have = notes.setdefault(key, [])
                 have.extend(n for n in MODELS[key].caveats({d.gi for d in want}, split) if n not in have)
-    return FileCheck(out, {k: v for k, v in notes.items() if v}, warnings)
+    return FileCheck(out, {k: v for k, v in notes.items() if v}, warnings, models)
