@@ -5,9 +5,9 @@
 puts a :class:`SimLibrary` there.  Each attribute is a real C function pointer with no
 ``argtypes`` (what CDLL gives), backed by a ctypes callback declared with nvml.h's
 prototype: arguments cross a true C ABI, so a struct passed by value where a pointer is
-due arrives as a garbage address (see :mod:`migd.sim.cmem`).  A name the simulator lacks
-raises ``AttributeError``, which pynvml turns into NVML_ERROR_FUNCTION_NOT_FOUND as it
-would for an older driver.  One library per process, like a loaded shared object.
+due arrives as a garbage address (see :mod:`migd.sim.cmem`).  Every name pynvml resolves is
+exported; one a test marks missing (an older driver) raises ``AttributeError``, which pynvml
+turns into NVML_ERROR_FUNCTION_NOT_FOUND.  One library per process, like a loaded shared object.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 
 import pynvml
 
-from migd.sim import entry_devices, entry_instances, entry_telemetry
+from migd.sim import entry_board, entry_devices, entry_instances, entry_telemetry
 from migd.sim.cmem import Handles, Memory, Ref
 from migd.sim.entry import ANY_MUTATION, Export, proc_start_time, reap_processes
 from migd.sim.gpu import NvmlFail, SimGpu
@@ -38,8 +38,11 @@ from migd.sim.interrupts import raise_after_return, watch_unraisable
 from migd.sim.state import SimState, StateStore
 
 _SUCCESS = int(pynvml.NVML_SUCCESS)
-EXPORTS: dict[str, Export] = {e.name: e for m in (entry_devices, entry_instances, entry_telemetry)
-                              for e in m.ENTRIES}
+_MODELLED: dict[str, Export] = {e.name: e for m in (entry_devices, entry_instances, entry_telemetry, entry_board)
+                                for e in m.ENTRIES}
+# Every name pynvml resolves is exported, as by a real libnvidia-ml: what is not modelled answers
+# NOT_SUPPORTED (entry_board.fallbacks), never FUNCTION_NOT_FOUND.
+EXPORTS: dict[str, Export] = {**{e.name: e for e in entry_board.fallbacks(frozenset(_MODELLED))}, **_MODELLED}
 
 
 class _CFunction(ctypes._CFuncPtr):  # type: ignore[name-defined,misc]
