@@ -101,7 +101,7 @@ def test_a_running_job_is_not_killed_and_the_switch_waits_for_it(node: Node) -> 
     assert "DRAIN" in c.state() and "switching MIG layout to night" in c.show()["Reason"]
     doc = d.status.to_json()["slurm"]
     assert doc["node"] == c.node and doc["phase"] == "draining" and doc["jobs_waiting"] == 1
-    metrics = {f.name: {tuple(smp.labels.values()): smp.value for smp in f.samples} for f in _slurm(doc)}
+    metrics = {f.name: {tuple(smp.labels.values()): smp.value for smp in f.samples} for f in _slurm(d.status.slurm)}
     assert metrics["migd_slurm_phase"][(c.node, "draining")] == 1
     assert metrics["migd_slurm_phase"][(c.node, "serving")] == 0
     assert metrics["migd_slurm_jobs_waiting"][(c.node,)] == 1
