@@ -80,3 +80,39 @@ def test_gpustat_lists_every_gpu_in_mig_mode(tmp_path: Path, fleet: str) -> None
     doc = json.loads(p.stdout)
     assert [g["index"] for g in doc["gpus"]] == list(range(8))
     assert {g["uuid"] for g in doc["gpus"]} == {g.uuid for g in StateStore(m.state).read().gpus}
+
+
+def _smi(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "migd.sim.cli", "exec", "--sim-state", str(state), "--",
+                           "nvidia-smi", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_the_fake_nvidia_smi_answers_query_gpu_as_an_nvml_client(tmp_path: Path) -> None:
+    """`--query-gpu=... --format=csv`: values separated by ", ", a header with units in brackets,
+    noheader and nounits dropping them, [N/A] where NVML answers NOT_SUPPORTED (utilization under MIG)."""
+    m = Migctl(tmp_path, "dgx-h100")
+    assert m("apply", str(PROFILES / "day.yaml")).code == 0
+    fields = "index,name,memory.total,utilization.gpu,mig.mode.current,power.draw"
+    r = _smi(m.state, f"--query-gpu={fields}", "--format=csv")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "index, name, memory.total [MiB], utilization.gpu [%], mig.mode.current, power.draw [W]"
+    assert lines[1] == "0, NVIDIA H100 80GB HBM3, 81559 MiB, [N/A], Enabled, 90.00 W" and len(lines) == 9
+    r = _smi(m.state, "-i", "3", "--query-gpu", "index,memory.total,power.draw", "--format=csv,noheader,nounits")
+    assert r.returncode == 0 and r.stdout == "3, 81559, 90.00\n", r
+    bad = _smi(m.state, "--query-gpu=index,bogus", "--format=csv")
+    assert bad.returncode == 2 and bad.stderr.startswith('Field "bogus" is not a valid field to query.'), bad
+
+
+def test_gputil_reads_the_simulated_fleet_through_the_fake_nvidia_smi(tmp_path: Path) -> None:
+    """GPUtil (PyPI, unmodified) parses `nvidia-smi --query-gpu ... --format=csv,noheader,nounits`."""
+    pytest.importorskip("GPUtil", reason="GPUtil is not installed (gputil is in the test extra)")
+    m = Migctl(tmp_path, "dgx-a100")
+    assert m("apply", str(PROFILES / "day.yaml")).code == 0
+    code = "import GPUtil, json; print(json.dumps([[g.id, g.uuid, g.name, g.memoryTotal] for g in GPUtil.getGPUs()]))"
+    p = subprocess.run([sys.executable, "-m", "migd.sim.cli", "exec", "--sim-state", str(m.state), "--",
+                        sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    gpus = json.loads(p.stdout)
+    assert [g[0] for g in gpus] == list(range(8)) and {g[2] for g in gpus} == {"NVIDIA A100-SXM4-80GB"}
+    assert [g[1] for g in gpus] == [g.uuid for g in StateStore(m.state).read().gpus]

@@ -1,7 +1,8 @@
 """A fake ``nvidia-smi`` over the simulator's shared state file.
 
-It answers the subset migd and operators use, in the real tool's layout: ``-L``,
-``-r -i ID``, ``-i ID -mig 0|1``, ``mig -lgi``, ``mig -lci``, ``mig -lgip``, ``mig -lgipp``.
+It answers the subset migd, operators and monitoring scripts use, in the real tool's layout: ``-L``,
+``-r -i ID``, ``-i ID -mig 0|1``, ``mig -lgi``, ``mig -lci``, ``mig -lgip``, ``mig -lgipp``, and
+``--query-gpu=FIELDS --format=csv[,noheader][,nounits]`` (smi_query.py; GPUtil reads GPUs this way).
 The state file comes from ``--sim-state PATH`` (first argument) or ``$MIGD_SIM_STATE``.
 """
 
@@ -112,7 +113,8 @@ def _select(state: SimState, ident: str | None) -> list[SimGpu]:
     raise SimError(f"No devices were found matching {ident!r}")
 
 
-USAGE = """supported: -L, -r -i GPU, -mig 0|1 [-i GPU], mig -lgi|-lci|-lgip|-lgipp [-i GPU], -h
+USAGE = """supported: -L, -r -i GPU, -mig 0|1 [-i GPU], mig -lgi|-lci|-lgip|-lgipp [-i GPU],
+  --query-gpu=FIELD,... --format=csv[,noheader][,nounits] [-i GPU], -h
 The simulator's nvidia-smi shares the simulated NVML library's state (--sim-state PATH or MIGD_SIM_STATE).
 """
 
@@ -132,6 +134,11 @@ def run(argv: Sequence[str], store: StateStore) -> tuple[int, str]:
             return 0, list_gpus(store.read()) + "(fake nvidia-smi: " + USAGE.splitlines()[0] + ")\n"
         if args == ["-L"]:
             return 0, list_gpus(store.read())
+        query = _option(args, "--query-gpu")
+        if query is not None:
+            gpus = _select(store.read(), ident)
+            return _query(store, query.split(","), (_option(args, "--format") or "").split(","),
+                          [g.index for g in gpus])
         if args == ["-r"]:
             if ident is None:
                 return 2, "nvidia-smi -r needs -i: migd never resets every GPU at once\n"
@@ -152,6 +159,28 @@ def run(argv: Sequence[str], store: StateStore) -> tuple[int, str]:
     except Exception as e:  # an NVML error from the fake library, as nvidia-smi would print it
         return 255, f"Failed: {e}\n"
     return 2, f"fake nvidia-smi: unsupported arguments {' '.join(argv)!r}\n"
+
+
+def _option(args: list[str], name: str) -> str | None:
+    """``--name=VALUE`` or ``--name VALUE``, as nvidia-smi takes its long options."""
+    for k, a in enumerate(args):
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+        if a == name and k + 1 < len(args):
+            return args[k + 1]
+    return None
+
+
+def _query(store: StateStore, fields: list[str], formats: list[str], indexes: list[int]) -> tuple[int, str]:
+    """``--query-gpu`` through NVML, as the real tool reads it (smi_query.py)."""
+    from migd.sim.library import load
+    from migd.sim.smi_query import query_gpu
+    load(store)
+    pynvml.nvmlInit()
+    try:
+        return query_gpu([f.strip() for f in fields if f.strip()], [f.strip() for f in formats], indexes)
+    finally:
+        pynvml.nvmlShutdown()
 
 
 def _set_mig_mode(store: StateStore, gpus: list[SimGpu], enable: bool) -> str:
