@@ -9,11 +9,15 @@ asks for that many compute instances, packed into as few parent GIs as their CI 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from operator import attrgetter
 
 from migd.catalog.models import CiProfile, GiProfile, GpuModel, Placement
+from migd.plan.firstfit import first_fit
 from migd.plan.requests import DesiredInstance, DesiredLayout
 from migd.profiles.model import GpuSection, InstanceSpec
 
+Item = tuple[GiProfile, CiProfile]  # one MIG device of a mig-parted config
 ROLES = ("1g", "1g+me", "2g", "2g+me", "3g", "4g", "7g", "1g+gfx", "1g-me", "1g+me.all", "2g+gfx", "2g-me",
          "2g+me.all", "4g+gfx")
 _CI_NAME = re.compile(r"^(\d+)c(?:\.(.+))?$")
@@ -95,23 +99,64 @@ def _mig_parted_order(item: tuple[GiProfile, CiProfile]) -> tuple[int, int, str,
     return (-gi.slices, -ci.slices, "".join(chr(0x10FFFF - ord(ch)) for ch in attrs), gi.name)
 
 
+def _orderings(items: list[Item]) -> Iterator[list[Item]]:
+    """Orderings of ``items`` in mig-parted's iteratePermutationsUntilSuccess order (pkg/mig/config/
+    config.go): swap-based, each position trying the items from it onwards, an item equal to one
+    already tried at that position skipped (mig-parted compares the same parsed profile)."""
+    work = list(items)
+
+    def walk(i: int) -> Iterator[list[Item]]:
+        if i >= len(work):
+            yield list(work)
+            return
+        for j in range(i, len(work)):
+            if all(work[k] != work[j] for k in range(i, j)):
+                work[i], work[j] = work[j], work[i]
+                yield from walk(i + 1)
+                work[i], work[j] = work[j], work[i]
+    return walk(0)
+
+
+def _grouped(order: list[tuple[GiProfile, CiProfile]]) -> list[tuple[GiProfile, list[CiProfile]]]:
+    """One ordering as SetMigConfig builds it: a device whose GI profile equals the previous one's goes
+    into that GI when its CI still fits there, otherwise a new GI is made."""
+    groups: list[tuple[GiProfile, list[CiProfile]]] = []
+    for gi, ci in order:
+        if groups and groups[-1][0] == gi and _cis_fit(gi, groups[-1][1] + [ci]):
+            groups[-1][1].append(ci)
+        else:
+            groups.append((gi, [ci]))
+    return groups
+
+
+def _gis_fit(model: GpuModel, gis: list[GiProfile]) -> bool:
+    """Whether these GIs can all be created on an empty GPU: instance caps and memory-slice placements
+    (the first-fit table holds every sequence that fits, in search order)."""
+    if any(gis.count(g) > g.instance_count for g in set(gis)):
+        return False
+    return tuple(g.profile_id for g in sorted(gis, key=attrgetter("search_rank"))) in first_fit(model)
+
+
 def pack_mig_parted(section: GpuSection, model: GpuModel) -> list[DesiredInstance]:
     """GPU instances as mig-parted builds them from a config (pkg/mig/config/config.go SetMigConfig):
-    every MIG device is flattened in Flatten order; a device whose GI profile equals the previous
-    one's goes into that GI when its CI still fits there, otherwise a new GI is made.  So
-    ``{"4c.7g.40gb": 1, "1c.7g.40gb": 3}`` is one 7g GI, and ``3g.20gb: 2`` two GIs.  mig-parted lets
-    the driver place CIs and, if creation fails, retries other orders; migd checks fit exactly."""
+    every MIG device is flattened in Flatten order, and orderings of that list are tried in mig-parted's
+    order until one can be created; in each, a device whose GI profile equals the previous one's goes
+    into that GI when its CI still fits, otherwise a new GI is made.  So ``{"4c.7g.40gb": 1,
+    "1c.7g.40gb": 3}`` is one 7g GI, ``3g.20gb: 2`` two GIs, and ``{"1c.3g.20gb": 2, "2c.3g.20gb": 2}``
+    two 3g GIs of [2c, 1c] each (Flatten's own order would need three).  Where mig-parted lets the
+    driver place, migd checks fit exactly; where no ordering fits, the Flatten order's grouping is
+    returned for the planner to say why."""
     items: list[tuple[GiProfile, CiProfile]] = []
     for spec in section.instances:
         for d in resolve_instances(spec, model):
             items.extend((d.gi, c) for c in d.cis)
     items.sort(key=_mig_parted_order)
-    groups: list[tuple[GiProfile, list[CiProfile]]] = []
-    for gi, ci in items:
-        if groups and groups[-1][0] == gi and _cis_fit(gi, groups[-1][1] + [ci]):
-            groups[-1][1].append(ci)
-        else:
-            groups.append((gi, [ci]))
+    for order in _orderings(items):
+        groups = _grouped(order)
+        if _gis_fit(model, [gi for gi, _ in groups]):
+            break
+    else:
+        groups = _grouped(items)
     return [DesiredInstance(gi=gi, cis=tuple(cis)) for gi, cis in groups]
 
 
