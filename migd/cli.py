@@ -246,6 +246,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(f"error: {e}", file=sys.stderr)
             code = Exit.INVALID
             continue
+        if not check.configs:
+            print(f"{f}: no mig-configs: nothing to check (mig-parted reads it as a spec with nothing to apply)")
         for name, sections in check.configs:
             if isinstance(sections, ValidationError):
                 print(f"error: {sections}", file=sys.stderr)

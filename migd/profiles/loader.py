@@ -149,10 +149,18 @@ def _instance(n: Node) -> InstanceSpec:
 
 # -- mig-parted ---------------------------------------------------------------------------------
 def mig_parted_configs(path: str | Path, text: str | None = None) -> list[str]:
+    """The config names of a mig-parted file, read as its api/spec/v1 Spec is: ``version: v1`` required,
+    ``mig-configs`` may be absent (a spec with nothing to apply) but not empty (spec_test.go)."""
     root = load(path, text)
     profile_top(root)
-    return list(root.mapping(allowed=["version", "mig-configs"], required=["mig-configs"])["mig-configs"]
-                .mapping())
+    top = root.mapping(allowed=["version", "mig-configs"], required=["version"])
+    top["version"].str(choices=["v1"])
+    if "mig-configs" not in top:
+        return []
+    configs = top["mig-configs"].mapping()
+    if not configs:
+        raise top["mig-configs"].error("must name at least one config")
+    return list(configs)
 
 
 def _load_mig_parted(root: Node, config: str | None) -> Profile:

@@ -141,7 +141,8 @@ def check_file(path: str | Path, gpus: int | None = None) -> FileCheck:
     """:func:`validate_file` plus caveats and warnings: a layout planned on a borrowed or derived table
     may differ on the real GPU (its live table decides).  ``gpus``: the node's GPU count, if known."""
     top = profile_top(load(path))
-    names = mig_parted_configs(path) if "mig-configs" in top else [None]
+    mig_parted = "mig-configs" in top or ("version" in top and "apiVersion" not in top)
+    names: list[str | None] = list(mig_parted_configs(path)) if mig_parted else [None]
     out: list[tuple[str, Checked]] = []
     notes: Caveats = {}
     warnings: list[str] = []
