@@ -11,11 +11,12 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
+from migd.hardware.ports import ViewSource
 from migd.isolation.events import EventCounters
 from migd.metrics.aserver import MetricsServer
 from migd.metrics.collector import MigdCollector, Part
 from migd.metrics.exposition import Exposition
-from migd.metrics.sampler import NvmlErrorCounter, Sampler, ViewSource
+from migd.metrics.sampler import NvmlErrorCounter, Sampler
 from migd.yamlsrc import parse_host_port
 
 

@@ -15,10 +15,10 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from migd.hardware.ports import GpuView
-from migd.hardware.types import GpmMetrics, GpuInfo, GpuInstance, HardwareError, MigDevice, ProcessInfo
+from migd.hardware.ports import GpuView, ViewSource
+from migd.hardware.types import GpmMetrics, GpuInfo, GpuInstance, HardwareError, MigDevice
 from migd.loop import BackgroundLoop
 from migd.metrics.snapshot import CiSample, GiSample, GpuSample, Snapshot, Unread
 
@@ -40,18 +40,6 @@ class NvmlErrorCounter:
     def snapshot(self) -> dict[tuple[str, str], int]:
         with self._lock:
             return dict(self.counts)
-
-
-class ViewSource(Protocol):
-    """What the sampler needs from a backend: a per-layout view and the per-cycle readings."""
-
-    def gpu_count(self) -> int: ...
-    def open_view(self, index: int) -> GpuView: ...
-    def close_view(self, view: GpuView) -> None: ...
-    def view_mode(self, view: GpuView) -> tuple[bool, bool]: ...
-    def view_devices(self, view: GpuView) -> list[MigDevice]: ...
-    def view_processes(self, view: GpuView) -> list[ProcessInfo]: ...
-    def view_activity(self, view: GpuView, interval_s: float) -> dict[int, GpmMetrics]: ...
 
 
 class Sampler(BackgroundLoop):
