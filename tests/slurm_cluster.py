@@ -189,8 +189,11 @@ class SlurmCluster:
             return ""
 
     def submit(self, gres: str, script: str, *extra: str) -> str:
-        out = self.cmd("sbatch", "--parsable", f"--gres={gres}", "-o", str(self.dir / "job-%j.out"), *extra,
-                       "--wrap", script)
+        return self.submit_asking(f"--gres={gres}", script, *extra)
+
+    def submit_asking(self, ask: str, script: str, *extra: str) -> str:
+        """A batch job that asks for GPUs the way ``ask`` does (``--gres=``, ``--gpus=``, ...)."""
+        out = self.cmd("sbatch", "--parsable", ask, "-o", str(self.dir / "job-%j.out"), *extra, "--wrap", script)
         return out.strip().split(";")[0]
 
     def job_state(self, job: str) -> str:

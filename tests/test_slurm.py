@@ -291,3 +291,24 @@ def test_a_switch_left_open_by_a_stopped_migd_is_finished_at_restart(node: Node)
     assert show["Gres"] == "gpu:7g.80gb:1" and "DRAIN" not in show["State"]
     assert d.slurm is not None and d.slurm.gate.state.phase is Phase.SERVING
     assert "finished after a restart" in d.slurm.gate.state.reason
+
+
+ASKS = [("--gres=gpu:1g.10gb:1",), ("--gpus=1g.10gb:1",), ("--gpus-per-node=1g.10gb:1",),
+        ("--gpus-per-task=1g.10gb:1", "--ntasks=1")]  # (sbatch: --gpus-per-task needs -n)
+
+
+@pytest.mark.parametrize("ask", ASKS, ids=[a[0] for a in ASKS])
+def test_a_job_holding_a_gpu_waits_the_switch_however_it_asked(node: Node, ask: tuple[str, ...]) -> None:
+    """squeue's %b shows per-node --gres only (N/A for --gpus, --gpus-per-node, --gpus-per-task): such a
+    job was taken for CPU-only, its GPU changed under it and Slurm requeued it.  What Slurm allocated
+    (the job's TRES) is read instead, for every way a job can ask (issue 32, item 1)."""
+    c = node.cluster
+    job = c.submit_asking(ask[0], "sleep 60", *ask[1:])
+    c.wait(lambda: c.job_state(job) == "RUNNING", "the job to start")
+    d = node.daemon(Clock(NIGHT))
+    d.reconcile("transition")
+    assert d.slurm is not None
+    state = d.slurm.gate.state
+    assert state.phase is Phase.DRAINING and state.jobs_waiting == 1 and job in state.reason, state
+    assert c.job_state(job) == "RUNNING" and node.layout() == DAY_LAYOUT  # nothing touched under the job
+    c.cmd("scancel", job)

@@ -67,11 +67,46 @@ class NodeInfo:
 class Job:
     id: str
     state: str
-    gres: str  # what the job asked per node, e.g. "gres:gpu:1g.10gb:1" ("N/A": none)
+    gres: str  # what Slurm allocated the job on this node, e.g. "gpu:1g.10gb:1(IDX:0)" ("": none)
 
     @property
     def uses_gpus(self) -> bool:
         return "gpu" in self.gres
+
+
+_DETAIL = re.compile(r"\bNodes=(\S+) CPU_IDs=\S* Mem=\S*(?: GRES=(\S*))?")
+
+
+def _hostnames(expr: str) -> set[str] | None:
+    """A hostlist (``gpu1``, ``gpu[1-3,5]``, ``a1,b[2-3]``) as names; None if it is a form not read here."""
+    names: set[str] = set()
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", expr):
+        m = re.fullmatch(r"([^\[]*)\[([^\]]*)\]", part)
+        if m is None:
+            names.add(part)
+            continue
+        for r in m.group(2).split(","):
+            lo, _, hi = r.partition("-")
+            if not lo.isdigit() or (hi and not hi.isdigit()):
+                return None
+            names.update(f"{m.group(1)}{n:0{len(lo)}d}" for n in range(int(lo), int(hi or lo) + 1))
+    return names
+
+
+def allocated_gres(detail: str, node: str) -> str:
+    """The GRES ``scontrol show job -d -o`` says the job holds on ``node`` (its per-node detail:
+    ``Nodes=gpu1 CPU_IDs=0 Mem=0 GRES=gpu:1g.10gb:1(IDX:0)``), however it asked (``--gres``,
+    ``--gpus``, ``--gpus-per-node``, ``--gpus-per-task``: squeue's ``%b`` shows only the first).  A
+    hostlist not read here counts as holding the job's GRES anywhere (``JOB_GRES``): never assume free."""
+    held = []
+    for nodes, gres in _DETAIL.findall(detail):
+        names = _hostnames(nodes)
+        if names is None or node in names:
+            held.append(gres)
+    if any(_hostnames(n) is None for n, _ in _DETAIL.findall(detail)):
+        m = re.search(r"\bJOB_GRES=(\S+)", detail)
+        held.append(m.group(1) if m and m.group(1) != "(null)" else "")
+    return ",".join(g for g in held if g)
 
 
 class SlurmCtl:
@@ -103,8 +138,12 @@ class SlurmCtl:
                         "" if comment == "(null)" else comment)
 
     def jobs(self) -> list[Job]:
-        out = self._call("squeue", "-h", "-w", self.node, "-t", ACTIVE_JOB_STATES, "-o", "%A|%T|%b")
-        return [Job(*line.split("|", 2)) for line in out.splitlines() if line.count("|") == 2]
+        """The active jobs on this node with what Slurm allocated them here (one ``scontrol show job -d``
+        per job: squeue lists them, its ``%b`` does not show GPUs asked for with ``--gpus*``)."""
+        out = self._call("squeue", "-h", "-w", self.node, "-t", ACTIVE_JOB_STATES, "-o", "%A|%T")
+        listed = [line.split("|", 1) for line in out.splitlines() if line.count("|") == 1]
+        return [Job(job, state, allocated_gres(self._call("scontrol", "show", "job", "-d", "-o", job), self.node))
+                for job, state in listed]
 
     def drain(self, reason: str) -> None:
         self._call("scontrol", "update", f"nodename={self.node}", "state=drain", f"reason={reason}")
