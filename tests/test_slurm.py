@@ -312,3 +312,22 @@ def test_a_job_holding_a_gpu_waits_the_switch_however_it_asked(node: Node, ask: 
     assert state.phase is Phase.DRAINING and state.jobs_waiting == 1 and job in state.reason, state
     assert c.job_state(job) == "RUNNING" and node.layout() == DAY_LAYOUT  # nothing touched under the job
     c.cmd("scancel", job)
+
+
+def test_an_operators_resume_while_migd_waits_is_not_overridden(node: Node) -> None:
+    """An admin resumed the node by hand while migd waited for a job; the job ended and migd changed the
+    GPUs of a node Slurm could start a job on at any moment.  Right before changing GPUs migd checks the
+    node is still drained, else stops and says why (issue 32, item 2)."""
+    c = node.cluster
+    job = c.submit("gpu:1g.10gb:1", "sleep 60")
+    c.wait(lambda: c.job_state(job) == "RUNNING", "the job to start")
+    d = node.daemon(Clock(NIGHT))
+    d.reconcile("transition")
+    assert d.slurm is not None and d.slurm.gate.state.phase is Phase.DRAINING
+    c.cmd("scontrol", "update", f"nodename={c.node}", "state=resume")  # the operator
+    c.cmd("scancel", job)
+    c.wait(lambda: c.job_state(job) == "GONE", "the job to end")
+    d.reconcile("transition")
+    state = d.slurm.gate.state
+    assert node.layout() == DAY_LAYOUT, "GPUs changed on a node Slurm may start jobs on"
+    assert state.phase is Phase.FAILED and "resumed" in state.reason, state

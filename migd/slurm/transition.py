@@ -110,6 +110,12 @@ class SlurmGate:
             self._set(Phase.DRAINING, f"waiting for {len(jobs)} job(s) holding GPUs: "
                       + ",".join(j.id for j in jobs[:10]))
             return False
+        if not self.ctl.info().drained:  # checked after the jobs: a drained node starts none in between
+            why = (f"the node was resumed (by an operator?) while migd waited to switch to {profile}: not "
+                   "switched, as a job may start on it any moment; migd drains it again at its next pass")
+            log.warning("Slurm: %s", why)
+            self._set(Phase.FAILED, why)
+            return False
         self._set(Phase.SWITCHING, f"switching to {profile}")
         return True
 
