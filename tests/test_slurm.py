@@ -331,3 +331,22 @@ def test_an_operators_resume_while_migd_waits_is_not_overridden(node: Node) -> N
     state = d.slurm.gate.state
     assert node.layout() == DAY_LAYOUT, "GPUs changed on a node Slurm may start jobs on"
     assert state.phase is Phase.FAILED and "resumed" in state.reason, state
+
+
+def test_a_persistent_slurm_error_is_retried_with_backoff_not_in_a_loop(node: Node) -> None:
+    """Slurm refusing the new GRES every time (gres.conf not writable, slurmd failing): migd drained the
+    node and changed its GPUs hundreds of times in seconds, its own MIG changes waking the next pass.
+    A failed switch now waits 30 s, then twice as long each time (at most 30 minutes) (issue 32, item 6)."""
+    c = node.cluster
+    count = c.dir / "starts"
+    failing = c.pid_script("start-slurmd-failing", f"echo x >> {count}; exit 1\n")
+    d = node.daemon(Clock(NIGHT), start_slurmd=failing)
+    store = StateStore(node.migctl.state)
+    d.reconcile("transition")
+    assert d.slurm is not None and d.slurm.gate.state.phase is Phase.FAILED
+    assert "next try in 30s" in d.slurm.gate.state.reason, d.slurm.gate.state.reason
+    mutations, drains = store.read().mutations, count.read_text().count("x")  # (the try, and its restore)
+    for _ in range(5):  # the passes its own MIG changes wake at once
+        d.reconcile("reconcile")
+    assert store.read().mutations == mutations and count.read_text().count("x") == drains  # no new try
+    assert node.layout() == DAY_LAYOUT and "DRAIN" not in c.show()["State"]

@@ -33,6 +33,7 @@ from migd.slurm.settings import GresUpdate, SlurmSettings
 
 log = logging.getLogger(__name__)
 _DRAINED = ("drain", "drained", "draining", "maint")
+BACKOFF_S, BACKOFF_MAX_S = 30.0, 1800.0  # after a failed switch: 30 s, 60 s, ... at most 30 minutes
 
 
 class SlurmGate:
@@ -47,6 +48,8 @@ class SlurmGate:
         self._minor_of = minor_of
         self._path = state_path
         self.state = self._load()
+        self._failures = 0  # switches failed in a row: the next waits BACKOFF_S * 2**(n-1), at most BACKOFF_MAX_S
+        self._retry_at = 0.0  # (time.monotonic) no new drain before this
 
     # -- state ------------------------------------------------------------------------------------
     def _load(self) -> SlurmState:
@@ -90,6 +93,8 @@ class SlurmGate:
         ``policy`` is the busy policy of migd's apply: refuse (do not drain while GPU jobs run),
         wait (drain and wait for them), force (drain, wait ``force_after_s``, then requeue them:
         ``scontrol requeue`` puts a job back in the queue, it is not lost)."""
+        if self.state.phase is Phase.FAILED and time.monotonic() < self._retry_at:
+            return False  # (the reason says why it failed and when it tries again)
         if self.state.phase in (Phase.SERVING, Phase.FAILED):
             if not self._may_drain(policy):
                 return False
@@ -253,6 +258,11 @@ class SlurmGate:
             log.error("Slurm: %s", e)
             reason = f"{reason}; {e}"
         self.state.jobs_waiting = 0
+        self._failures = 0 if ok else self._failures + 1
+        if not ok:  # a persistent error (gres.conf not writable) must not drain and switch in a tight loop
+            delay = min(BACKOFF_MAX_S, BACKOFF_S * 2 ** (self._failures - 1))
+            self._retry_at = time.monotonic() + delay
+            reason = f"{reason}; next try in {delay:.0f}s"
         self._set(Phase.SERVING if ok else Phase.FAILED, reason)
 
 
