@@ -350,3 +350,24 @@ def test_a_persistent_slurm_error_is_retried_with_backoff_not_in_a_loop(node: No
         d.reconcile("reconcile")
     assert store.read().mutations == mutations and count.read_text().count("x") == drains  # no new try
     assert node.layout() == DAY_LAYOUT and "DRAIN" not in c.show()["State"]
+
+
+def test_a_drain_left_by_a_migd_that_died_is_undone(node: Node) -> None:
+    """migd killed right after it drained, before recording it: the next migd took its own drain for an
+    operator's ("the node was not serving") and never resumed the node.  A drain with migd's reason is
+    migd's (issue 32, item 5)."""
+    c = node.cluster
+    c.cmd("scontrol", "update", f"nodename={c.node}", "state=drain", "reason=migd: switching MIG layout to night")
+    d = node.daemon(Clock(NIGHT))  # a fresh migd: its state file says serving
+    d.reconcile("transition")
+    assert d.slurm is not None and d.slurm.gate.state.phase is Phase.SERVING, d.slurm.gate.state
+    assert node.layout() == NIGHT_LAYOUT
+    c.wait(lambda: "DRAIN" not in c.show()["State"], "the node to be resumed")
+
+
+def test_an_operators_own_drain_is_left_to_the_operator(node: Node) -> None:
+    c = node.cluster
+    c.cmd("scontrol", "update", f"nodename={c.node}", "state=drain", "reason=disk replacement")
+    d = node.daemon(Clock(NIGHT))
+    d.reconcile("transition")
+    assert node.layout() == NIGHT_LAYOUT and "DRAIN" in c.show()["State"] and c.show()["Reason"].startswith("disk")

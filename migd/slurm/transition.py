@@ -33,6 +33,7 @@ from migd.slurm.settings import GresUpdate, SlurmSettings
 
 log = logging.getLogger(__name__)
 _DRAINED = ("drain", "drained", "draining", "maint")
+DRAIN_REASON = "migd: switching MIG layout to "  # how Slurm shows a drain migd made (scontrol show node)
 BACKOFF_S, BACKOFF_MAX_S = 30.0, 1800.0  # after a failed switch: 30 s, 60 s, ... at most 30 minutes
 
 
@@ -98,9 +99,12 @@ class SlurmGate:
         if self.state.phase in (Phase.SERVING, Phase.FAILED):
             if not self._may_drain(policy):
                 return False
-            self.state.was_serving = not self.ctl.info().drained
+            info = self.ctl.info()  # a drain with migd's own reason is migd's, left by a migd that died
+            ours = info.drained and info.reason.startswith(DRAIN_REASON)  # before recording it
+            self.state.was_serving = not info.drained or ours
             self.state.profile = profile
-            self.ctl.drain(f"migd: switching MIG layout to {profile}")
+            if self.state.was_serving:  # an operator's drain, and its reason, stay the operator's
+                self.ctl.drain(f"{DRAIN_REASON}{profile}")
             self._set(Phase.DRAINING, f"drained to switch to {profile}")
             log.info("Slurm: drained %s to switch to %s", self.s.node, profile)
         jobs = [j for j in self.ctl.jobs() if j.uses_gpus]
