@@ -371,3 +371,19 @@ def test_an_operators_own_drain_is_left_to_the_operator(node: Node) -> None:
     d = node.daemon(Clock(NIGHT))
     d.reconcile("transition")
     assert node.layout() == NIGHT_LAYOUT and "DRAIN" in c.show()["State"] and c.show()["Reason"].startswith("disk")
+
+
+def test_a_node_whose_gres_and_gpus_disagree_stays_drained(node: Node) -> None:
+    """Slurm refused the new GRES and putting the old layout back failed too (NVML): migd resumed the node
+    advertising gpu:1g.10gb:7 over one 7g instance, and Slurm started a job there.  Such a node stays
+    drained, its reason naming the mismatch (issue 32, item 3)."""
+    c = node.cluster
+    failing = c.pid_script("start-slurmd-failing", "exit 1\n")
+    d = node.daemon(Clock(NIGHT), start_slurmd=failing)
+    ops = len(node.migctl("plan", str(PROFILES / "night.yaml"), "-o", "json").json()["gpus"][0]["operations"])
+    control.fail_call(StateStore(node.migctl.state), "*mutation*", 999, nth=ops + 1)  # the restore's first step
+    d.reconcile("transition")
+    assert node.layout() != DAY_LAYOUT  # the old layout could not be put back
+    show = c.show()
+    assert "DRAIN" in show["State"] and "GRES and its GPUs disagree" in show["Reason"], show
+    assert d.slurm is not None and d.slurm.gate.state.phase is Phase.FAILED

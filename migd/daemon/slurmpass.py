@@ -89,7 +89,7 @@ class SlurmSwitch:
             undo = self.applier.restore(result.plans, owners, opts, f"{profile.name} (undone)")
             why = f"Slurm did not take the new GRES: {e}"
             back = "previous layout restored" if undo.ok else "RESTORING THE PREVIOUS LAYOUT FAILED"
-            self.gate.finish(False, f"{why}; {back}")
+            self.gate.finish(False, f"{why}; {back}", agree=undo.ok)
             return dataclasses.replace(result, results=[
                 dataclasses.replace(r, status=GpuStatus.ROLLED_BACK if undo.ok else GpuStatus.FAILED,
                                     error=f"{why}; {back}")

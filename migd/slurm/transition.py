@@ -248,11 +248,16 @@ class SlurmGate:
         elif self.ctl.info().comment.startswith("migd:"):
             self.ctl.set_comment("")
 
-    def finish(self, ok: bool, reason: str) -> None:
-        """Resume the node (if it was serving) and drop the reservation, whatever the outcome."""
+    def finish(self, ok: bool, reason: str, agree: bool = True) -> None:
+        """Resume the node (if it was serving) and drop the reservation, whatever the outcome; unless its
+        GRES and its GPUs disagree (``agree`` False: the old layout could not be put back under the
+        old GRES): then it stays drained, its reason naming the mismatch, until a switch that agrees."""
         try:
             self._comment(ok, reason)
-            if self.state.was_serving:
+            if not agree:
+                self.ctl.drain(_short(f"{DRAIN_REASON}{self.state.profile}: its GRES and its GPUs disagree after a "
+                                      "failed switch (migctl daemon says why)"))
+            elif self.state.was_serving:
                 self.ctl.resume()
             due = self.state.reserved_for is not None and self.state.reserved_for <= self._now().timestamp() + 60
             if self.state.reservation is not None and due:  # (not one made for the next transition)
