@@ -387,3 +387,25 @@ def test_a_node_whose_gres_and_gpus_disagree_stays_drained(node: Node) -> None:
     show = c.show()
     assert "DRAIN" in show["State"] and "GRES and its GPUs disagree" in show["Reason"], show
     assert d.slurm is not None and d.slurm.gate.state.phase is Phase.FAILED
+
+
+def test_a_failed_job_listing_is_not_called_a_failed_drain(node: Node, tmp_path: Path) -> None:
+    """The node drained, then squeue failed: migd said "cannot drain: squeue ...".  It names the step that
+    failed, and changes no GPU while it cannot know which jobs hold them (issue 32, item 8)."""
+    c = node.cluster
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    (fake / "squeue").write_text("#!/bin/sh\necho 'squeue: error: slurm_load_jobs error: Socket timed out' >&2\n"
+                                 "exit 1\n")
+    (fake / "squeue").chmod(0o755)
+    cfg = node.tmp / "migd.yaml"
+    section = c.slurm_section().replace(f"env: {{SLURM_CONF: {c.conf}}}",
+                                        f"env: {{SLURM_CONF: {c.conf}, PATH: '{fake}:{os.environ['PATH']}'}}")
+    cfg.write_text(CONFIG.format(day_at="08:30", days="mon-fri") + section)
+    cfg.chmod(0o644)
+    d = Daemon(load_config(cfg), node.backend, node.migctl.state_dir, Clock(NIGHT))
+    d.reconcile("transition")
+    assert d.slurm is not None
+    reason = d.slurm.gate.state.reason
+    assert reason.startswith("cannot list the node's jobs: squeue") and "Socket timed out" in reason, reason
+    assert node.layout() == DAY_LAYOUT and "DRAIN" in c.show()["State"]

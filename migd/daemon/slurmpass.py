@@ -70,9 +70,10 @@ class SlurmSwitch:
         change is BLOCKED with Slurm's reason, as busy instances are elsewhere; the next pass looks again."""
         try:
             ready = self.gate.ready(profile.name, policy, force_after_s)
-        except SlurmError as e:
-            log.error("Slurm: cannot drain for %s: %s", profile.name, e)
-            self.gate.state.reason = f"cannot drain: {e}"
+        except SlurmError as e:  # drained already, or not: say which step failed (the command is in e)
+            what = "cannot list the node's jobs" if self.gate.state.phase is Phase.DRAINING else "cannot drain"
+            log.error("Slurm: %s for %s: %s", what, profile.name, e)
+            self.gate.state.reason = f"{what}: {e}"
             ready = False
         if not ready:
             return ApplyResult(profile.name, plans, [
