@@ -20,6 +20,7 @@ from migd import paths
 from migd.apply.executor import Applier
 from migd.apply.hooks import Hooks, parse_hooks
 from migd.apply.journal import left_behind
+from migd.apply.planning import touched
 from migd.apply.result import ApplyOptions, GpuStatus, OnBusy
 from migd.ctl_daemon import (
     apply_via_daemon,
@@ -70,7 +71,7 @@ def _touched(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> 
     """The profile, its plans, and the GPUs it may select that NVML cannot read (lost: left alone)."""
     profile = _profile(args)
     plans, unreadable = Applier(backend, state_dir).plan_each(profile, args.mode_only, must_select=True)
-    return profile, plans, [u for u in unreadable if profile.may_select(u.index)]
+    return profile, plans, touched(profile, unreadable)
 
 
 def cmd_plan(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:

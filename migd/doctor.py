@@ -72,7 +72,7 @@ UNREADABLE_CHECK = "readable"
 
 
 def _unreadable(u: Unreadable) -> Finding:
-    return Finding(u.index, UNREADABLE_CHECK, Verdict.ERROR, u.describe().split(": ", 1)[1])
+    return Finding(u.index, UNREADABLE_CHECK, Verdict.ERROR, u.summary())
 
 
 def _gpu(src: DoctorSource, g: GpuInfo, model: GpuModel | None, unwatched: str | None) -> Iterator[Finding]:

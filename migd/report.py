@@ -14,7 +14,7 @@ import yaml
 
 from migd.apply.result import ApplyResult
 from migd.doctor import Finding, Verdict
-from migd.hardware.inventory import Unreadable, read_each, survey
+from migd.hardware.inventory import Unreadable, read_all
 from migd.hardware.ports import GpuReader
 from migd.hardware.types import GpuInfo, GpuInstance
 from migd.plan.planner import GpuPlan
@@ -28,9 +28,7 @@ def status_doc(backend: GpuReader, owners: dict[str, dict[int, str]],
                journal: dict[str, Any] | None = None) -> dict[str, Any]:
     """``migd.status/v1``; ``journal``: what an unfinished apply left (``apply.journal.left_behind``);
     ``unreadable``: GPUs NVML cannot read (lost), each with its state and NVML's error."""
-    inventory = survey(backend)
-    gpus, failed = read_each(inventory.gpus, lambda g: _gpu_doc(backend, g, owners))
-    unreadable = sorted(inventory.unreadable + tuple(failed), key=lambda u: u.index)
+    gpus, unreadable = read_all(backend, lambda g: _gpu_doc(backend, g, owners))
     return {"schema": "migd.status/v1", "gpus": gpus, "journal": journal,
             "unreadable": [u.to_json() for u in unreadable]}
 

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from datetime import datetime, timezone
 from typing import Any
 
+from migd.doctor import UNREADABLE_CHECK
 from migd.profiles.model import index_ranges
 
 RESUME_HINT = "`migctl resume` returns to the schedule now"
@@ -212,7 +213,7 @@ def doctor_table(doc: dict[str, Any], verbose: bool = False) -> str:
     findings = doc["findings"]
     counts = Counter(f["verdict"] for f in findings)
     gpus = len({f["gpu"] for f in findings if f["gpu"] is not None})
-    lost = [f["gpu"] for f in findings if f["check"] == "readable"]  # doctor.UNREADABLE_CHECK: no catalog matter
+    lost = [f["gpu"] for f in findings if f["check"] == UNREADABLE_CHECK]  # no catalog matter
     bad = counts["mismatch"] + counts["error"] - len(lost)
     verdict = f"{bad} difference(s) from the catalog" if bad else "no differences from the catalog"
     if lost:

@@ -4,11 +4,12 @@ simulator tests that run the same paths through the real pynvml and C ABI."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from migd.apply.executor import Applier
-from migd.apply.result import ApplyOptions, BusyError, GpuStatus
+from migd.apply.result import ApplyOptions, BusyError, GpuStatus, GpuUnhealthy
 from migd.exits import Exit, for_result
 from migd.hardware.ports import ApplyPort
 from migd.isolation.marks import FaultMarks
@@ -68,13 +69,23 @@ def test_a_lost_gpu_is_left_alone_and_the_others_applied(tmp_path: Path) -> None
     assert node.layout(0) == node.layout(2) == [("7g.80gb", 0)] and node.gpus[1].gis == {}
 
 
+class _LateMark(FaultMarks):
+    """A fatal Xid that lands after the apply planned, just as it is about to change the GPU."""
+
+    def guard(self, uuid: str) -> Any:
+        self.mark(uuid, FaultMark(79, 0.0))
+        return super().guard(uuid)
+
+
 def test_a_fault_mark_set_before_a_change_stops_it(tmp_path: Path) -> None:
     node, applier = _applier(tmp_path, "A100-SXM4-80GB")
     applier.apply(DAY)
-    marks = FaultMarks()
-    marks.mark("GPU-fake-0", FaultMark(79, 0.0))
+    marked = FaultMarks()  # marked before the apply plans: refused up front
+    marked.mark("GPU-fake-0", FaultMark(79, 0.0))
+    with pytest.raises(GpuUnhealthy, match="Xid 79"):
+        applier.apply(NIGHT, ApplyOptions(faults=marked))
     before = node.changes
-    result = applier.apply(NIGHT, ApplyOptions(faults=marks))
+    result = applier.apply(NIGHT, ApplyOptions(faults=_LateMark()))
     assert [r.status for r in result.results] == [GpuStatus.FAULTED] and "Xid 79" in (result.results[0].error or "")
     assert node.changes == before and for_result(result) == Exit.HARDWARE
 

@@ -17,13 +17,12 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
 
 from migd.apply.busy import blocked_text, settle_busy
 from migd.apply.journal import Journal, Step, layout_to_json
 from migd.apply.lock import ApplyLock
 from migd.apply.owners import Owners
-from migd.apply.planning import plan_each, plan_layout
+from migd.apply.planning import plan_each, plan_layout, touched
 from migd.apply.recovery import recover
 from migd.apply.result import (
     ApplyOptions,
@@ -44,7 +43,6 @@ from migd.plan.requests import DesiredLayout
 from migd.profiles.model import Profile
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 CANCELLED = "stopped on request (Ctrl-C or SIGTERM); put back as it was before the apply"
@@ -87,7 +85,7 @@ class Applier:
             self.resolve_journal()
             plans, unreadable = self.plan_each(profile, opts.mode_only, must_select=True)
             result = self.apply_plans(profile, plans, opts)
-            result.unreadable = [u for u in unreadable if profile.may_select(u.index)]
+            result.unreadable = touched(profile, unreadable)
             return result
 
     def apply_plans(self, profile: Profile, plans: list[GpuPlan], opts: ApplyOptions) -> ApplyResult:
@@ -97,7 +95,7 @@ class Applier:
             return ApplyResult(profile.name, plans, [
                 GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.WOULD_CHANGE if p.changes else GpuStatus.UNCHANGED,
                           len(p.ops)) for p in plans])
-        unhealthy = opts.unhealthy() if opts.unhealthy else {}
+        unhealthy = opts.faults.reasons() if opts.faults else {}
         faulted = [p for p in plans if p.changes and p.gpu.uuid in unhealthy]
         bad = [f"GPU {p.gpu.index}: {unhealthy[p.gpu.uuid]}" for p in faulted]
         if bad and not opts.partial:

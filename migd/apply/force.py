@@ -8,7 +8,7 @@ import os
 import signal
 import time
 
-from migd.hardware.inventory import read_each, survey
+from migd.hardware.inventory import read_all
 from migd.hardware.ports import GpuReader
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ def stop_processes(backend: GpuReader, pids: list[int], grace_s: float) -> None:
 
 
 def _gpu_pids(backend: GpuReader) -> set[int]:
-    pids, _ = read_each(survey(backend).gpus, lambda g: [p.pid for p in backend.gpu_processes(g.index)])
+    pids, _ = read_all(backend, lambda g: [p.pid for p in backend.gpu_processes(g.index)])
     return {pid for each in pids for pid in each}
 
 

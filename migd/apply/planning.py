@@ -38,7 +38,7 @@ def plan_each(backend: GpuReader, owners: dict[str, dict[int, str]], profile: Pr
         except HardwareError as e:
             unreadable.append(Unreadable.of(gpu.index, e))
     unreadable.sort(key=lambda u: u.index)
-    if must_select and not plans and not any(profile.may_select(u.index) for u in unreadable):
+    if must_select and not plans and not touched(profile, unreadable):
         raise profile.selects_nothing(inventory.gpus)
     return plans, unreadable
 
@@ -54,3 +54,8 @@ def plan_layout(backend: GpuReader, gpu: GpuInfo, desired: DesiredLayout, owners
         raise PlanError(f"{where}GPU {gpu.index} ({gpu.model_key}): {e}") from None
     plan.seen = seen
     return plan
+
+
+def touched(profile: Profile, unreadable: list[Unreadable]) -> list[Unreadable]:
+    """The GPUs NVML cannot read that the profile may select (a request touching them is done in part)."""
+    return [u for u in unreadable if profile.may_select(u.index)]

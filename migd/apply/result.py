@@ -49,7 +49,10 @@ class GpuFaulted(HardwareError):
 
 
 class FaultGate(Protocol):
-    """What an apply asks before each change to a GPU (``migd.isolation.marks.FaultMarks``)."""
+    """What an apply asks of the GPU-wide fault marks (``migd.isolation.marks.FaultMarks``): which GPUs
+    carry one when it plans, and again before each change."""
+
+    def reasons(self) -> dict[str, str]: ...
 
     def guard(self, uuid: str) -> AbstractContextManager[str | None]: ...
 
@@ -81,8 +84,7 @@ class ApplyOptions:
     lock_timeout_s: float = 0.0
     poll_s: float = 1.0
     kill_grace_s: float = 10.0
-    unhealthy: Callable[[], dict[str, str]] | None = None  # uuid -> reason: reconfiguration refused
-    faults: FaultGate | None = None  # checked again before every change, under the marks' own lock
+    faults: FaultGate | None = None  # GPU-wide fault marks: refused when planned, checked before every change
     partial: bool = False  # GPUs busy instances block are left (status "blocked"); the others go ahead
     cancel: Flag | None = None  # set (SIGTERM): stop waiting; roll back the GPU being changed
     abort: Flag | None = None  # set (the requester's Ctrl-C): stop, and put every GPU back as it was

@@ -114,12 +114,15 @@ def of(*types: type) -> Shape:
     return check
 
 
-def optional(shape: Shape) -> Shape:
+class optional:  # noqa: N801  (a shape, named as the others: record(x=optional(of(str))))
     """``shape``, or null, or absent from its record."""
-    def check_optional(value: Any, where: str) -> None:
+
+    def __init__(self, shape: Shape) -> None:
+        self.shape = shape
+
+    def __call__(self, value: Any, where: str) -> None:
         if value is not None:
-            shape(value, where)
-    return check_optional
+            self.shape(value, where)
 
 
 def one_of(*choices: str) -> Shape:
@@ -163,7 +166,7 @@ def record(**fields: Shape) -> Shape:
         if not isinstance(value, dict):
             raise Misfit(where, f"{_show(value)} is not a mapping")
         for name, shape in fields.items():
-            if name not in value and getattr(shape, "__name__", "") != "check_optional":
+            if name not in value and not isinstance(shape, optional):
                 raise Misfit(f"{where}.{name}", "missing")
             shape(value.get(name), f"{where}.{name}")
     return check

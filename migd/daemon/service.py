@@ -24,6 +24,7 @@ from migd.api.control import DAEMON_LOCK_TIMEOUT_S, ManualApply
 from migd.api.daemon import LastApply, Outcome, Status, outcome_of
 from migd.api.override import OverrideStore
 from migd.apply.executor import Applier
+from migd.apply.planning import touched
 from migd.apply.result import ApplyOptions, ApplyResult, BusyError, Flag, GpuStatus, OnBusy
 from migd.daemon.clock import Clock
 from migd.daemon.config import Config, ReconcileMode, restart_only
@@ -99,7 +100,7 @@ class Daemon:
     def _options(self, on_busy: OnBusy) -> ApplyOptions:
         return ApplyOptions(on_busy=on_busy, busy_timeout_s=0.0, hooks=self.config.hooks,
                             lock_timeout_s=DAEMON_LOCK_TIMEOUT_S, cancel=self.cancel, progress=self.heartbeat.beat,
-                            unhealthy=self.status.unhealthy_reasons, faults=self.status.unhealthy)
+                            faults=self.status.unhealthy)
 
     def _scheduled_options(self) -> ApplyOptions:
         """Busy GPUs wait (the others go ahead); force only after busy_timeout gave running work its chance."""
@@ -141,10 +142,10 @@ class Daemon:
                 for r in self.applier.recover_locked():
                     log.warning("GPU %d: %s after an interrupted apply", r.index, r.status.replace("_", " "))
                 plans, unreadable = self.applier.plan_each(profile, mode_only=opts.mode_only, must_select=manual)
-                touched = [u for u in unreadable if profile.may_select(u.index)]  # lost: left alone, reported
+                lost = touched(profile, unreadable)  # left alone, reported
                 if opts.dry_run:
                     result = self.applier.apply_plans(profile, plans, opts)
-                    result.unreadable = touched
+                    result.unreadable = lost
                     return result
                 changes = any(p.changes for p in plans)
                 if self.slurm is not None and not changes:
@@ -154,11 +155,11 @@ class Daemon:
                         self.slurm.check_sync(plans)
                 if not manual and (not correct or not changes):
                     self._unchanged(profile, plans, unreadable)
-                    return ApplyResult(profile.name, plans, [], unreadable=touched)
+                    return ApplyResult(profile.name, plans, [], unreadable=lost)
                 if reason == "reconcile":  # nothing fired: the GPUs were changed behind migd's back
                     _log_drift(profile.name, plans, "correcting it")
                 result = self._apply(profile, plans, opts, manual)
-                result.unreadable = touched
+                result.unreadable = lost
                 if manual and result.ok:
                     self._hold(profile)  # published before the locks are released
         except REFUSALS as e:

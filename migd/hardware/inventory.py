@@ -9,7 +9,7 @@ those it can read and reports the others as :class:`Unreadable`, left alone.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -36,10 +36,14 @@ class Unreadable:
     def state(self) -> str:
         return "lost" if self.lost else "unreadable"
 
-    def describe(self) -> str:
-        """One line for the user: what NVML said and what migd does about it."""
+    def summary(self) -> str:
+        """What NVML said and what migd does about it."""
         what = LOST_HINT if self.lost else "left alone; read again next time"
-        return f"GPU {self.index}: {self.state} ({what}): {self.error}"
+        return f"{self.state} ({what}): {self.error}"
+
+    def describe(self) -> str:
+        """One line for the user: the GPU, then :meth:`summary`."""
+        return f"GPU {self.index}: {self.summary()}"
 
     def to_json(self) -> dict[str, object]:
         return {"index": self.index, "state": self.state, "error": self.error}
@@ -75,13 +79,18 @@ def survey(backend: GpuLister) -> Inventory:
     return Inventory(tuple(gpus), tuple(unreadable))
 
 
-def read_each(gpus: Iterable[GpuInfo], read: Callable[[GpuInfo], T]) -> tuple[list[T], list[Unreadable]]:
-    """``read`` of each GPU; one that fails (lost between the survey and its reading) joins the unreadable."""
+def read_all(backend: GpuLister, read: Callable[[GpuInfo], T],
+             keep: Callable[[GpuInfo], bool] = lambda g: True) -> tuple[list[T], list[Unreadable]]:
+    """``read`` of each GPU NVML can read (of those ``keep`` selects), and every GPU it cannot, in index
+    order: lost before the reading, or while it was read."""
+    inventory = survey(backend)
     done: list[T] = []
-    failed: list[Unreadable] = []
-    for g in gpus:
+    failed = list(inventory.unreadable)
+    for g in inventory.gpus:
+        if not keep(g):
+            continue
         try:
             done.append(read(g))
         except HardwareError as e:
             failed.append(Unreadable.of(g.index, e))
-    return done, failed
+    return done, sorted(failed, key=lambda u: u.index)

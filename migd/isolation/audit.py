@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from migd.catalog.models import GpuModel
-from migd.hardware.inventory import Unreadable, read_each, survey
+from migd.hardware.inventory import Unreadable, read_all
 from migd.hardware.ports import GpuReader, read_state
 from migd.hardware.types import GpuInstance, GpuState
 from migd.kinds import Word
@@ -147,7 +147,5 @@ def audit_readings(readings: Iterable[GpuState], plans: dict[int, GpuPlan] | Non
 def audit(backend: GpuReader, plans: dict[int, GpuPlan] | None = None,
           against: str = "the active profile") -> tuple[list[Finding], list[Unreadable]]:
     """Read every GPU now and audit it; the GPUs NVML cannot read (lost) are returned, not audited."""
-    inventory = survey(backend)
-    readings, failed = read_each(inventory.gpus, lambda g: read_state(backend, g))
-    return audit_readings(readings, plans, against), sorted(inventory.unreadable + tuple(failed),
-                                                            key=lambda u: u.index)
+    readings, unreadable = read_all(backend, lambda g: read_state(backend, g))
+    return audit_readings(readings, plans, against), unreadable

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from migd.catalog.models import CiProfile, GiProfile
-from migd.hardware.inventory import Unreadable, read_each, survey
+from migd.hardware.inventory import Unreadable, read_all
 from migd.hardware.ports import GpuReader
 from migd.hardware.types import GpuInfo, GpuInstance
 from migd.profiles.loader import API_VERSION
@@ -31,13 +31,11 @@ def _instances(backend: GpuReader, g: GpuInfo) -> Iterator[tuple[GpuInstance, Gi
 
 def _each(backend: GpuReader, key: Callable[[GpuInfo], T]) -> tuple[dict[T, list[int]], list[Unreadable]]:
     """GPU indexes grouped by ``key`` (the layout); a GPU NVML cannot read (lost) is left out and returned."""
-    inventory = survey(backend)
-    known = [g for g in inventory.gpus if g.model is not None]
-    keys, failed = read_each(known, lambda g: (key(g), g.index))
+    keys, unreadable = read_all(backend, lambda g: (key(g), g.index), keep=lambda g: g.model is not None)
     groups: dict[T, list[int]] = {}
     for k, index in keys:
         groups.setdefault(k, []).append(index)
-    return groups, sorted(inventory.unreadable + tuple(failed), key=lambda u: u.index)
+    return groups, unreadable
 
 
 def export_profile(backend: GpuReader, owners: dict[str, dict[int, str]],

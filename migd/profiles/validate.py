@@ -100,12 +100,12 @@ def config_models(profile: Profile, checked: dict[int, list[str]],
     device indexes can meet every model, as ``devices: all`` does): a model is valid only if every such
     section is.  A section no model offers the profiles of cannot be checked offline: it is left out; so
     is one whose indexes are all beyond the node (``gpus``, when known)."""
-    live = [(i, s) for i, s in enumerate(profile.sections) if checked.get(i) and (
+    live = [(i, s, {m.key for m in _candidates(s)}) for i, s in enumerate(profile.sections) if checked.get(i) and (
         gpus is None or s.selector.indexes is None or any(x < gpus for x in s.selector.indexes))]
     valid: list[str] = []
     invalid: dict[str, str] = {}
-    for key, model in MODELS.items():
-        meets = [(i, s) for i, s in live if model in _candidates(s)]
+    for key in MODELS:
+        meets = [(i, s) for i, s, keys in live if key in keys]
         bad = [s for i, s in meets if key not in checked[i]]
         if bad:
             invalid[key] = f"{bad[0].loc} does not fit it"

@@ -98,12 +98,13 @@ def allocated_gres(detail: str, node: str) -> str:
     ``Nodes=gpu1 CPU_IDs=0 Mem=0 GRES=gpu:1g.10gb:1(IDX:0)``), however it asked (``--gres``,
     ``--gpus``, ``--gpus-per-node``, ``--gpus-per-task``: squeue's ``%b`` shows only the first).  A
     hostlist not read here counts as holding the job's GRES anywhere (``JOB_GRES``): never assume free."""
-    held = []
+    held, unread = [], False
     for nodes, gres in _DETAIL.findall(detail):
         names = _hostnames(nodes)
+        unread = unread or names is None
         if names is None or node in names:
             held.append(gres)
-    if any(_hostnames(n) is None for n, _ in _DETAIL.findall(detail)):
+    if unread:
         m = re.search(r"\bJOB_GRES=(\S+)", detail)
         held.append(m.group(1) if m and m.group(1) != "(null)" else "")
     return ",".join(g for g in held if g)
