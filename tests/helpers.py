@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import subprocess
+import sys
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +68,12 @@ class Migctl:
             code = main(["--sim", self.fleet, "--sim-state", str(self.state), "--state-dir", str(self.state_dir),
                          *args])
         return Run(code, out.getvalue(), err.getvalue())
+
+    def process(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """migctl as the user runs it: its own process, bound to the same node and state dir."""
+        return subprocess.run([sys.executable, "-m", "migd.cli", "--sim", self.fleet, "--sim-state", str(self.state),
+                               "--state-dir", str(self.state_dir), *args], capture_output=True, text=True,
+                              timeout=timeout)
 
     def layout(self) -> list[list[tuple[str, int, list[str]]]]:
         r = self("status", "-o", "json")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,8 +40,7 @@ def _only(tmp: Path, index: int) -> Path:
 
 
 def run(m: Migctl, *args: str) -> subprocess.CompletedProcess[str]:
-    r = subprocess.run([sys.executable, "-m", "migd.cli", "--sim", m.fleet, "--sim-state", str(m.state),
-                        "--state-dir", str(m.state_dir), *args], capture_output=True, text=True, timeout=120)
+    r = m.process(*args)
     assert "Traceback" not in r.stderr + r.stdout, r.stderr
     return r
 

@@ -56,9 +56,7 @@ def migd(tmp_path: Path) -> Iterator[MigdProcess]:
 
 def migctl(migd: MigdProcess, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """migctl as the user runs it: its own process, bound to the daemon's simulated node."""
-    return subprocess.run([sys.executable, "-m", "migd.cli", "--sim", migd.fleet, "--sim-state", str(migd.migctl.state),
-                           "--state-dir", str(migd.migctl.state_dir), *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return migd.migctl.process(*args, timeout=timeout)
 
 
 @pytest.mark.parametrize("kind", sorted(TYPOS))

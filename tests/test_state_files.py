@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,8 +26,7 @@ OWNERS = {
 
 
 def _status(m: Migctl) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "migd.cli", "--sim", m.fleet, "--sim-state", str(m.state),
-                           "--state-dir", str(m.state_dir), "status"], capture_output=True, text=True, timeout=60)
+    return m.process("status", timeout=60)
 
 
 @pytest.mark.parametrize("case", sorted(OWNERS))
