@@ -165,3 +165,18 @@ def test_a_lost_gpu_does_not_hold_back_the_others(daemon: Daemon) -> None:
     assert st.gpus[5].uuid == uuid  # as last known
     assert sum(g.progress is Progress.CONVERGED for g in st.gpus.values()) == 7
     assert st.applied_profile == "day" and st.to_json()["gpus"]["5"]["state"] == "lost"  # night is not applied
+
+
+def test_status_shows_the_new_schedule_when_reload_says_reloaded(tmp_path: Path, daemon: Daemon) -> None:
+    """"configuration reloaded" is a promise about what status shows from then on, not after the
+    loop's next pass (CI caught the old next transition read right after the notification)."""
+    daemon.reconcile("transition")
+    assert daemon.status.next_transition is not None
+    assert daemon.status.next_transition[1] == "day"  # Tuesday 08:30
+    cfg = tmp_path / "migd.yaml"
+    cfg.write_text(CONFIG.replace('"08:30"', '"07:45"'))
+    daemon._reload_config = lambda: load_config(cfg)
+    assert daemon.reload().error is None
+    assert daemon.status.next_transition is not None
+    when, name = daemon.status.next_transition
+    assert name == "day" and when == datetime.fromisoformat("2026-11-24T07:45:00+09:00")

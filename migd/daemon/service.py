@@ -31,6 +31,7 @@ from migd.daemon.config import Config, ReconcileMode, restart_only
 from migd.daemon.override import hold, rehold
 from migd.daemon.progress import Tracker
 from migd.daemon.requests import Reloaded, Resumed
+from migd.daemon.schedule import Entry
 from migd.daemon.sdnotify import Notifier
 from migd.daemon.slurmpass import slurm_switch
 from migd.daemon.watchdog import Heartbeat
@@ -116,8 +117,7 @@ class Daemon:
     def reconcile(self, reason: str) -> None:
         with self.lock:
             profile = self.desired()
-            nxt = self.config.schedule.next_fire(self.clock.now())
-            self.status.next_transition = (nxt[0], nxt[1].profile) if nxt else None
+            nxt = self._derive_next()
             if self.slurm is not None:
                 self.slurm.reserve_ahead(nxt[0] if nxt else None)
             if profile is None:
@@ -201,14 +201,19 @@ class Daemon:
         self.status.override = hold(self.overrides, profile, self._next_transition, self.clock.now())
 
     def _reschedule_hold(self) -> None:
-        """Everything derived from the schedule is derived again when it may have changed (start, reload)."""
+        """All that is derived from the schedule, derived again (start, reload) before anyone is told."""
+        self._derive_next()
         if self.status.override is not None:
             self.status.override = rehold(self.overrides, self.status.override, self._next_transition,
                                           self.clock.now())
 
+    def _derive_next(self) -> tuple[datetime, Entry] | None:
+        nxt = self.config.schedule.next_fire(self.clock.now())  # what status shows as the next transition
+        self.status.next_transition = (nxt[0], nxt[1].profile) if nxt else None
+        return nxt
+
     def _next_transition(self, now: datetime) -> datetime | None:
-        nxt = self.config.schedule.next_fire(now)
-        return nxt[0] if nxt else None
+        return nxt[0] if (nxt := self.config.schedule.next_fire(now)) else None
 
     def _finish(self, profile: Profile, result: ApplyResult, reason: str, t0: float) -> None:
         """Count, log and audit one apply, scheduled or manual alike, from what the apply read back."""
@@ -279,11 +284,11 @@ class Daemon:
                 self.status.override = None
                 self.overrides.clear()
             profile = self.desired()
+            lifted = ov.profile.name if ov else None
             if profile is None:
-                return Resumed(ov.profile.name if ov else None, None, None)
+                return Resumed(lifted, None, None)
             self.status.desired_profile = profile.name
-            result = self._change(profile, "resume", self._scheduled_options())
-            return Resumed(ov.profile.name if ov else None, profile.name, result)
+            return Resumed(lifted, profile.name, self._change(profile, "resume", self._scheduled_options()))
 
     def manual_apply(self, profile: Profile, req: ManualApply, abort: Flag | None = None) -> ApplyResult:
         """The same decision path as a scheduled change; the result holds until the next transition.
