@@ -44,18 +44,34 @@ def test_bad_options_are_value_errors(bad: dict[str, object]) -> None:
 
 
 def test_the_slurm_state_survives_its_file(tmp_path: Path) -> None:
-    """migd.slurm/v1 as SlurmGate writes and reads it; the snapshot is a copy the daemon's thread cannot
-    change under a scrape."""
+    """migd.slurm/v2 as SlurmGate writes and reads it; the snapshot is a copy the daemon's thread cannot
+    change under a scrape, and status shows the switch, not the layouts kept for a rollback."""
     from migd.api.slurm import STATE_SHAPE, Phase, SlurmSnapshot, SlurmState
     from migd.apply.statefile import atomic_write_json, conform, read_json
-    state = SlurmState(Phase.DRAINING, "night", False, "migd-gpu1", 1795000000.0, 3, None, "jobs 7, 9", 1794999000.5)
+    before = {"GPU-1": {"layout": {"mig": True, "instances": []}, "owners": {"0": "nlp"}}}
+    state = SlurmState(Phase.RESUMING, "night", False, "migd-gpu1", 1795000000.0, 3, None, "jobs 7, 9", 1794999000.5,
+                       True, "switched to night", True, before)
     path = tmp_path / "slurm.json"
     atomic_write_json(path, state.to_json())
     doc = conform(path, read_json(path), STATE_SHAPE)
+    assert doc["schema"] == "migd.slurm/v2"
     assert SlurmState(**{k: (Phase(v) if k == "phase" else v) for k, v in doc.items() if k != "schema"}) == state
     snap = SlurmSnapshot.of("gpu1", state)
     state.phase = Phase.SERVING
-    assert snap.state.phase is Phase.DRAINING and snap.to_json()["node"] == "gpu1"
+    state.before.clear()
+    assert snap.state.phase is Phase.RESUMING and snap.state.before and snap.to_json()["node"] == "gpu1"
+    assert "before" not in snap.to_json() and snap.to_json()["ended_reason"] == "switched to night"
+
+
+def test_a_v1_slurm_state_reads_as_v2(tmp_path: Path) -> None:
+    """A file a migd before v2 left mid-switch is taken up by this one (the fields v2 added keep defaults)."""
+    from migd.api.slurm import Phase
+    from migd.slurm.transition import load_state
+    path = tmp_path / "slurm.json"
+    path.write_text('{"schema": "migd.slurm/v1", "phase": "switching", "profile": "night", "was_serving": true, '
+                    '"reservation": null, "gres_in_sync": null}')
+    state = load_state(path)
+    assert state.phase is Phase.SWITCHING and state.profile == "night" and state.before == {} and state.agree
 
 
 def test_a_kept_manual_apply_survives_its_file(tmp_path: Path) -> None:

@@ -7,12 +7,7 @@ the Slurm daemons are real (tests/slurm_cluster.py).  Skipped where Slurm is not
 
 from __future__ import annotations
 
-import os
-import shutil
-from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pynvml
@@ -21,71 +16,13 @@ import pytest
 from migd.api.slurm import Phase
 from migd.apply.result import GpuStatus, OnBusy
 from migd.daemon.clock import Clock
-from migd.daemon.config import load_config
-from migd.daemon.service import Daemon, ManualApply
-from migd.hardware.nvml.backend import NvmlBackend
-from migd.hardware.ports import read_state
+from migd.daemon.service import ManualApply
 from migd.metrics.daemonstate import slurm_families as _slurm
 from migd.report_text import daemon_table
 from migd.sim import control
-from migd.sim.backend import sim_backend
 from migd.sim.state import StateStore
-from migd.slurm.gres import gres_conf, node_gres, read_minors, records
-from tests.helpers import PROFILES, Migctl
-from tests.slurm_cluster import SlurmCluster, skip_without_slurm
-
-FLEET = "single-a100"
-NIGHT = datetime.fromisoformat("2026-11-23T19:00:05+09:00")  # Monday, just after the night transition
-DAY_LAYOUT = [("1g.10gb", s, ["1g.10gb"]) for s in range(7)]
-NIGHT_LAYOUT = [("7g.80gb", 0, ["7g.80gb"])]
-CONFIG = """\
-timezone: Asia/Seoul
-profiles_dir: profiles
-schedule:
-  - {{profile: day,   at: "{day_at}", days: "{days}"}}
-  - {{profile: night, at: "19:00", days: "{days}"}}
-metrics: {{enabled: false}}
-"""
-
-
-@dataclass
-class Node:
-    cluster: SlurmCluster
-    migctl: Migctl
-    backend: NvmlBackend
-    tmp: Path
-
-    def daemon(self, clock: Clock, day_at: str = "08:30", days: str = "mon-fri", waves: int | None = None,
-               **commands: list[str]) -> Daemon:
-        cfg = self.tmp / "migd.yaml"
-        cfg.write_text(CONFIG.format(day_at=day_at, days=days) + self.cluster.slurm_section(waves, **commands))
-        os.chmod(cfg, 0o644)
-        return Daemon(load_config(cfg), self.backend, self.migctl.state_dir, clock)
-
-    def layout(self) -> list[tuple[str, int, list[str]]]:
-        return self.migctl.layout()[0]
-
-
-@pytest.fixture
-def node(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Node]:
-    skip_without_slurm()
-    others = tuple(getattr(request, "param", ()))
-    m = Migctl(tmp_path, FLEET)
-    assert m("apply", str(PROFILES / "day.yaml")).code == 0
-    (tmp_path / "profiles").mkdir()
-    for f in PROFILES.glob("*.yaml"):
-        shutil.copy(f, tmp_path / "profiles" / f.name)
-        os.chmod(tmp_path / "profiles" / f.name, 0o644)
-    backend = sim_backend(m.state, FLEET)
-    cluster = SlurmCluster(gpus=1)
-    try:
-        recs = records([read_state(backend, g) for g in backend.list_gpus()], backend.minor_number,
-                       read_minors(cluster.mig_minors), cluster.dev)
-        cluster.start(node_gres(recs), gres_conf(cluster.node, recs, "day"), others)
-        yield Node(cluster, m, backend, tmp_path)
-    finally:
-        backend.close()
-        cluster.stop()
+from tests.helpers import PROFILES
+from tests.slurm_node import DAY_LAYOUT, NIGHT, NIGHT_LAYOUT, Node
 
 
 def test_a_running_job_is_not_killed_and_the_switch_waits_for_it(node: Node) -> None:
@@ -291,121 +228,3 @@ def test_a_switch_left_open_by_a_stopped_migd_is_finished_at_restart(node: Node)
     assert show["Gres"] == "gpu:7g.80gb:1" and "DRAIN" not in show["State"]
     assert d.slurm is not None and d.slurm.gate.state.phase is Phase.SERVING
     assert "finished after a restart" in d.slurm.gate.state.reason
-
-
-ASKS = [("--gres=gpu:1g.10gb:1",), ("--gpus=1g.10gb:1",), ("--gpus-per-node=1g.10gb:1",),
-        ("--gpus-per-task=1g.10gb:1", "--ntasks=1")]  # (sbatch: --gpus-per-task needs -n)
-
-
-@pytest.mark.parametrize("ask", ASKS, ids=[a[0] for a in ASKS])
-def test_a_job_holding_a_gpu_waits_the_switch_however_it_asked(node: Node, ask: tuple[str, ...]) -> None:
-    """squeue's %b shows per-node --gres only (N/A for --gpus, --gpus-per-node, --gpus-per-task): such a
-    job was taken for CPU-only, its GPU changed under it and Slurm requeued it.  What Slurm allocated
-    (the job's TRES) is read instead, for every way a job can ask (issue 32, item 1)."""
-    c = node.cluster
-    job = c.submit_asking(ask[0], "sleep 60", *ask[1:])
-    c.wait(lambda: c.job_state(job) == "RUNNING", "the job to start")
-    d = node.daemon(Clock(NIGHT))
-    d.reconcile("transition")
-    assert d.slurm is not None
-    state = d.slurm.gate.state
-    assert state.phase is Phase.DRAINING and state.jobs_waiting == 1 and job in state.reason, state
-    assert c.job_state(job) == "RUNNING" and node.layout() == DAY_LAYOUT  # nothing touched under the job
-    c.cmd("scancel", job)
-
-
-def test_an_operators_resume_while_migd_waits_is_not_overridden(node: Node) -> None:
-    """An admin resumed the node by hand while migd waited for a job; the job ended and migd changed the
-    GPUs of a node Slurm could start a job on at any moment.  Right before changing GPUs migd checks the
-    node is still drained, else stops and says why (issue 32, item 2)."""
-    c = node.cluster
-    job = c.submit("gpu:1g.10gb:1", "sleep 60")
-    c.wait(lambda: c.job_state(job) == "RUNNING", "the job to start")
-    d = node.daemon(Clock(NIGHT))
-    d.reconcile("transition")
-    assert d.slurm is not None and d.slurm.gate.state.phase is Phase.DRAINING
-    c.cmd("scontrol", "update", f"nodename={c.node}", "state=resume")  # the operator
-    c.cmd("scancel", job)
-    c.wait(lambda: c.job_state(job) == "GONE", "the job to end")
-    d.reconcile("transition")
-    state = d.slurm.gate.state
-    assert node.layout() == DAY_LAYOUT, "GPUs changed on a node Slurm may start jobs on"
-    assert state.phase is Phase.FAILED and "resumed" in state.reason, state
-
-
-def test_a_persistent_slurm_error_is_retried_with_backoff_not_in_a_loop(node: Node) -> None:
-    """Slurm refusing the new GRES every time (gres.conf not writable, slurmd failing): migd drained the
-    node and changed its GPUs hundreds of times in seconds, its own MIG changes waking the next pass.
-    A failed switch now waits 30 s, then twice as long each time (at most 30 minutes) (issue 32, item 6)."""
-    c = node.cluster
-    count = c.dir / "starts"
-    failing = c.pid_script("start-slurmd-failing", f"echo x >> {count}; exit 1\n")
-    d = node.daemon(Clock(NIGHT), start_slurmd=failing)
-    store = StateStore(node.migctl.state)
-    d.reconcile("transition")
-    assert d.slurm is not None and d.slurm.gate.state.phase is Phase.FAILED
-    assert "next try in 30s" in d.slurm.gate.state.reason, d.slurm.gate.state.reason
-    mutations, drains = store.read().mutations, count.read_text().count("x")  # (the try, and its restore)
-    for _ in range(5):  # the passes its own MIG changes wake at once
-        d.reconcile("reconcile")
-    assert store.read().mutations == mutations and count.read_text().count("x") == drains  # no new try
-    assert node.layout() == DAY_LAYOUT and "DRAIN" not in c.show()["State"]
-
-
-def test_a_drain_left_by_a_migd_that_died_is_undone(node: Node) -> None:
-    """migd killed right after it drained, before recording it: the next migd took its own drain for an
-    operator's ("the node was not serving") and never resumed the node.  A drain with migd's reason is
-    migd's (issue 32, item 5)."""
-    c = node.cluster
-    c.cmd("scontrol", "update", f"nodename={c.node}", "state=drain", "reason=migd: switching MIG layout to night")
-    d = node.daemon(Clock(NIGHT))  # a fresh migd: its state file says serving
-    d.reconcile("transition")
-    assert d.slurm is not None and d.slurm.gate.state.phase is Phase.SERVING, d.slurm.gate.state
-    assert node.layout() == NIGHT_LAYOUT
-    c.wait(lambda: "DRAIN" not in c.show()["State"], "the node to be resumed")
-
-
-def test_an_operators_own_drain_is_left_to_the_operator(node: Node) -> None:
-    c = node.cluster
-    c.cmd("scontrol", "update", f"nodename={c.node}", "state=drain", "reason=disk replacement")
-    d = node.daemon(Clock(NIGHT))
-    d.reconcile("transition")
-    assert node.layout() == NIGHT_LAYOUT and "DRAIN" in c.show()["State"] and c.show()["Reason"].startswith("disk")
-
-
-def test_a_node_whose_gres_and_gpus_disagree_stays_drained(node: Node) -> None:
-    """Slurm refused the new GRES and putting the old layout back failed too (NVML): migd resumed the node
-    advertising gpu:1g.10gb:7 over one 7g instance, and Slurm started a job there.  Such a node stays
-    drained, its reason naming the mismatch (issue 32, item 3)."""
-    c = node.cluster
-    failing = c.pid_script("start-slurmd-failing", "exit 1\n")
-    d = node.daemon(Clock(NIGHT), start_slurmd=failing)
-    ops = len(node.migctl("plan", str(PROFILES / "night.yaml"), "-o", "json").json()["gpus"][0]["operations"])
-    control.fail_call(StateStore(node.migctl.state), "*mutation*", 999, nth=ops + 1)  # the restore's first step
-    d.reconcile("transition")
-    assert node.layout() != DAY_LAYOUT  # the old layout could not be put back
-    show = c.show()
-    assert "DRAIN" in show["State"] and "GRES and its GPUs disagree" in show["Reason"], show
-    assert d.slurm is not None and d.slurm.gate.state.phase is Phase.FAILED
-
-
-def test_a_failed_job_listing_is_not_called_a_failed_drain(node: Node, tmp_path: Path) -> None:
-    """The node drained, then squeue failed: migd said "cannot drain: squeue ...".  It names the step that
-    failed, and changes no GPU while it cannot know which jobs hold them (issue 32, item 8)."""
-    c = node.cluster
-    fake = tmp_path / "fakebin"
-    fake.mkdir()
-    (fake / "squeue").write_text("#!/bin/sh\necho 'squeue: error: slurm_load_jobs error: Socket timed out' >&2\n"
-                                 "exit 1\n")
-    (fake / "squeue").chmod(0o755)
-    cfg = node.tmp / "migd.yaml"
-    section = c.slurm_section().replace(f"env: {{SLURM_CONF: {c.conf}}}",
-                                        f"env: {{SLURM_CONF: {c.conf}, PATH: '{fake}:{os.environ['PATH']}'}}")
-    cfg.write_text(CONFIG.format(day_at="08:30", days="mon-fri") + section)
-    cfg.chmod(0o644)
-    d = Daemon(load_config(cfg), node.backend, node.migctl.state_dir, Clock(NIGHT))
-    d.reconcile("transition")
-    assert d.slurm is not None
-    reason = d.slurm.gate.state.reason
-    assert reason.startswith("cannot list the node's jobs: squeue") and "Socket timed out" in reason, reason
-    assert node.layout() == DAY_LAYOUT and "DRAIN" in c.show()["State"]

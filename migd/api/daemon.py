@@ -19,6 +19,9 @@ from migd.isolation.marks import FaultMarks
 from migd.kinds import Word
 
 SCHEMA = "migd.daemon/v1"
+# systemd's watchdog is fed while some part of migd made progress within this long (daemon/watchdog.py);
+# every bounded wait (a Slurm command, a registration) must end sooner (the unit has WatchdogSec=120s).
+WATCHDOG_STALL_S = 120.0
 
 
 class Outcome(Word):

@@ -1,27 +1,39 @@
-"""``migd.slurm/v1``: where a Slurm node's layout switch stands, as kept in the state dir, shown in
-``migctl daemon`` and exported as metrics (``SlurmSnapshot``: the same, with the node's name)."""
+"""``migd.slurm/v2``: where a Slurm node's layout switch stands, as kept in the state dir, shown in
+``migctl daemon`` and exported as metrics (``SlurmSnapshot``: the same, with the node's name).
+
+v2 added the ``resuming`` phase (a switch is over and Slurm has not yet confirmed the node's resume
+and the reservation's removal), the ended switch's outcome, and the GPUs' layouts from before the
+switch (``before``), recorded before the first GPU changes so a restarted migd can put them back.  A
+v1 file reads as v2 without those: every v1 field kept its meaning.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
-from migd.apply.statefile import of, one_of, optional, record
+from migd.apply.statefile import digits, mapping, of, one_of, optional, record
 from migd.kinds import Word
 
-SCHEMA = "migd.slurm/v1"
+SCHEMA = "migd.slurm/v2"
+READS = (SCHEMA, "migd.slurm/v1")
 
 
 class Phase(Word):
     SERVING = "serving"  # no switch in progress
     DRAINING = "draining"  # drained for a switch; jobs holding GPUs still run
     SWITCHING = "switching"  # applying the layout and publishing the GRES
+    RESUMING = "resuming"  # the switch ended (``ended_ok``); resume and unreserve until Slurm confirms
     FAILED = "failed"  # the last switch failed; the node serves its old layout
 
 
 _NUMBER = of(int, float)
+_BEFORE = mapping(record(layout=of(dict), owners=optional(mapping(of(str), keys=digits))))
 STATE_SHAPE = record(schema=of(str), phase=one_of(*Phase), profile=optional(of(str)), was_serving=optional(of(bool)),
-                reservation=optional(of(str)), reserved_for=optional(_NUMBER), jobs_waiting=optional(of(int)),
-                gres_in_sync=optional(of(bool)), reason=optional(of(str)), since=optional(_NUMBER))
+                     reservation=optional(of(str)), reserved_for=optional(_NUMBER), jobs_waiting=optional(of(int)),
+                     gres_in_sync=optional(of(bool)), reason=optional(of(str)), since=optional(_NUMBER),
+                     ended_ok=optional(of(bool)), ended_reason=optional(of(str)), agree=optional(of(bool)),
+                     before=optional(_BEFORE))
 
 
 @dataclass
@@ -35,6 +47,11 @@ class SlurmState:
     gres_in_sync: bool | None = None
     reason: str = ""
     since: float = 0.0
+    ended_ok: bool | None = None  # (resuming) whether the switch that ended succeeded
+    ended_reason: str = ""  # (resuming) what it ended with: the reason once Slurm confirms
+    agree: bool = True  # (resuming) False: GRES and GPUs disagree, the node is to stay drained
+    # GPU UUID -> {"layout": journal layout JSON, "owners": {start: owner}}: what a failed switch restores
+    before: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, object]:
         return {"schema": SCHEMA, **asdict(self)}
@@ -49,7 +66,10 @@ class SlurmSnapshot:
 
     @classmethod
     def of(cls, node: str, state: SlurmState) -> SlurmSnapshot:
-        return cls(node, replace(state))
+        return cls(node, replace(state, before=dict(state.before)))
 
     def to_json(self) -> dict[str, object]:
-        return {"node": self.node, **asdict(self.state)}
+        """Status JSON: the switch as an operator reads it (the layouts kept for a rollback are not shown)."""
+        doc = asdict(self.state)
+        del doc["before"]
+        return {"node": self.node, **doc}

@@ -35,7 +35,7 @@ from migd.apply.result import (
     GpuUnhealthy,
 )
 from migd.apply.steps import guarded, verify
-from migd.hardware.inventory import Unreadable
+from migd.hardware.inventory import Unreadable, survey
 from migd.hardware.ports import ApplyPort
 from migd.hardware.types import GpuInfo, GpuState, HardwareError
 from migd.plan.planner import GpuPlan, OpKind, PlanError, layout_of
@@ -123,15 +123,25 @@ class Applier:
                 name: str) -> ApplyResult:
         """Put every GPU these plans changed back as it was when planned (Slurm refused the new
         layout's GRES, say): a plan to the pinned old layout, applied like any other."""
-        back = [self.plan_layout(self.backend.gpu(p.gpu.index), self._before(p), dict(owners.get(p.gpu.uuid, {})))
-                for p in plans if p.changes]
-        return self.apply_plans(Profile(name=name, description="restore", sections=(), source=""), back, opts)
+        return self.restore_layouts({p.gpu.uuid: (before_of(p), dict(owners.get(p.gpu.uuid, {})))
+                                     for p in plans if p.changes}, opts, name)
+
+    def restore_layouts(self, befores: Mapping[str, tuple[DesiredLayout, dict[int, str]]], opts: ApplyOptions,
+                        name: str) -> ApplyResult:
+        """Put GPUs, found by UUID, back in recorded layouts (a restarted migd undoing a switch Slurm
+        refused); a GPU no longer found fails the restore, said in its result."""
+        gpus = {g.uuid: g for g in survey(self.backend).gpus}
+        back = [self.plan_layout(gpus[u], layout, owners) for u, (layout, owners) in befores.items() if u in gpus]
+        result = self.apply_plans(Profile(name=name, description="restore", sections=(), source=""), back, opts)
+        result.results += [GpuResult(-1, u, GpuStatus.FAILED, 0, f"GPU {u} is not present")
+                           for u in befores if u not in gpus]
+        return result
 
     def _run(self, profile: Profile, plans: list[GpuPlan], opts: ApplyOptions) -> list[GpuResult]:
         env = {"MIGD_PROFILE": profile.name, "MIGD_GPUS": ",".join(str(p.gpu.index) for p in plans),
                "MIG_PARTED_SELECTED_CONFIG": profile.name}  # what mig-parted's hooks.sh reads
         owners = self.owners.load()
-        befores = [(self._before(p), owners.get(p.gpu.uuid, {})) for p in plans]  # what a rollback restores
+        befores = [(before_of(p), owners.get(p.gpu.uuid, {})) for p in plans]  # what a rollback restores
         self.journal.begin(profile.name, {p.gpu.uuid: {
             "index": p.gpu.index, "status": Step.PENDING, "done": 0, "ops": len(p.ops),
             "before": layout_to_json(before),
@@ -161,12 +171,6 @@ class Applier:
             ok = bool(results) and all(r.status is GpuStatus.APPLIED for r in results)
             opts.hooks.run("apply-exit", {**env, "MIGD_RESULT": "success" if ok else "failure"})
         return results
-
-    @staticmethod
-    def _before(p: GpuPlan) -> DesiredLayout:
-        if not p.gpu.mig_current or p.gpu.model is None:  # (planned GPUs always have a model)
-            return DesiredLayout(mig=False)
-        return layout_of(p.gpu.model, p.current)
 
     def _execute_ops(self, plan: GpuPlan, journal_uuid: str | None = None) -> tuple[int, GpuState]:
         """Run a plan's operations and read the GPU back; ``journal_uuid`` marks a forward apply
@@ -272,3 +276,10 @@ class Applier:
     def recover_locked(self) -> list[GpuResult]:
         """Resolve a journal left by a process that died mid-apply (``recovery.recover``)."""
         return recover(self.journal, self.backend, self._rollback)
+
+
+def before_of(p: GpuPlan) -> DesiredLayout:
+    """The layout a plan's GPU had when it was planned: what a rollback restores."""
+    if not p.gpu.mig_current or p.gpu.model is None:  # (planned GPUs always have a model)
+        return DesiredLayout(mig=False)
+    return layout_of(p.gpu.model, p.current)

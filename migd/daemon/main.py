@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from migd import __version__, cliargs, paths
 from migd.cliargs import Parser
+from migd.daemon import loop
 from migd.daemon.config import Config, load_config
 from migd.daemon.control import AlreadyRunning, ControlServer, Handlers, claim
 from migd.daemon.sdnotify import Notifier
@@ -158,7 +159,7 @@ def _serve(args: argparse.Namespace, cfg: Config, backend: GpuBackend, sim_state
         daemon.drift_suspected()
         if metrics is not None:
             metrics.sampler.invalidate()
-    watch = FaultWatch(backend, daemon.lock, events, daemon.status.unhealthy, on_config_change=config_changed)
+    watch = FaultWatch(backend, daemon.hw_lock, events, daemon.status.unhealthy, on_config_change=config_changed)
     control = _control(socket_path, daemon, watch)
     control.start()
     watch.start()
@@ -167,7 +168,7 @@ def _serve(args: argparse.Namespace, cfg: Config, backend: GpuBackend, sim_state
     watchdog.start()
     _prepare(args, cfg, backend, daemon, socket_path, sim_state)
     try:
-        daemon.run()
+        loop.run(daemon)
     finally:
         watchdog.stop()
         signals.close()
@@ -184,7 +185,7 @@ def _metrics(listen: str, cfg: Config, backend: GpuBackend, daemon: Daemon, erro
     """The sampler and /metrics, fed by every apply (OSError: the address cannot be bound)."""
     from migd.metrics.http import Sources, start_metrics
     server, collector = start_metrics(listen, Sources(
-        backend, daemon.lock, daemon.applier.owners.load, lambda: daemon.status,
+        backend, daemon.hw_lock, daemon.applier.owners.load, lambda: daemon.status,
         lambda: daemon.audit_findings, errors, events), cfg.sample_interval_s)
     daemon.on_apply.append(collector.observe_apply)
     daemon.on_apply.append(collector.sampler.invalidate)  # the sampler reads changed layouts afresh

@@ -28,12 +28,13 @@ from migd.apply.planning import touched
 from migd.apply.result import ApplyOptions, ApplyResult, BusyError, Flag, GpuStatus, OnBusy
 from migd.daemon.clock import Clock
 from migd.daemon.config import Config, ReconcileMode, restart_only
+from migd.daemon.hwlock import HardwareLock
 from migd.daemon.override import hold, rehold
 from migd.daemon.progress import Tracker
 from migd.daemon.requests import Reloaded, Resumed
 from migd.daemon.schedule import Entry
 from migd.daemon.sdnotify import Notifier
-from migd.daemon.slurmpass import slurm_switch
+from migd.daemon.slurmpass import Lent, slurm_switch
 from migd.daemon.watchdog import Heartbeat
 from migd.errors import ValidationError
 from migd.exits import EXPECTED
@@ -43,6 +44,7 @@ from migd.hardware.types import GpuState
 from migd.isolation.audit import Finding, Severity, audit_readings
 from migd.plan.planner import GpuPlan, layout_text, summary
 from migd.profiles.model import Profile, describe_gpus
+from migd.slurm.transition import GateHooks
 
 __all__ = ["Clock", "Daemon", "ManualApply", "Reloaded", "Resumed"]
 log = logging.getLogger("migd")
@@ -74,7 +76,8 @@ class Daemon:
                              profile_names=tuple(sorted(config.profiles)), busy_timeout_s=config.busy_timeout_s)
         self.progress = Tracker(self.status, lambda: self.clock.real(self.config.busy_timeout_s))
         self.heartbeat = Heartbeat()  # progress marks; the watchdog thread feeds systemd while they come
-        self.lock = threading.RLock()  # the reconfiguration lock: the sampler and control socket share it
+        self.lock = threading.RLock()  # the decision lock: one pass or control request at a time
+        self.hw_lock = HardwareLock()  # NVML's turns: the sampler and fault watch share it; Slurm waits let go
         self.wake = threading.Event()
         self.stop = threading.Event()
         self.reload_requested = threading.Event()  # SIGHUP: reload at the loop's next turn
@@ -83,7 +86,8 @@ class Daemon:
         self.config_changed = threading.Event()  # NVML reported a MIG config change: look for drift now
         self.audit_findings: list[Finding] = []
         self.on_apply: list[Callable[[ApplyResult | None, Outcome, float], None]] = []
-        self.slurm = slurm_switch(config, backend, self.applier, Path(state_dir), clock.now)
+        self.slurm = slurm_switch(config, backend, self.applier, Path(state_dir), clock.now,
+                                  Lent(GateHooks(self.heartbeat.beat, self.stop.is_set), self.hw_lock.unheld))
 
     # -- decisions --------------------------------------------------------------------------------
     def desired(self) -> Profile | None:
@@ -138,7 +142,9 @@ class Daemon:
         (a scheduled pass that finds nothing to do returns a result without GPU results)."""
         t0 = time.monotonic()
         try:
-            with self.applier.lock(opts.lock_timeout_s):
+            with self.applier.lock(opts.lock_timeout_s), self.hw_lock:
+                if self.slurm is not None and self.slurm.resuming:
+                    self.slurm.conclude()
                 for r in self.applier.recover_locked():
                     log.warning("GPU %d: %s after an interrupted apply", r.index, r.status.replace("_", " "))
                 plans, unreadable = self.applier.plan_each(profile, mode_only=opts.mode_only, must_select=manual)
@@ -150,7 +156,7 @@ class Daemon:
                 changes = any(p.changes for p in plans)
                 if self.slurm is not None and not changes:
                     if self.slurm.mid_switch:
-                        self.slurm.settle(profile, plans)
+                        self.slurm.settle(profile, plans, opts)
                     else:
                         self.slurm.check_sync(plans)
                 if not manual and (not correct or not changes):
@@ -173,8 +179,8 @@ class Daemon:
                 self.status.slurm = self.slurm.snapshot()
         if not manual or self.status.override is not None and self.status.override.profile is profile:
             self.progress.update(profile.name, plans, result, unreadable)
-        else:  # a manual apply that did not take (cancelled, rolled back): judge the GPUs against the
-            self.wake.set()  # active profile again at once, not against what was not applied
+        if manual:  # the loop works out its wait again: a GPU left waiting (on a Slurm job, say) is looked at
+            self.wake.set()  # within seconds, one not applied is judged against the active profile at once
         if manual or result.changed or result.ok:  # a retry finding the same GPUs busy is not another apply
             self._finish(profile, result, reason, t0)
         return result
@@ -341,7 +347,8 @@ class Daemon:
             self.wake.set()
         return done
 
-    def run(self) -> None:
+    def start(self) -> None:
+        """What the loop does once before its first wait: recover, take up a kept hold, first pass."""
         self.clock.restart()
         try:
             for r in self.applier.recover():
@@ -355,46 +362,8 @@ class Daemon:
                      ov.until.isoformat() if ov.until else "no further scheduled transition")
         self.reconcile("start")
         self.notifier.ready(f"profile {self.status.applied_profile or self.status.desired_profile or '-'}")
-        last = time.monotonic()
-        while not self.stop.is_set():
-            self.wake.wait(self._sleep_s())
-            self.wake.clear()
-            self.heartbeat.beat()
-            if self.stop.is_set():
-                break
-            if self.reload_requested.is_set() or self.reloaded.is_set():
-                if self.reload_requested.is_set():
-                    self.reload_requested.clear()
-                    self.reload()
-                self.reloaded.clear()
-                self.reconcile("reload")
-                last = time.monotonic()
-                continue
-            due = time.monotonic() - last >= self.clock.real(self.config.reconcile_interval_s)
-            if self.config_changed.is_set():
-                self.config_changed.clear()
-                due = True
-            fired = self._until_next_s() == 0.0
-            if due or fired or self.status.blocked_since is not None:
-                self.reconcile("transition" if fired else "reconcile")
-                last = time.monotonic()
-        self.notifier.stopping()
 
-    def _until_next_s(self) -> float | None:
-        """Real seconds to the next scheduled transition (0: it fired; None: there is none)."""
-        nxt = self.status.next_transition
-        if nxt is None:
-            return None
-        return max(0.0, self.clock.real((nxt[0] - self.clock.now()).total_seconds()))
-
-    def _sleep_s(self) -> float:
-        waits = [self.clock.real(self.config.reconcile_interval_s)]
-        if self.notifier.watchdog_interval_s:
-            waits.append(self.notifier.watchdog_interval_s)
-        until = self._until_next_s()
-        if until is not None:
-            waits.append(until)
-        since = self.status.blocked_since
-        if since is not None:  # retry a blocked GPU, backing off from 1 s to 30 s
-            waits.append(min(30.0, max(1.0, (time.time() - since) / 10)))
-        return max(0.05, min(waits))
+    @property
+    def slurm_pending(self) -> bool:
+        """A Slurm switch ended and Slurm has not yet confirmed the node's resume (retried each pass)."""
+        return self.slurm is not None and self.slurm.resuming

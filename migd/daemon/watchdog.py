@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 
+from migd.api.daemon import WATCHDOG_STALL_S
 from migd.daemon.sdnotify import Notifier
 
 log = logging.getLogger("migd")
@@ -27,7 +28,7 @@ class Heartbeat:
 
 
 class Watchdog:
-    def __init__(self, notifier: Notifier, heartbeat: Heartbeat, stall_s: float = 120.0) -> None:
+    def __init__(self, notifier: Notifier, heartbeat: Heartbeat, stall_s: float = WATCHDOG_STALL_S) -> None:
         self.notifier = notifier
         self.heartbeat = heartbeat
         self.stall_s = stall_s

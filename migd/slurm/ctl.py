@@ -118,17 +118,19 @@ class SlurmCtl:
         self._run = run
         self._timeout_s = timeout_s
 
-    def _call(self, *argv: str) -> str:
-        return self._run(argv, self._timeout_s)
+    def _call(self, *argv: str, timeout_s: float | None = None) -> str:
+        return self._run(argv, self._timeout_s if timeout_s is None else min(timeout_s, self._timeout_s))
 
-    def ping(self) -> bool:
+    def ping(self, timeout_s: float | None = None) -> bool:
+        """``timeout_s``: shorter than command_timeout for a poll, so a hung slurmctld cannot hold a
+        wait (and migd's stop) for a whole command's time."""
         try:
-            return " is UP" in self._call("scontrol", "ping")
+            return " is UP" in self._call("scontrol", "ping", timeout_s=timeout_s)
         except SlurmError:
             return False
 
-    def info(self) -> NodeInfo:
-        line = self._call("scontrol", "show", "node", "-o", self.node).strip()
+    def info(self, timeout_s: float | None = None) -> NodeInfo:
+        line = self._call("scontrol", "show", "node", "-o", self.node, timeout_s=timeout_s).strip()
         fields = dict(f.split("=", 1) for f in _FIELD.split(line) if "=" in f)
         if fields.get("NodeName") != self.node:
             raise SlurmError(f"scontrol show node {self.node}: no such node ({line[:80]!r})")

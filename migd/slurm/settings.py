@@ -15,12 +15,16 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from migd.api.daemon import WATCHDOG_STALL_S
 from migd.kinds import Word
 from migd.yamlsrc import Node
 
 KEYS = ["node", "slurm_conf", "gres_conf", "update", "stop_slurmd", "start_slurmd", "restart_slurmctld",
         "device_dir", "mig_minors", "maintenance_ahead", "maintenance_window", "register_timeout",
         "command_timeout", "max_in_maintenance", "partition", "env"]
+
+
+BOUNDED = ("register_timeout", "command_timeout")  # one step of a switch each: below the watchdog's limit
 
 
 class GresUpdate(Word):
@@ -44,7 +48,7 @@ class SlurmSettings:
     mig_minors: Path = Path("/proc/driver/nvidia-caps/mig-minors")
     maintenance_ahead_s: float = 900.0  # a MAINT reservation starts this long before a transition
     maintenance_window_s: float = 1800.0
-    register_timeout_s: float = 120.0
+    register_timeout_s: float = 90.0
     command_timeout_s: float = 30.0
     max_in_maintenance: int | None = None  # fleet waves: at most this many nodes of the partition drained
     partition: str | None = None
@@ -73,7 +77,10 @@ def parse_slurm(n: Node) -> SlurmSettings:
     for key, attr in (("maintenance_ahead", "maintenance_ahead_s"), ("maintenance_window", "maintenance_window_s"),
                       ("register_timeout", "register_timeout_s"), ("command_timeout", "command_timeout_s")):
         if key in m:
-            kw[attr] = m[key].duration()
+            kw[attr] = seconds = m[key].duration()
+            if key in BOUNDED and seconds >= WATCHDOG_STALL_S:
+                raise m[key].error(f"must be under {WATCHDOG_STALL_S:g}s: migd stops feeding systemd's watchdog "
+                                   "after that long without progress, and a Slurm wait is one step")
     if "max_in_maintenance" in m:
         kw["max_in_maintenance"] = m["max_in_maintenance"].int(minimum=1)
     for key in ("device_dir", "mig_minors"):

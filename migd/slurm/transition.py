@@ -19,10 +19,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from migd.api.slurm import SCHEMA, STATE_SHAPE, Phase, SlurmState
+from migd.api.slurm import READS, SCHEMA, STATE_SHAPE, Phase, SlurmState
 from migd.apply.result import OnBusy
 from migd.apply.statefile import atomic_write_json, atomic_write_text, conform, read_json
 from migd.errors import ValidationError
@@ -34,39 +35,58 @@ from migd.slurm.settings import GresUpdate, SlurmSettings
 log = logging.getLogger(__name__)
 _DRAINED = ("drain", "drained", "draining", "maint")
 DRAIN_REASON = "migd: switching MIG layout to "  # how Slurm shows a drain migd made (scontrol show node)
+POLL_S = 5.0  # one poll of slurmctld while waiting: a hung one delays a SIGTERM this long at most
 BACKOFF_S, BACKOFF_MAX_S = 30.0, 1800.0  # after a failed switch: 30 s, 60 s, ... at most 30 minutes
+
+
+class Interrupted(Exception):
+    """migd is stopping (SIGTERM) while it waits on Slurm: the switch is left where its state file says,
+    and the next start finishes it."""
+
+
+@dataclass(frozen=True)
+class GateHooks:
+    """What the daemon lends the gate: ``progress`` marks each bounded Slurm step as progress for
+    systemd's watchdog; ``stopping`` says migd was asked to stop (SIGTERM), ending a wait early."""
+
+    progress: Callable[[], None] = lambda: None
+    stopping: Callable[[], bool] = lambda: False
+
+
+def load_state(path: Path) -> SlurmState:
+    """The switch state a migd left (v1 or v2); a damaged file is said and read as "serving"."""
+    try:
+        doc = conform(path, read_json(path), STATE_SHAPE)
+        if doc.get("schema") not in READS:
+            raise ValidationError(str(path), None, None, "schema", f"not a {SCHEMA} file")
+    except FileNotFoundError:
+        return SlurmState()
+    except ValidationError as e:
+        log.error("%s; starting from 'serving' (check the node with scontrol show node)", e)
+        return SlurmState()
+    doc = {k: v for k, v in doc.items() if k in SlurmState.__dataclass_fields__ and v is not None}
+    doc["phase"] = Phase(doc.get("phase", Phase.SERVING))
+    return SlurmState(**doc)
 
 
 class SlurmGate:
     """What the daemon asks before and after an apply on a Slurm node."""
 
     def __init__(self, settings: SlurmSettings, ctl: SlurmCtl, run: Runner, minor_of: Callable[[int], int],
-                 state_path: Path, now: Callable[[], datetime]) -> None:
+                 state_path: Path, now: Callable[[], datetime], hooks: GateHooks | None = None) -> None:
         self.s = settings
+        hooks = hooks or GateHooks()
+        self._progress, self._stopping = hooks.progress, hooks.stopping
         self._now = now  # the daemon's clock: reservations are for its transitions
         self.ctl = ctl
         self._run = run
         self._minor_of = minor_of
         self._path = state_path
-        self.state = self._load()
+        self.state = load_state(state_path)
         self._failures = 0  # switches failed in a row: the next waits BACKOFF_S * 2**(n-1), at most BACKOFF_MAX_S
         self._retry_at = 0.0  # (time.monotonic) no new drain before this
 
     # -- state ------------------------------------------------------------------------------------
-    def _load(self) -> SlurmState:
-        try:
-            doc = conform(self._path, read_json(self._path), STATE_SHAPE)
-            if doc.get("schema") != SCHEMA:
-                raise ValidationError(str(self._path), None, None, "schema", f"not a {SCHEMA} file")
-        except FileNotFoundError:
-            return SlurmState()
-        except ValidationError as e:
-            log.error("%s; starting from 'serving' (check the node with scontrol show node)", e)
-            return SlurmState()
-        doc = {k: v for k, v in doc.items() if k in SlurmState.__dataclass_fields__}
-        doc["phase"] = Phase(doc.get("phase", Phase.SERVING))
-        return SlurmState(**doc)
-
     def _set(self, phase: Phase, reason: str) -> None:
         if phase is not self.state.phase:
             self.state.since = time.time()
@@ -77,6 +97,7 @@ class SlurmGate:
     def reserve_ahead(self, transition: datetime | None) -> None:
         """A MAINT reservation from the transition on, made ``maintenance_ahead`` before it: Slurm
         then starts no job whose time limit would run into the switch (slurm.conf: reservations)."""
+        self._drop_stale_reservation()
         if transition is None or self.state.reservation is not None:
             return
         if (transition - self._now()).total_seconds() > self.s.maintenance_ahead_s:
@@ -87,6 +108,23 @@ class SlurmGate:
         atomic_write_json(self._path, self.state.to_json())
         log.info("Slurm: MAINT reservation %s on %s from %s", name, self.s.node, transition.isoformat())
 
+    def _drop_stale_reservation(self) -> None:
+        """A reservation for a transition long past, left when its removal failed: removed (if Slurm still
+        has it) and forgotten, or its name would keep every later switch from reserving ahead."""
+        at = self.state.reserved_for
+        idle = self.state.phase in (Phase.SERVING, Phase.FAILED)
+        if self.state.reservation is None or at is None or not idle or at > self._now().timestamp() - 60:
+            return
+        try:
+            if self.state.reservation in self.ctl.reservations():
+                self.ctl.unreserve(self.state.reservation)
+        except SlurmError as e:
+            log.error("Slurm: cannot remove the stale reservation %s: %s", self.state.reservation, e)
+            return
+        log.info("Slurm: reservation %s (for a transition past) removed", self.state.reservation)
+        self.state.reservation, self.state.reserved_for = None, None
+        atomic_write_json(self._path, self.state.to_json())
+
     # -- the switch -------------------------------------------------------------------------------
     def ready(self, profile: str, policy: OnBusy = OnBusy.WAIT, force_after_s: float = float("inf")) -> bool:
         """Drain once, then True when no job holds a GPU of the node (the apply may start).
@@ -94,6 +132,8 @@ class SlurmGate:
         ``policy`` is the busy policy of migd's apply: refuse (do not drain while GPU jobs run),
         wait (drain and wait for them), force (drain, wait ``force_after_s``, then requeue them:
         ``scontrol requeue`` puts a job back in the queue, it is not lost)."""
+        if self.state.phase is Phase.RESUMING and not self.conclude():
+            return False  # (the last switch's resume is not confirmed: no new drain before it is)
         if self.state.phase is Phase.FAILED and time.monotonic() < self._retry_at:
             return False  # (the reason says why it failed and when it tries again)
         if self.state.phase in (Phase.SERVING, Phase.FAILED):
@@ -153,6 +193,12 @@ class SlurmGate:
         return (f"waiting for a maintenance slot: {len(busy)} node(s) of partition {self.s.partition} are "
                 f"drained ({','.join(busy[:5])}), max_in_maintenance is {self.s.max_in_maintenance}")
 
+    def record_before(self, before: dict[str, dict[str, object]]) -> None:
+        """The GPUs' layouts before the switch changes them, on disk before the first change: a failed
+        publish puts them back, in this migd or in the next one."""
+        self.state.before = before
+        atomic_write_json(self._path, self.state.to_json())
+
     def publish(self, profile: str, states: Sequence[GpuState]) -> None:
         """Write the layout's GRES and make Slurm take it; on failure the old files are back (raises)."""
         recs = self._records(states)
@@ -207,24 +253,34 @@ class SlurmGate:
 
     def _take(self) -> None:
         """Make Slurm read the files, the way this node's Slurm supports (settings.GresUpdate)."""
-        t = self.s.command_timeout_s
         if self.s.update is GresUpdate.RECONFIGURE:
-            self._run(("scontrol", "reconfigure"), t)
+            self._step(("scontrol", "reconfigure"))
             return
-        self._run(self.s.stop_slurmd, t)
-        if self.s.update is GresUpdate.DYNAMIC:
-            self.ctl.delete_node()
-        else:
-            self._run(self.s.restart_slurmctld, t)
-            self._until(self.ctl.ping, "slurmctld to answer")
-        self._run(self.s.start_slurmd, t)
+        self._step(self.s.stop_slurmd)
+        try:
+            if self.s.update is GresUpdate.DYNAMIC:
+                self.ctl.delete_node()
+            else:
+                self._step(self.s.restart_slurmctld)
+                self._until(lambda: self.ctl.ping(POLL_S), "slurmctld to answer")
+        except BaseException:  # slurmd is started again whatever failed once it was stopped: never left down
+            try:
+                self._step(self.s.start_slurmd)
+            except SlurmError as e:
+                log.critical("Slurm: slurmd could not be started again: %s", e)
+            raise
+        self._step(self.s.start_slurmd)
+
+    def _step(self, argv: Sequence[str]) -> None:
+        self._progress()  # each command is bounded by command_timeout, below the watchdog's limit
+        self._run(argv, self.s.command_timeout_s)
 
     def _await_registration(self, gres: str) -> None:
         last: list[NodeInfo] = []
 
         def registered() -> bool:
             try:
-                info = self.ctl.info()
+                info = self.ctl.info(POLL_S)
             except SlurmError:
                 return False
             last[:] = [info]
@@ -234,8 +290,12 @@ class SlurmGate:
                     if last else "")
 
     def _until(self, ok: Callable[[], bool], what: str, detail: Callable[[], str] = lambda: "") -> None:
+        """Poll until ``ok`` (bounded by register_timeout, below the watchdog's limit); SIGTERM ends it."""
+        self._progress()
         deadline = time.monotonic() + self.s.register_timeout_s
         while not ok():
+            if self._stopping():
+                raise Interrupted(f"migd is stopping while waiting for {what}")
             if time.monotonic() > deadline:
                 raise SlurmError(f"timed out after {self.s.register_timeout_s:g}s waiting for {what}{detail()}")
             time.sleep(0.2)
@@ -249,30 +309,71 @@ class SlurmGate:
             self.ctl.set_comment("")
 
     def finish(self, ok: bool, reason: str, agree: bool = True) -> None:
-        """Resume the node (if it was serving) and drop the reservation, whatever the outcome; unless its
-        GRES and its GPUs disagree (``agree`` False: the old layout could not be put back under the
-        old GRES): then it stays drained, its reason naming the mismatch, until a switch that agrees."""
-        try:
-            self._comment(ok, reason)
-            if not agree:
-                self.ctl.drain(_short(f"{DRAIN_REASON}{self.state.profile}: its GRES and its GPUs disagree after a "
-                                      "failed switch (migctl daemon says why)"))
-            elif self.state.was_serving:
-                self.ctl.resume()
-            due = self.state.reserved_for is not None and self.state.reserved_for <= self._now().timestamp() + 60
-            if self.state.reservation is not None and due:  # (not one made for the next transition)
-                self.ctl.unreserve(self.state.reservation)
-                self.state.reservation, self.state.reserved_for = None, None
-        except SlurmError as e:
-            log.error("Slurm: %s", e)
-            reason = f"{reason}; {e}"
-        self.state.jobs_waiting = 0
+        """The switch is over: resume the node (if it was serving) and drop the reservation, whatever the
+        outcome; unless its GRES and its GPUs disagree (``agree`` False: the old layout could not be put
+        back under the old GRES): then it stays drained, its reason naming the mismatch, until a switch
+        that agrees.  The outcome is recorded first (phase ``resuming``); the steps are retried at each
+        pass (``conclude``) until Slurm confirms them, and only then is the node called serving."""
         self._failures = 0 if ok else self._failures + 1
         if not ok:  # a persistent error (gres.conf not writable) must not drain and switch in a tight loop
             delay = min(BACKOFF_MAX_S, BACKOFF_S * 2 ** (self._failures - 1))
             self._retry_at = time.monotonic() + delay
             reason = f"{reason}; next try in {delay:.0f}s"
-        self._set(Phase.SERVING if ok else Phase.FAILED, reason)
+        self.state.jobs_waiting = 0
+        self.state.ended_ok, self.state.ended_reason, self.state.agree = ok, reason, agree
+        self._set(Phase.RESUMING, f"{reason}; resuming the node")
+        self.conclude()
+
+    def conclude(self) -> bool:
+        """The ended switch's Slurm steps, each confirmed by Slurm; False (retried at the next pass) while
+        one fails (slurmctld down or restarting)."""
+        if self.state.phase is not Phase.RESUMING:
+            return True
+        try:
+            self._progress()
+            self._comment(bool(self.state.ended_ok), self.state.ended_reason)
+            if not self.state.agree:
+                self._hold_drained()
+            elif self.state.was_serving:
+                self._resume()
+            self._unreserve_due()
+        except SlurmError as e:
+            why = f"{self.state.ended_reason}; Slurm has not confirmed the node's resume: {e}; retried at each pass"
+            if why != self.state.reason:
+                log.error("Slurm: %s", why)
+                self._set(Phase.RESUMING, why)
+            return False
+        ok = bool(self.state.ended_ok)
+        self.state.before, self.state.ended_ok = {}, None
+        self._set(Phase.SERVING if ok else Phase.FAILED, self.state.ended_reason)
+        return True
+
+    def _hold_drained(self) -> None:
+        self.ctl.drain(_short(f"{DRAIN_REASON}{self.state.profile}: its GRES and its GPUs disagree after a "
+                              "failed switch (migctl daemon says why)"))
+        info = self.ctl.info()
+        if not (info.drained and info.reason.startswith(DRAIN_REASON)):
+            raise SlurmError(f"the node is not drained after scontrol update state=drain (State={_states(info)})")
+
+    def _resume(self) -> None:
+        info = self.ctl.info()
+        if info.drained and info.reason.startswith(DRAIN_REASON):  # (not an operator's drain made since)
+            self.ctl.resume()
+            info = self.ctl.info()
+        if info.drained and info.reason.startswith(DRAIN_REASON):
+            raise SlurmError(f"the node is still drained after scontrol update state=resume (State={_states(info)})")
+
+    def _unreserve_due(self) -> None:
+        due = self.state.reserved_for is not None and self.state.reserved_for <= self._now().timestamp() + 60
+        if self.state.reservation is None or not due:  # (not one made for the next transition)
+            return
+        if self.state.reservation in self.ctl.reservations():
+            self.ctl.unreserve(self.state.reservation)
+        self.state.reservation, self.state.reserved_for = None, None
+
+
+def _states(info: NodeInfo) -> str:
+    return "+".join(sorted(info.states))
 
 
 def _short(text: str, n: int = 200) -> str:

@@ -1,0 +1,65 @@
+"""The daemon's loop: one pass at start, then a pass whenever a transition fires, the reconcile
+interval passes, NVML reports a MIG change, a reload takes, or a waiting GPU is due another look.
+
+Level-triggered (see service.py): each pass decides from the time it runs, so the loop only has to
+decide when to look, never what to do.
+"""
+
+from __future__ import annotations
+
+import time
+
+from migd.daemon.service import Daemon
+
+SLURM_RETRY_S = 5.0
+
+
+def run(d: Daemon) -> None:
+    d.start()
+    last = time.monotonic()
+    while not d.stop.is_set():
+        d.wake.wait(sleep_s(d))
+        d.wake.clear()
+        d.heartbeat.beat()
+        if d.stop.is_set():
+            break
+        if d.reload_requested.is_set() or d.reloaded.is_set():
+            if d.reload_requested.is_set():
+                d.reload_requested.clear()
+                d.reload()
+            d.reloaded.clear()
+            d.reconcile("reload")
+            last = time.monotonic()
+            continue
+        due = time.monotonic() - last >= d.clock.real(d.config.reconcile_interval_s)
+        if d.config_changed.is_set():
+            d.config_changed.clear()
+            due = True
+        fired = until_next_s(d) == 0.0
+        if due or fired or d.status.blocked_since is not None or d.slurm_pending:
+            d.reconcile("transition" if fired else "reconcile")
+            last = time.monotonic()
+    d.notifier.stopping()
+
+
+def until_next_s(d: Daemon) -> float | None:
+    """Real seconds to the next scheduled transition (0: it fired; None: there is none)."""
+    nxt = d.status.next_transition
+    if nxt is None:
+        return None
+    return max(0.0, d.clock.real((nxt[0] - d.clock.now()).total_seconds()))
+
+
+def sleep_s(d: Daemon) -> float:
+    waits = [d.clock.real(d.config.reconcile_interval_s)]
+    if d.notifier.watchdog_interval_s:
+        waits.append(d.notifier.watchdog_interval_s)
+    until = until_next_s(d)
+    if until is not None:
+        waits.append(until)
+    since = d.status.blocked_since
+    if since is not None:  # retry a blocked GPU, backing off from 1 s to 30 s
+        waits.append(min(30.0, max(1.0, (time.time() - since) / 10)))
+    if d.slurm_pending:  # Slurm has not confirmed the node's resume: ask again soon
+        waits.append(SLURM_RETRY_S)
+    return max(0.05, min(waits))

@@ -1,0 +1,94 @@
+"""The one-node Slurm cluster with migd's simulated GPU beside it, as the Slurm tests use it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from migd.daemon.clock import Clock
+from migd.daemon.config import load_config
+from migd.daemon.service import Daemon
+from migd.hardware.nvml.backend import NvmlBackend
+from migd.hardware.ports import read_state
+from migd.sim.backend import sim_backend
+from migd.slurm.gres import gres_conf, node_gres, read_minors, records
+from tests.helpers import PROFILES, Migctl
+from tests.slurm_cluster import SlurmCluster, skip_without_slurm
+
+FLEET = "single-a100"
+NIGHT = datetime.fromisoformat("2026-11-23T19:00:05+09:00")  # Monday, just after the night transition
+DAY_LAYOUT = [("1g.10gb", s, ["1g.10gb"]) for s in range(7)]
+NIGHT_LAYOUT = [("7g.80gb", 0, ["7g.80gb"])]
+CONFIG = """\
+timezone: Asia/Seoul
+profiles_dir: profiles
+schedule:
+  - {{profile: day,   at: "{day_at}", days: "{days}"}}
+  - {{profile: night, at: "19:00", days: "{days}"}}
+metrics: {{enabled: false}}
+"""
+
+
+@dataclass
+class Node:
+    cluster: SlurmCluster
+    migctl: Migctl
+    backend: NvmlBackend
+    tmp: Path
+
+    def daemon(self, clock: Clock, day_at: str = "08:30", days: str = "mon-fri", waves: int | None = None,
+               schedule: str | None = None, path_first: Path | None = None, settings: str = "", top: str = "",
+               **commands: list[str]) -> Daemon:
+        """An in-process migd for this node: ``schedule`` replaces the schedule's lines, ``path_first`` goes
+        before $PATH in Slurm commands' environment (fake commands), ``settings`` adds to ``slurm:``."""
+        cfg = self.tmp / "migd.yaml"
+        text = CONFIG.format(day_at=day_at, days=days)
+        if schedule is not None:
+            text = text.split("schedule:")[0] + "schedule:\n" + schedule + "metrics: {enabled: false}\n"
+        section = self.cluster.slurm_section(waves, **commands) + settings
+        if path_first is not None:
+            c = self.cluster
+            section = section.replace(f"env: {{SLURM_CONF: {c.conf}}}",
+                                      f"env: {{SLURM_CONF: {c.conf}, PATH: '{path_first}:{os.environ['PATH']}'}}")
+        cfg.write_text(text + top + section)
+        os.chmod(cfg, 0o644)
+        return Daemon(load_config(cfg), self.backend, self.migctl.state_dir, clock)
+
+    def fake(self, name: str, body: str) -> Path:
+        """A fake Slurm command ``name`` in a directory of its own (``path_first``)."""
+        fake = self.tmp / "fakebin"
+        fake.mkdir(exist_ok=True)
+        (fake / name).write_text("#!/bin/sh\n" + body)
+        (fake / name).chmod(0o755)
+        return fake
+
+    def layout(self) -> list[tuple[str, int, list[str]]]:
+        return self.migctl.layout()[0]
+
+
+@pytest.fixture
+def node(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Node]:
+    skip_without_slurm()
+    others = tuple(getattr(request, "param", ()))
+    m = Migctl(tmp_path, FLEET)
+    assert m("apply", str(PROFILES / "day.yaml")).code == 0
+    (tmp_path / "profiles").mkdir()
+    for f in PROFILES.glob("*.yaml"):
+        shutil.copy(f, tmp_path / "profiles" / f.name)
+        os.chmod(tmp_path / "profiles" / f.name, 0o644)
+    backend = sim_backend(m.state, FLEET)
+    cluster = SlurmCluster(gpus=1)
+    try:
+        recs = records([read_state(backend, g) for g in backend.list_gpus()], backend.minor_number,
+                       read_minors(cluster.mig_minors), cluster.dev)
+        cluster.start(node_gres(recs), gres_conf(cluster.node, recs, "day"), others)
+        yield Node(cluster, m, backend, tmp_path)
+    finally:
+        backend.close()
+        cluster.stop()
