@@ -157,7 +157,7 @@ class Daemon:
                 if self.slurm is not None and not changes:
                     if self.slurm.mid_switch:
                         self.slurm.settle(profile, plans, opts)
-                    else:
+                    elif not self.slurm.resuming:  # (while Slurm is unreachable, one complaint is enough)
                         self.slurm.check_sync(plans)
                 if not manual and (not correct or not changes):
                     self._unchanged(profile, plans, unreadable)
