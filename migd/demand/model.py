@@ -1,0 +1,82 @@
+"""What the demand rule decides from: one snapshot of Slurm's queue and nodes, and the candidate
+layouts each node may take.  Everything here comes from Slurm itself (squeue, scontrol show job/node)
+or from the profiles; the rule reads nothing else, so the same snapshot gives the same decision.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+_SLICES = re.compile(r"^(\d+)g\.")
+
+
+def slices_of(mig_type: str) -> int:
+    """The compute slices of a MIG type (``3g.40gb`` -> 3; ``1g.10gb+me`` -> 1): the unit demand and
+    supply are weighed in (NVIDIA's MIG user guide: an A100/H100 has 7)."""
+    m = _SLICES.match(mig_type)
+    if m is None:
+        raise ValueError(f"{mig_type!r} is not a MIG type such as 1g.10gb")
+    return int(m.group(1))
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A pending job's request: ``count`` instances of ``mig_type`` on one node."""
+
+    job: str
+    account: str
+    mig_type: str
+    count: int
+    time_limit_s: float
+    priority: int = 0
+    age_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Running:
+    """A running job on a node; ``ends_in_s`` from its time limit (Slurm's EndTime), an upper bound."""
+
+    job: str
+    mig_type: str
+    count: int
+    ends_in_s: float
+    account: str = "-"
+    submitted_s_ago: float = float("inf")  # (its SubmitTime): recent arrivals hint at what comes next
+    limit_s: float = 0.0  # its time limit: the work a job like it brings
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    layout: str  # the candidate layout it is in now (or switching to, when ``draining``)
+    in_layout_s: float  # how long it has been in that layout (hysteresis)
+    running: tuple[Running, ...] = ()
+    draining: bool = False  # drained for a switch already: counts against the maintenance limit
+    changes_today: int = 0  # switches in the last 24 hours
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A candidate layout as the rule sees it: instances of each MIG type one node offers."""
+
+    name: str
+    capacity: tuple[tuple[str, int], ...]  # (MIG type, instances), sorted: hashable and ordered
+
+    @classmethod
+    def of(cls, name: str, capacity: Mapping[str, int]) -> Layout:
+        return cls(name, tuple(sorted((t, n) for t, n in capacity.items() if n > 0)))
+
+    def count(self, mig_type: str) -> int:
+        return dict(self.capacity).get(mig_type, 0)
+
+    @property
+    def slices(self) -> int:
+        return sum(slices_of(t) * n for t, n in self.capacity)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    pending: tuple[Pending, ...]
+    nodes: tuple[NodeView, ...]
