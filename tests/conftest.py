@@ -12,7 +12,7 @@ from migd.hardware.nvml.backend import NvmlBackend
 from migd.sim.backend import sim_backend
 from migd.sim.library import loaded
 from migd.sim.state import StateStore
-from tests.slurm_node import node  # noqa: F401  (the Slurm tests' fixture)
+from tests.slurm_node import night_node, node  # noqa: F401  (the Slurm tests' fixtures)
 
 REPO = Path(__file__).resolve().parents[1]
 FACTS_DIR = REPO / "tests" / "fixtures" / "reference"  # copies, see SOURCES.md there

@@ -1,6 +1,8 @@
-"""A one-node Slurm cluster on 127.0.0.1 in a temp dir: Debian's slurmctld, slurmd and munge,
-no systemd, no accounting (issue 15).  Device files are real character nodes made with mknod
-(migd.sim.devnodes), so slurmd checks gres.conf exactly as on a GPU node.
+"""A Slurm cluster on 127.0.0.1 in a temp dir: Debian's slurmctld, slurmd and munge, no systemd, no
+accounting (issue 15).  Device files are real character nodes made with mknod (migd.sim.devnodes),
+so slurmd checks gres.conf exactly as on a GPU node.  Several nodes run as several slurmd on this
+host, in Slurm's multiple-slurmd mode (Debian's 22.05 build has it): each NodeName its own Port=,
+slurmd's pid file, spool dir and log named with %n (slurm.conf(5)), each node its own device dir.
 """
 
 from __future__ import annotations
@@ -48,13 +50,12 @@ CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root
 SlurmctldPort={ctld_port}
-SlurmdPort={d_port}
 StateSaveLocation={d}/spool/ctld
-SlurmdSpoolDir={d}/spool/d
+SlurmdSpoolDir={d}/spool/d-%n
 SlurmctldPidFile={d}/run/slurmctld.pid
-SlurmdPidFile={d}/run/slurmd.pid
+SlurmdPidFile={d}/run/slurmd-%n.pid
 SlurmctldLogFile={d}/log/slurmctld.log
-SlurmdLogFile={d}/log/slurmd.log
+SlurmdLogFile={d}/log/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SchedulerType=sched/backfill
@@ -68,30 +69,37 @@ MailProg=/bin/true
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SlurmdTimeout=30
-NodeName={node} NodeAddr=127.0.0.1 CPUs=2 RealMemory=500 Gres={gres} State=UNKNOWN
-{others}PartitionName=main Nodes={nodes} Default=YES MaxTime=INFINITE State=UP
+{node_lines}{others}PartitionName=main Nodes={nodes} Default=YES MaxTime=INFINITE State=UP
 """
 
 
 class SlurmCluster:
-    def __init__(self, gpus: int) -> None:
+    def __init__(self, gpus: int, nodes: tuple[str, ...] = (NODE,)) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="migd-slurm-", dir="/tmp"))  # short: socket paths
-        for sub in ("run", "log", "spool/ctld", "spool/d", "etc"):
+        for sub in ("run", "log", "spool/ctld", "etc"):
             (self.dir / sub).mkdir(parents=True)
         os.chmod(self.dir, 0o700)
-        self.dev = self.dir / "dev"
-        self.mig_minors = make_device_nodes(self.dev, gpus)
+        self.nodes = nodes
+        self.node = nodes[0]
+        self.devs = {n: self.dir / ("dev" if k == 0 else f"dev-{n}") for k, n in enumerate(nodes)}
+        self.minors = {n: make_device_nodes(d, gpus) for n, d in self.devs.items()}
+        self.dev, self.mig_minors = self.devs[self.node], self.minors[self.node]
         self.conf = self.dir / "etc" / "slurm.conf"
         self.gres_conf = self.dir / "etc" / "gres.conf"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
-        self.node = NODE
+
+    def pid_file(self, node: str | None = None) -> Path:
+        return self.dir / "run" / f"slurmd-{node or self.node}.pid"
 
     def sbin(self, name: str) -> str:
         return shutil.which(name) or f"/usr/sbin/{name}"
 
     # -- life cycle -------------------------------------------------------------------------------
-    def start(self, gres: str, gres_conf: str, others: tuple[str, ...] = ()) -> None:
-        """``others``: more nodes of the partition that never run a slurmd (fleet-wave tests drain them)."""
+    def start(self, gres: str | dict[str, str], gres_conf: str, others: tuple[str, ...] = (),
+              catalog: str | None = None) -> None:
+        """``others``: more nodes of the partition that never run a slurmd (fleet-wave tests drain them).
+        ``catalog``: a FUTURE node of the partition declaring these GRES, so jobs asking for a MIG type
+        no node offers right now are queued rather than refused (docs/demand.md)."""
         d = self.dir
         key = d / "etc" / "munge.key"
         subprocess.run([self.sbin("mungekey"), "-c", "-k", str(key)], check=True, capture_output=True)
@@ -99,22 +107,28 @@ class SlurmCluster:
         subprocess.run([self.sbin("munged"), "--force", f"--socket={d}/run/munge.sock", f"--key-file={key}",
                         f"--pid-file={d}/run/munged.pid", f"--log-file={d}/log/munged.log",
                         f"--seed-file={d}/run/munge.seed"], check=True, capture_output=True)
+        per = gres if isinstance(gres, dict) else {self.node: gres}
+        node_lines = "".join(f"NodeName={n} NodeAddr=127.0.0.1 Port={_free_port()} CPUs=2 RealMemory=500 "
+                             f"Gres={per.get(n, '')} State=UNKNOWN\n" for n in self.nodes)
+        members = ",".join((*self.nodes, *others, *(["catalog"] if catalog else [])))
         self.conf.write_text(SLURM_CONF.format(host=socket.gethostname(), d=d, ctld_port=_free_port(),
-                                               d_port=_free_port(), node=self.node, gres=gres,
-                                               nodes=",".join((self.node, *others)),
+                                               node_lines=node_lines, nodes=members,
                                                others="".join(f"NodeName={o} NodeAddr=127.0.0.1 CPUs=2 "
-                                                              "RealMemory=500 State=UNKNOWN\n" for o in others)))
+                                                              "RealMemory=500 State=UNKNOWN\n" for o in others)
+                                               + (f"NodeName=catalog NodeAddr=127.0.0.1 Port={_free_port()} CPUs=2 "
+                                                  f"RealMemory=500 Gres={catalog} State=FUTURE\n" if catalog else "")))
         self.gres_conf.write_text(gres_conf)
         self.run_sbin("slurmctld", "-i")
         self.wait(lambda: self.ok("scontrol", "ping"), "slurmctld")
-        self.run_sbin("slurmd", "-N", self.node)
-        self.wait(lambda: "IDLE" in self.state(), "the node to register")
+        for n in self.nodes:
+            self.run_sbin("slurmd", "-N", n)
+        self.wait(lambda: all("IDLE" in self.state(n) for n in self.nodes), "the nodes to register")
 
     def run_sbin(self, name: str, *args: str) -> None:
         subprocess.run([self.sbin(name), *args], env=self.env, check=True, capture_output=True, timeout=30)
 
     def stop(self) -> None:
-        for pid_file in ("slurmd.pid", "slurmctld.pid", "munged.pid"):
+        for pid_file in (*(f"slurmd-{n}.pid" for n in self.nodes), "slurmctld.pid", "munged.pid"):
             p = self.dir / "run" / pid_file
             try:
                 os.kill(int(p.read_text()), signal.SIGTERM)
@@ -154,22 +168,23 @@ class SlurmCluster:
         path.chmod(0o755)
         return [str(path)]
 
-    def restart_commands(self) -> dict[str, list[str]]:
-        d, sbin = self.dir, self.sbin
-        stop_d = self.pid_script("stop-slurmd", f"kill $(cat {d}/run/slurmd.pid)\n"
-                                 f"while kill -0 $(cat {d}/run/slurmd.pid 2>/dev/null) 2>/dev/null; do sleep 0.05;"
-                                 " done\n")
+    def restart_commands(self, node: str | None = None) -> dict[str, list[str]]:
+        node = node or self.node
+        d, sbin, pid = self.dir, self.sbin, self.pid_file(node)
+        stop_d = self.pid_script(f"stop-slurmd-{node}", f"kill $(cat {pid})\n"
+                                 f"while kill -0 $(cat {pid} 2>/dev/null) 2>/dev/null; do sleep 0.05; done\n")
         restart_ctld = self.pid_script("restart-slurmctld", f"kill $(cat {d}/run/slurmctld.pid)\n"
                                        f"while kill -0 $(cat {d}/run/slurmctld.pid 2>/dev/null) 2>/dev/null; do "
                                        f"sleep 0.05; done\nexec {sbin('slurmctld')}\n")
-        start_d = self.pid_script("start-slurmd", f"exec {sbin('slurmd')} -N {self.node}\n")
+        start_d = self.pid_script(f"start-slurmd-{node}", f"exec {sbin('slurmd')} -N {node}\n")
         return {"stop_slurmd": stop_d, "restart_slurmctld": restart_ctld, "start_slurmd": start_d}
 
-    def slurm_section(self, waves: int | None = None, **commands: list[str]) -> str:
-        """migd's ``slurm:`` config section for this cluster (restart commands overridable)."""
-        cmds = {**self.restart_commands(), **commands}
-        lines = ["slurm:", f"  node: {self.node}", f"  slurm_conf: {self.conf}", f"  gres_conf: {self.gres_conf}",
-                 f"  device_dir: {self.dev}", f"  mig_minors: {self.mig_minors}", "  register_timeout: 30s",
+    def slurm_section(self, waves: int | None = None, node: str | None = None, **commands: list[str]) -> str:
+        """migd's ``slurm:`` config section for a node of this cluster (restart commands overridable)."""
+        node = node or self.node
+        cmds = {**self.restart_commands(node), **commands}
+        lines = ["slurm:", f"  node: {node}", f"  slurm_conf: {self.conf}", f"  gres_conf: {self.gres_conf}",
+                 f"  device_dir: {self.devs[node]}", f"  mig_minors: {self.minors[node]}", "  register_timeout: 30s",
                  f"  env: {{SLURM_CONF: {self.conf}}}", "  maintenance_ahead: 15m", "  maintenance_window: 30m",
                  "  partition: main"]
         lines += [f"  max_in_maintenance: {waves}"] if waves else []
@@ -177,14 +192,14 @@ class SlurmCluster:
         return "\n".join(lines) + "\n"
 
     # -- what the tests look at -------------------------------------------------------------------
-    def show(self) -> dict[str, str]:
-        line = self.cmd("scontrol", "show", "node", "-o", self.node).strip()
+    def show(self, node: str | None = None) -> dict[str, str]:
+        line = self.cmd("scontrol", "show", "node", "-o", node or self.node).strip()
         import re
         return dict(f.split("=", 1) for f in re.split(r" (?=[A-Za-z_]+=)", line) if "=" in f)
 
-    def state(self) -> str:
+    def state(self, node: str | None = None) -> str:
         try:
-            return self.show().get("State", "")
+            return self.show(node).get("State", "")
         except AssertionError:
             return ""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -72,12 +73,11 @@ class Node:
         return self.migctl.layout()[0]
 
 
-@pytest.fixture
-def node(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Node]:
+@contextmanager
+def _node(tmp_path: Path, layout: str, others: tuple[str, ...] = (), catalog: str | None = None) -> Iterator[Node]:
     skip_without_slurm()
-    others = tuple(getattr(request, "param", ()))
     m = Migctl(tmp_path, FLEET)
-    assert m("apply", str(PROFILES / "day.yaml")).code == 0
+    assert m("apply", str(PROFILES / f"{layout}.yaml")).code == 0
     (tmp_path / "profiles").mkdir()
     for f in PROFILES.glob("*.yaml"):
         shutil.copy(f, tmp_path / "profiles" / f.name)
@@ -87,8 +87,25 @@ def node(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Node]:
     try:
         recs = records([read_state(backend, g) for g in backend.list_gpus()], backend.minor_number,
                        read_minors(cluster.mig_minors), cluster.dev)
-        cluster.start(node_gres(recs), gres_conf(cluster.node, recs, "day"), others)
+        cluster.start(node_gres(recs), gres_conf(cluster.node, recs, layout), others, catalog)
         yield Node(cluster, m, backend, tmp_path)
     finally:
         backend.close()
         cluster.stop()
+
+
+@pytest.fixture
+def node(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Node]:
+    """The node in the day layout (``request.param``: more partition nodes without a slurmd)."""
+    with _node(tmp_path, "day", tuple(getattr(request, "param", ()))) as n:
+        yield n
+
+
+CATALOG = "gpu:1g.10gb:7,gpu:3g.40gb:2,gpu:7g.80gb:1"  # every candidate's MIG types (an A100's)
+
+
+@pytest.fixture
+def night_node(tmp_path: Path) -> Iterator[Node]:
+    """The node in the night layout, with a FUTURE catalog node so day-type jobs can queue."""
+    with _node(tmp_path, "night", catalog=CATALOG) as n:
+        yield n

@@ -291,7 +291,7 @@ def test_a_command_past_command_timeout_does_not_leave_slurmd_down(node: Node) -
     d = node.daemon(Clock(NIGHT), restart_slurmctld=slow, settings="  command_timeout: 2s\n")
     d.reconcile("transition")
     assert d.slurm is not None and "timed out" in d.slurm.gate.state.reason, d.slurm.gate.state.reason
-    pid = int((c.dir / "run" / "slurmd.pid").read_text())
+    pid = int(c.pid_file().read_text())
     os.kill(pid, 0)  # slurmd runs
     assert node.layout() == DAY_LAYOUT
     c.wait(lambda: (d.reconcile("reconcile"), not d.slurm_pending)[1], "the node's resume", 60)

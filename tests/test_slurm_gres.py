@@ -102,3 +102,18 @@ def test_what_a_job_holds_on_this_node(nodes: str, node: str, held: str) -> None
     assert allocated_gres(DETAIL.format(nodes=nodes), node) == held
     assert allocated_gres("JobId=8 JobState=RUNNING JOB_GRES=(null) Nodes=gpu1 CPU_IDs=0 Mem=0 MinCPUsNode=1",
                           "gpu1") == ""
+
+
+def test_a_shared_gres_conf_keeps_the_other_nodes_lines() -> None:
+    """One gres.conf for the cluster (gres.conf(5): each line names its NodeName=): a node rewriting its
+    records leaves the others' lines, and the operator's, as they were."""
+    from migd.slurm.gres import GresRecord
+    old = ("# site header\nNodeName=gpu2 Name=gpu Type=7g.80gb MultipleFiles=/dev/nvidia0\n"
+           "# written by migd for profile day on gpu1: one record per MIG device (gres.conf(5) MultipleFiles)\n"
+           "NodeName=gpu1 Name=gpu Type=1g.10gb MultipleFiles=/dev/nvidia0\n")
+    new = gres_conf("gpu1", [GresRecord("7g.80gb", ("/dev/nvidia0",), mig=True)], "night", old)
+    lines = new.splitlines()
+    assert lines[:2] == ["# site header", "NodeName=gpu2 Name=gpu Type=7g.80gb MultipleFiles=/dev/nvidia0"]
+    assert lines[2].startswith("# written by migd for profile night on gpu1:")
+    assert lines[3:] == ["NodeName=gpu1 Name=gpu Type=7g.80gb MultipleFiles=/dev/nvidia0"]
+    assert gres_conf("gpu2", [], "x", new).count("NodeName=gpu1 ") == 1

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone, tzinfo
 from typing import Any
 
+from migd.api.demand import DemandView, Source
 from migd.api.override import Override
 from migd.api.slurm import SlurmSnapshot
 from migd.apply.result import ApplyResult, GpuStatus
@@ -131,7 +132,8 @@ class Status:
     restart_needed: list[str] = field(default_factory=list)  # settings a reload changed but cannot apply
     apply_count: dict[Outcome, int] = field(default_factory=dict)
     unhealthy: FaultMarks = field(default_factory=FaultMarks)  # gpu uuid -> GPU-wide fault (fault watch)
-    slurm: SlurmSnapshot | None = None  # Slurm mode: the node's switch state (migd.slurm/v1)
+    slurm: SlurmSnapshot | None = None  # Slurm mode: the node's switch state (migd.slurm/v2)
+    demand: DemandView | None = None  # demand mode: which layout the node follows and why
     profile_names: tuple[str, ...] = ()  # the configured profiles (their time series start at 0)
     busy_timeout_s: float = 0.0  # how long a transition may wait for busy instances (config)
     profile_time: ProfileTime = field(default_factory=ProfileTime)
@@ -171,6 +173,9 @@ class Status:
         active = None
         if self.override is not None:
             active = {"profile": self.override.profile.name, "reason": "manual", **self.override.to_json()}
+        elif self.demand is not None and self.demand.source is Source.PLANNER and self.desired_profile is not None:
+            active = {"profile": self.desired_profile, "reason": "demand", "source": self.demand.planner,
+                      "until": self.demand.until}
         elif self.desired_profile is not None:
             active = {"profile": self.desired_profile, "reason": "schedule", "source": None, "until": None}
         waiting = self.with_progress(Progress.WAITING)
@@ -187,7 +192,8 @@ class Status:
             "gpus": {str(i): g.to_json() for i, g in sorted(self.gpus.items())},
             "last_reload_error": self.last_reload_error, "restart_needed": list(self.restart_needed),
             "apply_count": {k.value: v for k, v in sorted(self.apply_count.items())},
-            "unhealthy": self.unhealthy_reasons(), "slurm": self.slurm.to_json() if self.slurm else None}
+            "unhealthy": self.unhealthy_reasons(), "slurm": self.slurm.to_json() if self.slurm else None,
+            "demand": self.demand.to_json() if self.demand else None}
 
     def unhealthy_reasons(self) -> dict[str, str]:
         return self.unhealthy.reasons()

@@ -158,7 +158,7 @@ def load_config(path: str | Path, text: str | None = None) -> Config:
         control_socket=m["control_socket"].str() if "control_socket" in m else None,
         state_dir=m["state_dir"].str() if "state_dir" in m else None,
         sample_interval_s=max(1.0, m["sample_interval"].duration()) if "sample_interval" in m else 15.0,
-        slurm=parse_slurm(m["slurm"]) if "slurm" in m else None,
+        slurm=parse_slurm(m["slurm"], profiles) if "slurm" in m else None,
     )
 
 

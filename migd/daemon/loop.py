@@ -36,7 +36,7 @@ def run(d: Daemon) -> None:
             d.config_changed.clear()
             due = True
         fired = until_next_s(d) == 0.0
-        if due or fired or d.status.blocked_since is not None or d.slurm_pending:
+        if due or fired or d.status.blocked_since is not None or d.slurm_pending or d.planning_due:
             d.reconcile("transition" if fired else "reconcile")
             last = time.monotonic()
     d.notifier.stopping()
@@ -62,4 +62,6 @@ def sleep_s(d: Daemon) -> float:
         waits.append(min(30.0, max(1.0, (time.time() - since) / 10)))
     if d.slurm_pending:  # Slurm has not confirmed the node's resume: ask again soon
         waits.append(SLURM_RETRY_S)
+    if d.slurm is not None and d.slurm.demand is not None and d.slurm.demand.planning:
+        waits.append(d.slurm.demand.s.interval_s)
     return max(0.05, min(waits))

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from migd.api.control import DAEMON_LOCK_TIMEOUT_S, ManualApply
 from migd.api.daemon import LastApply, Outcome, Status, outcome_of
+from migd.api.demand import Source
 from migd.api.override import OverrideStore
 from migd.apply.executor import Applier
 from migd.apply.planning import touched
@@ -99,6 +100,11 @@ class Daemon:
             log.info("manual override of %s ended at the scheduled transition", ov.profile.name)
             self.status.override = None
             self.overrides.clear()
+        demand = self.slurm.demand if self.slurm is not None else None
+        if demand is not None:  # the planner's want while its lease runs; Slurm unreadable: no change
+            self.status.demand = view = demand.follow(self.status.desired_profile)
+            if view.profile is not None or view.source is Source.HELD:
+                return self.config.profiles.get(view.profile) if view.profile else None
         entry = self.config.schedule.active(now)
         return self.config.profiles[entry.profile] if entry else None
 
@@ -120,12 +126,15 @@ class Daemon:
 
     def reconcile(self, reason: str) -> None:
         with self.lock:
+            if self.slurm is not None and self.slurm.demand is not None:
+                self.slurm.demand.plan(self.config.profiles, self.backend)
             profile = self.desired()
             nxt = self._derive_next()
             if self.slurm is not None:
                 self.slurm.reserve_ahead(nxt[0] if nxt else None)
             if profile is None:
-                log.info("no schedule entry has fired yet; leaving GPUs as they are")
+                log.info("no profile is active yet (no schedule entry has fired, or Slurm cannot say which the "
+                         "demand planner wants); leaving GPUs as they are")
                 return
             if self.status.desired_profile != profile.name:
                 log.info("profile %s is now active (%s)", profile.name, reason)
@@ -367,3 +376,9 @@ class Daemon:
     def slurm_pending(self) -> bool:
         """A Slurm switch ended and Slurm has not yet confirmed the node's resume (retried each pass)."""
         return self.slurm is not None and self.slurm.resuming
+
+    @property
+    def planning_due(self) -> bool:
+        """This node plans for its partition (slurm.demand) and its interval has passed."""
+        demand = self.slurm.demand if self.slurm is not None else None
+        return demand is not None and demand.planning and demand.due()

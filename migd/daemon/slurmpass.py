@@ -22,6 +22,7 @@ from migd.apply.journal import layout_from_json, layout_to_json
 from migd.apply.result import ApplyOptions, ApplyResult, GpuResult, GpuStatus, OnBusy
 from migd.catalog.models import GpuModel
 from migd.daemon.config import Config
+from migd.daemon.demandpass import DemandPass
 from migd.hardware.inventory import survey
 from migd.hardware.ports import GpuBackend, read_state
 from migd.hardware.types import GpuState, HardwareError
@@ -42,8 +43,11 @@ def slurm_switch(config: Config, backend: GpuBackend, applier: Applier, state_di
     lent = lent or Lent()
     run = command_runner(dict(s.env))
     ctl = SlurmCtl(s.node, run, s.command_timeout_s)
-    return SlurmSwitch(SlurmGate(s, ctl, run, backend.minor_number, state_dir / "slurm.json", now, lent.hooks),
-                       applier, lent.unheld)
+    switch = SlurmSwitch(SlurmGate(s, ctl, run, backend.minor_number, state_dir / "slurm.json", now, lent.hooks),
+                         applier, lent.unheld)
+    if s.demand is not None:
+        switch.demand = DemandPass(s, s.demand, ctl, state_dir)
+    return switch
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,7 @@ class SlurmSwitch:
         self.gate = gate
         self.applier = applier
         self._unheld = unheld
+        self.demand: DemandPass | None = None  # layouts from Slurm's queue (slurm.demand), if configured
 
     def snapshot(self) -> SlurmSnapshot:
         """For status JSON and metrics: the node, its switch phase and what it waits for."""

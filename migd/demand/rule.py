@@ -114,7 +114,7 @@ def _demand(snap: Snapshot, offered: set[str], capacity: float, params: Params) 
     weight = fair_weights(asks, capacity * params.horizon_s / 3600)
     demand: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for account, mig_type, work in wants:
-        if mig_type in offered and work > 0:
+        if mig_type in offered and weight[account] * work > 0:
             demand[mig_type][account] += weight[account] * work
     unservable = tuple(sorted({p.mig_type for p in snap.pending} - offered))
     return {t: dict(a) for t, a in demand.items()}, unservable
@@ -151,6 +151,8 @@ def decide(snap: Snapshot, layouts: Mapping[str, Layout], params: Params = Param
     snap = Snapshot(tuple(sorted(snap.pending, key=lambda p: (p.account, p.mig_type, p.job))),  # one order:
                     tuple(replace(n, running=tuple(sorted(n.running, key=lambda r: r.job)))  # the same sums
                           for n in sorted(snap.nodes, key=lambda n: n.name)))
+    if not snap.nodes:
+        return Decision((), (), (), ())
     offered = {t for lay in layouts.values() for t, _ in lay.capacity}
     slices = max(lay.slices for lay in layouts.values())  # a node's slices (the fullest layout's)
     demand, unservable = _demand(snap, offered, slices * len(snap.nodes), params)

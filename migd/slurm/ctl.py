@@ -18,7 +18,7 @@ from types import MappingProxyType
 
 Runner = Callable[[Sequence[str], float], str]
 
-_FIELD = re.compile(r" (?=[A-Za-z_]+=)")
+_FIELD = re.compile(r" (?=[A-Za-z_][\w:/]*=)")  # keys such as AllocNode:Sid= and CPUs/Task= too
 # Node states that mean slurmctld does not (yet) accept the node's registration (scontrol man page).
 UNREGISTERED = frozenset({"NOT_RESPONDING", "INVALID_REG", "INVALID", "DOWN", "UNKNOWN", "FUTURE", "NO_RESPOND"})
 ACTIVE_JOB_STATES = "RUNNING,COMPLETING,CONFIGURING,SUSPENDED,STAGE_OUT"
@@ -53,6 +53,8 @@ class NodeInfo:
     reason: str
     gres: str
     comment: str = ""
+    extra: str = ""  # the node's Extra= (Slurm 22.05+): where a demand planner leaves its wanted layout
+    partitions: tuple[str, ...] = ()
 
     @property
     def drained(self) -> bool:
@@ -77,7 +79,7 @@ class Job:
 _DETAIL = re.compile(r"\bNodes=(\S+) CPU_IDs=\S* Mem=\S*(?: GRES=(\S*))?")
 
 
-def _hostnames(expr: str) -> set[str] | None:
+def hostnames(expr: str) -> set[str] | None:
     """A hostlist (``gpu1``, ``gpu[1-3,5]``, ``a1,b[2-3]``) as names; None if it is a form not read here."""
     names: set[str] = set()
     for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", expr):
@@ -100,7 +102,7 @@ def allocated_gres(detail: str, node: str) -> str:
     hostlist not read here counts as holding the job's GRES anywhere (``JOB_GRES``): never assume free."""
     held, unread = [], False
     for nodes, gres in _DETAIL.findall(detail):
-        names = _hostnames(nodes)
+        names = hostnames(nodes)
         unread = unread or names is None
         if names is None or node in names:
             held.append(gres)
@@ -108,6 +110,23 @@ def allocated_gres(detail: str, node: str) -> str:
         m = re.search(r"\bJOB_GRES=(\S+)", detail)
         held.append(m.group(1) if m and m.group(1) != "(null)" else "")
     return ",".join(g for g in held if g)
+
+
+def fields(line: str) -> dict[str, str]:
+    """One ``-o`` line of scontrol as Key -> Value (values may hold spaces: split before each Key=)."""
+    return {k: v.strip() for k, v in (f.split("=", 1) for f in _FIELD.split(line.strip()) if "=" in f)}
+
+
+def _value(f: dict[str, str], key: str) -> str:
+    v = f.get(key, "(null)")
+    return "" if v == "(null)" else v
+
+
+def node_info(line: str) -> NodeInfo:
+    f = fields(line)
+    return NodeInfo(f.get("NodeName", ""), frozenset(f.get("State", "").split("+")), f.get("Reason", ""),
+                    _value(f, "Gres"), _value(f, "Comment"), _value(f, "Extra"),
+                    tuple(p for p in _value(f, "Partitions").split(",") if p))
 
 
 class SlurmCtl:
@@ -131,14 +150,21 @@ class SlurmCtl:
 
     def info(self, timeout_s: float | None = None) -> NodeInfo:
         line = self._call("scontrol", "show", "node", "-o", self.node, timeout_s=timeout_s).strip()
-        fields = dict(f.split("=", 1) for f in _FIELD.split(line) if "=" in f)
-        if fields.get("NodeName") != self.node:
+        info = node_info(line)
+        if info.name != self.node:
             raise SlurmError(f"scontrol show node {self.node}: no such node ({line[:80]!r})")
-        gres = fields.get("Gres", "(null)").strip()
-        comment = fields.get("Comment", "(null)").strip()
-        return NodeInfo(self.node, frozenset(fields.get("State", "").strip().split("+")),
-                        fields.get("Reason", "").strip(), "" if gres == "(null)" else gres,
-                        "" if comment == "(null)" else comment)
+        return info
+
+    def nodes(self) -> list[NodeInfo]:
+        """Every node Slurm knows, in one call (the demand planner's view of the partition)."""
+        return [node_info(line) for line in self._call("scontrol", "show", "node", "-o").splitlines() if line.strip()]
+
+    def all_jobs(self) -> str:
+        """``scontrol show job -o -d``: every job, one line each, with its per-node GRES (one call)."""
+        return self._call("scontrol", "show", "job", "-o", "-d")
+
+    def set_extra(self, node: str, text: str) -> None:
+        self._call("scontrol", "update", f"nodename={node}", f"extra={text}")
 
     def jobs(self) -> list[Job]:
         """The active jobs on this node with what Slurm allocated them here (one ``scontrol show job -d``

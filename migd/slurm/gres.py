@@ -71,9 +71,16 @@ def records(states: Sequence[GpuState], minor_of: Callable[[int], int], minors: 
     return out
 
 
-def gres_conf(node: str, recs: Sequence[GresRecord], profile: str) -> str:
-    head = [f"# written by migd for profile {profile}: one record per MIG device (gres.conf(5) MultipleFiles)"]
-    return "\n".join(head + [r.line(node) for r in recs]) + "\n"
+def gres_conf(node: str, recs: Sequence[GresRecord], profile: str, old: str | None = None) -> str:
+    """gres.conf with ``node``'s records for its layout.  ``old``: the file as it is; its lines for other
+    nodes are kept (one gres.conf shared by a cluster's nodes, each line naming its NodeName=, as
+    gres.conf(5) allows), this node's lines and migd's header for it are replaced."""
+    head = f"# written by migd for profile {profile} on {node}: one record per MIG device (gres.conf(5) MultipleFiles)"
+    mine = re.compile(rf"^\s*(NodeName={re.escape(node)}\s|# written by migd for profile \S+ on {re.escape(node)}:)",
+                      re.IGNORECASE)
+    kept = [line for line in (old or "").splitlines() if not mine.match(line)]
+    kept = [line for line in kept if not line.startswith("# written by migd for profile ") or " on " in line]
+    return "\n".join([*kept, head, *(r.line(node) for r in recs)]) + "\n"
 
 
 def node_gres(recs: Sequence[GresRecord]) -> str:

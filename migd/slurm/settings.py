@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
 from migd.api.daemon import WATCHDOG_STALL_S
 from migd.kinds import Word
+from migd.slurm.demandconf import DemandSettings, parse_demand
 from migd.yamlsrc import Node
 
 KEYS = ["node", "slurm_conf", "gres_conf", "update", "stop_slurmd", "start_slurmd", "restart_slurmctld",
         "device_dir", "mig_minors", "maintenance_ahead", "maintenance_window", "register_timeout",
-        "command_timeout", "max_in_maintenance", "partition", "env"]
+        "command_timeout", "max_in_maintenance", "partition", "env", "demand"]
 
 
 BOUNDED = ("register_timeout", "command_timeout")  # one step of a switch each: below the watchdog's limit
@@ -53,6 +55,7 @@ class SlurmSettings:
     max_in_maintenance: int | None = None  # fleet waves: at most this many nodes of the partition drained
     partition: str | None = None
     env: tuple[tuple[str, str], ...] = ()  # added to every Slurm command's environment (e.g. SLURM_CONF)
+    demand: DemandSettings | None = None  # layouts from the queue (slurm/demandconf.py); None: the schedule
 
 
 def _argv(n: Node) -> tuple[str, ...]:
@@ -67,7 +70,7 @@ def default_slurm_conf() -> Path:
     return Path(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf"))
 
 
-def parse_slurm(n: Node) -> SlurmSettings:
+def parse_slurm(n: Node, profiles: Collection[str] = ()) -> SlurmSettings:
     m = n.mapping(allowed=KEYS)
     conf = Path(m["slurm_conf"].str()) if "slurm_conf" in m else default_slurm_conf()
     kw: dict[str, object] = {}
@@ -83,6 +86,9 @@ def parse_slurm(n: Node) -> SlurmSettings:
                                    "after that long without progress, and a Slurm wait is one step")
     if "max_in_maintenance" in m:
         kw["max_in_maintenance"] = m["max_in_maintenance"].int(minimum=1)
+    partition = m["partition"].str() if "partition" in m else None
+    if "demand" in m:
+        kw["demand"] = parse_demand(m["demand"], profiles, partition, kw.get("max_in_maintenance"))  # type: ignore[arg-type]
     for key in ("device_dir", "mig_minors"):
         if key in m:
             kw[key] = Path(m[key].str())
@@ -91,7 +97,7 @@ def parse_slurm(n: Node) -> SlurmSettings:
         slurm_conf=conf,
         gres_conf=Path(m["gres_conf"].str()) if "gres_conf" in m else conf.parent / "gres.conf",
         update=GresUpdate(m["update"].str(choices=list(GresUpdate))) if "update" in m else GresUpdate.RESTART,
-        partition=m["partition"].str() if "partition" in m else None,
+        partition=partition,
         env=tuple((k, v.str()) for k, v in m["env"].mapping().items()) if "env" in m else (),
         **kw,  # type: ignore[arg-type]
     )

@@ -206,7 +206,7 @@ class SlurmGate:
         old_gres = self.s.gres_conf.read_text() if self.s.gres_conf.exists() else None
         old_conf = self.s.slurm_conf.read_text()
         try:
-            self._write(self.s.gres_conf, gres_conf(self.s.node, recs, profile))
+            self._write(self.s.gres_conf, gres_conf(self.s.node, recs, profile, old_gres))
             self._write(self.s.slurm_conf, set_node_gres(old_conf, self.s.node, gres))
             self._take()
             self._await_registration(gres)

@@ -1,0 +1,47 @@
+"""What a node's migd shows about the demand mode (``migctl daemon``, the status JSON's ``demand``,
+metrics): which layout it follows and why, and, on the planner, its last decision with the figures."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from migd.kinds import Word
+
+
+class Source(Word):
+    PLANNER = "planner"  # the planner's want, its lease running
+    SCHEDULE = "schedule"  # no want, its lease ended, or dry-run: the clock decides
+    HELD = "held"  # Slurm cannot be read: the layout there now is kept (no change, not a guess)
+
+
+@dataclass(frozen=True)
+class PlanSummary:
+    """The planner's last decision (``changes`` and ``held`` say why, with their slice-hours)."""
+
+    at: float
+    mode: str
+    changes: tuple[str, ...]
+    held: tuple[str, ...]
+    wanted_slice_h: tuple[tuple[str, float], ...]  # per MIG type, fair-weighted, within the horizon
+    skipped: tuple[str, ...]  # nodes not planned for, and why
+    writes: int  # scontrol updates this decision made (changes, pins, lease renewals)
+    untyped: int  # pending jobs asking for GPUs without a MIG type
+    error: str | None = None  # Slurm could not be read: nothing decided
+
+
+@dataclass(frozen=True)
+class DemandView:
+    mode: str
+    planner: str
+    source: Source
+    profile: str | None
+    why: str
+    until: float | None = None
+    plan: PlanSummary | None = None  # (the planner node only)
+
+    def to_json(self) -> dict[str, object]:
+        doc = asdict(self)
+        doc["source"] = self.source.value
+        if self.plan is not None:
+            doc["plan"]["wanted_slice_h"] = dict(self.plan.wanted_slice_h)
+        return doc

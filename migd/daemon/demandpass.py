@@ -1,0 +1,90 @@
+"""The demand mode on one node (docs/demand.md): plan, on the planner node; follow, on every node.
+
+A node follows its planner's want while the want's lease runs, its schedule otherwise; when Slurm
+cannot be read it keeps the layout it has (no change, not a guess).  A manual apply still wins
+over both, as over the schedule.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from migd.api.demand import DemandView, PlanSummary, Source
+from migd.demand.capacity import node_layout
+from migd.hardware.inventory import GpuLister, survey
+from migd.profiles.model import Profile
+from migd.slurm.ctl import SlurmCtl, SlurmError
+from migd.slurm.demandconf import DemandMode, DemandSettings
+from migd.slurm.planner import Planner
+from migd.slurm.settings import SlurmSettings
+from migd.slurm.want import Want
+
+log = logging.getLogger("migd")
+
+
+class DemandPass:
+    def __init__(self, slurm: SlurmSettings, settings: DemandSettings, ctl: SlurmCtl, state_dir: Path,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.s, self.node, self.ctl = settings, slurm.node, ctl
+        self.partition = slurm.partition or ""
+        self._clock = clock
+        self._state_dir = state_dir
+        self.planner: Planner | None = None
+        self.last_plan: PlanSummary | None = None
+        self._said = ""
+
+    @property
+    def planning(self) -> bool:
+        return self.s.planner == self.node
+
+    def due(self) -> bool:
+        return self.planner is None or self.planner.due()
+
+    def plan(self, profiles: dict[str, Profile], gpus: GpuLister) -> None:
+        """On the planner node, when due: read Slurm, decide, write (or, in dry-run, only report)."""
+        if self.s.planner != self.node:
+            return
+        if self.planner is None:  # (candidates resolved on this node's GPUs: the partition is taken as alike)
+            models = [g.model for g in survey(gpus).gpus if g.model is not None]
+            layouts = {n: node_layout(profiles[n], models) for n in self.s.candidates}
+            self.planner = Planner(self.s, self.partition, self.node, self.ctl, layouts,
+                                   self._state_dir / "demand.json", self._clock)
+        if self.planner.due():
+            self.last_plan = self.planner.tick()
+
+    def follow(self, current: str | None) -> DemandView:
+        """Which candidate this node should hold now, and why (``profile`` None: the schedule's)."""
+        view = self._follow(current)
+        said = f"{view.source.value}: {view.why}"
+        if said != self._said:
+            log.info("demand: %s", said)
+            self._said = said
+        return view
+
+    def _follow(self, current: str | None) -> DemandView:
+        if self.s.mode is DemandMode.DRY_RUN:
+            return self._view(Source.SCHEDULE, None, "dry-run: the planner only reports; the schedule decides")
+        try:
+            extra = self.ctl.info().extra
+        except SlurmError as e:
+            return self._view(Source.HELD, current, f"cannot read this node's Slurm record ({e}); keeping "
+                              f"{current or 'the GPUs as they are'}")
+        want, now = Want.parse(extra), self._clock()
+        if want is None:
+            why = f"no wanted layout from planner {self.s.planner} in this node's Extra: following the schedule"
+        elif want.planner != self.s.planner:
+            why = f"Extra names planner {want.planner}, this node follows {self.s.planner}: following the schedule"
+        elif not want.holds(self.s.planner, now):
+            why = f"the planner's lease ended at {time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(want.until))}: " \
+                  "following the schedule"
+        elif want.layout not in self.s.candidates:
+            why = f"the planner wants {want.layout!r}, not a candidate here: following the schedule"
+        else:
+            return self._view(Source.PLANNER, want.layout, f"planner {want.planner} wants {want.layout}", want.until)
+        return self._view(Source.SCHEDULE, None, why)
+
+    def _view(self, source: Source, profile: str | None, why: str, until: float | None = None) -> DemandView:
+        return DemandView(self.s.mode.value, self.s.planner, source, profile, why, until, self.last_plan)

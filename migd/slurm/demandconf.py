@@ -1,0 +1,70 @@
+"""The ``slurm.demand`` section: layouts chosen from Slurm's queue instead of the clock (docs/demand.md).
+
+    slurm:
+      partition: gpu
+      max_in_maintenance: 4
+      demand:
+        mode: dry-run              # on | dry-run (decide, log and report; change nothing)
+        planner: gpu001            # the one node whose migd plans for the partition
+        candidates: [day, night, night-two, balanced]
+        interval: 60s              # how often the planner reads the queue
+        lease: 2h                  # a wanted layout holds this long unless renewed; then the schedule
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from migd.demand.rule import Params
+from migd.kinds import Word
+from migd.yamlsrc import Node
+
+KEYS = ["mode", "planner", "candidates", "interval", "lease", "horizon", "min_dwell", "max_changes_per_day",
+        "min_gain"]
+
+
+class DemandMode(Word):
+    ON = "on"
+    DRY_RUN = "dry-run"  # the planner decides, logs and exports; it writes nothing to Slurm
+
+
+@dataclass(frozen=True)
+class DemandSettings:
+    mode: DemandMode
+    planner: str
+    candidates: tuple[str, ...]
+    interval_s: float = 60.0
+    lease_s: float = 7200.0
+    params: Params = field(default_factory=Params)
+
+
+def parse_demand(n: Node, profiles: Collection[str], partition: str | None,
+                 max_in_maintenance: int | None) -> DemandSettings:
+    m = n.mapping(allowed=KEYS, required=["mode", "planner", "candidates"])
+    if partition is None:
+        raise n.error("needs slurm.partition: the planner reads that partition's queue and nodes")
+    candidates = []
+    for c in m["candidates"].items():
+        name = c.str()
+        if name not in profiles:
+            raise c.error(f"no profile named {name!r}", allowed=sorted(profiles))
+        candidates.append(name)
+    if len(candidates) < 2:
+        raise m["candidates"].error("needs at least two profiles to choose between")
+    kw: dict[str, float | int] = {}
+    for key, attr in (("horizon", "horizon_s"), ("min_dwell", "min_dwell_s")):
+        if key in m:
+            kw[attr] = m[key].duration()
+    if "max_changes_per_day" in m:
+        kw["max_changes_per_day"] = m["max_changes_per_day"].int(minimum=1)
+    if "min_gain" in m:
+        kw["min_gain_slice_h"] = m["min_gain"].int(minimum=0)
+    interval = m["interval"].duration() if "interval" in m else 60.0
+    lease = m["lease"].duration() if "lease" in m else 7200.0
+    if lease < 3 * interval:
+        raise m.get("lease", n).error(
+            f"lease ({lease:g}s) must be at least three planner intervals ({interval:g}s): it is renewed "
+            "at half its length, and one missed renewal must not hand the node back to the schedule")
+    return DemandSettings(DemandMode(m["mode"].str(choices=list(DemandMode))), m["planner"].str(), tuple(candidates),
+                          interval, lease, Params(max_in_maintenance=max_in_maintenance, **kw))  # type: ignore[arg-type]

@@ -1,0 +1,136 @@
+"""The demand planner: one migd per partition reads Slurm's queue and nodes, runs the demand rule
+and records each node's wanted layout in that node's Slurm record (slurm/want.py).
+
+Safe by construction: it writes only nodes whose Extra is empty, its own, or a want whose lease
+ended (a second planner's live wants are left alone, so two planners never give one node two
+layouts); a Slurm it cannot read means no decision, not a guess; dry-run writes nothing.  Every
+node it plans for holds a want (a pin to its current layout when nothing changes), renewed at half
+the lease, so the schedule takes over only when the planner is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from migd.api.demand import PlanSummary
+from migd.apply.statefile import atomic_write_json, read_json
+from migd.demand.model import Layout, NodeView, Snapshot
+from migd.demand.rule import Decision, decide
+from migd.slurm.ctl import NodeInfo, SlurmCtl, SlurmError
+from migd.slurm.demandconf import DemandMode, DemandSettings
+from migd.slurm.queue import Queue, read_queue
+from migd.slurm.transition import DRAIN_REASON
+from migd.slurm.want import Want
+
+log = logging.getLogger(__name__)
+DAY_S = 86400.0
+
+
+def layout_of(gres: str, layouts: Mapping[str, Layout]) -> str | None:
+    """The candidate whose instances a node's ``Gres=`` lists (``gpu:1g.10gb:56(S:0-1)``)."""
+    have: Counter[str] = Counter()
+    for part in gres.split(","):
+        bits = part.split("(")[0].split(":")
+        if len(bits) == 3 and bits[0] == "gpu" and bits[2].isdigit():
+            have[bits[1]] += int(bits[2])
+    return next((n for n, lay in sorted(layouts.items()) if Counter(dict(lay.capacity)) == +have), None)
+
+
+class Planner:
+    def __init__(self, settings: DemandSettings, partition: str, me: str, ctl: SlurmCtl,
+                 layouts: Mapping[str, Layout], history: Path, clock: Callable[[], float] = time.time) -> None:
+        self.s, self.partition, self.me, self.ctl = settings, partition, me, ctl
+        self.layouts = layouts
+        self._history_path = history
+        self._clock = clock
+        self._last = 0.0
+        self._current: dict[str, Want] = {}  # this planner's live wants, as read at the last tick
+        self.history: dict[str, list[float]] = self._load()  # node -> its switches (epoch), newest last
+
+    def _load(self) -> dict[str, list[float]]:
+        try:
+            doc = read_json(self._history_path)
+            return {str(n): [float(t) for t in ts] for n, ts in doc.get("switches", {}).items()}
+        except (OSError, ValueError, AttributeError, TypeError) as e:
+            if not isinstance(e, FileNotFoundError):
+                log.error("demand: %s unreadable (%s): starting without switch history", self._history_path, e)
+            return {}
+
+    def due(self) -> bool:
+        return self._clock() - self._last >= self.s.interval_s
+
+    def tick(self) -> PlanSummary:
+        """Read, decide and (mode on) write; Slurm unreadable: nothing decided, said in ``error``."""
+        now = self._last = self._clock()
+        try:
+            nodes = [n for n in self.ctl.nodes() if self.partition in n.partitions]
+            queue = read_queue(self.ctl.all_jobs(), self.partition, now)
+        except SlurmError as e:
+            log.error("demand: cannot read Slurm, no decision: %s", e)
+            return PlanSummary(now, self.s.mode.value, (), (), (), (), 0, 0, str(e))
+        views, skipped = self._views(nodes, queue, now)
+        decision = decide(Snapshot(queue.pending, tuple(views)), {n: self.layouts[n] for n in self.s.candidates},
+                          self.s.params)
+        writes = self._write(decision, views, now) if self.s.mode is DemandMode.ON else 0
+        for c in decision.changes:
+            log.info("demand%s: %s", " (dry-run)" if self.s.mode is DemandMode.DRY_RUN else "", c.reason)
+        return PlanSummary(now, self.s.mode.value, tuple(c.reason for c in decision.changes),
+                           tuple(f"{n}: {why}" for n, why in decision.held),
+                           tuple((t, round(v, 1)) for t, v in decision.demand), tuple(skipped),
+                           writes, queue.untyped)
+
+    def _views(self, nodes: list[NodeInfo], queue: Queue, now: float) -> tuple[list[NodeView], list[str]]:
+        views, skipped = [], []
+        self._current = {}
+        for n in sorted(nodes, key=lambda n: n.name):
+            if "FUTURE" in n.states:  # (a catalog node declaring MIG types so their jobs can queue)
+                continue
+            want = Want.parse(n.extra)
+            ours = want is not None and want.holds(self.me, now)
+            if ours and want is not None:
+                self._current[n.name] = want
+            if want is not None and not ours and now < want.until:
+                skipped.append(f"{n.name}: follows planner {want.planner} until {int(want.until)}")
+                continue
+            if n.drained and not n.reason.startswith(DRAIN_REASON):
+                skipped.append(f"{n.name}: drained by an operator ({n.reason})")
+                continue
+            current = layout_of(n.gres, self.layouts)
+            wanted = want.layout if ours and want is not None else current
+            if wanted is None or wanted not in self.s.candidates:
+                skipped.append(f"{n.name}: Gres={n.gres or '(none)'} is none of the candidate layouts")
+                continue
+            switches = self.history.get(n.name, [])
+            since = switches[-1] if switches else 0.0
+            views.append(NodeView(n.name, wanted, now - since, queue.running.get(n.name, ()),
+                                  draining=wanted != current or n.drained,
+                                  changes_today=sum(1 for t in switches if t > now - DAY_S)))
+        return views, skipped
+
+    def _write(self, decision: Decision, views: list[NodeView], now: float) -> int:
+        """The changes, then a pin or a renewal for every other node planned for (each one scontrol call)."""
+        changed = {c.node: c.new for c in decision.changes}
+        writes = 0
+        for v in views:
+            layout = changed.get(v.name, v.layout)
+            want = Want(layout, self.me, now, now + self.s.lease_s)
+            current = self._current.get(v.name)
+            if v.name not in changed and current is not None and current.layout == layout \
+                    and current.until - now > self.s.lease_s / 2:
+                continue  # (its want holds and is not half spent)
+            try:
+                self.ctl.set_extra(v.name, want.text())
+            except SlurmError as e:
+                log.error("demand: cannot record %s's wanted layout %s: %s", v.name, layout, e)
+                continue
+            writes += 1
+            self._current[v.name] = want
+            if v.name in changed:
+                self.history[v.name] = [t for t in self.history.get(v.name, []) if t > now - DAY_S] + [now]
+        if changed:
+            atomic_write_json(self._history_path, {"schema": "migd.demand/v1", "switches": self.history})
+        return writes

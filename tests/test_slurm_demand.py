@@ -1,0 +1,132 @@
+"""The demand mode (docs/demand.md) on the real one-node Slurm 22.05 cluster: the planner reads the
+queue, records the wanted layout in the node's Extra, the node's migd follows it through the usual
+Slurm switch; dry-run changes nothing; an ended lease, another planner and an unreachable slurmctld
+each leave the node on its schedule or as it is."""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import timedelta
+
+from migd.api.demand import Source
+from migd.daemon.clock import Clock
+from migd.slurm.want import Want
+from tests.slurm_node import DAY_LAYOUT, NIGHT, NIGHT_LAYOUT, Node
+
+
+def demand(mode: str = "on", planner: str = "gpu1", interval: str = "1s", lease: str = "1h") -> str:
+    return (f"  demand:\n    mode: {mode}\n    planner: {planner}\n    candidates: [day, night]\n"
+            f"    interval: {interval}\n    lease: {lease}\n")
+
+
+def notebooks(node: Node, n: int) -> list[str]:
+    """``n`` notebook jobs: a 1g instance each, an hour's limit (queued: no node offers 1g now)."""
+    return [node.cluster.submit("gpu:1g.10gb:1", "sleep 2", "-t", "60", "-A", "teaching") for _ in range(n)]
+
+
+def test_notebooks_pending_at_night_switch_the_node_and_start(night_node: Node) -> None:
+    c = night_node.cluster
+    jobs = notebooks(night_node, 20)
+    assert all(c.job_state(j) == "PENDING" for j in jobs)
+    d = night_node.daemon(Clock(NIGHT), settings=demand())  # the schedule says night
+    d.reconcile("demand")
+    assert d.slurm is not None and d.slurm.demand is not None
+    plan = d.slurm.demand.last_plan
+    assert plan is not None and plan.error is None and len(plan.changes) == 1, plan
+    # 20 jobs of 1 h just submitted: 20 slice-hours, and as many again each hour of the 4 h lookahead (100),
+    # counted up to what the partition offers in the 8 h horizon (7 slices: 56); the day layout offers 7
+    # slices from the end of its 3-minute switch: 55.6
+    assert plan.changes[0].startswith("gpu1: night -> day: gains 55.6 slice-hours"), plan.changes
+    want = Want.parse(c.show()["Extra"])
+    assert want is not None and want.layout == "day" and want.planner == "gpu1"
+    assert night_node.layout() == DAY_LAYOUT and c.show()["Gres"] == "gpu:1g.10gb:7"
+    doc = d.status.to_json()
+    assert doc["active"]["reason"] == "demand" and doc["active"]["profile"] == "day"
+    assert doc["demand"]["source"] == "planner" and doc["demand"]["plan"]["wanted_slice_h"] == {"1g.10gb": 56.0}
+    c.wait(lambda: all(c.job_state(j) in ("GONE", "COMPLETING") for j in jobs), "the notebooks to run", 90)
+    d.reconcile("reconcile")  # the queue is empty now: the node keeps day (hysteresis, no demand to move)
+    assert night_node.layout() == DAY_LAYOUT
+
+
+def test_dry_run_decides_and_changes_nothing(night_node: Node) -> None:
+    c = night_node.cluster
+    notebooks(night_node, 20)
+    d = night_node.daemon(Clock(NIGHT), settings=demand(mode="dry-run"))
+    d.reconcile("demand")
+    assert d.slurm is not None and d.slurm.demand is not None
+    plan = d.slurm.demand.last_plan
+    assert plan is not None and plan.mode == "dry-run" and plan.writes == 0
+    assert plan.changes and plan.changes[0].startswith("gpu1: night -> day")
+    assert c.show().get("Extra", "") in ("", "(null)") and night_node.layout() == NIGHT_LAYOUT
+    assert d.status.demand is not None and d.status.demand.source is Source.SCHEDULE
+
+
+def test_an_ended_lease_or_another_planner_hands_the_node_to_its_schedule(night_node: Node) -> None:
+    c = night_node.cluster
+    now = int(time.time())
+    d = night_node.daemon(Clock(NIGHT), settings=demand(planner="ctl9"))  # this node only follows
+    for extra, why in ((f"migd:want=day,by=ctl9,at={now - 7200},until={now - 3600}", "lease ended"),
+                       (f"migd:want=day,by=rogue,at={now},until={now + 3600}", "names planner rogue")):
+        c.cmd("scontrol", "update", f"nodename={c.node}", f"extra={extra}")
+        d.reconcile("reconcile")
+        assert night_node.layout() == NIGHT_LAYOUT  # the schedule's night, not the want's day
+        assert d.status.demand is not None and d.status.demand.source is Source.SCHEDULE
+        assert why in d.status.demand.why, d.status.demand.why
+    c.cmd("scontrol", "update", f"nodename={c.node}", f"extra=migd:want=day,by=ctl9,at={now},until={now + 3600}")
+    d.reconcile("reconcile")
+    assert night_node.layout() == DAY_LAYOUT  # the live want of its planner is followed
+
+
+def test_a_planner_leaves_another_planners_live_wants_alone(night_node: Node) -> None:
+    c = night_node.cluster
+    now = int(time.time())
+    theirs = f"migd:want=night,by=ctl9,at={now},until={now + 3600}"
+    c.cmd("scontrol", "update", f"nodename={c.node}", f"extra={theirs}")
+    notebooks(night_node, 20)
+    d = night_node.daemon(Clock(NIGHT), settings=demand())
+    d.reconcile("demand")
+    assert d.slurm is not None and d.slurm.demand is not None and d.slurm.demand.last_plan is not None
+    assert d.slurm.demand.last_plan.changes == () and c.show()["Extra"] == theirs
+    assert any("follows planner ctl9" in s for s in d.slurm.demand.last_plan.skipped)
+
+
+def test_an_unreachable_slurmctld_means_no_change(night_node: Node) -> None:
+    c = night_node.cluster
+    notebooks(night_node, 20)
+    d = night_node.daemon(Clock(NIGHT - timedelta(hours=9)), settings=demand(), days="*")  # the schedule: day
+    c.cmd("kill", c.dir.joinpath("run", "slurmctld.pid").read_text().strip())
+    c.wait(lambda: not c.ok("scontrol", "ping"), "slurmctld to stop")
+    d.reconcile("reconcile")
+    assert night_node.layout() == NIGHT_LAYOUT  # neither the schedule's day nor a guess
+    assert d.status.demand is not None and d.status.demand.source is Source.HELD
+    assert d.slurm is not None and d.slurm.demand is not None and d.slurm.demand.last_plan is not None
+    assert d.slurm.demand.last_plan.error is not None and d.slurm.demand.last_plan.changes == ()
+
+
+def test_the_load_on_slurmctld_per_planner_decision_and_node_pass(night_node: Node) -> None:
+    """What docs/demand.md states, measured with sdiag: a decision reads the partition's nodes and every
+    job in one call each, whatever the queue's length; a node's pass reads its own record once (Slurm 22.05
+    answers ``scontrol show node`` with a node and a partition RPC)."""
+    c = night_node.cluster
+    notebooks(night_node, 30)
+    d = night_node.daemon(Clock(NIGHT), settings=demand(mode="dry-run"))
+    assert d.slurm is not None and d.slurm.demand is not None
+    c.cmd("sdiag", "-r")
+    d.slurm.demand.plan(d.config.profiles, night_node.backend)
+    planner = rpcs(c.cmd("sdiag"))  # scontrol show node asks for the partitions too (to print Partitions=)
+    assert planner == {"REQUEST_NODE_INFO": 1, "REQUEST_PARTITION_INFO": 1, "REQUEST_JOB_INFO": 1}, planner
+    follows = night_node.daemon(Clock(NIGHT), settings=demand(planner="ctl9"))  # a node that only follows
+    assert follows.slurm is not None and follows.slurm.demand is not None
+    c.cmd("sdiag", "-r")
+    follows.slurm.demand.follow("night")
+    assert rpcs(c.cmd("sdiag")) == {"REQUEST_NODE_INFO": 1, "REQUEST_PARTITION_INFO": 1}
+
+
+def rpcs(sdiag: str) -> dict[str, int]:
+    """The RPC counts by message type in sdiag's output (sdiag -r resets them), less sdiag's own."""
+    part = sdiag.split("Remote Procedure Call statistics by message type")[1].split("Remote Procedure Call "
+                                                                                      "statistics by user")[0]
+    counts = {m.group(1): int(m.group(2)) for m in re.finditer(r"(\w+)\s+\(\s*\d+\)\s+count:(\d+)", part)}
+    counts.pop("REQUEST_STATS_INFO", None)
+    return counts
