@@ -7,7 +7,7 @@ Each table leads with a one-line summary, shows problems first and groups GPUs t
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -176,6 +176,9 @@ def daemon_table(doc: dict[str, Any]) -> str:
         until = active["until"] or "no further scheduled transition"
         lines.append(f"active profile: {active['profile']} (manual apply of {active['source']}, until {until}; "
                      f"{RESUME_HINT})")
+    elif active["reason"] == "demand":
+        lines.append(f"active profile: {active['profile']} (demand: wanted by planner {active['source']} until "
+                     f"{when(active['until'])})")
     else:
         lines.append(f"active profile: {active['profile']} (schedule)")
     drift = ", ".join(map(str, doc["drift_gpus"])) or "none"
@@ -204,7 +207,22 @@ def daemon_table(doc: dict[str, Any]) -> str:
         res = f"; reserved ({sl['reservation']})" if sl.get("reservation") else ""
         lines.append(f"slurm node {sl['node']}: {sl['phase']} since {when(sl.get('since'))}; GRES {sync}{res}"
                      + (f": {sl['reason']}" if sl.get("reason") else ""))
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _demand_lines(doc.get("demand"), when)) + "\n"
+
+
+def _demand_lines(dm: dict[str, Any] | None, when: Callable[[float | None], str]) -> list[str]:
+    """The demand mode: what this node follows and why; on the planner, its last decision."""
+    if not dm:
+        return []
+    lines = [f"demand ({dm['mode']}, planner {dm['planner']}): {dm['source']}: {dm['why']}"]
+    plan = dm.get("plan")
+    if plan:
+        wanted = ", ".join(f"{t} {v:g}" for t, v in plan["wanted_slice_h"].items()) or "none"
+        lines.append(f"  last decision at {when(plan['at'])}: wanted slice-hours {wanted}; {plan['writes']} write(s)"
+                     + (f"; Slurm not read: {plan['error']}" if plan.get("error") else ""))
+        lines += [f"  change {c}" for c in plan["changes"]] + [f"  held {h}" for h in plan["held"]]
+        lines += [f"  skipped {s}" for s in plan["skipped"]]
+    return lines
 
 
 def doctor_table(doc: dict[str, Any], verbose: bool = False) -> str:

@@ -141,3 +141,19 @@ def test_assert_outputs(mixed: Migctl) -> None:
     assert r.code == 1
     _check("assert-night.txt", r.out)
     assert mixed("assert", balanced, "-o", "yaml").out.startswith("schema: migd.assert/v1\n")
+
+
+def test_daemon_status_with_demand(tmp_path: Path, mixed: Migctl) -> None:
+    """``migctl daemon`` on a demand planner that follows its own want (docs/demand.md): the status
+    of a real transition with the demand view such a node holds; times masked."""
+    from migd.api.demand import DemandView, PlanSummary, Source
+    doc = _daemon_doc(tmp_path, mixed)
+    plan = PlanSummary(1795000000.0, "on", ("gpu1: night -> day: gains 55.6 slice-hours of pending work for 0.3 "
+                                            "idled while it drains (ready in 3 min)",),
+                       ("gpu2: night -> day: gains 30.0 ...; held: in night for 10 min of the 60 min minimum",),
+                       (("1g.10gb", 56.0),), ("gpu9: drained by an operator (disk)",), 1, 0)
+    doc["demand"] = DemandView("on", "gpu1", Source.PLANNER, "night", "planner gpu1 wants night", 1795007200.0,
+                               plan).to_json()
+    doc["active"] = {"profile": "night", "reason": "demand", "source": "gpu1", "until": 1795007200.0}
+    text = _TIMES.sub(lambda m: m.group(1) + "0", json.dumps(doc, indent=2) + "\n")
+    _check("daemon-demand.txt", daemon_table(json.loads(text)))

@@ -79,7 +79,7 @@ class Planner:
         for c in decision.changes:
             log.info("demand%s: %s", " (dry-run)" if self.s.mode is DemandMode.DRY_RUN else "", c.reason)
         return PlanSummary(now, self.s.mode.value, tuple(c.reason for c in decision.changes),
-                           tuple(f"{n}: {why}" for n, why in decision.held),
+                           tuple(why for _, why in decision.held),  # (each reason names its node)
                            tuple((t, round(v, 1)) for t, v in decision.demand), tuple(skipped),
                            writes, queue.untyped)
 
