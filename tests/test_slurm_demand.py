@@ -11,6 +11,8 @@ from datetime import timedelta
 
 from migd.api.demand import Source
 from migd.daemon.clock import Clock
+from migd.metrics.daemonstate import demand_families
+from migd.report_text import daemon_table
 from migd.slurm.want import Want
 from tests.slurm_node import DAY_LAYOUT, NIGHT, NIGHT_LAYOUT, Node
 
@@ -44,6 +46,11 @@ def test_notebooks_pending_at_night_switch_the_node_and_start(night_node: Node) 
     doc = d.status.to_json()
     assert doc["active"]["reason"] == "demand" and doc["active"]["profile"] == "day"
     assert doc["demand"]["source"] == "planner" and doc["demand"]["plan"]["wanted_slice_h"] == {"1g.10gb": 56.0}
+    assert "demand (on, planner gpu1): planner: planner gpu1 wants day" in daemon_table(doc)
+    metrics = {f.name: {tuple(smp.labels.values()): smp.value for smp in f.samples}
+               for f in demand_families(d.status.demand)}  # type: ignore[arg-type]
+    assert metrics["migd_demand_following"] == {("planner",): 1, ("schedule",): 0, ("held",): 0}
+    assert metrics["migd_demand_decision_changes"] == {("on",): 1}
     c.wait(lambda: all(c.job_state(j) in ("GONE", "COMPLETING") for j in jobs), "the notebooks to run", 90)
     d.reconcile("reconcile")  # the queue is empty now: the node keeps day (hysteresis, no demand to move)
     assert night_node.layout() == DAY_LAYOUT

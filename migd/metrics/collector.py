@@ -91,6 +91,8 @@ class MigdCollector(Collector):
         yield from daemonstate.sampler_families(self.sampler)
         if st.slurm is not None:
             yield from daemonstate.slurm_families(st.slurm)
+        if st.demand is not None:
+            yield from daemonstate.demand_families(st.demand)
 
 
 class Part(Collector):

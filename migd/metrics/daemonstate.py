@@ -12,6 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from migd import __version__
 from migd.api.daemon import Outcome, Progress, Status
+from migd.api.demand import DemandView, Source
 from migd.api.slurm import Phase, SlurmSnapshot
 
 
@@ -112,4 +113,35 @@ def slurm_families(snap: SlurmSnapshot) -> Iterator[Metric]:
     g = GaugeMetricFamily("migd_slurm_reserved", "1 while a MAINT reservation holds the node for the next transition",
                           labels=["node"])
     g.add_metric([node], 1 if st.reservation else 0)
+    yield g
+
+
+def demand_families(view: DemandView) -> Iterator[Metric]:
+    """The demand mode (docs/demand.md): what the node follows; on the planner, its last decision."""
+    g = GaugeMetricFamily("migd_demand_following", "1 for what decides this node's layout: the planner's want, "
+                          "the schedule, or held (Slurm unreadable)", labels=["source"])
+    for source in Source:
+        g.add_metric([source.value], 1 if view.source is source else 0)
+    yield g
+    plan = view.plan
+    if plan is None:
+        return
+    g = GaugeMetricFamily("migd_demand_wanted_slice_hours", "Work wanted within the horizon per MIG type, fair-"
+                          "weighted, at the planner's last decision", labels=["mig_type"])
+    for mig_type, hours in plan.wanted_slice_h:
+        g.add_metric([mig_type], hours)
+    yield g
+    g = GaugeMetricFamily("migd_demand_decision_changes", "Layout changes the planner's last decision made (or, "
+                          "in dry-run, would make)", labels=["mode"])
+    g.add_metric([plan.mode], float(len(plan.changes)))
+    yield g
+    g = GaugeMetricFamily("migd_demand_decision_held", "Paying changes the last decision held back (hysteresis, "
+                          "maintenance limit)")
+    g.add_metric([], float(len(plan.held)))
+    yield g
+    g = GaugeMetricFamily("migd_demand_decision_timestamp_seconds", "When the planner last decided")
+    g.add_metric([], plan.at)
+    yield g
+    g = GaugeMetricFamily("migd_demand_slurm_unreadable", "1 if the planner's last read of Slurm failed (no decision)")
+    g.add_metric([], 1 if plan.error else 0)
     yield g
