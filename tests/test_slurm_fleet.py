@@ -1,0 +1,128 @@
+"""The demand mode across several nodes (issue 33): a real slurmctld with three slurmd on this host
+(Slurm's multiple-slurmd mode, tests/slurm_cluster.py), each node's own migd process over its own
+simulated A100, one of them the planner.  Notebook jobs pending at night switch the right number of
+nodes to the small layout and start; a running training job is not touched; the planner's death
+changes nothing while its leases run."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from migd.hardware.ports import read_state
+from migd.sim.backend import sim_backend
+from migd.slurm.gres import gres_conf, node_gres, read_minors, records
+from tests.daemon_harness import MigdProcess
+from tests.helpers import PROFILES
+from tests.slurm_cluster import SlurmCluster, skip_without_slurm
+from tests.slurm_node import CATALOG
+
+NAMES = ("gpu1", "gpu2", "gpu3")
+CONFIG = """\
+timezone: Asia/Seoul
+profiles_dir: profiles
+schedule:
+  - {profile: day,   at: "08:30", days: mon-fri}
+  - {profile: night, at: "19:00", days: mon-fri}
+reconcile_interval: 1s
+metrics: {enabled: false}
+"""
+DEMAND = "  demand:\n    mode: on\n    planner: gpu1\n    candidates: [day, night]\n    interval: 1s\n    lease: 1h\n"
+
+
+@pytest.fixture(params=["night"])
+def fleet(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[SlurmCluster, dict[str, MigdProcess]]]:
+    """Three nodes in ``request.param``'s layout, each with its migd configured (not started)."""
+    skip_without_slurm()
+    layout = request.param
+    cluster = SlurmCluster(gpus=1, nodes=NAMES)
+    migds: dict[str, MigdProcess] = {}
+    try:
+        gres, conf = {}, ""
+        for n in NAMES:
+            (tmp_path / n).mkdir()
+            m = migds[n] = MigdProcess(tmp_path / n)
+            assert m.migctl("apply", str(PROFILES / f"{layout}.yaml")).code == 0
+            backend = sim_backend(m.migctl.state, m.fleet)
+            try:
+                recs = records([read_state(backend, g) for g in backend.list_gpus()], backend.minor_number,
+                               read_minors(cluster.minors[n]), cluster.devs[n])
+            finally:
+                backend.close()
+            gres[n], conf = node_gres(recs), gres_conf(n, recs, layout, conf)
+        cluster.start(gres, conf, catalog=CATALOG)
+        for n, m in migds.items():
+            m.config.write_text(CONFIG + cluster.slurm_section(1, node=n) + DEMAND)
+            m.config.chmod(0o644)
+        yield cluster, migds
+    finally:
+        for m in migds.values():
+            m.close()
+            assert "Traceback" not in (m.log.read_text() if m.log.exists() else ""), m.log.read_text()[-3000:]
+        cluster.stop()
+
+
+def status(m: MigdProcess) -> dict[str, object]:
+    return m.control({"cmd": "status"})["daemon"]  # type: ignore[no-any-return]
+
+
+def test_notebooks_at_night_switch_one_idle_node_and_leave_training_alone(
+        fleet: tuple[SlurmCluster, dict[str, MigdProcess]]) -> None:
+    c, migds = fleet
+    training = c.submit("gpu:7g.80gb:1", "sleep 600", "-w", "gpu1", "-t", "60", "-A", "nlp")
+    c.wait(lambda: c.job_state(training) == "RUNNING", "the training job to start")
+    notebooks = [c.submit("gpu:1g.10gb:1", "sleep 3", "-t", "60", "-A", "teaching") for _ in range(10)]
+    for m in migds.values():  # Monday 19:00:05 in Seoul: the schedule says night everywhere
+        m.start(now="2026-11-23T19:00:05")
+    for m in migds.values():
+        m.wait_ready(60)
+    # 10 notebooks of an hour just submitted: 50 slice-hours expected within the horizon; one day node
+    # offers 55.6: one node switches, the idle one first (gpu1 runs the training job; gpu2 < gpu3)
+    c.wait(lambda: c.show("gpu2").get("Gres") == "gpu:1g.10gb:7" and "DRAIN" not in c.state("gpu2"),
+           "gpu2 to serve the day layout", 120)
+    c.wait(lambda: all(c.job_state(j) in ("GONE", "COMPLETING") for j in notebooks), "the notebooks to run", 120)
+    assert c.show("gpu1")["Gres"] == "gpu:7g.80gb:1" and c.show("gpu3")["Gres"] == "gpu:7g.80gb:1"
+    assert c.job_state(training) == "RUNNING" and "Restarts=0" in c.cmd("scontrol", "show", "job", training)
+    assert migds["gpu2"].assert_profile("day") and migds["gpu3"].assert_profile("night")
+    st = status(migds["gpu2"])
+    assert st["active"] == {"profile": "day", "reason": "demand", "source": "gpu1",  # type: ignore[comparison-overlap]
+                            "until": st["active"]["until"]}  # type: ignore[index]
+    plan = status(migds["gpu1"])["demand"]["plan"]  # type: ignore[index]
+    assert plan["error"] is None, plan
+
+    migds["gpu1"].signal(signal.SIGKILL)  # the planner dies: its leases (an hour) keep every node as it is
+    time.sleep(3)  # (three of the nodes' passes)
+    assert c.show("gpu2")["Gres"] == "gpu:1g.10gb:7" and c.show("gpu3")["Gres"] == "gpu:7g.80gb:1"
+    assert status(migds["gpu2"])["demand"]["source"] == "planner"  # type: ignore[index]
+    assert json.loads(json.dumps(status(migds["gpu3"])))["active"]["profile"] == "night"
+
+
+@pytest.mark.parametrize("fleet", ["day"], indirect=True)
+def test_a_training_job_by_day_takes_the_node_whose_jobs_end_first_after_they_end(
+        fleet: tuple[SlurmCluster, dict[str, MigdProcess]]) -> None:
+    """A pending 7g job by day: of three day nodes each running a notebook, the one whose notebook's time
+    limit ends first is drained; it switches only once that notebook has run to its end."""
+    c, migds = fleet
+    done = c.dir / "done"
+    done.mkdir()
+    limits = {"gpu1": "30", "gpu2": "5", "gpu3": "30"}  # minutes: gpu2's notebook ends first
+    notebooks = {n: c.submit("gpu:1g.10gb:1", f"sleep 15; touch {done}/$SLURM_JOB_ID", "-w", n, "-t", t,
+                             "-A", "teaching") for n, t in limits.items()}
+    c.wait(lambda: all(c.job_state(j) == "RUNNING" for j in notebooks.values()), "the notebooks to start")
+    training = c.submit("gpu:7g.80gb:1", f"touch {done}/training", "-t", "60", "-A", "nlp")
+    for m in migds.values():  # Monday 10:00 in Seoul: the schedule says day everywhere
+        m.start(now="2026-11-23T10:00:05")
+    for m in migds.values():
+        m.wait_ready(60)
+    c.wait(lambda: "DRAIN" in c.state("gpu2"), "gpu2 to drain for the training job", 60)
+    assert c.show("gpu2")["Gres"] == "gpu:1g.10gb:7"  # not before its notebook ends
+    c.wait(lambda: (done / "training").exists(), "the training job to run on a night node", 120)
+    assert c.show("gpu2")["Gres"] == "gpu:7g.80gb:1"
+    assert c.show("gpu1")["Gres"] == c.show("gpu3")["Gres"] == "gpu:1g.10gb:7"
+    c.wait(lambda: all((done / j).exists() for j in notebooks.values()), "every notebook to run to its end", 60)
+    assert c.job_state(training) in ("GONE", "COMPLETING")
