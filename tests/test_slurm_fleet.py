@@ -21,17 +21,10 @@ from tests.daemon_harness import MigdProcess
 from tests.helpers import PROFILES
 from tests.slurm_cluster import SlurmCluster, skip_without_slurm
 from tests.slurm_node import CATALOG
+from tests.slurm_node import CONFIG as SLURM_NODE_CONFIG
 
 NAMES = ("gpu1", "gpu2", "gpu3")
-CONFIG = """\
-timezone: Asia/Seoul
-profiles_dir: profiles
-schedule:
-  - {profile: day,   at: "08:30", days: mon-fri}
-  - {profile: night, at: "19:00", days: mon-fri}
-reconcile_interval: 1s
-metrics: {enabled: false}
-"""
+CONFIG = SLURM_NODE_CONFIG.format(day_at="08:30", days="mon-fri") + "reconcile_interval: 1s\n"
 DEMAND = "  demand:\n    mode: on\n    planner: gpu1\n    candidates: [day, night]\n    interval: 1s\n    lease: 1h\n"
 
 
