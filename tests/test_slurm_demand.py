@@ -52,8 +52,12 @@ def test_notebooks_pending_at_night_switch_the_node_and_start(night_node: Node) 
     assert metrics["migd_demand_following"] == {("planner",): 1, ("schedule",): 0, ("held",): 0}
     assert metrics["migd_demand_decision_changes"] == {("on",): 1}
     c.wait(lambda: all(c.job_state(j) in ("GONE", "COMPLETING") for j in jobs), "the notebooks to run", 90)
+    time.sleep(1.1)  # (the planner's interval)
     d.reconcile("reconcile")  # the queue is empty now: the node keeps day (hysteresis, no demand to move)
     assert night_node.layout() == DAY_LAYOUT
+    plan = d.slurm.demand.last_plan  # the planner saw the node serve day: time to capacity observed
+    assert plan is not None and plan.capacity_count == 1 and plan.capacity_last_s is not None
+    assert 0 < plan.capacity_last_s < 300 and plan.changes == ()
 
 
 def test_dry_run_decides_and_changes_nothing(night_node: Node) -> None:

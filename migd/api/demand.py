@@ -27,6 +27,11 @@ class PlanSummary:
     writes: int  # scontrol updates this decision made (changes, pins, lease renewals)
     untyped: int  # pending jobs asking for GPUs without a MIG type
     error: str | None = None  # Slurm could not be read: nothing decided
+    # time to capacity: from the oldest pending job a change was made for to the node serving its new
+    # layout (observed over this planner's life: how many, their sum, the last one)
+    capacity_count: int = 0
+    capacity_sum_s: float = 0.0
+    capacity_last_s: float | None = None
 
 
 @dataclass(frozen=True)

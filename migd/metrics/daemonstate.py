@@ -8,7 +8,13 @@ from collections.abc import Iterator
 from importlib import metadata
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
 
 from migd import __version__
 from migd.api.daemon import Outcome, Progress, Status
@@ -145,3 +151,6 @@ def demand_families(view: DemandView) -> Iterator[Metric]:
     g = GaugeMetricFamily("migd_demand_slurm_unreadable", "1 if the planner's last read of Slurm failed (no decision)")
     g.add_metric([], 1 if plan.error else 0)
     yield g
+    yield SummaryMetricFamily("migd_demand_time_to_capacity_seconds", "From the oldest pending job a layout change "
+                              "was made for to the node serving the new layout", count_value=plan.capacity_count,
+                              sum_value=plan.capacity_sum_s)

@@ -49,6 +49,9 @@ class Planner:
         self._clock = clock
         self._last = 0.0
         self._current: dict[str, Want] = {}  # this planner's live wants, as read at the last tick
+        self._coming: dict[str, tuple[str, float]] = {}  # node -> (layout changed to, since when it was wanted)
+        self.capacity_count, self.capacity_sum = 0, 0.0  # time to capacity: observations and their sum
+        self.capacity_last: float | None = None
         self.history: dict[str, list[float]] = self._load()  # node -> its switches (epoch), newest last
 
     def _load(self) -> dict[str, list[float]]:
@@ -78,10 +81,24 @@ class Planner:
         writes = self._write(decision, views, now) if self.s.mode is DemandMode.ON else 0
         for c in decision.changes:
             log.info("demand%s: %s", " (dry-run)" if self.s.mode is DemandMode.DRY_RUN else "", c.reason)
+        for c in decision.changes if self.s.mode is DemandMode.ON else ():
+            ages = [p.age_s for p in queue.pending if self.layouts[c.new].count(p.mig_type)]
+            self._coming[c.node] = (c.new, now - max(ages, default=0.0))
         return PlanSummary(now, self.s.mode.value, tuple(c.reason for c in decision.changes),
                            tuple(why for _, why in decision.held),  # (each reason names its node)
                            tuple((t, round(v, 1)) for t, v in decision.demand), tuple(skipped),
-                           writes, queue.untyped)
+                           writes, queue.untyped, None, self.capacity_count, self.capacity_sum, self.capacity_last)
+
+    def _served(self, node: NodeInfo, current: str | None, now: float) -> None:
+        """A node changed for pending work now serves its new layout: its time to capacity is observed."""
+        coming = self._coming.get(node.name)
+        if coming is not None and current == coming[0] and not node.drained:
+            del self._coming[node.name]
+            self.capacity_last = now - coming[1]
+            self.capacity_count += 1
+            self.capacity_sum += self.capacity_last
+            log.info("demand: %s serves %s, %.0fs after the work it was changed for was first pending", node.name,
+                     coming[0], self.capacity_last)
 
     def _views(self, nodes: list[NodeInfo], queue: Queue, now: float) -> tuple[list[NodeView], list[str]]:
         views, skipped = [], []
@@ -100,6 +117,7 @@ class Planner:
                 skipped.append(f"{n.name}: drained by an operator ({n.reason})")
                 continue
             current = layout_of(n.gres, self.layouts)
+            self._served(n, current, now)
             wanted = want.layout if ours and want is not None else current
             if wanted is None or wanted not in self.s.candidates:
                 skipped.append(f"{n.name}: Gres={n.gres or '(none)'} is none of the candidate layouts")
