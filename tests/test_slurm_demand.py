@@ -141,3 +141,22 @@ def rpcs(sdiag: str) -> dict[str, int]:
     counts = {m.group(1): int(m.group(2)) for m in re.finditer(r"(\w+)\s+\(\s*\d+\)\s+count:(\d+)", part)}
     counts.pop("REQUEST_STATS_INFO", None)
     return counts
+
+
+def test_demand_that_turns_around_does_not_flip_the_node_back(night_node: Node) -> None:
+    """Notebooks switch the node to day; then they are cancelled and a 7g job waits: the node holds day
+    for its minimum dwell (an hour), the decision saying so, instead of flapping back."""
+    c = night_node.cluster
+    jobs = notebooks(night_node, 20)
+    d = night_node.daemon(Clock(NIGHT), settings=demand())
+    d.reconcile("demand")
+    assert night_node.layout() == DAY_LAYOUT
+    for j in jobs:
+        c.cmd("scancel", j)
+    c.submit("gpu:7g.80gb:1", "sleep 1", "-t", "120", "-A", "nlp")
+    time.sleep(1.1)
+    d.reconcile("demand")
+    assert night_node.layout() == DAY_LAYOUT
+    assert d.slurm is not None and d.slurm.demand is not None and d.slurm.demand.last_plan is not None
+    plan = d.slurm.demand.last_plan
+    assert plan.changes == () and any("held: in day for 0 min of the 60 min minimum" in h for h in plan.held), plan

@@ -7,6 +7,7 @@ changes nothing while its leases run."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ import pytest
 from migd.hardware.ports import read_state
 from migd.sim.backend import sim_backend
 from migd.slurm.gres import gres_conf, node_gres, read_minors, records
+from migd.slurm.want import Want
 from tests.daemon_harness import MigdProcess
 from tests.helpers import PROFILES
 from tests.slurm_cluster import SlurmCluster, skip_without_slurm
@@ -119,3 +121,31 @@ def test_a_training_job_by_day_takes_the_node_whose_jobs_end_first_after_they_en
     assert c.show("gpu1")["Gres"] == c.show("gpu3")["Gres"] == "gpu:1g.10gb:7"
     c.wait(lambda: all((done / j).exists() for j in notebooks.values()), "every notebook to run to its end", 60)
     assert c.job_state(training) in ("GONE", "COMPLETING")
+
+
+def test_slurmctld_killed_mid_wave_leaves_no_conflict_and_recovers(
+        fleet: tuple[SlurmCluster, dict[str, MigdProcess]]) -> None:
+    """Enough notebooks for two day nodes, one node in maintenance at a time: slurmctld is killed as soon as
+    the planner has recorded the first change, and started again 10 s later.  No node is left half-switched or holding a layout
+    its Gres does not say; each node has one want, by the one planner; the notebooks run."""
+    c, migds = fleet
+    notebooks = [c.submit("gpu:1g.10gb:1", "sleep 2", "-t", "60", "-A", "teaching") for _ in range(22)]
+    for m in migds.values():
+        m.start(now="2026-11-23T19:00:05")
+    for m in migds.values():
+        m.wait_ready(60)
+    c.wait(lambda: any("want=day" in c.show(n).get("Extra", "") for n in NAMES), "the first change", 60)
+    os.kill(int((c.dir / "run" / "slurmctld.pid").read_text()), signal.SIGKILL)
+    time.sleep(10)
+    c.run_sbin("slurmctld")
+    c.wait(lambda: all(c.job_state(j) in ("GONE", "COMPLETING") for j in notebooks),
+           "the notebooks to run after slurmctld came back", 180)
+    c.wait(lambda: not any("DRAIN" in c.state(n) for n in NAMES), "every node back in service", 120)
+    for n in NAMES:
+        show = c.show(n)
+        want = Want.parse(show.get("Extra", ""))
+        assert want is not None and want.planner == "gpu1", show  # one want each, by the one planner
+        layout = "day" if show["Gres"] == "gpu:1g.10gb:7" else "night"
+        assert show["Gres"] in ("gpu:1g.10gb:7", "gpu:7g.80gb:1") and want.layout == layout, show
+        assert migds[n].assert_profile(layout)  # the GPUs hold what Slurm advertises
+    assert sum(1 for n in NAMES if c.show(n)["Gres"] == "gpu:1g.10gb:7") >= 1
