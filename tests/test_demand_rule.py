@@ -65,7 +65,8 @@ def test_a_drain_that_costs_more_than_it_gains_is_not_made() -> None:
 def test_hysteresis_holds_a_node_that_just_switched_and_says_why() -> None:
     fresh = NodeView("gpu0", "night", in_layout_s=600.0)
     d = decide(Snapshot(notebooks(60), (fresh,)), LAYOUTS)
-    assert d.changes == () and "held: in night for 10 min of the 60 min minimum" in dict(d.held)["gpu0"]
+    held = dict(d.held)["gpu0"]
+    assert d.changes == () and "held: in night for 10 min of the 60 min minimum; earliest change in 50 min" in held
     tired = NodeView("gpu0", "night", OLD, changes_today=4)
     assert "max_changes_per_day is 4" in dict(decide(Snapshot(notebooks(60), (tired,)), LAYOUTS).held)["gpu0"]
 

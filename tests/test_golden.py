@@ -150,7 +150,8 @@ def test_daemon_status_with_demand(tmp_path: Path, mixed: Migctl) -> None:
     doc = _daemon_doc(tmp_path, mixed)
     plan = PlanSummary(1795000000.0, "on", ("gpu1: night -> day: gains 55.6 slice-hours of pending work for 0.3 "
                                             "idled while it drains (ready in 3 min)",),
-                       ("gpu2: night -> day: gains 30.0 ...; held: in night for 10 min of the 60 min minimum",),
+                       ("gpu2: night -> day: gains 30.0 ...; held: in night for 10 min of the 60 min minimum; "
+                        "earliest change in 50 min",),
                        (("1g.10gb", 56.0),), ("gpu9: drained by an operator (disk)",), 1, 0)
     doc["demand"] = DemandView("on", "gpu1", Source.PLANNER, "night", "planner gpu1 wants night", 1795007200.0,
                                plan).to_json()

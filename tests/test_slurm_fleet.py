@@ -125,18 +125,19 @@ def test_a_training_job_by_day_takes_the_node_whose_jobs_end_first_after_they_en
 
 def test_slurmctld_killed_mid_wave_leaves_no_conflict_and_recovers(
         fleet: tuple[SlurmCluster, dict[str, MigdProcess]]) -> None:
-    """Enough notebooks for two day nodes, one node in maintenance at a time: slurmctld is killed as soon as
-    the planner has recorded the first change, and started again 10 s later.  No node is left half-switched or holding a layout
-    its Gres does not say; each node has one want, by the one planner; the notebooks run."""
+    """Enough notebooks for two day nodes, one node in maintenance at a time: slurmctld is killed as soon
+    as the planner has recorded the first change, and started again 5 s later.  No node is left half-
+    switched or holding a layout its Gres does not say; each node has one want, by the one planner; the
+    notebooks run."""
     c, migds = fleet
-    notebooks = [c.submit("gpu:1g.10gb:1", "sleep 2", "-t", "60", "-A", "teaching") for _ in range(22)]
+    notebooks = [c.submit("gpu:1g.10gb:1", "true", "-t", "60", "-A", "teaching") for _ in range(16)]
     for m in migds.values():
         m.start(now="2026-11-23T19:00:05")
     for m in migds.values():
         m.wait_ready(60)
     c.wait(lambda: any("want=day" in c.show(n).get("Extra", "") for n in NAMES), "the first change", 60)
     os.kill(int((c.dir / "run" / "slurmctld.pid").read_text()), signal.SIGKILL)
-    time.sleep(10)
+    time.sleep(5)
     c.run_sbin("slurmctld")
     c.wait(lambda: all(c.job_state(j) in ("GONE", "COMPLETING") for j in notebooks),
            "the notebooks to run after slurmctld came back", 180)

@@ -211,7 +211,8 @@ def _best(nodes: list[NodeView], layouts: Mapping[str, Layout], fleet: _Fleet, s
 
 def _hysteresis(node: NodeView, params: Params) -> str | None:
     if node.in_layout_s < params.min_dwell_s:
-        return f"in {node.layout} for {node.in_layout_s / 60:.0f} min of the {params.min_dwell_s / 60:.0f} min minimum"
+        return (f"in {node.layout} for {node.in_layout_s / 60:.0f} min of the {params.min_dwell_s / 60:.0f} min "
+                f"minimum; earliest change in {(params.min_dwell_s - node.in_layout_s) / 60:.0f} min")
     if node.changes_today >= params.max_changes_per_day:
         return f"{node.changes_today} switches in 24 hours, max_changes_per_day is {params.max_changes_per_day}"
     return None
