@@ -14,14 +14,15 @@ as servers defend against slowloris; at ``max_connections`` a new connection tak
 one idle longest (the bound that kept ~1,100 idle connections from exhausting the daemon's
 descriptors, without letting 64 of them lock a scrape out); pipelined requests are answered one per
 turn of the event loop, so one connection's buffer cannot hold the others back; a request head over
-``max_header_bytes`` drops the connection.  Only GET /metrics and GET /healthz exist; nothing here
-can change a GPU.
+``max_header_bytes`` drops the connection.  Only GET /metrics, GET /healthz and GET / (the page,
+page.py) exist; nothing here can change a GPU.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -41,8 +42,10 @@ class MetricsServer:
     idle_timeout_s = 5.0
     max_header_bytes = 16384
 
-    def __init__(self, host: str, port: int, exposition: Exposition, sampler: Sampler, stale_after_s: float) -> None:
+    def __init__(self, host: str, port: int, exposition: Exposition, sampler: Sampler, stale_after_s: float,
+                 page: Callable[[], bytes] | None = None) -> None:
         self.exposition = exposition
+        self.page = page
         self.sampler = sampler
         self.stale_after_s = stale_after_s
         self.refused = 0
@@ -93,7 +96,9 @@ class MetricsServer:
         if path == "/healthz":
             ok, text = self.health()
             return 200 if ok else 503, _TEXT, text.encode(), ""
-        return 404, _TEXT, b"not found: only /metrics and /healthz\n", ""
+        if path == "/" and self.page is not None:
+            return 200, "text/html; charset=utf-8", self.page(), ""
+        return 404, _TEXT, b"not found: only /, /metrics and /healthz\n", ""
 
     # -- connections ----------------------------------------------------------------------------
     def opened(self, conn: _Connection) -> None:

@@ -1,4 +1,5 @@
-"""Start the metrics side: the sampler thread and the /metrics server (aserver.py) over it."""
+"""Start the metrics side: the sampler thread and the /metrics server (aserver.py) over it, with the
+page at / (page.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from migd.isolation.events import EventCounters
 from migd.metrics.aserver import MetricsServer
 from migd.metrics.collector import MigdCollector, Part
 from migd.metrics.exposition import Exposition
+from migd.metrics.page import Page
 from migd.metrics.sampler import NvmlErrorCounter, Sampler
 from migd.yamlsrc import parse_host_port
 
@@ -48,8 +50,9 @@ def start_metrics(listen: str, sources: Sources, interval_s: float) -> tuple[Met
     ProcessCollector(registry=live)
     PlatformCollector(registry=live)
     GCCollector(registry=live)
+    page = Page(lambda: sampler.snapshot, lambda: sources.status().to_json(), interval_s)
     server = MetricsServer(host, port, Exposition(slow, collector.version, live), sampler,
-                           stale_after_s=max(60.0, 4 * interval_s))
+                           stale_after_s=max(60.0, 4 * interval_s), page=page.body)
     sampler.on_snapshot.append(server.exposition.refresh)
     threading.Thread(target=server.serve_forever, name="migd-http", daemon=True).start()
     return server, collector
