@@ -29,6 +29,7 @@ from migd.ctl_daemon import (
     cmd_reload,
     cmd_resume,
     control_socket,
+    layout_from_daemon,
     out,
     refuse_local,
 )
@@ -346,6 +347,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     if args.command in NO_GPU:
         return NO_GPU[args.command](args)
+    try:
+        return _local(args)
+    except PermissionError:  # not root: `status` is answered by a running migd's read-only socket
+        if args.command != "status" or (doc := layout_from_daemon(args)) is None:
+            raise
+        out(args, doc, status_table(doc))
+        return partly(Exit.OK, doc["unreadable"], bool(doc["gpus"]))
+
+
+def _local(args: argparse.Namespace) -> int:
     backend, state_dir = open_backend(args)
     try:
         handler = {"status": cmd_status, "plan": cmd_plan, "assert": cmd_assert, "apply": cmd_apply,

@@ -91,10 +91,27 @@ def _error(reply: dict[str, Any]) -> bool:
 
 def daemon_request(args: argparse.Namespace, req: dict[str, Any], timeout_s: float = 30.0) -> dict[str, Any]:
     sock = control_socket(args)
-    reply = request(sock, req, timeout_s=timeout_s)
+    try:
+        reply = request(sock, req, timeout_s=timeout_s)
+    except PermissionError:  # (a user who is not root: the request may be one the read-only socket answers)
+        sock = paths.status_socket(sock)
+        reply = request(sock, req, timeout_s=timeout_s)
     if reply is None:
         raise ConnectionError(f"no migd is listening on {sock}")
     return reply
+
+
+def layout_from_daemon(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``migctl status`` for a user who may not read the GPUs (or the simulator) here: the running
+    migd's reading, from its read-only socket; None when no migd answers there."""
+    try:
+        reply = request(paths.status_socket(control_socket(args)), {"cmd": "layout"}, timeout_s=30.0)
+    except PermissionError:
+        return None
+    if reply is None or not reply.get("ok"):
+        return None
+    doc: dict[str, Any] = reply["status"]
+    return doc
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:

@@ -43,3 +43,11 @@ def control_socket(explicit: str | None, sim: str | None = None, sim_state: str 
     if sim:
         return sim_paths(sim, sim_state, state_dir_)[1] / "control.sock"
     return Path(DEFAULT_SOCKET)
+
+
+def status_socket(control: Path) -> Path:
+    """migd's read-only socket, open to every local user: it answers only what shows state (status,
+    layout, isolation), never what changes a GPU.  The control socket's directory stays private (0700),
+    so this one has a directory of its own beside it, open to look into and writable by root only:
+    /run/migd/control.sock -> /run/migd-view/status.sock (the unit's second RuntimeDirectory)."""
+    return control.parent.parent / f"{control.parent.name}-view" / "status.sock"

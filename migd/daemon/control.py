@@ -121,6 +121,10 @@ class Handlers:
     isolation: Callable[[], dict[str, Any]]  # unhealthy, breaches, findings
     clear_fault: Callable[[str], list[str]]  # GPU index or UUID -> fault marks cleared
     resume: Callable[[], Resumed]  # lift a manual apply's hold: back to the schedule now
+    layout: Callable[[], dict[str, Any]] | None = None  # migd.status/v1, as `migctl status` prints it
+
+
+READ_ONLY = frozenset({"status", "isolation", "layout"})  # all the read-only socket answers
 
 
 class ControlServer(CappedThreadingMixIn, socketserver.UnixStreamServer):
@@ -128,10 +132,12 @@ class ControlServer(CappedThreadingMixIn, socketserver.UnixStreamServer):
     request_queue_size = 128  # socketserver's 5 turned concurrent migctl clients away (EAGAIN)
     max_connections = 64
 
-    def __init__(self, path: Path, handlers: Handlers, mode: int = 0o600) -> None:
+    def __init__(self, path: Path, handlers: Handlers, mode: int = 0o600, read_only: bool = False) -> None:
+        """``read_only``: the socket every local user may reach (mode 0666): it answers READ_ONLY only."""
         self.cap = threading.BoundedSemaphore(self.max_connections)
         self.path = path
         self.handlers = handlers
+        self.read_only = read_only
         path.parent.mkdir(parents=True, exist_ok=True)
         claim(path)
         old = os.umask(0o177)  # never a window where the socket is world-connectable
@@ -151,6 +157,12 @@ class ControlServer(CappedThreadingMixIn, socketserver.UnixStreamServer):
 
     def _dispatch(self, req: dict[str, Any], conn: socket.socket) -> dict[str, Any]:
         cmd, h = req.get("cmd"), self.handlers
+        if self.read_only and cmd not in READ_ONLY:
+            return {"ok": False, "exit": Exit.NOT_APPLIED, "error": f"not permitted: {cmd!r} changes the node and "
+                    f"needs root (this is migd's read-only socket {self.path}; it answers "
+                    f"{', '.join(sorted(READ_ONLY))})"}
+        if cmd == "layout" and h.layout is not None:
+            return {"ok": True, "exit": Exit.OK, "status": h.layout()}
         if cmd == "status":
             return {"ok": True, "exit": Exit.OK, "daemon": h.status()}
         if cmd == "reload":

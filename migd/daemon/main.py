@@ -13,9 +13,10 @@ import sys
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from migd import __version__, cliargs, paths
+from migd.apply.journal import left_behind
 from migd.cliargs import Parser
 from migd.daemon import loop
 from migd.daemon.config import Config, load_config
@@ -34,6 +35,7 @@ from migd.isolation.watch import FaultWatch
 from migd.metrics.sampler import NvmlErrorCounter
 from migd.paths import DEFAULT_CONFIG, DEFAULT_SOCKET
 from migd.plan.planner import build_tables
+from migd.report import status_doc
 from migd.sim.fleets import FLEETS
 from migd.trust import ensure_private_dir
 
@@ -160,8 +162,10 @@ def _serve(args: argparse.Namespace, cfg: Config, backend: GpuBackend, sim_state
         if metrics is not None:
             metrics.sampler.invalidate()
     watch = FaultWatch(backend, daemon.hw_lock, events, daemon.status.unhealthy, on_config_change=config_changed)
-    control = _control(socket_path, daemon, watch)
+    handlers = _handlers(daemon, watch)
+    control = ControlServer(socket_path, handlers)
     control.start()
+    viewer = _viewer(paths.status_socket(socket_path), handlers)
     watch.start()
     signals = SignalRelay((signal.SIGHUP, signal.SIGTERM, signal.SIGINT), partial(_on_signal, daemon))
     watchdog = Watchdog(daemon.notifier, daemon.heartbeat)
@@ -174,6 +178,8 @@ def _serve(args: argparse.Namespace, cfg: Config, backend: GpuBackend, sim_state
         signals.close()
         watch.stop()
         control.close()
+        if viewer is not None:
+            viewer.close()
         if metrics is not None:
             metrics.stop()
     log.info("migd stopped")
@@ -192,12 +198,34 @@ def _metrics(listen: str, cfg: Config, backend: GpuBackend, daemon: Daemon, erro
     return server
 
 
-def _control(socket_path: Path, daemon: Daemon, watch: FaultWatch) -> ControlServer:
-    return ControlServer(socket_path, Handlers(
+def _viewer(path: Path, handlers: Handlers) -> ControlServer | None:
+    """The read-only socket (mode 0666) in a directory others may look into but not write; a missing
+    or unsafe directory costs only this socket: said once, and migd serves on."""
+    try:
+        with contextlib.suppress(FileExistsError):
+            path.parent.mkdir(mode=0o755)
+            os.chmod(path.parent, 0o755)  # (whatever the umask)
+        st = path.parent.lstat()
+        if not os.path.isdir(path.parent) or os.path.islink(path.parent) or st.st_uid != os.geteuid() \
+                or st.st_mode & 0o022:
+            raise OSError(f"{path.parent} must be a directory of this user that others cannot write")
+        viewer = ControlServer(path, handlers, mode=0o666, read_only=True)
+    except OSError as e:
+        log.error("no read-only socket for ordinary users (migctl status/daemon as non-root): %s", e)
+        return None
+    viewer.start()
+    return viewer
+
+
+def _handlers(daemon: Daemon, watch: FaultWatch) -> Handlers:
+    """What the control socket answers (all of it) and the read-only socket (control.READ_ONLY)."""
+    def layout() -> dict[str, Any]:  # `migctl status` for a user who cannot read the GPUs (or the sim) itself
+        return status_doc(daemon.backend, daemon.applier.owners.load(), left_behind(daemon.applier.journal.path))
+    return Handlers(
         status=lambda: daemon.status.to_json(), reload=daemon.reload_now, apply=daemon.manual_apply,
         isolation=lambda: {"unhealthy": daemon.status.unhealthy_reasons(), "breaches": list(watch.breaches),
                            "findings": [f.to_json() for f in daemon.audit_findings]},
-        clear_fault=daemon.clear_fault, resume=daemon.resume))
+        clear_fault=daemon.clear_fault, resume=daemon.resume, layout=layout)
 
 
 def _on_signal(daemon: Daemon, signum: int) -> None:

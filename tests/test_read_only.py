@@ -1,0 +1,102 @@
+"""Everyone can look, nobody but root can change (issue 34, item 3): an ordinary user reaches migd's
+read-only socket (mode 0666, beside the control socket) and sees what root sees with `migctl daemon`
+and `migctl status`; nothing that changes a GPU is reachable that way."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from migd.api.control import request
+from tests.daemon_harness import MigdProcess
+from tests.helpers import PROFILES
+
+NOBODY = 65534
+
+
+def as_nobody(argv: list[str]) -> tuple[int, str, str]:
+    """migctl's main in a forked child become uid/gid 65534 (no exec: the interpreter may sit where that
+    user cannot reach it): exit code, stdout, stderr."""
+    outs = [os.pipe(), os.pipe()]
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 99
+        try:
+            for r, _ in outs:
+                os.close(r)
+            sys.stdout, sys.stderr = open(outs[0][1], "w"), open(outs[1][1], "w")  # noqa: SIM115
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            from migd.cli import main
+            code = main(argv)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    texts = []
+    for _, w in outs:
+        os.close(w)
+    for r, _ in outs:
+        with os.fdopen(r) as f:
+            texts.append(f.read())
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), texts[0], texts[1]
+
+
+@pytest.fixture
+def migd(tmp_path: Path) -> Iterator[tuple[MigdProcess, Path]]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to become another user")
+    run = Path(tempfile.mkdtemp(prefix="migd-run-", dir="/tmp"))  # like /run: open to look into
+    run.chmod(0o755)
+    (run / "migd").mkdir(mode=0o700)  # like /run/migd: the control socket's private directory
+    m = MigdProcess(tmp_path, "single-a100")
+    with m.config.open("a") as f:
+        f.write(f"control_socket: {run / 'migd' / 'control.sock'}\n")
+    assert m.migctl("apply", str(PROFILES / "day.yaml")).code == 0
+    m.start(now="2026-11-23T10:00:00")
+    m.wait_ready()
+    yield m, run
+    m.close()
+    shutil.rmtree(run, ignore_errors=True)
+
+
+def args(m: MigdProcess, run: Path, *cmd: str) -> list[str]:
+    return ["--sim", m.fleet, "--sim-state", str(m.migctl.state), "--state-dir", str(m.migctl.state_dir),
+            "--control-socket", str(run / "migd" / "control.sock"), *cmd]
+
+
+def test_an_ordinary_user_sees_what_root_sees(migd: tuple[MigdProcess, Path]) -> None:
+    m, run = migd
+    assert stat.S_IMODE((run / "migd" / "control.sock").stat().st_mode) == 0o600
+    assert stat.S_IMODE((run / "migd-view" / "status.sock").stat().st_mode) == 0o666
+    assert stat.S_IMODE((run / "migd-view").stat().st_mode) == 0o755
+    code, out, err = as_nobody(args(m, run, "daemon"))
+    assert code == 0 and "active profile: day (schedule)" in out and err == "", (out, err)
+    code, out, err = as_nobody(args(m, run, "status"))  # the simulator's state is root's: migd reads it
+    assert code == 0 and out.count("owner notebooks") == 7 and err == "", (out, err)
+    assert out == m.migctl("status").out  # what root reads itself
+
+
+def test_nothing_that_changes_a_gpu_is_reachable_that_way(migd: tuple[MigdProcess, Path]) -> None:
+    m, run = migd
+    code, out, err = as_nobody(args(m, run, "apply", str(PROFILES / "night.yaml")))
+    assert code == 1 and err.startswith("not permitted: ") and len(err.strip().splitlines()) == 1, err
+    text = (PROFILES / "night.yaml").read_text()
+    for req in ({"cmd": "apply", "file": "night.yaml", "text": text}, {"cmd": "resume"},
+                {"cmd": "clear-fault", "gpu": "0"}, {"cmd": "reload"}):
+        pid = os.fork()
+        if pid == 0:  # a client that is not migctl, as nobody, on the open socket
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            reply = request(run / "migd-view" / "status.sock", req, timeout_s=30)
+            os._exit(0 if reply and not reply["ok"] and reply["error"].startswith("not permitted: ") else 1)
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0, req
+    assert m.assert_profile("day")  # nothing changed
