@@ -132,7 +132,7 @@ def test_nvml_errors_are_counted(fleet: Any) -> None:
     assert s["migd_sampler_last_success_timestamp_seconds"][0].value > 0
 
 
-def test_http_serves_only_metrics_and_healthz(tmp_path: Path) -> None:
+def test_http_serves_only_the_page_metrics_and_healthz(tmp_path: Path) -> None:
     from tests.daemon_harness import MigdProcess
     m = MigdProcess(tmp_path)
     try:
@@ -143,8 +143,10 @@ def test_http_serves_only_metrics_and_healthz(tmp_path: Path) -> None:
             assert r.status == 200 and b"migd_instance_info" in r.read()
         with urllib.request.urlopen(base + "/healthz", timeout=10) as r:
             assert r.status == 200 and r.read() == b"ok\n"
-        for path, method, code in (("/", "GET", 404), ("/apply", "GET", 404), ("/metrics", "POST", 405),
-                                   ("/healthz", "PUT", 405), ("/metrics", "DELETE", 405)):
+        with urllib.request.urlopen(base + "/", timeout=10) as r:  # the read-only page (tests/test_page.py)
+            assert r.status == 200 and r.headers["Content-Type"].startswith("text/html")
+        for path, method, code in (("/index.html", "GET", 404), ("/apply", "GET", 404), ("/metrics", "POST", 405),
+                                   ("/", "POST", 405), ("/healthz", "PUT", 405), ("/metrics", "DELETE", 405)):
             req = urllib.request.Request(base + path, method=method, data=b"x" if method != "GET" else None)
             with pytest.raises(urllib.error.HTTPError) as e:
                 urllib.request.urlopen(req, timeout=10)
