@@ -29,6 +29,7 @@ from migd.ctl_daemon import (
     cmd_reload,
     cmd_resume,
     control_socket,
+    daemon_request,
     layout_from_daemon,
     out,
     refuse_local,
@@ -212,7 +213,7 @@ def _discard(applier: Applier, yes: bool) -> int:
 
 def cmd_isolation(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
     from migd.api.control import request
-    from migd.isolation.audit import Severity, audit
+    from migd.isolation.audit import audit
     from migd.isolation.probe import run_probe
     profile = load_profile(args.profile) if args.profile else None
     plans = {p.gpu.index: p for p in Applier(backend, state_dir).plan(profile)} if profile else None
@@ -223,17 +224,38 @@ def cmd_isolation(args: argparse.Namespace, backend: GpuBackend, state_dir: Path
                            "daemon": None if daemon is None else {k: daemon[k] for k in ("unhealthy", "breaches")}}
     if args.probe:
         doc["probe"] = run_probe(backend)
-    lines = [f"{f.severity.upper():7} {f.check:10} {f.message}" for f in findings] or ["audit: no findings"]
+    return _isolation_out(args, doc)
+
+
+def _isolation_out(args: argparse.Namespace, doc: dict[str, Any]) -> int:
+    """``migctl isolation``'s table and exit code, from its document (read here, or by migd)."""
+    findings, daemon = doc["findings"], doc["daemon"]
+    lines = [f"{f['severity'].upper():7} {f['check']:10} {f['message']}" for f in findings] or ["audit: no findings"]
     lines = unreadable_lines(doc) + lines
     if daemon is not None:
         lines += [f"UNHEALTHY {u}: {r}" for u, r in daemon["unhealthy"].items()]
         lines += [f"BREACH  {b}" for b in daemon["breaches"]]
-    if args.probe:
+    if "probe" in doc:
         lines.append(f"probe: {doc['probe']['status']}: {doc['probe']['detail']}")
     out(args, doc, "\n".join(lines) + "\n")
     faults = bool(daemon and (daemon["unhealthy"] or daemon["breaches"]))
-    bad = any(f.severity is Severity.ERROR for f in findings) or faults
-    return Exit.NOT_APPLIED if bad else partly(Exit.OK, unreadable, True)
+    bad = any(f["severity"] == "error" for f in findings) or faults
+    return Exit.NOT_APPLIED if bad else partly(Exit.OK, doc["unreadable"], True)
+
+
+def _isolation_from_daemon(args: argparse.Namespace) -> int | None:
+    """``migctl isolation`` for a user who may not read the GPUs: the running migd's last audit (of
+    the active profile) and its fault marks, from its read-only socket; None when it cannot answer
+    (no migd there, or ``--profile``/``--probe``, which need the GPUs read here)."""
+    if args.profile or args.probe:
+        return None
+    try:
+        reply = daemon_request(args, {"cmd": "isolation"}, timeout_s=10)
+    except (PermissionError, ConnectionError):
+        return None
+    doc = {"schema": "migd.isolation/v1", "findings": reply["findings"], "unreadable": [],
+           "daemon": {k: reply[k] for k in ("unhealthy", "breaches")}}
+    return _isolation_out(args, doc)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -349,7 +371,9 @@ def _run(args: argparse.Namespace) -> int:
         return NO_GPU[args.command](args)
     try:
         return _local(args)
-    except PermissionError:  # not root: `status` is answered by a running migd's read-only socket
+    except PermissionError:  # not root: `status` and `isolation` are answered by migd's read-only socket
+        if args.command == "isolation" and (code := _isolation_from_daemon(args)) is not None:
+            return code
         if args.command != "status" or (doc := layout_from_daemon(args)) is None:
             raise
         out(args, doc, status_table(doc))

@@ -83,6 +83,10 @@ def test_an_ordinary_user_sees_what_root_sees(migd: tuple[MigdProcess, Path]) ->
     code, out, err = as_nobody(args(m, run, "status"))  # the simulator's state is root's: migd reads it
     assert code == 0 and out.count("owner notebooks") == 7 and err == "", (out, err)
     assert out == m.migctl("status").out  # what root reads itself
+    code, out, err = as_nobody(args(m, run, "isolation"))  # migd's last audit of the active profile
+    assert code == 0 and out == "audit: no findings\n" and err == "", (out, err)
+    code, out, err = as_nobody(args(m, run, "isolation", "--probe"))  # a probe needs the GPUs read here
+    assert code == 1 and err.startswith("not permitted: ") and len(err.strip().splitlines()) == 1, err
 
 
 def test_nothing_that_changes_a_gpu_is_reachable_that_way(migd: tuple[MigdProcess, Path]) -> None:
