@@ -6,6 +6,8 @@ from __future__ import annotations
 from datetime import datetime
 from pathlib import Path
 
+import pytest
+
 from migd.slurm.ctl import node_info
 from migd.slurm.queue import read_queue, seconds
 
@@ -52,3 +54,20 @@ def test_a_nodes_extra_and_partitions_are_read() -> None:
     (node,) = [node_info(line) for line in (FIX / "show-node-o.txt").read_text().splitlines() if line.strip()]
     assert node.name == "gpu1" and node.partitions == ("main",) and node.extra == ""
     assert node.gres.startswith("gpu:1g.10gb:7")
+
+
+def test_a_damaged_planner_history_is_named_and_set_aside(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The planner's record of its switches (demand.json) is checked like every state file: a damaged
+    one is said with its file and field, and the planner starts without history."""
+    from migd.slurm.ctl import SlurmCtl
+    from migd.slurm.demandconf import DemandMode, DemandSettings
+    from migd.slurm.planner import Planner
+    path = tmp_path / "demand.json"
+    path.write_text('{"schema": "migd.demand/v1", "switches": {"gpu1": [1795000000, "soon"]}}')
+    settings = DemandSettings(DemandMode.ON, "gpu1", ("day", "night"))
+    planner = Planner(settings, "main", "gpu1", SlurmCtl("gpu1", lambda argv, t: ""), {}, path)
+    assert planner.history == {}
+    assert f"{path}" in caplog.text and "switches.gpu1[1]" in caplog.text, caplog.text
+    path.write_text('{"schema": "migd.demand/v1", "switches": {"gpu1": [1795000000]}}')
+    assert Planner(settings, "main", "gpu1", SlurmCtl("gpu1", lambda argv, t: ""), {}, path).history == {
+        "gpu1": [1795000000.0]}

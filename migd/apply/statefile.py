@@ -159,6 +159,15 @@ def mapping(values: Shape, keys: Shape | None = None) -> Shape:
     return check
 
 
+def sequence(values: Shape) -> Shape:
+    def check(value: Any, where: str) -> None:
+        if not isinstance(value, list):
+            raise Misfit(where, f"{_show(value)} is not a list")
+        for k, v in enumerate(value):
+            values(v, f"{where}[{k}]")
+    return check
+
+
 def record(**fields: Shape) -> Shape:
     """A mapping with these fields (an ``optional`` one may be absent); others are allowed: fields are
     only ever added within a schema version."""

@@ -164,7 +164,8 @@ class SlurmSwitch:
         the files on disk are the refused ones (a previous migd wrote them), so the GRES of the restored
         layout is published again."""
         try:
-            befores = {u: (layout_from_json(self._model(u), b["layout"]),
+            models = {g.uuid: g.model for g in survey(self.applier.backend).gpus}  # (one reading of the node)
+            befores = {u: (layout_from_json(_model(models, u), b["layout"]),
                            {int(k): v for k, v in b.get("owners", {}).items()})
                        for u, b in self.gate.state.before.items()}
             undone = self.applier.restore_layouts(befores, opts, f"{profile.name} (undone)").ok
@@ -183,12 +184,6 @@ class SlurmSwitch:
         with self._unheld():
             self.gate.finish(False, f"{why}; {back}", agree=agree)
         return undone
-
-    def _model(self, uuid: str) -> GpuModel:
-        for g in survey(self.applier.backend).gpus:
-            if g.uuid == uuid and g.model is not None:
-                return g.model
-        raise KeyError(f"GPU {uuid} is not present")
 
     def check_sync(self, plans: list[GpuPlan]) -> None:
         with self._unheld():
@@ -214,3 +209,10 @@ class SlurmSwitch:
     @staticmethod
     def _failed(result: ApplyResult) -> str:
         return "; ".join(f"GPU {r.index}: {r.status}" for r in result.results if r.status is not GpuStatus.APPLIED)
+
+
+def _model(models: dict[str, GpuModel | None], uuid: str) -> GpuModel:
+    model = models.get(uuid)
+    if model is None:
+        raise KeyError(f"GPU {uuid} is not present")
+    return model

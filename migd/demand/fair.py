@@ -16,7 +16,7 @@ def fair_weights(asks: Mapping[str, float], capacity: float) -> dict[str, float]
     total = sum(asks.values())
     if total <= capacity or total <= 0:
         return {a: 1.0 for a in asks}
-    left, level = capacity, 0.0
+    left, level = capacity, max(asks.values())  # (total > capacity: some account asks more than its share)
     ordered = sorted(asks.items(), key=lambda kv: (kv[1], kv[0]))
     for k, (_, ask) in enumerate(ordered):
         share = left / (len(ordered) - k)
@@ -24,6 +24,4 @@ def fair_weights(asks: Mapping[str, float], capacity: float) -> dict[str, float]
             level = share
             break
         left -= ask
-    else:  # (unreachable: total > capacity means someone asks more than the share)
-        level = max(asks.values())
     return {a: (1.0 if ask <= level else level / ask) for a, ask in asks.items()}

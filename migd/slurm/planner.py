@@ -17,9 +17,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from migd.api.demand import PlanSummary
-from migd.apply.statefile import atomic_write_json, read_json
+from migd.apply.statefile import atomic_write_json, conform, mapping, of, one_of, read_json, record, sequence
 from migd.demand.model import Layout, NodeView, Snapshot
 from migd.demand.rule import Decision, decide
+from migd.errors import ValidationError
 from migd.slurm.ctl import NodeInfo, SlurmCtl, SlurmError
 from migd.slurm.demandconf import DemandMode, DemandSettings
 from migd.slurm.queue import Queue, read_queue
@@ -28,6 +29,8 @@ from migd.slurm.want import Want
 
 log = logging.getLogger(__name__)
 DAY_S = 86400.0
+HISTORY_SCHEMA = "migd.demand/v1"
+_HISTORY = record(schema=one_of(HISTORY_SCHEMA), switches=mapping(sequence(of(int, float))))
 
 
 def layout_of(gres: str, layouts: Mapping[str, Layout]) -> str | None:
@@ -56,12 +59,13 @@ class Planner:
 
     def _load(self) -> dict[str, list[float]]:
         try:
-            doc = read_json(self._history_path)
-            return {str(n): [float(t) for t in ts] for n, ts in doc.get("switches", {}).items()}
-        except (OSError, ValueError, AttributeError, TypeError) as e:
-            if not isinstance(e, FileNotFoundError):
-                log.error("demand: %s unreadable (%s): starting without switch history", self._history_path, e)
+            doc = conform(self._history_path, read_json(self._history_path), _HISTORY)
+        except FileNotFoundError:
             return {}
+        except (OSError, ValidationError) as e:
+            log.error("demand: %s; starting without switch history", e)
+            return {}
+        return {n: [float(t) for t in ts] for n, ts in doc["switches"].items()}
 
     def due(self) -> bool:
         return self._clock() - self._last >= self.s.interval_s
@@ -150,5 +154,5 @@ class Planner:
             if v.name in changed:
                 self.history[v.name] = [t for t in self.history.get(v.name, []) if t > now - DAY_S] + [now]
         if changed:
-            atomic_write_json(self._history_path, {"schema": "migd.demand/v1", "switches": self.history})
+            atomic_write_json(self._history_path, {"schema": HISTORY_SCHEMA, "switches": self.history})
         return writes

@@ -132,8 +132,8 @@ class SlurmGate:
         ``policy`` is the busy policy of migd's apply: refuse (do not drain while GPU jobs run),
         wait (drain and wait for them), force (drain, wait ``force_after_s``, then requeue them:
         ``scontrol requeue`` puts a job back in the queue, it is not lost)."""
-        if self.state.phase is Phase.RESUMING and not self.conclude():
-            return False  # (the last switch's resume is not confirmed: no new drain before it is)
+        if self.state.phase is Phase.RESUMING:
+            return False  # (the last switch's resume is not confirmed, retried at each pass: no new drain before)
         if self.state.phase is Phase.FAILED and time.monotonic() < self._retry_at:
             return False  # (the reason says why it failed and when it tries again)
         if self.state.phase in (Phase.SERVING, Phase.FAILED):
@@ -300,12 +300,12 @@ class SlurmGate:
                 raise SlurmError(f"timed out after {self.s.register_timeout_s:g}s waiting for {what}{detail()}")
             time.sleep(0.2)
 
-    def _comment(self, ok: bool, reason: str) -> None:
+    def _comment(self, ok: bool, reason: str, info: NodeInfo) -> None:
         """A failed switch leaves its reason on the node in Slurm (``scontrol show node``: Comment),
         since the resumed node has no drain Reason; a later success clears only migd's own comment."""
         if not ok:
             self.ctl.set_comment(_short(f"migd: {reason}"))
-        elif self.ctl.info().comment.startswith("migd:"):
+        elif info.comment.startswith("migd:"):
             self.ctl.set_comment("")
 
     def finish(self, ok: bool, reason: str, agree: bool = True) -> None:
@@ -331,11 +331,12 @@ class SlurmGate:
             return True
         try:
             self._progress()
-            self._comment(bool(self.state.ended_ok), self.state.ended_reason)
+            info = self.ctl.info()  # one reading for the comment and the resume (a comment changes neither)
+            self._comment(bool(self.state.ended_ok), self.state.ended_reason, info)
             if not self.state.agree:
                 self._hold_drained()
             elif self.state.was_serving:
-                self._resume()
+                self._resume(info)
             self._unreserve_due()
         except SlurmError as e:
             why = f"{self.state.ended_reason}; Slurm has not confirmed the node's resume: {e}; retried at each pass"
@@ -355,8 +356,7 @@ class SlurmGate:
         if not (info.drained and info.reason.startswith(DRAIN_REASON)):
             raise SlurmError(f"the node is not drained after scontrol update state=drain (State={_states(info)})")
 
-    def _resume(self) -> None:
-        info = self.ctl.info()
+    def _resume(self, info: NodeInfo) -> None:
         if info.drained and info.reason.startswith(DRAIN_REASON):  # (not an operator's drain made since)
             self.ctl.resume()
             info = self.ctl.info()
