@@ -12,11 +12,12 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from migd import paths
+from migd.api.audit import DaemonAudit, DaemonMarks, IsolationDoc
+from migd.api.wire import from_json
 from migd.apply.executor import Applier
 from migd.apply.hooks import Hooks, parse_hooks
 from migd.apply.journal import left_behind
@@ -35,18 +36,28 @@ from migd.ctl_daemon import (
     refuse_local,
 )
 from migd.ctl_parser import parser
-from migd.doctor import UNREADABLE_CHECK, diagnose
+from migd.doctor import UNREADABLE_CHECK, Verdict, diagnose
 from migd.errors import ValidationError
 from migd.exits import EXPECTED, Exit, failure, for_result, partly
 from migd.hardware.inventory import Unreadable
 from migd.hardware.ports import GpuBackend
+from migd.isolation.audit import Severity
 from migd.plan.planner import GpuPlan
 from migd.profiles.export import export_mig_parted, export_profile
 from migd.profiles.loader import load_profile
 from migd.profiles.model import Profile, index_ranges
 from migd.profiles.validate import check_file
 from migd.report import apply_doc, assert_doc, doctor_doc, plan_doc, status_doc
-from migd.report_text import apply_table, assert_table, doctor_table, plan_table, status_table, unreadable_lines
+from migd.report import unreadable as report_unreadable
+from migd.report_text import (
+    apply_table,
+    assert_table,
+    doctor_table,
+    isolation_table,
+    plan_table,
+    status_table,
+    unreadable_lines,
+)
 from migd.sim.fleets import FLEETS
 from migd.yamlsrc import load, read
 
@@ -65,7 +76,7 @@ def cmd_status(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -
     applier = Applier(backend, state_dir)
     doc = status_doc(backend, applier.owners.load(), left_behind(applier.journal.path))
     out(args, doc, status_table(doc))
-    return partly(Exit.OK, doc["unreadable"], bool(doc["gpus"]))
+    return partly(Exit.OK, doc.unreadable, bool(doc.gpus))
 
 
 def _touched(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> \
@@ -91,7 +102,7 @@ def cmd_assert(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -
         unmatched = [i for i in range(backend.gpu_count()) if i not in planned]  # assert/config.go CountTrue)
     doc = assert_doc(profile.name, plans, unmatched, unreadable)
     out(args, doc, assert_table(doc))
-    return partly(Exit.OK, unreadable, bool(plans)) if doc["ok"] else Exit.NOT_APPLIED
+    return partly(Exit.OK, unreadable, bool(plans)) if doc.ok else Exit.NOT_APPLIED
 
 
 def _hooks(path: str | None) -> Hooks:
@@ -219,28 +230,19 @@ def cmd_isolation(args: argparse.Namespace, backend: GpuBackend, state_dir: Path
     plans = {p.gpu.index: p for p in Applier(backend, state_dir).plan(profile)} if profile else None
     findings, unreadable = audit(backend, plans, f"profile {profile.name}" if profile else "the active profile")
     daemon = request(control_socket(args), {"cmd": "isolation"}, timeout_s=10)
-    doc: dict[str, Any] = {"schema": "migd.isolation/v1", "findings": [f.to_json() for f in findings],
-                           "unreadable": [u.to_json() for u in unreadable],
-                           "daemon": None if daemon is None else {k: daemon[k] for k in ("unhealthy", "breaches")}}
-    if args.probe:
-        doc["probe"] = run_probe(backend)
+    doc = IsolationDoc(tuple(findings), report_unreadable(unreadable),
+                       None if daemon is None else from_json(DaemonMarks, daemon, "daemon"),
+                       run_probe(backend) if args.probe else None)
     return _isolation_out(args, doc)
 
 
-def _isolation_out(args: argparse.Namespace, doc: dict[str, Any]) -> int:
+def _isolation_out(args: argparse.Namespace, doc: IsolationDoc) -> int:
     """``migctl isolation``'s table and exit code, from its document (read here, or by migd)."""
-    findings, daemon = doc["findings"], doc["daemon"]
-    lines = [f"{f['severity'].upper():7} {f['check']:10} {f['message']}" for f in findings] or ["audit: no findings"]
-    lines = unreadable_lines(doc) + lines
-    if daemon is not None:
-        lines += [f"UNHEALTHY {u}: {r}" for u, r in daemon["unhealthy"].items()]
-        lines += [f"BREACH  {b}" for b in daemon["breaches"]]
-    if "probe" in doc:
-        lines.append(f"probe: {doc['probe']['status']}: {doc['probe']['detail']}")
-    out(args, doc, "\n".join(lines) + "\n")
-    faults = bool(daemon and (daemon["unhealthy"] or daemon["breaches"]))
-    bad = any(f["severity"] == "error" for f in findings) or faults
-    return Exit.NOT_APPLIED if bad else partly(Exit.OK, doc["unreadable"], True)
+    out(args, doc, isolation_table(doc))
+    daemon = doc.daemon
+    faults = bool(daemon and (daemon.unhealthy or daemon.breaches))
+    bad = any(f.severity is Severity.ERROR for f in doc.findings) or faults
+    return Exit.NOT_APPLIED if bad else partly(Exit.OK, doc.unreadable, True)
 
 
 def _isolation_from_daemon(args: argparse.Namespace) -> int | None:
@@ -253,8 +255,8 @@ def _isolation_from_daemon(args: argparse.Namespace) -> int | None:
         reply = daemon_request(args, {"cmd": "isolation"}, timeout_s=10)
     except (PermissionError, ConnectionError):
         return None
-    doc = {"schema": "migd.isolation/v1", "findings": reply["findings"], "unreadable": [],
-           "daemon": {k: reply[k] for k in ("unhealthy", "breaches")}}
+    audit = from_json(DaemonAudit, reply, "isolation")
+    doc = IsolationDoc(audit.findings, (), DaemonMarks(audit.unhealthy, audit.breaches))
     return _isolation_out(args, doc)
 
 
@@ -327,7 +329,7 @@ def cmd_export(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -
         export_profile(backend, Applier(backend, state_dir).owners.load(), args.name)
     sys.stdout.write(json.dumps(doc, indent=2) + "\n" if args.output == "json" else
                      yaml.safe_dump(doc, sort_keys=False, default_flow_style=None))
-    for line in unreadable_lines({"unreadable": [u.to_json() for u in unreadable]}):
+    for line in unreadable_lines(report_unreadable(unreadable)):
         print(f"warning: not exported: {line}", file=sys.stderr)
     return partly(Exit.OK, unreadable, True)
 
@@ -336,8 +338,8 @@ def cmd_doctor(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -
     """Read-only: compare the driver's view of every GPU with the catalog (exit 1 on a difference)."""
     doc = doctor_doc(diagnose(backend))
     out(args, doc, doctor_table(doc, args.verbose))
-    lost = [f for f in doc["findings"] if f["check"] == UNREADABLE_CHECK]
-    if len(lost) < sum(f["verdict"] in ("mismatch", "error") for f in doc["findings"]):
+    lost = [f for f in doc.findings if f.check == UNREADABLE_CHECK]
+    if len(lost) < sum(f.verdict in (Verdict.MISMATCH, Verdict.ERROR) for f in doc.findings):
         return Exit.NOT_APPLIED
     return partly(Exit.OK, lost, True)  # the other GPUs were checked
 
@@ -377,7 +379,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.command != "status" or (doc := layout_from_daemon(args)) is None:
             raise
         out(args, doc, status_table(doc))
-        return partly(Exit.OK, doc["unreadable"], bool(doc["gpus"]))
+        return partly(Exit.OK, doc.unreadable, bool(doc.gpus))
 
 
 def _local(args: argparse.Namespace) -> int:

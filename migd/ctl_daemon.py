@@ -10,7 +10,11 @@ from typing import Any
 
 from migd import paths
 from migd.api.control import ApplyRequest, ManualApply, listening, request
-from migd.apply.result import OnBusy
+from migd.api.daemon import DaemonDoc, HeldView
+from migd.api.plan import ApplyDoc
+from migd.api.status import StatusDoc
+from migd.api.wire import from_json
+from migd.apply.result import GpuStatus, OnBusy
 from migd.errors import ValidationError
 from migd.exits import Exit
 from migd.report import dump
@@ -21,7 +25,7 @@ def control_socket(args: argparse.Namespace) -> Path:
     return paths.control_socket(args.control_socket, args.sim, args.sim_state, args.state_dir)
 
 
-def out(args: argparse.Namespace, doc: dict[str, Any], table: str) -> None:
+def out(args: argparse.Namespace, doc: object, table: str) -> None:
     sys.stdout.write(table if args.output == "table" else dump(doc, args.output))
 
 
@@ -57,13 +61,14 @@ def apply_via_daemon(args: argparse.Namespace, text: str) -> int | None:
     for w in reply.get("warnings", []):
         print(f"warning: {w}", file=sys.stderr)
     if not _error(reply):
-        out(args, reply["result"], apply_table(reply["result"], by="migd"))
+        result = from_json(ApplyDoc, reply["result"], "result")
+        out(args, result, apply_table(result, by="migd"))
     if withdrawn:
         print("interrupted: the apply was cancelled; no GPU was left changed and nothing is held", file=sys.stderr)
         return 130
-    held = reply.get("override")
+    held = None if reply.get("override") is None else from_json(HeldView, reply["override"], "override")
     if held and args.output == "table":
-        print(f"{held['profile']} holds until {held['until'] or 'the schedule has no further transition'}; "
+        print(f"{held.profile} holds until {held.until or 'the schedule has no further transition'}; "
               f"{RESUME_HINT}")
     return int(reply.get("exit", 1))
 
@@ -101,7 +106,7 @@ def daemon_request(args: argparse.Namespace, req: dict[str, Any], timeout_s: flo
     return reply
 
 
-def layout_from_daemon(args: argparse.Namespace) -> dict[str, Any] | None:
+def layout_from_daemon(args: argparse.Namespace) -> StatusDoc | None:
     """``migctl status`` for a user who may not read the GPUs (or the simulator) here: the running
     migd's reading, from its read-only socket; None when no migd answers there."""
     try:
@@ -110,13 +115,12 @@ def layout_from_daemon(args: argparse.Namespace) -> dict[str, Any] | None:
         return None
     if reply is None or not reply.get("ok"):
         return None
-    doc: dict[str, Any] = reply["status"]
-    return doc
+    return from_json(StatusDoc, reply["status"], "status")
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:
     """The running daemon's state (migd.daemon/v1), from its control socket."""
-    doc = daemon_request(args, {"cmd": "status"})["daemon"]
+    doc = from_json(DaemonDoc, daemon_request(args, {"cmd": "status"})["daemon"], "daemon")
     out(args, doc, daemon_table(doc))
     return Exit.OK
 
@@ -139,16 +143,17 @@ def cmd_resume(args: argparse.Namespace) -> int:
         return _resume_offline(args)
     if _error(reply):
         return int(reply["exit"])
-    lifted, profile, result = reply.get("lifted"), reply.get("profile"), reply.get("result")
+    lifted, profile = reply.get("lifted"), reply.get("profile")
+    result = None if reply.get("result") is None else from_json(ApplyDoc, reply["result"], "result")
     print(f"lifted the manual apply of {lifted}" if lifted else "no manual apply was held")
     if profile is None:
         print("no schedule entry has fired yet: GPUs are left as they are")
         return Exit.OK
-    if result is not None and result["results"]:
+    if result is not None and result.results:
         sys.stdout.write(apply_table(result, by="migd"))
-    for r in (result or {}).get("results", []):
-        if r["status"] == "blocked":
-            print(f"GPU {r['index']} waits for busy instances ({r['error']}): migd switches it when they end")
+    for r in result.results if result is not None else ():
+        if r.status is GpuStatus.BLOCKED:
+            print(f"GPU {r.index} waits for busy instances ({r.error}): migd switches it when they end")
     print(f"back on the schedule: {profile}")
     return int(reply["exit"])
 

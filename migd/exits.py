@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
+from migd.api.wire import WireError
 from migd.apply.hooks import HookError
 from migd.apply.lock import LockBusy
 from migd.apply.result import ApplyResult, BusyError, GpuStatus, GpuUnhealthy
@@ -41,7 +42,8 @@ class Failure:
         return f"{self.kind}: {self.message}"
 
 
-EXPECTED = (ValidationError, PlanError, BusyError, HardwareError, GpuUnhealthy, LockBusy, HookError, OSError)
+EXPECTED = (ValidationError, PlanError, BusyError, HardwareError, GpuUnhealthy, LockBusy, HookError, OSError,
+            WireError)
 
 
 def failure(e: BaseException) -> Failure:
@@ -52,6 +54,9 @@ def failure(e: BaseException) -> Failure:
         return Failure(Exit.BUSY, "blocked", f"{e} ({e.advice})")
     if isinstance(e, (HardwareError, GpuUnhealthy)):
         return Failure(Exit.HARDWARE, "hardware error", str(e))
+    if isinstance(e, WireError):  # (documents are read back only from migd's replies)
+        return Failure(Exit.NOT_APPLIED, "error talking to migd", f"its reply does not read as this migctl expects "
+                       f"(a migd of another version?): {e}")
     if isinstance(e, (ConnectionError, TimeoutError)):
         return Failure(Exit.NOT_APPLIED, "error talking to migd", str(e))
     if isinstance(e, PermissionError):

@@ -1,7 +1,8 @@
-"""Stable, documented shapes of migctl's output (``-o json``/``yaml``); their tables are in ``migd.report_text``.
+"""migctl's documents (``-o json``/``yaml``) built from what migd read and decided: the wire types of
+``migd.api`` (status, plan, assert, apply, doctor); their tables are in ``migd.report_text``.
 
-Schemas (docs/migctl.md "Output formats"): ``migd.status/v1``, ``migd.plan/v1``, ``migd.apply/v1``.
-Fields are only ever added, never renamed or removed, within a schema version.
+Schemas (docs/migctl.md "Output formats"): fields are only ever added, never renamed or removed,
+within a schema version.
 """
 
 from __future__ import annotations
@@ -12,105 +13,102 @@ from typing import Any
 
 import yaml
 
+from migd.api import plan as wp
+from migd.api import status as ws
+from migd.api.audit import DoctorDoc
+from migd.api.wire import from_json, to_json
 from migd.apply.result import ApplyResult
+from migd.catalog.models import Placement
 from migd.doctor import Finding, Verdict
 from migd.hardware.inventory import Unreadable, read_all
 from migd.hardware.ports import GpuReader
-from migd.hardware.types import GpuInfo, GpuInstance
+from migd.hardware.types import GpuInfo, GpuInstance, MigDevice
 from migd.plan.planner import GpuPlan
 
 
-def _pl(p: Any) -> dict[str, int]:
-    return {"start": p.start, "size": p.size}
+def _pl(p: Placement) -> ws.Placement:
+    return ws.Placement(p.start, p.size)
+
+
+def unreadable(items: Sequence[Unreadable]) -> tuple[ws.Unreadable, ...]:
+    return tuple(ws.Unreadable(u.index, ws.Reading(u.state), u.error) for u in items)
 
 
 def status_doc(backend: GpuReader, owners: dict[str, dict[int, str]],
-               journal: dict[str, Any] | None = None) -> dict[str, Any]:
+               journal: dict[str, Any] | None = None) -> ws.StatusDoc:
     """``migd.status/v1``; ``journal``: what an unfinished apply left (``apply.journal.left_behind``);
     ``unreadable``: GPUs NVML cannot read (lost), each with its state and NVML's error."""
-    gpus, unreadable = read_all(backend, lambda g: _gpu_doc(backend, g, owners))
-    return {"schema": "migd.status/v1", "gpus": gpus, "journal": journal,
-            "unreadable": [u.to_json() for u in unreadable]}
+    gpus, lost = read_all(backend, lambda g: _gpu_doc(backend, g, owners))
+    left = None if journal is None else from_json(ws.JournalLeft, journal, "journal")
+    return ws.StatusDoc(tuple(gpus), left, unreadable(lost))
 
 
-def _gpu_doc(backend: GpuReader, g: GpuInfo, owners: dict[str, dict[int, str]]) -> dict[str, Any]:
-    entry: dict[str, Any] = {
-        "index": g.index, "uuid": g.uuid, "name": g.name, "model": g.model_key, "pci_bus_id": g.pci_bus_id,
-        # after_reset names what NVML calls the pending mode; pending is kept for v1 readers
-        "mig": {"current": g.mig_current, "pending": g.mig_pending, "after_reset": g.mig_pending},
-        "instances": []}
+def _gpu_doc(backend: GpuReader, g: GpuInfo, owners: dict[str, dict[int, str]]) -> ws.Gpu:
+    instances: list[ws.Instance] = []
+    processes = None
     if g.mig_current:
         devs = {(d.gi_id, d.ci_id): d for d in backend.list_mig_devices(g.index)}
-        for gi in backend.list_gpu_instances(g.index):
-            entry["instances"].append(_instance_doc(g, gi, devs, owners.get(g.uuid, {})))
+        instances = [_instance_doc(g, gi, devs, owners.get(g.uuid, {})) for gi in backend.list_gpu_instances(g.index)]
     else:
-        entry["processes"] = [{"pid": p.pid, "used_memory_bytes": p.used_memory_bytes}
-                              for p in backend.gpu_processes(g.index)]
-    return entry
+        processes = tuple(ws.Process(p.pid, p.used_memory_bytes) for p in backend.gpu_processes(g.index))
+    # after_reset names what NVML calls the pending mode; pending is kept for v1 readers
+    return ws.Gpu(g.index, g.uuid, g.name, g.model_key, g.pci_bus_id,
+                  ws.MigMode(g.mig_current, g.mig_pending, g.mig_pending), tuple(instances), processes)
 
 
-def _instance_doc(g: GpuInfo, gi: GpuInstance, devs: dict[tuple[int, int], Any], owners: dict[int, str]) -> \
-        dict[str, Any]:
+def _instance_doc(g: GpuInfo, gi: GpuInstance, devs: dict[tuple[int, int], MigDevice],
+                  owners: dict[int, str]) -> ws.Instance:
     prof = g.model.profile_by_id(gi.profile_id) if g.model else None
     cis = []
     for c in gi.compute_instances:
         cp = prof.ci_by_id(c.profile_id) if prof else None
         d = devs.get((gi.id, c.id))
-        cis.append({"ci_id": c.id, "profile": cp.name if cp else str(c.profile_id), "profile_id": c.profile_id,
-                    "placement": _pl(c.placement), "mig_uuid": d.uuid if d else None,
-                    "memory_total_bytes": d.memory_total_bytes if d else None,
-                    "memory_used_bytes": d.memory_used_bytes if d else None,
-                    "processes": [{"pid": p.pid, "used_memory_bytes": p.used_memory_bytes}
-                                  for p in (d.processes if d else ())]})
-    return {"gi_id": gi.id, "profile": prof.name if prof else str(gi.profile_id), "profile_id": gi.profile_id,
-            "placement": _pl(gi.placement), "owner": owners.get(gi.placement.start), "compute_instances": cis}
+        cis.append(ws.ComputeInstance(
+            c.id, cp.name if cp else str(c.profile_id), c.profile_id, _pl(c.placement), d.uuid if d else None,
+            d.memory_total_bytes if d else None, d.memory_used_bytes if d else None,
+            tuple(ws.Process(p.pid, p.used_memory_bytes) for p in (d.processes if d else ()))))
+    return ws.Instance(gi.id, prof.name if prof else str(gi.profile_id), gi.profile_id, _pl(gi.placement),
+                       owners.get(gi.placement.start), tuple(cis))
 
 
-def plan_doc(profile: str, plans: list[GpuPlan], unreadable: Sequence[Unreadable] = ()) -> dict[str, Any]:
+def _gpu_plan(p: GpuPlan) -> wp.GpuPlan:
+    return wp.GpuPlan(
+        p.gpu.index, p.gpu.uuid, p.gpu.model_key, p.changes, p.kept, p.desired.mig,
+        tuple(wp.Operation(o.kind, o.describe(), tuple(o.busy_pids)) for o in p.ops),
+        tuple(wp.Target(t.name, t.gi_profile_id, _pl(t.placement),
+                        tuple(wp.ComputeTarget(pid, _pl(pl)) for pid, pl in t.ci), t.owner) for t in p.targets))
+
+
+def plan_doc(profile: str, plans: list[GpuPlan], lost: Sequence[Unreadable] = ()) -> wp.PlanDoc:
     """``migd.plan/v1``; ``unreadable``: GPUs the profile may select that NVML cannot read, left alone."""
-    doc = {"schema": "migd.plan/v1", "profile": profile, "gpus": [{
-        "index": p.gpu.index, "uuid": p.gpu.uuid, "model": p.gpu.model_key, "changes": p.changes, "kept": p.kept,
-        "mig": p.desired.mig,
-        "operations": [{"kind": o.kind.value, "description": o.describe(), "busy_pids": list(o.busy_pids)}
-                       for o in p.ops],
-        "target": [{"profile": t.name, "profile_id": t.gi_profile_id, "placement": _pl(t.placement),
-                    "compute": [{"profile_id": pid, "placement": _pl(pl)} for pid, pl in t.ci],
-                    "owner": t.owner} for t in p.targets]} for p in plans]}
-    doc["unreadable"] = [u.to_json() for u in unreadable]
-    return doc
+    return wp.PlanDoc(profile, tuple(_gpu_plan(p) for p in plans), unreadable(lost))
 
 
 def assert_doc(profile: str, plans: list[GpuPlan], unmatched: list[int],
-               unreadable: Sequence[Unreadable] = ()) -> dict[str, Any]:
+               lost: Sequence[Unreadable] = ()) -> wp.AssertDoc:
     """``migd.assert/v1``: whether each GPU the profile selects is as it asks (``unmatched``: GPUs a
     mig-parted file's entries do not match, which its assert counts as not applied; ``unreadable``:
     GPUs the profile may select that NVML cannot read, so nothing can be said of them)."""
-    gpus = [{"index": p.gpu.index, "uuid": p.gpu.uuid, "model": p.gpu.model_key, "applied": not p.changes,
-             "operations": len(p.ops)} for p in plans]
-    return {"schema": "migd.assert/v1", "profile": profile, "ok": not unmatched and all(g["applied"] for g in gpus),
-            "gpus": gpus, "unmatched": unmatched, "unreadable": [u.to_json() for u in unreadable]}
+    gpus = tuple(wp.AssertGpu(p.gpu.index, p.gpu.uuid, p.gpu.model_key, not p.changes, len(p.ops)) for p in plans)
+    return wp.AssertDoc(profile, not unmatched and all(g.applied for g in gpus), gpus, tuple(unmatched),
+                        unreadable(lost))
 
 
-def apply_doc(result: ApplyResult, dry_run: bool) -> dict[str, Any]:
-    doc = plan_doc(result.profile, result.plans, result.unreadable)
-    doc["schema"] = "migd.apply/v1"
-    doc["dry_run"] = dry_run
-    doc["ok"] = result.ok
-    doc["seconds"] = round(result.seconds, 3)
-    doc["results"] = [{"index": r.index, "uuid": r.uuid, "status": r.status.value, "operations": r.ops,
-                       "error": r.error, "seconds": round(r.seconds, 3)} for r in result.results]
-    return doc
+def apply_doc(result: ApplyResult, dry_run: bool) -> wp.ApplyDoc:
+    return wp.ApplyDoc(
+        result.profile, tuple(_gpu_plan(p) for p in result.plans), unreadable(result.unreadable), dry_run,
+        result.ok, round(result.seconds, 3),
+        tuple(wp.GpuResult(r.index, r.uuid, r.status, r.ops, r.error, round(r.seconds, 3)) for r in result.results))
 
 
-def dump(doc: dict[str, Any], fmt: str) -> str:
-    if fmt == "json":
-        return json.dumps(doc, indent=2, sort_keys=False) + "\n"
-    return str(yaml.safe_dump(doc, sort_keys=False))
-
-
-def doctor_doc(findings: list[Finding]) -> dict[str, Any]:
+def doctor_doc(findings: list[Finding]) -> DoctorDoc:
     """``migd.doctor/v1``: one finding per check; ``ok`` is false when any differs from the catalog."""
-    return {"schema": "migd.doctor/v1",
-            "ok": not any(f.verdict in (Verdict.MISMATCH, Verdict.ERROR) for f in findings),
-            "findings": [{"gpu": f.gpu, "check": f.check, "verdict": f.verdict.value, "detail": f.detail}
-                         for f in findings]}
+    return DoctorDoc(not any(f.verdict in (Verdict.MISMATCH, Verdict.ERROR) for f in findings), tuple(findings))
+
+
+def dump(doc: object, fmt: str) -> str:
+    """A document (a wire type, or JSON-ready data) as ``json`` or ``yaml``."""
+    data = to_json(doc)
+    if fmt == "json":
+        return json.dumps(data, indent=2, sort_keys=False) + "\n"
+    return str(yaml.safe_dump(data, sort_keys=False))

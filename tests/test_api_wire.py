@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from migd.api.control import DAEMON_LOCK_TIMEOUT_S, ApplyRequest, ManualApply
+from migd.api.wire import to_json
 from migd.apply.result import OnBusy
 from migd.errors import ValidationError
 
@@ -59,8 +60,8 @@ def test_the_slurm_state_survives_its_file(tmp_path: Path) -> None:
     snap = SlurmSnapshot.of("gpu1", state)
     state.phase = Phase.SERVING
     state.before.clear()
-    assert snap.state.phase is Phase.RESUMING and snap.state.before and snap.to_json()["node"] == "gpu1"
-    assert "before" not in snap.to_json() and snap.to_json()["ended_reason"] == "switched to night"
+    assert snap.state.phase is Phase.RESUMING and snap.state.before and snap.view().node == "gpu1"
+    assert "before" not in to_json(snap.view()) and to_json(snap.view())["ended_reason"] == "switched to night"
 
 
 def test_a_v1_slurm_state_reads_as_v2(tmp_path: Path) -> None:

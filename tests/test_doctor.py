@@ -70,7 +70,7 @@ def test_doctor_reports_a_wrong_catalog_entry(tmp_path: Path) -> None:
     assert "catalog says 81920 MiB" in bad[(2, "memory")]
     assert "instanceCount 2 (catalog 3)" in bad[(2, "profile 9")]
     assert "0:4,4:4 (catalog 0:4,2:4,4:4)" in bad[(2, "placements 9")]
-    assert not doctor_doc(findings)["ok"]
+    assert not doctor_doc(findings).ok
 
 
 def test_doctor_reports_an_unknown_gpu_and_a_lost_one(tmp_path: Path) -> None:

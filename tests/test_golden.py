@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from migd.api.daemon import LastApply, Outcome, Status
+from migd.api.daemon import DaemonDoc, LastApply, Outcome, Status
+from migd.api.wire import from_json
 from migd.apply.executor import Applier
 from migd.daemon.clock import Clock
 from migd.daemon.config import load_config
@@ -80,7 +81,7 @@ def test_daemon_status_outputs(tmp_path: Path, mixed: Migctl) -> None:
     doc = _daemon_doc(tmp_path, mixed)
     text = _TIMES.sub(lambda m: m.group(1) + "0", json.dumps(doc, indent=2) + "\n")
     _check("daemon-waiting.json", text)
-    _check("daemon-waiting.txt", daemon_table(json.loads(text)))
+    _check("daemon-waiting.txt", daemon_table(from_json(DaemonDoc, json.loads(text))))
 
 
 def _daemon_doc(tmp_path: Path, m: Migctl) -> dict[str, object]:
@@ -147,14 +148,15 @@ def test_daemon_status_with_demand(tmp_path: Path, mixed: Migctl) -> None:
     """``migctl daemon`` on a demand planner that follows its own want (docs/demand.md): the status
     of a real transition with the demand view such a node holds; times masked."""
     from migd.api.demand import DemandView, PlanSummary, Source
+    from migd.api.wire import to_json
     doc = _daemon_doc(tmp_path, mixed)
     plan = PlanSummary(1795000000.0, "on", ("gpu1: night -> day: gains 55.6 slice-hours of pending work for 0.3 "
                                             "idled while it drains (ready in 3 min)",),
                        ("gpu2: night -> day: gains 30.0 ...; held: in night for 10 min of the 60 min minimum; "
                         "earliest change in 50 min",),
-                       (("1g.10gb", 56.0),), ("gpu9: drained by an operator (disk)",), 1, 0)
-    doc["demand"] = DemandView("on", "gpu1", Source.PLANNER, "night", "planner gpu1 wants night", 1795007200.0,
-                               plan).to_json()
+                       {"1g.10gb": 56.0}, ("gpu9: drained by an operator (disk)",), 1, 0)
+    doc["demand"] = to_json(DemandView("on", "gpu1", Source.PLANNER, "night", "planner gpu1 wants night",
+                                       1795007200.0, plan))
     doc["active"] = {"profile": "night", "reason": "demand", "source": "gpu1", "until": 1795007200.0}
     text = _TIMES.sub(lambda m: m.group(1) + "0", json.dumps(doc, indent=2) + "\n")
-    _check("daemon-demand.txt", daemon_table(json.loads(text)))
+    _check("daemon-demand.txt", daemon_table(from_json(DaemonDoc, json.loads(text))))

@@ -58,7 +58,7 @@ def test_a_running_job_is_not_killed_and_the_switch_waits_for_it(node: Node) -> 
     assert d.slurm.gate.state.phase is Phase.SERVING
     d.reconcile("reconcile")  # nothing to change: the pass compares Slurm's GRES with the layout
     assert d.status.slurm is not None and d.status.slurm.state.gres_in_sync is True
-    assert "slurm node gpu1: serving" in daemon_table(d.status.to_json())
+    assert "slurm node gpu1: serving" in daemon_table(d.status.view())
     night_job = c.submit("gpu:7g.80gb:1", f"touch {c.dir / 'night-ran'}")
     c.wait(lambda: (c.dir / "night-ran").exists(), "a job on the night GPU to run")
     assert c.job_state(night_job) in ("GONE", "COMPLETING")
@@ -148,7 +148,7 @@ def test_a_node_whose_slurm_gres_differs_from_its_layout_is_reported(node: Node)
     d.reconcile("reconcile")
     assert node.layout() == DAY_LAYOUT
     assert d.status.slurm is not None and d.status.slurm.state.gres_in_sync is False
-    assert "GRES NOT in sync" in daemon_table(d.status.to_json())
+    assert "GRES NOT in sync" in daemon_table(d.status.view())
 
 
 @pytest.mark.parametrize("node", [("gpu2",)], indirect=True)

@@ -45,7 +45,7 @@ def test_notebooks_pending_at_night_switch_the_node_and_start(night_node: Node) 
     doc = d.status.to_json()
     assert doc["active"]["reason"] == "demand" and doc["active"]["profile"] == "day"
     assert doc["demand"]["source"] == "planner" and doc["demand"]["plan"]["wanted_slice_h"] == {"1g.10gb": 50.0}
-    assert "demand (on, planner gpu1): planner: planner gpu1 wants day" in daemon_table(doc)
+    assert "demand (on, planner gpu1): planner: planner gpu1 wants day" in daemon_table(d.status.view())
     metrics = {f.name: {tuple(smp.labels.values()): smp.value for smp in f.samples}
                for f in demand_families(d.status.demand)}  # type: ignore[arg-type]
     assert metrics["migd_demand_following"] == {("planner",): 1, ("schedule",): 0, ("held",): 0}

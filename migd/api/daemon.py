@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone, tzinfo
-from typing import Any
+from typing import Any, ClassVar
 
 from migd.api.demand import DemandView, Source
 from migd.api.override import Override
-from migd.api.slurm import SlurmSnapshot
+from migd.api.slurm import SlurmSnapshot, SlurmView
+from migd.api.wire import OMIT_NONE, to_json
 from migd.apply.result import ApplyResult, GpuStatus
 from migd.isolation.marks import FaultMarks
 from migd.kinds import Word
@@ -75,8 +76,8 @@ class GpuProgress:
     reason: str = ""
     logged: float = 0.0  # a wait: when it was last logged (start, change, then at a bounded rate)
 
-    def to_json(self) -> dict[str, Any]:
-        return {"uuid": self.uuid, "state": self.progress.value, "since": self.since, "reason": self.reason or None}
+    def view(self) -> GpuView:
+        return GpuView(self.uuid, self.progress, self.since, self.reason or None)
 
 
 @dataclass(frozen=True)
@@ -85,10 +86,6 @@ class LastApply:
     result: Outcome
     seconds: float
     profile: str | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"time": self.time, "result": self.result.value, "seconds": round(self.seconds, 3),
-                "profile": self.profile}
 
 
 @dataclass
@@ -161,39 +158,124 @@ class Status:
         waits = self.with_progress(Progress.WAITING)
         return "; ".join(g.reason for g in waits.values()) or None  # each reason names its GPU
 
-    def to_json(self) -> dict[str, Any]:
-        """``migd.daemon/v1``, written field by field: fields are only ever added within v1.
-
-        ``active`` says which profile holds and why; ``next`` gives the next transition in UTC and
-        in the schedule's time zone; ``gpus`` says where each GPU stands."""
-        tz, nxt = self.timezone, None
+    def view(self) -> DaemonDoc:
+        """``migd.daemon/v1`` now: ``active`` says which profile holds and why; ``next`` gives the next
+        transition in UTC and in the schedule's time zone; ``gpus`` says where each GPU stands."""
+        nxt = None
         if self.next_transition is not None:
             at, name = self.next_transition
-            nxt = {"profile": name, "at": at.isoformat(), "local": at.astimezone(tz).isoformat()}
-        active = None
+            nxt = Next(name, at.isoformat(), at.astimezone(self.timezone).isoformat())
+        o, waiting = self.override, self.with_progress(Progress.WAITING)
+        last = self.last_apply
+        return DaemonDoc(
+            self.started, self.config_path, getattr(self.timezone, "key", str(self.timezone)), self._active(),
+            self.desired_profile, self.applied_profile,
+            None if o is None else HeldView(o.profile.name, o.profile.source, _iso(o.until), o.since.isoformat()),
+            (nxt.at, nxt.profile) if nxt else None, nxt, tuple(self.drifted), self.blocked_since, self.blocked_reason,
+            None if last is None else replace(last, seconds=round(last.seconds, 3)),
+            {str(i): Blocked(g.since, g.reason) for i, g in waiting.items()},
+            {str(i): g.view() for i, g in sorted(self.gpus.items())}, self.last_reload_error,
+            tuple(self.restart_needed), {k.value: v for k, v in sorted(self.apply_count.items())},
+            self.unhealthy_reasons(), self.slurm.view() if self.slurm else None, self.demand)
+
+    def _active(self) -> Active | None:
         if self.override is not None:
-            active = {"profile": self.override.profile.name, "reason": "manual", **self.override.to_json()}
-        elif self.demand is not None and self.demand.source is Source.PLANNER and self.desired_profile is not None:
-            active = {"profile": self.desired_profile, "reason": "demand", "source": self.demand.planner,
-                      "until": self.demand.until}
-        elif self.desired_profile is not None:
-            active = {"profile": self.desired_profile, "reason": "schedule", "source": None, "until": None}
-        waiting = self.with_progress(Progress.WAITING)
-        return {
-            "schema": SCHEMA, "started": self.started, "config_path": self.config_path,
-            "timezone": getattr(tz, "key", str(tz)), "active": active, "desired_profile": self.desired_profile,
-            "applied_profile": self.applied_profile,
-            "override": self.override.to_json() if self.override else None,
-            "next_transition": [nxt["at"], nxt["profile"]] if nxt else None, "next": nxt,
-            "drift_gpus": self.drifted,
-            "blocked_since": self.blocked_since, "blocked_reason": self.blocked_reason,
-            "last_apply": self.last_apply.to_json() if self.last_apply else None,
-            "blocked_gpus": {str(i): {"since": g.since, "reason": g.reason} for i, g in waiting.items()},
-            "gpus": {str(i): g.to_json() for i, g in sorted(self.gpus.items())},
-            "last_reload_error": self.last_reload_error, "restart_needed": list(self.restart_needed),
-            "apply_count": {k.value: v for k, v in sorted(self.apply_count.items())},
-            "unhealthy": self.unhealthy_reasons(), "slurm": self.slurm.to_json() if self.slurm else None,
-            "demand": self.demand.to_json() if self.demand else None}
+            o = self.override
+            return Active(o.profile.name, Reason.MANUAL, o.profile.source, _iso(o.until), o.since.isoformat())
+        if self.demand is not None and self.demand.source is Source.PLANNER and self.desired_profile is not None:
+            return Active(self.desired_profile, Reason.DEMAND, self.demand.planner, self.demand.until)
+        if self.desired_profile is not None:
+            return Active(self.desired_profile, Reason.SCHEDULE, None, None)
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = to_json(self.view())
+        return doc
 
     def unhealthy_reasons(self) -> dict[str, str]:
         return self.unhealthy.reasons()
+
+
+def _iso(t: datetime | None) -> str | None:
+    return t.isoformat() if t else None
+
+
+class Reason(Word):
+    """Why the active profile holds."""
+
+    SCHEDULE = "schedule"
+    MANUAL = "manual"  # migctl apply through migd, until the next transition (or migctl resume)
+    DEMAND = "demand"  # the demand planner's want, its lease running
+
+
+@dataclass(frozen=True)
+class Active:
+    """``until``: a manual apply's end as an ISO time, a demand want's lease as a Unix time; ``since``:
+    when a manual apply was made (manual only)."""
+
+    profile: str
+    reason: Reason
+    source: str | None  # manual: the profile's file; demand: the planner node
+    until: str | float | None
+    since: str | None = field(default=None, metadata=OMIT_NONE)
+
+
+@dataclass(frozen=True)
+class HeldView:
+    """A manual apply's hold (``override``; the same facts as a manual ``active``, kept for v1 readers)."""
+
+    profile: str
+    source: str
+    until: str | None
+    since: str
+
+
+@dataclass(frozen=True)
+class Next:
+    profile: str
+    at: str  # UTC, ISO 8601
+    local: str  # in the schedule's time zone
+
+
+@dataclass(frozen=True)
+class Blocked:
+    since: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class GpuView:
+    uuid: str
+    state: Progress
+    since: float
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class DaemonDoc:
+    """``migd.daemon/v1``, as ``migctl daemon -o json`` gives it.  Fields are only ever added within v1;
+    ``override``, ``next_transition`` and ``blocked_gpus`` repeat what ``active``, ``next`` and ``gpus``
+    say, for v1's first readers (docs/migctl.md)."""
+
+    SCHEMA: ClassVar[str] = SCHEMA
+    started: float
+    config_path: str
+    timezone: str
+    active: Active | None
+    desired_profile: str | None
+    applied_profile: str | None
+    override: HeldView | None
+    next_transition: tuple[str, ...] | None  # [at, profile]
+    next: Next | None
+    drift_gpus: tuple[int, ...]
+    blocked_since: float | None
+    blocked_reason: str | None
+    last_apply: LastApply | None
+    blocked_gpus: dict[str, Blocked]
+    gpus: dict[str, GpuView]
+    last_reload_error: str | None
+    restart_needed: tuple[str, ...]
+    apply_count: dict[str, int]
+    unhealthy: dict[str, str]
+    slurm: SlurmView | None
+    demand: DemandView | None

@@ -3,7 +3,7 @@ metrics): which layout it follows and why, and, on the planner, its last decisio
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from migd.kinds import Word
 
@@ -22,7 +22,7 @@ class PlanSummary:
     mode: str
     changes: tuple[str, ...]
     held: tuple[str, ...]
-    wanted_slice_h: tuple[tuple[str, float], ...]  # per MIG type, fair-weighted, within the horizon
+    wanted_slice_h: dict[str, float]  # per MIG type, fair-weighted, within the horizon
     skipped: tuple[str, ...]  # nodes not planned for, and why
     writes: int  # scontrol updates this decision made (changes, pins, lease renewals)
     untyped: int  # pending jobs asking for GPUs without a MIG type
@@ -43,10 +43,3 @@ class DemandView:
     why: str
     until: float | None = None
     plan: PlanSummary | None = None  # (the planner node only)
-
-    def to_json(self) -> dict[str, object]:
-        doc = asdict(self)
-        doc["source"] = self.source.value
-        if self.plan is not None:
-            doc["plan"]["wanted_slice_h"] = dict(self.plan.wanted_slice_h)
-        return doc

@@ -68,8 +68,27 @@ class SlurmSnapshot:
     def of(cls, node: str, state: SlurmState) -> SlurmSnapshot:
         return cls(node, replace(state, before=dict(state.before)))
 
-    def to_json(self) -> dict[str, object]:
-        """Status JSON: the switch as an operator reads it (the layouts kept for a rollback are not shown)."""
-        doc = asdict(self.state)
-        del doc["before"]
-        return {"node": self.node, **doc}
+    def view(self) -> SlurmView:
+        """The switch as an operator reads it (the layouts kept for a rollback are not shown)."""
+        s = self.state
+        return SlurmView(self.node, s.phase, s.profile, s.was_serving, s.reservation, s.reserved_for, s.jobs_waiting,
+                         s.gres_in_sync, s.reason, s.since, s.ended_ok, s.ended_reason, s.agree)
+
+
+@dataclass(frozen=True)
+class SlurmView:
+    """``migd.daemon/v1``'s ``slurm``: the node's switch state (SlurmState's fields but ``before``)."""
+
+    node: str
+    phase: Phase
+    profile: str | None
+    was_serving: bool
+    reservation: str | None
+    reserved_for: float | None
+    jobs_waiting: int
+    gres_in_sync: bool | None
+    reason: str
+    since: float
+    ended_ok: bool | None
+    ended_reason: str
+    agree: bool

@@ -19,7 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from migd.api.audit import DaemonAudit
 from migd.api.control import MAX_REQUEST, ApplyRequest, ManualApply, listening
+from migd.api.daemon import DaemonDoc
+from migd.api.status import StatusDoc
+from migd.api.wire import to_json
 from migd.apply.result import ApplyResult, Flag
 from migd.daemon.requests import Reloaded, Resumed
 from migd.exits import EXPECTED, Exit, failure, for_result
@@ -115,13 +119,13 @@ def claim(path: Path) -> None:
 class Handlers:
     """What the socket may ask of the daemon: one callable per request, nothing else."""
 
-    status: Callable[[], dict[str, Any]]  # migd.daemon/v1
+    status: Callable[[], DaemonDoc]
     reload: Callable[[], Reloaded]  # done before the reply: accepted, or rejected and why
     apply: Callable[[Profile, ManualApply, Flag | None], ApplyResult]  # (Flag: the client withdrew)
-    isolation: Callable[[], dict[str, Any]]  # unhealthy, breaches, findings
+    isolation: Callable[[], DaemonAudit]
     clear_fault: Callable[[str], list[str]]  # GPU index or UUID -> fault marks cleared
     resume: Callable[[], Resumed]  # lift a manual apply's hold: back to the schedule now
-    layout: Callable[[], dict[str, Any]] | None = None  # migd.status/v1, as `migctl status` prints it
+    layout: Callable[[], StatusDoc] | None = None  # as `migctl status` prints it
 
 
 READ_ONLY = frozenset({"status", "isolation", "layout"})  # all the read-only socket answers
@@ -162,9 +166,9 @@ class ControlServer(CappedThreadingMixIn, socketserver.UnixStreamServer):
                     f"needs root (this is migd's read-only socket {self.path}; it answers "
                     f"{', '.join(sorted(READ_ONLY))})"}
         if cmd == "layout" and h.layout is not None:
-            return {"ok": True, "exit": Exit.OK, "status": h.layout()}
+            return {"ok": True, "exit": Exit.OK, "status": to_json(h.layout())}
         if cmd == "status":
-            return {"ok": True, "exit": Exit.OK, "daemon": h.status()}
+            return {"ok": True, "exit": Exit.OK, "daemon": to_json(h.status())}
         if cmd == "reload":
             done = h.reload()
             if done.error is not None:
@@ -181,7 +185,7 @@ class ControlServer(CappedThreadingMixIn, socketserver.UnixStreamServer):
         if cmd == "resume":
             return self._resume()
         if cmd == "isolation":
-            return {"ok": True, "exit": Exit.OK, **h.isolation()}
+            return {"ok": True, "exit": Exit.OK, **to_json(h.isolation())}
         if cmd == "clear-fault":
             cleared = h.clear_fault(str(req.get("gpu", "")))
             return {"ok": bool(cleared), "exit": Exit.OK if cleared else Exit.NOT_APPLIED, "cleared": cleared}
@@ -192,17 +196,17 @@ class ControlServer(CappedThreadingMixIn, socketserver.UnixStreamServer):
         profile = load_profile(asked.file, asked.config, text=asked.text)
         opts = asked.options
         result = self.handlers.apply(profile, opts, hangup)
-        reply = {"ok": result.ok, "exit": for_result(result), "result": apply_doc(result, opts.dry_run),
+        reply = {"ok": result.ok, "exit": for_result(result), "result": to_json(apply_doc(result, opts.dry_run)),
                  "warnings": list(profile.warnings)}
         if result.ok and not opts.dry_run:
-            reply["override"] = self.handlers.status().get("override")  # how long it holds, said at once
+            reply["override"] = to_json(self.handlers.status().override)  # how long it holds, said at once
         return reply
 
     def _resume(self) -> dict[str, Any]:
         done = self.handlers.resume()
         result = done.result
         reply: dict[str, Any] = {"lifted": done.lifted, "profile": done.profile,
-                                 "result": apply_doc(result, False) if result is not None else None}
+                                 "result": to_json(apply_doc(result, False)) if result is not None else None}
         if result is None or result.ok:
             return {"ok": True, "exit": Exit.OK, **reply}
         return {"ok": False, "exit": for_result(result), **reply}

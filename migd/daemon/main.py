@@ -13,9 +13,11 @@ import sys
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from migd import __version__, cliargs, paths
+from migd.api.audit import DaemonAudit
+from migd.api.status import StatusDoc
 from migd.apply.journal import left_behind
 from migd.cliargs import Parser
 from migd.daemon import loop
@@ -219,12 +221,12 @@ def _viewer(path: Path, handlers: Handlers) -> ControlServer | None:
 
 def _handlers(daemon: Daemon, watch: FaultWatch) -> Handlers:
     """What the control socket answers (all of it) and the read-only socket (control.READ_ONLY)."""
-    def layout() -> dict[str, Any]:  # `migctl status` for a user who cannot read the GPUs (or the sim) itself
+    def layout() -> StatusDoc:  # `migctl status` for a user who cannot read the GPUs (or the sim) itself
         return status_doc(daemon.backend, daemon.applier.owners.load(), left_behind(daemon.applier.journal.path))
     return Handlers(
-        status=lambda: daemon.status.to_json(), reload=daemon.reload_now, apply=daemon.manual_apply,
-        isolation=lambda: {"unhealthy": daemon.status.unhealthy_reasons(), "breaches": list(watch.breaches),
-                           "findings": [f.to_json() for f in daemon.audit_findings]},
+        status=daemon.status.view, reload=daemon.reload_now, apply=daemon.manual_apply,
+        isolation=lambda: DaemonAudit(daemon.status.unhealthy_reasons(), tuple(watch.breaches),
+                                      tuple(daemon.audit_findings)),
         clear_fault=daemon.clear_fault, resume=daemon.resume, layout=layout)
 
 

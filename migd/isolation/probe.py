@@ -6,18 +6,44 @@ import importlib.util
 import os
 import subprocess
 import sys
-from typing import Any
+from dataclasses import dataclass
 
 from migd.hardware.inventory import survey
 from migd.hardware.ports import GpuReader
+from migd.kinds import Word
 
 _SNIPPET = "import torch; x = torch.ones(1 << 20, device='cuda'); assert float(x.sum()) == float(1 << 20)"
 
 
-def run_probe(backend: GpuReader, timeout_s: float = 120.0) -> dict[str, Any]:
+class ProbeStatus(Word):
+    OK = "ok"
+    FAILED = "failed"
+    SKIPPED = "skipped"  # no CUDA-capable Python stack here
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    """The workload in one MIG device (``error``: the last line it wrote to stderr, or the timeout)."""
+
+    gpu: int
+    gi: int
+    ci: int
+    mig_uuid: str
+    ok: bool
+    error: str | None
+
+
+@dataclass(frozen=True)
+class Probe:
+    status: ProbeStatus
+    detail: str
+    results: tuple[ProbeRun, ...]
+
+
+def run_probe(backend: GpuReader, timeout_s: float = 120.0) -> Probe:
     """Run the snippet once per MIG device (CUDA_VISIBLE_DEVICES=<MIG UUID>); skipped without torch+CUDA."""
     if importlib.util.find_spec("torch") is None:
-        return {"status": "skipped", "detail": "no CUDA-capable Python stack (torch is not installed)", "results": []}
+        return Probe(ProbeStatus.SKIPPED, "no CUDA-capable Python stack (torch is not installed)", ())
     results = []
     for g in survey(backend).gpus:  # a lost GPU runs nothing: the status and audit report it
         if not g.mig_current:
@@ -30,9 +56,7 @@ def run_probe(backend: GpuReader, timeout_s: float = 120.0) -> dict[str, Any]:
                 ok, err = p.returncode == 0, (p.stderr.strip().splitlines() or [""])[-1]
             except subprocess.TimeoutExpired:
                 ok, err = False, f"timed out after {timeout_s:g}s"
-            results.append({"gpu": g.index, "gi": d.gi_id, "ci": d.ci_id, "mig_uuid": d.uuid, "ok": ok,
-                            "error": None if ok else err})
-    failed = [r for r in results if not r["ok"]]
-    status = "failed" if failed else "ok"
-    return {"status": status, "detail": f"{len(results) - len(failed)}/{len(results)} instances ran the workload",
-            "results": results}
+            results.append(ProbeRun(g.index, d.gi_id, d.ci_id, d.uuid, ok, None if ok else err))
+    failed = [r for r in results if not r.ok]
+    return Probe(ProbeStatus.FAILED if failed else ProbeStatus.OK,
+                 f"{len(results) - len(failed)}/{len(results)} instances ran the workload", tuple(results))

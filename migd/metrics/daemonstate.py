@@ -134,7 +134,7 @@ def demand_families(view: DemandView) -> Iterator[Metric]:
         return
     g = GaugeMetricFamily("migd_demand_wanted_slice_hours", "Work wanted within the horizon per MIG type, fair-"
                           "weighted, at the planner's last decision", labels=["mig_type"])
-    for mig_type, hours in plan.wanted_slice_h:
+    for mig_type, hours in plan.wanted_slice_h.items():
         g.add_metric([mig_type], hours)
     yield g
     g = GaugeMetricFamily("migd_demand_decision_changes", "Layout changes the planner's last decision made (or, "

@@ -78,7 +78,7 @@ class Planner:
             queue = read_queue(self.ctl.all_jobs(), self.partition, now)
         except SlurmError as e:
             log.error("demand: cannot read Slurm, no decision: %s", e)
-            return PlanSummary(now, self.s.mode.value, (), (), (), (), 0, 0, str(e))
+            return PlanSummary(now, self.s.mode.value, (), (), {}, (), 0, 0, str(e))
         views, skipped = self._views(nodes, queue, now)
         decision = decide(Snapshot(queue.pending, tuple(views)), {n: self.layouts[n] for n in self.s.candidates},
                           self.s.params)
@@ -90,7 +90,7 @@ class Planner:
             self._coming[c.node] = (c.new, now - max(ages, default=0.0))
         return PlanSummary(now, self.s.mode.value, tuple(c.reason for c in decision.changes),
                            tuple(why for _, why in decision.held),  # (each reason names its node)
-                           tuple((t, round(v, 1)) for t, v in decision.demand), tuple(skipped),
+                           {t: round(v, 1) for t, v in decision.demand}, tuple(skipped),
                            writes, queue.untyped, None, self.capacity_count, self.capacity_sum, self.capacity_last)
 
     def _served(self, node: NodeInfo, current: str | None, now: float) -> None:

@@ -1,0 +1,100 @@
+"""``migd.plan/v1``, ``migd.assert/v1`` and ``migd.apply/v1``: a plan, a check and an apply's outcome, as
+``migctl plan|assert|apply -o json`` and migd's control socket give them (docs/migctl.md "Output
+formats").  An apply document is its plan's fields, then the outcome's.  Fields are only ever added
+within a version."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from migd.api.status import Placement, Unreadable
+from migd.apply.result import GpuStatus
+from migd.plan.planner import OpKind
+
+
+@dataclass(frozen=True)
+class Operation:
+    kind: OpKind
+    description: str
+    busy_pids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ComputeTarget:
+    profile_id: int
+    placement: Placement
+
+
+@dataclass(frozen=True)
+class Target:
+    """One GPU instance the profile wants, where, with its compute instances and owner."""
+
+    profile: str
+    profile_id: int
+    placement: Placement
+    compute: tuple[ComputeTarget, ...]
+    owner: str | None
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    index: int
+    uuid: str
+    model: str
+    changes: bool
+    kept: int
+    mig: bool
+    operations: tuple[Operation, ...]
+    target: tuple[Target, ...]
+
+
+@dataclass(frozen=True)
+class PlanDoc:
+    SCHEMA: ClassVar[str] = "migd.plan/v1"
+    profile: str
+    gpus: tuple[GpuPlan, ...]
+    unreadable: tuple[Unreadable, ...]
+
+
+@dataclass(frozen=True)
+class AssertGpu:
+    index: int
+    uuid: str
+    model: str
+    applied: bool
+    operations: int
+
+
+@dataclass(frozen=True)
+class AssertDoc:
+    """``unmatched``: GPUs a mig-parted file's entries do not match (its assert counts them as not applied)."""
+
+    SCHEMA: ClassVar[str] = "migd.assert/v1"
+    profile: str
+    ok: bool
+    gpus: tuple[AssertGpu, ...]
+    unmatched: tuple[int, ...]
+    unreadable: tuple[Unreadable, ...]
+
+
+@dataclass(frozen=True)
+class GpuResult:
+    index: int
+    uuid: str
+    status: GpuStatus
+    operations: int
+    error: str | None
+    seconds: float
+
+
+@dataclass(frozen=True)
+class ApplyDoc:
+    SCHEMA: ClassVar[str] = "migd.apply/v1"
+    profile: str
+    gpus: tuple[GpuPlan, ...]
+    unreadable: tuple[Unreadable, ...]
+    dry_run: bool
+    ok: bool
+    seconds: float
+    results: tuple[GpuResult, ...]
