@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 import threading
 from datetime import datetime
 from pathlib import Path
@@ -160,3 +162,11 @@ def test_daemon_status_with_demand(tmp_path: Path, mixed: Migctl) -> None:
     doc["active"] = {"profile": "night", "reason": "demand", "source": "gpu1", "until": 1795007200.0}
     text = _TIMES.sub(lambda m: m.group(1) + "0", json.dumps(doc, indent=2) + "\n")
     _check("daemon-demand.txt", daemon_table(from_json(DaemonDoc, json.loads(text))))
+
+
+def test_plain_nvidia_smi_output(mixed: Migctl) -> None:
+    """The simulator's `nvidia-smi` tables (migd/sim/smi_table.py), its clock line masked."""
+    assert mixed("apply", str(PROFILES / "balanced.yaml")).code == 0
+    r = subprocess.run([sys.executable, "-m", "migd.sim.smi", "--sim-state", str(mixed.state)],
+                       capture_output=True, text=True, timeout=60, check=True)
+    _check("nvidia-smi-balanced.txt", "DATE\n" + r.stdout.split("\n", 1)[1])

@@ -3,7 +3,7 @@ entry point pynvml wraps: a real libnvidia-ml exports them all, so none answers 
 
 Modelled (nvml.h prototypes): the CUDA driver version, BAR1 memory (per MIG device too), compute,
 persistence, display and driver models, performance state, power limit, versioned temperature, ECC
-totals, encoder and decoder utilization.  The values are this simulator's model of an idle
+totals, encoder and decoder utilization, a process's name.  The values are this simulator's model of an idle
 data-center board, not recordings (docs/simulator.md); a MIG device handle answers NOT_SUPPORTED for
 the GPU-wide readings (BAR1 aside), and encoder/decoder utilization is NOT_SUPPORTED in MIG mode, as
 utilization is (NVIDIA's MIG user guide).
@@ -61,6 +61,24 @@ def cuda_driver_version(call: Any, out_p: int) -> None:
 @export(PTR, name="nvmlSystemGetCudaDriverVersion_v2")
 def cuda_driver_version_v2(call: Any, out_p: int) -> None:
     _cuda_version(call, out_p, "nvmlSystemGetCudaDriverVersion_v2")
+
+
+@export(UINT, PTR, UINT, name="nvmlSystemGetProcessName")
+def process_name(call: Any, pid: int, name_p: int, length: int) -> None:
+    """nvml.h: the name of the process ``pid`` (any process, not only the GPU's: the driver reads the
+    process table), NOT_FOUND when no such process exists (a simulated CUDA process with a made-up pid
+    is one).  Its first argument, as ``nvidia-smi``'s process table shows it."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv0 = f.read().split(b"\0", 1)[0].decode(errors="replace")
+        if not argv0:  # a kernel thread: no command line
+            with open(f"/proc/{pid}/comm", "rb") as f:
+                argv0 = f.read().decode(errors="replace").strip()
+    except FileNotFoundError:
+        raise NvmlFail(pynvml.NVML_ERROR_NOT_FOUND) from None
+    except PermissionError:
+        raise NvmlFail(pynvml.NVML_ERROR_NO_PERMISSION) from None
+    call.mem.write_string("nvmlSystemGetProcessName", name_p, length, argv0)
 
 
 @export(HANDLE, PTR, name="nvmlDeviceGetBAR1MemoryInfo", handle=("gpu", "mig"))

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
 
 import pynvml
 
@@ -20,6 +21,7 @@ from migd.sim.gpu import mig_uuid, sim_model
 from migd.sim.state import SimGi, SimGpu, SimState, StateStore
 
 GIB = 1024.0
+T = TypeVar("T")
 
 
 def list_gpus(state: SimState) -> str:
@@ -113,10 +115,28 @@ def _select(state: SimState, ident: str | None) -> list[SimGpu]:
     raise SimError(f"No devices were found matching {ident!r}")
 
 
-USAGE = """supported: -L, -r -i GPU, -mig 0|1 [-i GPU], mig -lgi|-lci|-lgip|-lgipp [-i GPU],
-  --query-gpu=FIELD,... --format=csv[,noheader][,nounits] [-i GPU], -h
-The simulator's nvidia-smi shares the simulated NVML library's state (--sim-state PATH or MIGD_SIM_STATE).
+USAGE = """
+    nvidia-smi [OPTION1 [ARG1]] [OPTION2 [ARG2]] ...
+
+    -h,   --help                Print usage information and exit.
+    -L,   --list-gpus           Display a list of GPUs connected to the system.
+    -i,   --id=                 Target a specific GPU (index, UUID or PCI bus id).
+    -r,   --gpu-reset           Trigger a reset of the GPU given with -i.
+    -mig  0|1                   Disable or enable MIG mode (of the GPU given with -i, or of every GPU).
+    --query-gpu=                Information about GPUs: --query-gpu=FIELD,... --format=csv[,noheader][,nounits].
+    mig -lgi | -lci | -lgip | -lgipp
+                                List GPU instances, compute instances, GPU instance profiles and their
+                                placements (with -i: of one GPU).
+
+    With no option: the GPU, MIG devices and processes tables.
+    The simulator's nvidia-smi answers the options above, over the simulated NVML library's state
+    (--sim-state PATH first, or MIGD_SIM_STATE); any other option is refused.
 """
+
+
+def usage(state: SimState) -> str:
+    """``-h``: headed as the real tool heads it (its version is the driver's)."""
+    return f"NVIDIA System Management Interface -- v{state.driver_version}\n{USAGE}"
 
 
 def run(argv: Sequence[str], store: StateStore) -> tuple[int, str]:
@@ -127,12 +147,15 @@ def run(argv: Sequence[str], store: StateStore) -> tuple[int, str]:
         k = args.index("-i")
         ident = args[k + 1] if k + 1 < len(args) else None
         del args[k:k + 2]
+    for a in [a for a in args if a.startswith("--id=")]:
+        ident = a.split("=", 1)[1]
+        args.remove(a)
     try:
         if args in (["-h"], ["--help"]):
-            return 0, USAGE
-        if args == []:  # the real tool's full table is not simulated: its GPUs and MIG devices, then what is
-            return 0, list_gpus(store.read()) + "(fake nvidia-smi: " + USAGE.splitlines()[0] + ")\n"
-        if args == ["-L"]:
+            return 0, usage(store.read())
+        if args == []:
+            return _through_nvml(store, default_table)
+        if args in (["-L"], ["--list-gpus"]):
             return 0, list_gpus(store.read())
         query = _option(args, "--query-gpu")
         if query is not None:
@@ -158,7 +181,7 @@ def run(argv: Sequence[str], store: StateStore) -> tuple[int, str]:
         return 255, f"{e}\n"
     except Exception as e:  # an NVML error from the fake library, as nvidia-smi would print it
         return 255, f"Failed: {e}\n"
-    return 2, f"fake nvidia-smi: unsupported arguments {' '.join(argv)!r}\n"
+    return 2, f"fake nvidia-smi: unsupported arguments {' '.join(argv)!r} (nvidia-smi -h lists what it answers)\n"
 
 
 def _option(args: list[str], name: str) -> str | None:
@@ -173,14 +196,25 @@ def _option(args: list[str], name: str) -> str | None:
 
 def _query(store: StateStore, fields: list[str], formats: list[str], indexes: list[int]) -> tuple[int, str]:
     """``--query-gpu`` through NVML, as the real tool reads it (smi_query.py)."""
-    from migd.sim.library import load
     from migd.sim.smi_query import query_gpu
+    return _through_nvml(store, lambda: query_gpu([f.strip() for f in fields if f.strip()],
+                                                  [f.strip() for f in formats], indexes))
+
+
+def _through_nvml(store: StateStore, read: Callable[[], T]) -> T:
+    """``read`` with the simulated library loaded and initialised, as the real tool runs: an NVML client."""
+    from migd.sim.library import load
     load(store)
     pynvml.nvmlInit()
     try:
-        return query_gpu([f.strip() for f in fields if f.strip()], [f.strip() for f in formats], indexes)
+        return read()
     finally:
         pynvml.nvmlShutdown()
+
+
+def default_table() -> tuple[int, str]:
+    from migd.sim.smi_table import default_table as table
+    return 0, table()
 
 
 def _set_mig_mode(store: StateStore, gpus: list[SimGpu], enable: bool) -> str:
