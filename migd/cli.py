@@ -16,8 +16,6 @@ from pathlib import Path
 import yaml
 
 from migd import paths
-from migd.api.audit import DaemonAudit, DaemonMarks, IsolationDoc
-from migd.api.wire import from_json
 from migd.apply.executor import Applier
 from migd.apply.hooks import Hooks, parse_hooks
 from migd.apply.journal import left_behind
@@ -29,19 +27,18 @@ from migd.ctl_daemon import (
     cmd_daemon,
     cmd_reload,
     cmd_resume,
-    control_socket,
-    daemon_request,
     layout_from_daemon,
     out,
     refuse_local,
 )
+from migd.ctl_isolation import cmd_isolation, isolation_from_daemon
 from migd.ctl_parser import parser
+from migd.ctl_status import status_out
 from migd.doctor import UNREADABLE_CHECK, Verdict, diagnose
 from migd.errors import ValidationError
 from migd.exits import EXPECTED, Exit, failure, for_result, partly
 from migd.hardware.inventory import Unreadable
 from migd.hardware.ports import GpuBackend
-from migd.isolation.audit import Severity
 from migd.plan.planner import GpuPlan
 from migd.profiles.export import export_mig_parted, export_profile
 from migd.profiles.loader import load_profile
@@ -53,9 +50,7 @@ from migd.report_text import (
     apply_table,
     assert_table,
     doctor_table,
-    isolation_table,
     plan_table,
-    status_table,
     unreadable_lines,
 )
 from migd.sim.fleets import FLEETS
@@ -75,8 +70,7 @@ def open_backend(args: argparse.Namespace) -> tuple[GpuBackend, Path]:
 def cmd_status(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
     applier = Applier(backend, state_dir)
     doc = status_doc(backend, applier.owners.load(), left_behind(applier.journal.path))
-    out(args, doc, status_table(doc))
-    return partly(Exit.OK, doc.unreadable, bool(doc.gpus))
+    return status_out(args, doc)
 
 
 def _touched(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> \
@@ -222,44 +216,6 @@ def _discard(applier: Applier, yes: bool) -> int:
     return Exit.OK
 
 
-def cmd_isolation(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
-    from migd.api.control import request
-    from migd.isolation.audit import audit
-    from migd.isolation.probe import run_probe
-    profile = load_profile(args.profile) if args.profile else None
-    plans = {p.gpu.index: p for p in Applier(backend, state_dir).plan(profile)} if profile else None
-    findings, unreadable = audit(backend, plans, f"profile {profile.name}" if profile else "the active profile")
-    daemon = request(control_socket(args), {"cmd": "isolation"}, timeout_s=10)
-    doc = IsolationDoc(tuple(findings), report_unreadable(unreadable),
-                       None if daemon is None else from_json(DaemonMarks, daemon, "daemon"),
-                       run_probe(backend) if args.probe else None)
-    return _isolation_out(args, doc)
-
-
-def _isolation_out(args: argparse.Namespace, doc: IsolationDoc) -> int:
-    """``migctl isolation``'s table and exit code, from its document (read here, or by migd)."""
-    out(args, doc, isolation_table(doc))
-    daemon = doc.daemon
-    faults = bool(daemon and (daemon.unhealthy or daemon.breaches))
-    bad = any(f.severity is Severity.ERROR for f in doc.findings) or faults
-    return Exit.NOT_APPLIED if bad else partly(Exit.OK, doc.unreadable, True)
-
-
-def _isolation_from_daemon(args: argparse.Namespace) -> int | None:
-    """``migctl isolation`` for a user who may not read the GPUs: the running migd's last audit (of
-    the active profile) and its fault marks, from its read-only socket; None when it cannot answer
-    (no migd there, or ``--profile``/``--probe``, which need the GPUs read here)."""
-    if args.profile or args.probe:
-        return None
-    try:
-        reply = daemon_request(args, {"cmd": "isolation"}, timeout_s=10)
-    except (PermissionError, ConnectionError):
-        return None
-    audit = from_json(DaemonAudit, reply, "isolation")
-    doc = IsolationDoc(audit.findings, (), DaemonMarks(audit.unhealthy, audit.breaches))
-    return _isolation_out(args, doc)
-
-
 def cmd_validate(args: argparse.Namespace) -> int:
     """Every config of every file is checked, each error reported (not only the first)."""
     code = Exit.OK
@@ -374,12 +330,11 @@ def _run(args: argparse.Namespace) -> int:
     try:
         return _local(args)
     except PermissionError:  # not root: `status` and `isolation` are answered by migd's read-only socket
-        if args.command == "isolation" and (code := _isolation_from_daemon(args)) is not None:
+        if args.command == "isolation" and (code := isolation_from_daemon(args)) is not None:
             return code
         if args.command != "status" or (doc := layout_from_daemon(args)) is None:
             raise
-        out(args, doc, status_table(doc))
-        return partly(Exit.OK, doc.unreadable, bool(doc.gpus))
+        return status_out(args, doc)
 
 
 def _local(args: argparse.Namespace) -> int:

@@ -178,3 +178,14 @@ def cmd_clear_fault(args: argparse.Namespace) -> int:
         return int(reply["exit"])
     print(f"cleared: {', '.join(reply['cleared']) or 'nothing (no fault mark on that GPU)'}")
     return int(reply["exit"])
+
+
+def caps_root(args: argparse.Namespace) -> str:
+    """Where the driver's /dev and /proc are, as the running migd's access by owner says ("/" on a
+    node; a simulated node's own tree), else "/"."""
+    try:
+        doc = daemon_request(args, {"cmd": "status"}, timeout_s=10)["daemon"]
+    except (OSError, KeyError, TypeError):
+        return "/"
+    access = doc.get("access") if isinstance(doc, dict) else None
+    return str(access["root"]) if isinstance(access, dict) and "root" in access else "/"

@@ -44,7 +44,10 @@ def parser() -> argparse.ArgumentParser:
         sp: argparse.ArgumentParser = sub.add_parser(name, help=hlp, parents=[common])
         return sp
 
-    _fmt(cmd("status", "GPUs, MIG mode, instances, owners, MIG UUIDs, processes"))
+    st = cmd("status", "GPUs, MIG mode, instances, owners, MIG UUIDs, processes")
+    st.add_argument("--mine", action="store_true", help="only the MIG devices you may use, each with the "
+                    "CUDA_VISIBLE_DEVICES line that selects it")
+    _fmt(st)
     _profile_commands(cmd)
     _node_commands(cmd)
     return p

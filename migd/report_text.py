@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timezone
 
+from migd.api.access import AccessView
 from migd.api.audit import DoctorDoc, IsolationDoc
 from migd.api.daemon import Active, DaemonDoc, Progress, Reason
 from migd.api.demand import DemandView
@@ -196,7 +197,17 @@ def daemon_table(doc: DaemonDoc) -> str:
         res = f"; reserved ({sl.reservation})" if sl.reservation else ""
         lines.append(f"slurm node {sl.node}: {sl.phase.value} since {when(sl.since)}; GRES {sync}{res}"
                      + (f": {sl.reason}" if sl.reason else ""))
-    return "\n".join(lines + _demand_lines(doc.demand, when)) + "\n"
+    return "\n".join(lines + _access_lines(doc.access) + _demand_lines(doc.demand, when)) + "\n"
+
+
+def _access_lines(ac: AccessView | None) -> list[str]:
+    """Access by owner: whose instances are open to whom, and what could not be set."""
+    if ac is None:
+        return []
+    owners = "; ".join(f"{o}: {who}" for o, who in ac.owners.items()) or "no owner listed"
+    lines = [f"access by owner ({ac.interface} interface): {owners}; unowned: {ac.unowned}; "
+             f"{ac.changed} capability node(s) set since start"]
+    return lines + [f"  access NOT set: {e}" for e in ac.errors]
 
 
 def _active_line(active: Active | None, when: Callable[[float | None], str]) -> str:
@@ -265,4 +276,15 @@ def isolation_table(doc: IsolationDoc) -> str:
         lines += [f"BREACH  {b}" for b in doc.daemon.breaches]
     if doc.probe is not None:
         lines.append(f"probe: {doc.probe.status.value}: {doc.probe.detail}")
+    return "\n".join(lines) + "\n"
+
+
+def mine_table(doc: StatusDoc, uid: int, groups: Sequence[int]) -> str:
+    """``migctl status --mine``: one line per MIG device this user may use, with what selects it."""
+    lines = [f"GPU {g.index} GI {gi.gi_id} CI {ci.ci_id} {ci.profile} (owner {gi.owner or '-'}): "
+             f"CUDA_VISIBLE_DEVICES={ci.mig_uuid}"
+             for g in doc.gpus for gi in g.instances for ci in gi.compute_instances]
+    if not lines:
+        return (f"no MIG device of this node is open to you (uid {uid}, groups {','.join(map(str, groups)) or '-'}): "
+                "`migctl daemon` says which group owns what\n")
     return "\n".join(lines) + "\n"

@@ -15,10 +15,11 @@ import pytest
 from migd.daemon.clock import Clock
 from migd.daemon.config import load_config
 from migd.daemon.service import Daemon
+from migd.hardware.caps import read_minors
 from migd.hardware.nvml.backend import NvmlBackend
 from migd.hardware.ports import read_state
 from migd.sim.backend import sim_backend
-from migd.slurm.gres import gres_conf, node_gres, read_minors, records
+from migd.slurm.gres import gres_conf, node_gres, records
 from tests.helpers import PROFILES, Migctl
 from tests.slurm_cluster import SlurmCluster, skip_without_slurm
 

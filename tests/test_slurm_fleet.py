@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from migd.hardware.caps import read_minors
 from migd.hardware.ports import read_state
 from migd.sim.backend import sim_backend
-from migd.slurm.gres import gres_conf, node_gres, read_minors, records
+from migd.slurm.gres import gres_conf, node_gres, records
 from migd.slurm.want import Want
 from tests.daemon_harness import MigdProcess
 from tests.helpers import PROFILES

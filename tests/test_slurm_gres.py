@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from migd.hardware.caps import read_minors
 from migd.hardware.ports import read_state
 from migd.sim.backend import sim_backend
 from migd.sim.devnodes import mig_minors_text
-from migd.slurm.gres import GresError, gres_conf, node_gres, read_minors, records, set_node_gres
+from migd.slurm.gres import GresError, gres_conf, node_gres, records, set_node_gres
 from tests.helpers import PROFILES, Migctl, check_golden
 
 SPLIT = """apiVersion: migd/v1

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone, tzinfo
 from typing import Any, ClassVar
 
+from migd.api.access import AccessView
 from migd.api.demand import DemandView, Source
 from migd.api.override import Override
 from migd.api.slurm import SlurmSnapshot, SlurmView
@@ -131,6 +132,7 @@ class Status:
     unhealthy: FaultMarks = field(default_factory=FaultMarks)  # gpu uuid -> GPU-wide fault (fault watch)
     slurm: SlurmSnapshot | None = None  # Slurm mode: the node's switch state (migd.slurm/v2)
     demand: DemandView | None = None  # demand mode: which layout the node follows and why
+    access: AccessView | None = None  # access by owner: to whom each owner's instances are open
     profile_names: tuple[str, ...] = ()  # the configured profiles (their time series start at 0)
     busy_timeout_s: float = 0.0  # how long a transition may wait for busy instances (config)
     profile_time: ProfileTime = field(default_factory=ProfileTime)
@@ -176,7 +178,7 @@ class Status:
             {str(i): Blocked(g.since, g.reason) for i, g in waiting.items()},
             {str(i): g.view() for i, g in sorted(self.gpus.items())}, self.last_reload_error,
             tuple(self.restart_needed), {k.value: v for k, v in sorted(self.apply_count.items())},
-            self.unhealthy_reasons(), self.slurm.view() if self.slurm else None, self.demand)
+            self.unhealthy_reasons(), self.slurm.view() if self.slurm else None, self.demand, self.access)
 
     def _active(self) -> Active | None:
         if self.override is not None:
@@ -279,3 +281,4 @@ class DaemonDoc:
     unhealthy: dict[str, str]
     slurm: SlurmView | None
     demand: DemandView | None
+    access: AccessView | None = None  # (added in v1 with access by owner; older migd leaves it out)

@@ -25,6 +25,7 @@ from migd.apply.owners import Owners
 from migd.apply.planning import plan_each, plan_layout, touched
 from migd.apply.recovery import recover
 from migd.apply.result import (
+    AccessGate,
     ApplyOptions,
     ApplyResult,
     Cancelled,
@@ -60,6 +61,7 @@ class Applier:
         self._stopping: Callable[[], bool] | None = None
         self._progress: Callable[[], None] | None = None
         self._faults: FaultGate | None = None
+        self.access: AccessGate | None = None  # access by owner (migd's config): closed, changed, opened
 
     def lock(self, timeout_s: float = 0.0) -> ApplyLock:
         return ApplyLock(self.state_dir / "apply.lock", timeout_s)
@@ -115,6 +117,9 @@ class Applier:
         for p in plans:  # owner labels can change without any NVML operation
             if not p.changes and p.targets:
                 self.owners.set_gpu(p.gpu.uuid, {t.placement.start: t.owner for t in p.targets if t.owner})
+        if self.access is not None:  # settled (applied, rolled back, untouched): open what exists, as owned
+            for p in plans:
+                self.access.open_gpu(p.gpu.index)
         results.sort(key=lambda r: r.index)
         every = sorted(plans + blocked + faulted, key=lambda p: p.gpu.index)
         return ApplyResult(profile.name, every, results, time.monotonic() - t0)
@@ -200,6 +205,8 @@ class Applier:
         t0 = time.monotonic()
         uuid, i = plan.gpu.uuid, plan.gpu.index
         try:
+            if self.access is not None:  # nothing of the old layout stays open for an instance reusing an id
+                self.access.close_gpu(i)
             done, seen = self._execute_ops(plan, uuid)
             # The GPU's one journal write (issue 16: <= 2 per GPU): what cannot be recorded as done is
             # undone, so the record on disk (this GPU's before-layout) stays the truth.

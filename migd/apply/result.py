@@ -57,6 +57,15 @@ class FaultGate(Protocol):
     def guard(self, uuid: str) -> AbstractContextManager[str | None]: ...
 
 
+class AccessGate(Protocol):
+    """Who may use a GPU's instances (``migd.access.control.AccessControl``): closed before its layout
+    changes (HardwareError: then it is not changed), opened as its owners' grants say once settled."""
+
+    def close_gpu(self, index: int) -> None: ...
+
+    def open_gpu(self, index: int) -> list[str]: ...
+
+
 class GpuStatus(Word):
     UNCHANGED = "unchanged"
     APPLIED = "applied"

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from migd.access.settings import AccessSettings, parse_access
 from migd.apply.hooks import Hooks, parse_hooks
 from migd.apply.result import OnBusy
 from migd.daemon.schedule import Entry, Schedule, ScheduleError
@@ -25,7 +26,7 @@ from migd.yamlsrc import Node, load, parse_host_port
 
 log = logging.getLogger("migd")
 KEYS = ["timezone", "profiles_dir", "schedule", "on_busy", "busy_timeout", "reconcile_interval", "reconcile",
-        "metrics", "hooks", "control_socket", "state_dir", "strict_permissions", "sample_interval", "slurm"]
+        "metrics", "hooks", "control_socket", "state_dir", "strict_permissions", "sample_interval", "slurm", "access"]
 
 
 class ReconcileMode(Word):
@@ -52,6 +53,7 @@ class Config:
     state_dir: str | None = None
     sample_interval_s: float = 15.0
     slurm: SlurmSettings | None = None  # Slurm mode: drain, switch, publish GRES, resume
+    access: AccessSettings | None = None  # access by owner: each team's instances to its Unix group
 
 
 def _schedule(node: Node, tz: ZoneInfo, profiles: dict[str, Profile],
@@ -159,6 +161,7 @@ def load_config(path: str | Path, text: str | None = None) -> Config:
         state_dir=m["state_dir"].str() if "state_dir" in m else None,
         sample_interval_s=max(1.0, m["sample_interval"].duration()) if "sample_interval" in m else 15.0,
         slurm=parse_slurm(m["slurm"], profiles) if "slurm" in m else None,
+        access=parse_access(m["access"]) if "access" in m else None,
     )
 
 

@@ -27,6 +27,8 @@ from migd.api.override import OverrideStore
 from migd.apply.executor import Applier
 from migd.apply.planning import touched
 from migd.apply.result import ApplyOptions, ApplyResult, BusyError, Flag, GpuStatus, OnBusy
+from migd.daemon.accesspass import access_control
+from migd.daemon.accesspass import view as access_view
 from migd.daemon.clock import Clock
 from migd.daemon.config import Config, ReconcileMode, restart_only
 from migd.daemon.hwlock import HardwareLock
@@ -89,6 +91,7 @@ class Daemon:
         self.on_apply: list[Callable[[ApplyResult | None, Outcome, float], None]] = []
         self.slurm = slurm_switch(config, backend, self.applier, Path(state_dir), clock.now,
                                   Lent(GateHooks(self.heartbeat.beat, self.stop.is_set), self.hw_lock.unheld))
+        self.access = access_control(config, backend, self.applier)
 
     # -- decisions --------------------------------------------------------------------------------
     def desired(self) -> Profile | None:
@@ -126,24 +129,33 @@ class Daemon:
 
     def reconcile(self, reason: str) -> None:
         with self.lock:
-            if self.slurm is not None and self.slurm.demand is not None:
-                self.slurm.demand.plan(self.config.profiles, self.backend)
-            profile = self.desired()
-            nxt = self._derive_next()
-            if self.slurm is not None:
-                self.slurm.reserve_ahead(nxt[0] if nxt else None)
-            if profile is None:
-                log.info("no profile is active yet (no schedule entry has fired, or Slurm cannot say which the "
-                         "demand planner wants); leaving GPUs as they are")
-                return
-            if self.status.desired_profile != profile.name:
-                log.info("profile %s is now active (%s)", profile.name, reason)
-            self.status.desired_profile = profile.name
-            correct = reason != "reconcile" or self.config.reconcile is ReconcileMode.CORRECT
             try:
-                self._change(profile, reason, self._scheduled_options(), correct=correct)
-            except REFUSALS:
-                pass  # logged and counted by _change; the next pass tries again
+                self._reconcile(reason)
+            finally:  # every pass (the start's first): capability nodes as owners' grants say
+                if self.access is not None:
+                    with self.hw_lock:
+                        self.access.reconcile()
+                    self.status.access = access_view(self.access)
+
+    def _reconcile(self, reason: str) -> None:
+        if self.slurm is not None and self.slurm.demand is not None:
+            self.slurm.demand.plan(self.config.profiles, self.backend)
+        profile = self.desired()
+        nxt = self._derive_next()
+        if self.slurm is not None:
+            self.slurm.reserve_ahead(nxt[0] if nxt else None)
+        if profile is None:
+            log.info("no profile is active yet (no schedule entry has fired, or Slurm cannot say which the "
+                     "demand planner wants); leaving GPUs as they are")
+            return
+        if self.status.desired_profile != profile.name:
+            log.info("profile %s is now active (%s)", profile.name, reason)
+        self.status.desired_profile = profile.name
+        correct = reason != "reconcile" or self.config.reconcile is ReconcileMode.CORRECT
+        try:
+            self._change(profile, reason, self._scheduled_options(), correct=correct)
+        except REFUSALS:
+            pass  # logged and counted by _change; the next pass tries again
 
     def _change(self, profile: Profile, reason: str, opts: ApplyOptions, *, manual: bool = False,
                 correct: bool = True) -> ApplyResult:
@@ -334,6 +346,7 @@ class Daemon:
             log.warning("reloaded, but %s changed: that takes effect only after a restart (systemctl restart "
                         "migd)", ", ".join(stale))
         self.config = new
+        self.access = access_control(new, self.backend, self.applier)
         self._reschedule_hold()
         self.status.timezone = new.timezone
         self.status.profile_names, self.status.busy_timeout_s = tuple(sorted(new.profiles)), new.busy_timeout_s

@@ -11,6 +11,7 @@ import os
 
 import pynvml
 
+from migd.sim.caps import sync as sync_caps
 from migd.sim.entry import proc_start_time, reap
 from migd.sim.state import SimFault, SimGpu, SimProcess, SimState, StateStore
 
@@ -122,6 +123,8 @@ def reset_gpu(store: StateStore, gpu: int, despite_clients: bool = False) -> Non
                                f"nvidia-smi): PIDs {', '.join(holders)}")
             g.reset()
             s.add_event(gpu, pynvml.nvmlEventMigConfigChange, 0, GPU_WIDE, GPU_WIDE)
+            if s.caps_root:
+                sync_caps(s)
     if failure is not None:
         raise SimError(failure)
 

@@ -31,6 +31,8 @@ from typing import Any
 import pynvml
 
 from migd.sim import entry_board, entry_devices, entry_instances, entry_telemetry
+from migd.sim.caps import adopt_claims
+from migd.sim.caps import sync as sync_caps
 from migd.sim.cmem import Handles, Memory, Ref
 from migd.sim.entry import ANY_MUTATION, Export, proc_start_time, reap_processes
 from migd.sim.gpu import NvmlFail, SimGpu
@@ -238,6 +240,8 @@ class SimLibrary:
             raise NvmlFail(pynvml.NVML_ERROR_UNINITIALIZED)
         if not self.store.known_quiet(state) and reap_processes(state):
             state.touched = True
+        if state.caps_root and adopt_claims(state):  # CUDA processes that opened their MIG device
+            state.touched = True
         if not state.faults:
             return self._check_lost(call, state)
         name, base = call.export.name, base_name(call.export.name)
@@ -258,6 +262,8 @@ class SimLibrary:
 
     def mutated(self, state: SimState) -> None:
         state.mutations += 1
+        if state.caps_root:  # the driver makes and removes instances' /proc capability files with them
+            sync_caps(state)
         fill = state.fill_after_mutations
         if fill is not None:
             fill[0] -= 1

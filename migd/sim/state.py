@@ -60,13 +60,15 @@ class SimState:
     driver_version: str = DRIVER_VERSION
     missing_symbols: list[str] = field(default_factory=list)  # an older libnvidia-ml lacks these entry points
     clients: dict[str, list[int]] = field(default_factory=dict)  # pid -> [start time, nvmlInit count]
+    caps_root: str | None = None  # nvidia-capabilities under this root (migd.sim.caps), or none
+    caps_synced: list[str] = field(default_factory=list)  # the capabilities its /proc tree has now
     touched: bool = field(default=True, repr=False, compare=False)  # not persisted: "write me back"
 
     @property
     def quiet(self) -> bool:
-        """Nothing armed that a read would trip (a fault) and no real process whose exit a read
-        would notice: reading changes nothing."""
-        return not self.faults and not any(p.real for g in self.gpus for p in g.processes)
+        """Nothing armed that a read would trip (a fault), no real process whose exit a read would
+        notice and no capability tree whose claims a read would adopt: reading changes nothing."""
+        return not self.faults and not self.caps_root and not any(p.real for g in self.gpus for p in g.processes)
 
     def next_serial(self) -> int:
         self.serial += 1
@@ -90,6 +92,7 @@ class SimState:
             "next_pid": self.next_pid, "faults": [vars(f) for f in self.faults],
             "mutation_delay_s": self.mutation_delay_s, "passthrough": self.passthrough,
             "driver_version": self.driver_version, "missing_symbols": self.missing_symbols, "clients": self.clients,
+            "caps_root": self.caps_root, "caps_synced": self.caps_synced,
             "gpus": [{**{k: v for k, v in vars(g).items() if k not in ("gis", "processes")},
                       "processes": [vars(p) for p in g.processes],
                       "gis": [{**{k: v for k, v in vars(gi).items() if k != "cis"},

@@ -35,16 +35,6 @@ class GresRecord:
         return f"NodeName={node} Name=gpu Type={self.type} {key}={','.join(self.files)}"
 
 
-def read_minors(path: Path) -> dict[str, int]:
-    """``gpu0/gi1/ci0/access 13`` lines -> {"gpu0/gi1/ci0/access": 13} (config/monitor lines too)."""
-    out = {}
-    for line in path.read_text().splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[1].isdigit():
-            out[parts[0]] = int(parts[1])
-    return out
-
-
 def records(states: Sequence[GpuState], minor_of: Callable[[int], int], minors: Mapping[str, int],
             device_dir: Path) -> list[GresRecord]:
     """One record per MIG device (GPU order, then GI placement, then CI id), one per non-MIG GPU."""

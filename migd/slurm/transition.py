@@ -27,9 +27,10 @@ from migd.api.slurm import READS, SCHEMA, STATE_SHAPE, Phase, SlurmState
 from migd.apply.result import OnBusy
 from migd.apply.statefile import atomic_write_json, atomic_write_text, conform, read_json
 from migd.errors import ValidationError
+from migd.hardware.caps import read_minors
 from migd.hardware.types import GpuState
 from migd.slurm.ctl import NodeInfo, Runner, SlurmCtl, SlurmError
-from migd.slurm.gres import GresError, GresRecord, gres_conf, node_gres, read_minors, records, set_node_gres
+from migd.slurm.gres import GresError, GresRecord, gres_conf, node_gres, records, set_node_gres
 from migd.slurm.settings import GresUpdate, SlurmSettings
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,45 @@
+"""Access by owner in the daemon: built from the configuration, kept true at start and every pass.
+
+In Slurm mode it stays off unless ``access.with_slurm`` is set: Slurm's cgroup device constraint
+(``ConstrainDevices=yes``, cgroup.conf(5)) already decides which job may open which capability node,
+and two owners of the same nodes would fight (docs/users.md, "With Slurm")."""
+
+from __future__ import annotations
+
+import logging
+
+from migd.access.control import AccessControl
+from migd.api.access import AccessView
+from migd.apply.executor import Applier
+from migd.daemon.config import Config
+from migd.hardware.caps import uses_devfs
+from migd.hardware.ports import GpuBackend
+
+log = logging.getLogger("migd")
+
+
+def access_control(config: Config, backend: GpuBackend, applier: Applier) -> AccessControl | None:
+    """The configured access control, set on the applier (None, and unset, when there is none)."""
+    applier.access = None
+    s = config.access
+    if s is None:
+        return None
+    if config.slurm is not None and not s.with_slurm:
+        log.warning("access by owner is off in Slurm mode: Slurm's cgroups decide which job opens which "
+                    "capability node (access.with_slurm: true has migd set the nodes as well)")
+        return None
+    for name, p in sorted(config.profiles.items()):
+        unmapped = sorted({i.owner for sec in p.sections for i in sec.instances if i.owner} - set(s.policy.owners))
+        if unmapped:
+            log.warning("profile %s: owner(s) %s have no access entry: their instances are %s", name,
+                        ", ".join(unmapped), "open to all" if s.policy.unowned.value == "open" else "root's only")
+    control = AccessControl(s.policy, backend, applier.owners.load)
+    applier.access = control
+    return control
+
+
+def view(control: AccessControl) -> AccessView:
+    p = control.policy
+    return AccessView({o: p.accounts(o) for o in sorted(p.owners)}, p.unowned.value,
+                      "dev" if uses_devfs(p.paths) else "proc", str(p.paths.root), control.changes,
+                      tuple(control.errors))

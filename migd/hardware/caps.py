@@ -1,0 +1,112 @@
+"""The NVIDIA driver's capability interface for MIG, as its documentation and source describe it.
+
+NVIDIA's MIG user guide, "Device Nodes and Capabilities" (R580 edition): a CUDA process needs access
+to its MIG device's GPU-instance capability ``/proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<G>/
+access`` and compute-instance capability ``.../gi<G>/ci<C>/access``; root (CAP_SYS_ADMIN) always has
+it.  Two interfaces exist, chosen by the ``nvidia.ko`` parameter ``nv_cap_enable_devfs``
+(``/sys/module/nvidia/parameters/nv_cap_enable_devfs``, read-only, default 1 in the driver's
+nv-caps.c):
+
+- **/dev** (``1``, the default and the guide's recommendation): the /proc files only *point* at a
+  device node: they read ``DeviceFileMinor``, ``DeviceFileMode`` and ``DeviceFileModify``; access is
+  opening ``/dev/nvidia-caps/nvidia-cap<minor>`` (major: ``nvidia-caps`` in ``/proc/devices``; every
+  minor listed in ``/proc/driver/nvidia-caps/mig-minors``), guarded by cgroups and by the node's own
+  owner and mode ("a second-level access control mechanism").  The driver does not create the nodes:
+  ``nvidia-modprobe`` (setuid root, run by CUDA and nvidia-smi) does, with ``DeviceFileMode``, and
+  while ``DeviceFileModify`` is 1 it may set them back to that mode; writing ``DeviceFileModify: 0``
+  to the /proc file (after ``chmod u+w``) leaves the node to whoever manages it (the guide's own
+  procedure).  A new capability starts with ``DeviceFileModify`` = ``NVreg_ModifyDeviceFiles``
+  (nv-caps.c ``nv_cap_alloc``).
+- **/proc** (``0``, deprecated): access is opening the /proc file itself, guarded by its owner and mode.
+
+Unclear in the documentation, and handled here: whether every driver exposes the parameter (absent
+is read as the default, /dev); the default ``DeviceFileMode`` of GI and CI capabilities (the guide's
+listing shows them world-readable, ``-r--r--r--``, which is why any local user can use any MIG
+device until someone restricts the nodes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class CapsPaths:
+    """Where the driver's files are, under ``root`` ("/" on a node; the simulator's own tree in tests)."""
+
+    root: Path = Path("/")
+
+    @property
+    def proc_caps(self) -> Path:
+        return self.root / "proc/driver/nvidia/capabilities"
+
+    @property
+    def mig_minors(self) -> Path:
+        return self.root / "proc/driver/nvidia-caps/mig-minors"
+
+    @property
+    def dev(self) -> Path:
+        return self.root / "dev/nvidia-caps"
+
+    @property
+    def devices(self) -> Path:
+        return self.root / "proc/devices"
+
+    @property
+    def devfs_param(self) -> Path:
+        return self.root / "sys/module/nvidia/parameters/nv_cap_enable_devfs"
+
+    def proc_file(self, name: str) -> Path:
+        """``gpu0/gi1/ci0/access`` (a mig-minors name) -> its /proc capability file."""
+        gpu, rest = name.split("/", 1)
+        return self.proc_caps / gpu / "mig" / rest
+
+    def node(self, minor: int) -> Path:
+        return self.dev / f"nvidia-cap{minor}"
+
+
+def read_minors(path: Path) -> dict[str, int]:
+    """``gpu0/gi1/ci0/access 13`` lines -> {"gpu0/gi1/ci0/access": 13} (config/monitor lines too), as
+    nvidia-container-toolkit's ``internal/nvcaps`` reads the file."""
+    out = {}
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+def caps_major(devices: Path) -> int:
+    """The ``nvidia-caps`` character major from ``/proc/devices`` (dynamic: read, never assumed)."""
+    section = ""
+    for line in devices.read_text().splitlines():
+        if line.endswith(":"):
+            section = line
+            continue
+        parts = line.split()
+        if section.startswith("Character") and len(parts) == 2 and parts[1] == "nvidia-caps":
+            return int(parts[0])
+    raise FileNotFoundError(f"{devices} lists no nvidia-caps character device (is the nvidia module loaded?)")
+
+
+def uses_devfs(paths: CapsPaths) -> bool:
+    """The /dev interface (``nv_cap_enable_devfs`` 1, or the parameter absent: its default) or /proc."""
+    try:
+        return paths.devfs_param.read_text().strip() != "0"
+    except FileNotFoundError:
+        return True
+
+
+def gpu_caps(minors: dict[str, int], gpu_minor: int) -> dict[str, int]:
+    """Every GI and CI access capability of one GPU (by its device minor), name -> node minor."""
+    prefix = f"gpu{gpu_minor}/"
+    return {name: m for name, m in minors.items() if name.startswith(prefix)}
+
+
+def gi_cap(gpu_minor: int, gi: int) -> str:
+    return f"gpu{gpu_minor}/gi{gi}/access"
+
+
+def ci_cap(gpu_minor: int, gi: int, ci: int) -> str:
+    return f"gpu{gpu_minor}/gi{gi}/ci{ci}/access"

@@ -1,0 +1,182 @@
+"""Access control's parts without a daemon: the configuration section, both driver interfaces (/dev
+nodes and the deprecated /proc files), what it refuses to touch, and a hand-made change put back.
+Over the production NVML adapter and a simulated node with a real capability tree (needs root)."""
+
+from __future__ import annotations
+
+import grp
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from migd.access.control import AccessControl
+from migd.access.policy import AccessPolicy, Grant, Unowned
+from migd.access.settings import parse_access
+from migd.apply.executor import Applier
+from migd.daemon.accesspass import access_control
+from migd.daemon.config import load_config
+from migd.errors import ValidationError
+from migd.hardware.caps import CapsPaths, read_minors
+from migd.hardware.ports import GpuBackend
+from migd.sim import caps
+from migd.sim.backend import sim_backend
+from migd.sim.state import StateStore
+from migd.slurm.settings import SlurmSettings
+from migd.yamlsrc import load
+from tests.helpers import PROFILES, Migctl
+from tests.test_access import two_groups
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Iterator[tuple[Migctl, Path]]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: real character devices (mknod)")
+    root = Path(tempfile.mkdtemp(prefix="migd-caps-", dir="/tmp"))
+    m = Migctl(tmp_path, "single-h100")
+    assert m("status").code == 0
+    yield m, root
+    for backend in OPENED:
+        backend.close()
+    OPENED.clear()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+OPENED: list[GpuBackend] = []  # closed by the fixture (a test leaves no NVML session open)
+
+
+def control(m: Migctl, root: Path, unowned: Unowned = Unowned.ROOT) -> tuple[AccessControl, GpuBackend, int]:
+    team = two_groups()[0]
+    backend = sim_backend(m.state, m.fleet)
+    OPENED.append(backend)
+    applier = Applier(backend, m.state_dir)
+    policy = AccessPolicy({"notebooks": Grant.resolve(team.gr_name, None)}, unowned, CapsPaths(root))
+    return AccessControl(policy, backend, applier.owners.load), backend, team.gr_gid
+
+
+def modes(path_of: dict[str, Path]) -> dict[str, tuple[int, int, int]]:
+    out = {}
+    for name, p in path_of.items():
+        st = os.lstat(p)
+        out[name] = (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode))
+    return out
+
+
+def test_the_dev_interface_grants_owners_and_keeps_nvidia_modprobe_off(tree: tuple[Migctl, Path]) -> None:
+    m, root = tree
+    caps.enable(StateStore(m.state), root)
+    assert m("apply", str(PROFILES / "day.yaml")).code == 0  # 7 x 1g for notebooks
+    ac, _, gid = control(m, root)
+    assert ac.reconcile() == []
+    paths = CapsPaths(root)
+    minors = read_minors(paths.mig_minors)
+    gi_files = sorted(paths.proc_caps.glob("gpu0/mig/gi*/access"))
+    assert len(gi_files) == 7
+    for f in gi_files:
+        name = f"gpu0/{f.parent.name}/access"
+        assert modes({name: paths.node(minors[name])})[name] == (0, gid, 0o440)
+        assert f.read_text() == "DeviceFileModify: 0\n"  # the MIG guide's procedure: nvidia-modprobe keeps off
+    untouched = paths.node(minors["gpu0/gi0/access"])  # a GI id nothing uses: root's alone
+    assert modes({"x": untouched})["x"] == (0, 0, 0o400)
+    assert modes({"c": paths.node(minors["config"])})["c"] == (0, 0, 0o400)  # config is never opened up
+    changed = ac.changes
+    assert ac.reconcile() == [] and ac.changes == changed  # a second pass has nothing to do
+
+
+def test_a_hand_made_change_is_put_back_and_an_odd_node_left_alone(tree: tuple[Migctl, Path]) -> None:
+    m, root = tree
+    caps.enable(StateStore(m.state), root)
+    assert m("apply", str(PROFILES / "day.yaml")).code == 0
+    ac, _, gid = control(m, root)
+    ac.reconcile()
+    paths = CapsPaths(root)
+    minors = read_minors(paths.mig_minors)
+    name = next(f"gpu0/{f.parent.name}/access" for f in paths.proc_caps.glob("gpu0/mig/gi*/access"))
+    node = paths.node(minors[name])
+    os.chmod(node, 0o444)  # someone opened it to all
+    assert ac.reconcile() == [] and modes({name: node})[name] == (0, gid, 0o440)
+    spare = paths.node(minors["gpu0/gi1/access"])
+    spare.unlink()
+    spare.symlink_to("/etc/passwd")  # never followed, never "fixed"
+    errors = ac.reconcile()
+    assert len(errors) == 1 and "is not the driver's capability node" in errors[0] and "left alone" in errors[0]
+    assert stat.S_IMODE(os.stat("/etc/passwd").st_mode) == 0o644 and os.lstat(spare).st_mode & stat.S_IFLNK
+
+
+def test_the_proc_interface_sets_the_capability_files(tree: tuple[Migctl, Path]) -> None:
+    """nv_cap_enable_devfs=0 (deprecated): access is opening the /proc file itself."""
+    m, root = tree
+    caps.enable(StateStore(m.state), root, devfs=False)
+    assert m("apply", str(PROFILES / "day.yaml")).code == 0
+    ac, _, gid = control(m, root, Unowned.OPEN)
+    assert ac.reconcile() == []
+    files = sorted(CapsPaths(root).proc_caps.glob("gpu0/mig/gi*/**/access"))
+    assert len(files) == 14  # 7 GIs and their CIs
+    assert {modes({"f": f})["f"] for f in files} == {(0, gid, 0o440)}
+    assert not list((root / "dev/nvidia-caps").iterdir())  # no node is made with the /proc interface
+
+
+def test_a_gpu_whose_capabilities_cannot_be_closed_is_not_changed(tree: tuple[Migctl, Path]) -> None:
+    """Before a change the GPU's capabilities are closed; when that fails, the GPU keeps its layout
+    (the old grants would otherwise reach new instances that reuse an id)."""
+    m, root = tree
+    caps.enable(StateStore(m.state), root)
+    ac, backend, _ = control(m, root)
+    applier = Applier(backend, m.state_dir)
+    applier.access = ac
+    os.chmod(root / "dev/nvidia-caps", 0o777)  # anyone could swap nodes: access control refuses to work there
+    from migd.profiles.loader import load_profile
+    result = applier.apply(load_profile(PROFILES / "day.yaml"))
+    assert [r.status.value for r in result.results] == ["rolled_back"]
+    assert "access control: cannot close" in (result.results[0].error or "")
+    assert m("status", "-o", "json").json()["gpus"][0]["mig"]["current"] is False  # untouched
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("owners: {team: {group: no-such-group-here}}", "2:26: access.owners.team.group: no group named"),
+    ("owners: {team: {}}", "names no group and no user"),
+    ("owners: {team: {group: root}}\nunowned: everyone", "access.unowned"),
+    ("owners: {}\nroot: relative/dir", "must be an absolute path"),
+])
+def test_a_bad_access_section_is_one_line_with_its_place(tmp_path: Path, text: str, said: str) -> None:
+    cfg = tmp_path / "migd.yaml"
+    cfg.write_text("access:\n" + "".join("  " + line + "\n" for line in text.splitlines()))
+    with pytest.raises(ValidationError) as e:
+        parse_access(load(cfg).mapping()["access"])
+    assert said in str(e.value) and "\n" not in str(e.value)
+
+
+def test_groups_and_users_resolve_by_name_or_number() -> None:
+    team = two_groups()[0]
+    assert Grant.resolve(team.gr_name, None).gid == team.gr_gid
+    assert Grant.resolve(str(team.gr_gid), "0").node().mode == 0o440
+    assert Grant.resolve(None, "root").node().mode == 0o400  # a user alone: owner-readable only
+    with pytest.raises(KeyError):
+        Grant.resolve(None, "no-such-user-here")
+    assert grp.getgrgid(team.gr_gid).gr_name == team.gr_name
+
+
+@pytest.mark.parametrize("with_slurm", [False, True])
+def test_in_slurm_mode_access_stays_off_unless_asked(tree: tuple[Migctl, Path], tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture, with_slurm: bool) -> None:
+    """Slurm's cgroups own device access on a Slurm node: migd sets no node there unless
+    ``access.with_slurm: true``, and says so."""
+    m, root = tree
+    shutil.copytree(PROFILES, tmp_path / "profiles")
+    cfg = tmp_path / "migd.yaml"
+    team = two_groups()[0].gr_name
+    cfg.write_text(f"schedule:\n  - {{profile: day, at: '08:30'}}\naccess:\n  root: {root}\n"
+                   f"  with_slurm: {str(with_slurm).lower()}\n  owners: {{notebooks: {{group: {team}}}}}\n")
+    config = replace(load_config(cfg), slurm=SlurmSettings("gpu1", tmp_path / "slurm.conf", tmp_path / "gres.conf"))
+    backend = sim_backend(m.state, m.fleet)
+    OPENED.append(backend)
+    applier = Applier(backend, m.state_dir)
+    got = access_control(config, backend, applier)
+    assert (got is not None) == with_slurm and (applier.access is not None) == with_slurm
+    said = "access by owner is off in Slurm mode" in caplog.text
+    assert said != with_slurm
