@@ -140,9 +140,23 @@ def _python_client(url: str, n: int) -> float:
     return 1e3 * pct(lat, 0.99)
 
 
+def _keep_loading(url: str, stop: threading.Event, clients: int = 4) -> list[threading.Thread]:
+    """``clients`` threads loading ``url`` back to back until ``stop`` (the page's readers)."""
+    def client() -> None:
+        while not stop.is_set():
+            with urllib.request.urlopen(url, timeout=30) as r:
+                r.read()
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    return threads
+
+
 def bench_scrape(tmp: Path, requests: int, rounds: int, sample_interval: str) -> dict[str, Any]:
     """p99 of migd's /metrics and of the minimal server with the same bytes, rounds interleaved;
-    the median round of each (the first of each is a warm-up)."""
+    the median round of each (the first of each is a warm-up).  Beside them, in the same rounds: the
+    page at / under the same load, and /metrics while four clients keep loading the page, against
+    /metrics while four clients keep loading /metrics (the same load, without the page)."""
     m = started_daemon(tmp / f"scrape-{sample_interval}", sample_interval)
     ref = None
     try:
@@ -154,12 +168,24 @@ def bench_scrape(tmp: Path, requests: int, rounds: int, sample_interval: str) ->
                                stdout=subprocess.PIPE, text=True)
         assert ref.stdout is not None and ref.stdout.readline().strip() == "ready"
         measure = _ab if shutil.which("ab") else _python_client
-        ours, theirs = [], []
+        page_url = f"http://127.0.0.1:{m.port}/"
+        page_bytes = len(urllib.request.urlopen(page_url, timeout=30).read())
+        ours, theirs, page, busy, busy_ref = [], [], [], [], []
         for _ in range(rounds + 1):
             ours.append(measure(url, requests))
             theirs.append(measure(f"http://127.0.0.1:{port}/metrics", requests))
+            page.append(measure(page_url, requests))
+            for loaded, into in ((page_url, busy), (url, busy_ref)):  # the page's readers, or as many scrapers
+                stop = threading.Event()
+                readers = _keep_loading(loaded, stop)
+                into.append(measure(url, requests))
+                stop.set()
+                for t in readers:
+                    t.join()
         return {"p99_ms": statistics.median(ours[1:]), "ref_p99_ms": statistics.median(theirs[1:]),
-                "bytes": len(body), "client": "ab" if measure is _ab else "python threads"}
+                "page_p99_ms": statistics.median(page[1:]), "busy_p99_ms": statistics.median(busy[1:]),
+                "busy_ref_p99_ms": statistics.median(busy_ref[1:]),
+                "bytes": len(body), "page_bytes": page_bytes, "client": "ab" if measure is _ab else "python threads"}
     finally:
         if ref is not None:
             ref.kill()

@@ -222,6 +222,10 @@ def rows(s: dict[str, float], cpu: dict[str, float], scrape: dict[str, Any], app
         _row("daemon CPU at 1 s sampling, % of a core", cpu["cpu_pct"], None, "%", "<= 1%", ".2f"),
         _row(f"scrape p99, 50 clients, {scrape['bytes'] // 1024} KiB (ref: minimal asyncio server)",
              scrape["p99_ms"], scrape["ref_p99_ms"], "ms", "ratio <= 1.2"),
+        _row(f"page / p99, 50 clients, {scrape['page_bytes'] // 1024} KiB (ref: /metrics p99, same run)",
+             scrape["page_p99_ms"], scrape["p99_ms"], "ms", "ratio <= 1.2"),
+        _row("/metrics p99 while 4 clients keep loading the page (ref: ... loading /metrics)", scrape["busy_p99_ms"],
+             scrape["busy_ref_p99_ms"], "ms", "ratio <= 1.2"),
         ("journal writes (fsync calls), day->night on 8 GPUs, sequential / parallel",
          f"{apply['writes_sequential']:.0f} ({apply['fsyncs_sequential']:.0f}) / {apply['writes_parallel']:.0f} "
          f"({apply['fsyncs_parallel']:.0f})", "-", "-", "<= 2 fsyncs per GPU (16)"),

@@ -10,14 +10,18 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import replace
+from datetime import datetime
 from html.parser import HTMLParser
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 
 from migd.apply.executor import Applier
-from migd.metrics.page import render_page
+from migd.metrics.page import Page, render_page
 from migd.metrics.sampler import Sampler
+from migd.metrics.share import DayShare
 from migd.sim.backend import sim_backend
 from tests.daemon_harness import MigdProcess
 from tests.helpers import PROFILES, REPO, Migctl
@@ -32,6 +36,7 @@ class Blocks(HTMLParser):
         self.free: dict[int, int] = {}
         self._gpu = -1
         self.external: list[str] = []
+        self.today: list[str] = []  # owners with a share of today's slices
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         a = dict(attrs)
@@ -46,6 +51,8 @@ class Blocks(HTMLParser):
                                          int(a["data-size"] or 0)))
         elif tag == "div" and cls == "free":
             self.free[self._gpu] = self.free.get(self._gpu, 0) + 1
+        elif tag == "span" and cls == "share-today":
+            self.today.append(a["data-owner"] or "")
 
 
 def parse(text: str) -> Blocks:
@@ -110,17 +117,69 @@ def test_a_browser_renders_the_page_before_and_after_a_transition(migd: MigdProc
     day = dom()
     assert sorted(day.gpus) == list(range(8)) and all(len(b) == 7 for b in day.gpus.values()), day.gpus
     assert all(o == "notebooks" and size == 1 for b in day.gpus.values() for _, o, _, size in b)
+    assert day.today in ([], ["notebooks"]), day.today  # today: day's owner alone so far
     assert migd.migctl("apply", str(PROFILES / "night.yaml")).code == 0  # through migd
     deadline = time.monotonic() + 30
     while True:  # the page follows the next sampling cycle (1 s here)
         night = dom()
-        if all(b == [("7g.80gb", "training", 0, 8)] for b in night.gpus.values()) and len(night.gpus) == 8:
+        if all(b == [("7g.80gb", "training", 0, 8)] for b in night.gpus.values()) and len(night.gpus) == 8 \
+                and "training" in night.today:
             break
         assert time.monotonic() < deadline, night.gpus
         time.sleep(1)
+    assert night.today == ["notebooks", "training"]  # today held both layouts
     art = Path(os.environ.get("MIGD_ARTIFACTS", REPO / "artifacts"))
     art.mkdir(parents=True, exist_ok=True)
     browse(browser, url, profile_dir, f"--screenshot={art / 'page-night.png'}", "--window-size=1200,1400")
     assert (art / "page-night.png").stat().st_size > 10_000
     with urllib.request.urlopen(url, timeout=10) as r:
         assert r.headers["Content-Type"] == "text/html; charset=utf-8"
+
+
+def test_the_page_shows_each_owners_share_over_today(tmp_path: Path) -> None:
+    """An hour of day (notebooks) then three of night (training): 25% and 75% of today's slices; at
+    local midnight the count starts again."""
+    m = Migctl(tmp_path, "dgx-h100")
+    snaps = []
+    for profile in ("day", "night"):
+        assert m("apply", str(PROFILES / f"{profile}.yaml")).code == 0
+        backend = sim_backend(m.state, m.fleet)
+        try:
+            snaps.append(Sampler(backend, threading.RLock(), Applier(backend, m.state_dir).owners.load, 60)
+                         .sample_once())
+        finally:
+            backend.close()
+    seoul = ZoneInfo("Asia/Seoul")
+    at = datetime(2026, 11, 23, 8, 0, tzinfo=seoul).timestamp()
+    share = DayShare(lambda: seoul)
+    for offset, snap in ((0, snaps[0]), (3600, snaps[1]), (4 * 3600, snaps[1])):
+        share.observe(replace(snap, taken_at=at + offset))
+    assert share.today() == {"notebooks": 0.25, "training": 0.75}
+    text = render_page(snaps[1], {"active": None, "gpus": {}, "unhealthy": {}, "timezone": "Asia/Seoul"}, 15,
+                       share.today()).decode()
+    assert "share of the slices today (Asia/Seoul): " in text and ">notebooks: 25%<" in text, text
+    midnight = datetime(2026, 11, 24, 0, 0, 5, tzinfo=seoul).timestamp()
+    share.observe(replace(snaps[0], taken_at=midnight))
+    assert share.today() == {}  # a new day: nothing counted yet
+    share.observe(replace(snaps[0], taken_at=midnight + 60))
+    assert share.today() == {"notebooks": 1.0}
+
+
+def test_the_page_looks_at_the_status_at_most_once_a_second() -> None:
+    """Serving the page must stay cheap beside /metrics: for the same snapshot the daemon's status is
+    read again only after a second, and a change in it then shows."""
+    now = [100.0]
+    looked: list[int] = []
+    status = {"active": {"profile": "day", "reason": "schedule"}, "gpus": {}, "unhealthy": {}}
+
+    def read_status() -> dict[str, object]:
+        looked.append(1)
+        return status
+    page = Page(lambda: None, read_status, 15, clock=lambda: now[0])
+    assert b"<b>day</b>" in page.body() and len(looked) == 1
+    status = {**status, "active": {"profile": "night", "reason": "manual"}}
+    for _ in range(50):
+        assert b"<b>day</b>" in page.body()
+    assert len(looked) == 1
+    now[0] += 1.0
+    assert b"<b>night</b> (manual)" in page.body() and len(looked) == 2

@@ -19,6 +19,7 @@ from migd.metrics.collector import MigdCollector, Part
 from migd.metrics.exposition import Exposition
 from migd.metrics.page import Page
 from migd.metrics.sampler import NvmlErrorCounter, Sampler
+from migd.metrics.share import DayShare
 from migd.yamlsrc import parse_host_port
 
 
@@ -50,7 +51,9 @@ def start_metrics(listen: str, sources: Sources, interval_s: float) -> tuple[Met
     ProcessCollector(registry=live)
     PlatformCollector(registry=live)
     GCCollector(registry=live)
-    page = Page(lambda: sampler.snapshot, lambda: sources.status().to_json(), interval_s)
+    share = DayShare(lambda: sources.status().timezone)
+    sampler.on_snapshot.append(share.observe)
+    page = Page(lambda: sampler.snapshot, lambda: sources.status().to_json(), interval_s, share.today)
     server = MetricsServer(host, port, Exposition(slow, collector.version, live), sampler,
                            stale_after_s=max(60.0, 4 * interval_s), page=page.body)
     sampler.on_snapshot.append(server.exposition.refresh)

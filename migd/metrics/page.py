@@ -6,7 +6,7 @@ status; no script, no external stylesheet, font or image (an air-gapped node sho
 memory slices (placements, NVIDIA's MIG user guide) with each GPU instance a block where it sits,
 coloured by owner: its profile, owner, activity (or "no activity source" on GPUs without GPM),
 memory used and processes.  Above: the active profile and why, the next transition, GPUs that wait
-or carry a fault, and each owner's share of the slices now.  The page is rendered once per snapshot
+or carry a fault, and each owner's share of the slices now and over today.  The page is rendered once per snapshot
 and status change and served as bytes, like the exposition.
 """
 
@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import html
+import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from migd.metrics.snapshot import GiSample, GpuSample, Snapshot
@@ -34,12 +35,13 @@ def owner_colour(owner: str) -> str:
     return f"hsl({hue},60%,80%)"
 
 
-def render_page(snap: Snapshot | None, status: Mapping[str, Any], refresh_s: float) -> bytes:
+def render_page(snap: Snapshot | None, status: Mapping[str, Any], refresh_s: float,
+                today: Mapping[str, float] | None = None) -> bytes:
     e = html.escape
     parts = ["<!DOCTYPE html><html><head><meta charset=\"utf-8\">",
              f"<meta http-equiv=\"refresh\" content=\"{max(1, round(refresh_s))}\">",
              f"<title>migd: MIG instances</title><style>{_STYLE}</style></head><body>",
-             "<h1>MIG instances on this node</h1>", _summary(snap, status)]
+             "<h1>MIG instances on this node</h1>", _summary(snap, status), _today(today or {}, status)]
     for g in snap.gpus if snap else ():
         parts.append(_gpu(g, status.get("gpus", {}).get(str(g.info.index))))
     for u in snap.unread if snap else ():
@@ -79,6 +81,15 @@ def _owners(snap: Snapshot | None) -> str:
     return f"<p class=\"owners\">share of the slices now: {shares or 'no instances'}</p>"
 
 
+def _today(shares: Mapping[str, float], status: Mapping[str, Any]) -> str:
+    """Each owner's share of the slices since local midnight (``metrics/share.py``)."""
+    e = html.escape
+    parts = "".join(f"<span class=\"share-today\" data-owner=\"{e(o)}\">{e(o)}: {f:.0%}</span>"
+                    for o, f in shares.items())
+    zone = e(str(status.get("timezone", "")))
+    return f"<p class=\"owners\" id=\"today\">share of the slices today ({zone}): {parts or 'not yet measured'}</p>"
+
+
 def _gpu(g: GpuSample, progress: Mapping[str, Any] | None) -> str:
     e = html.escape
     slots = max(g.memory_slices, 1)
@@ -116,16 +127,25 @@ def _block(gi: GiSample) -> str:
 
 class Page:
     """The page as bytes, rendered again only when the snapshot or the status changed (a page per
-    request would put HTML rendering on the event loop that serves /metrics)."""
+    request would put HTML rendering on the event loop that serves /metrics).  The status is looked at
+    at most once per ``status_every_s`` for a snapshot already rendered: building it per request cost
+    the page twice /metrics' p99 (bench/run.py's page row)."""
 
-    def __init__(self, snapshot: Any, status: Any, refresh_s: float) -> None:
-        self._snapshot, self._status, self.refresh_s = snapshot, status, refresh_s
+    def __init__(self, snapshot: Any, status: Any, refresh_s: float,
+                 today: Callable[[], Mapping[str, float]] = dict, status_every_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._snapshot, self._status, self.refresh_s, self._today = snapshot, status, refresh_s, today
         self._key: tuple[Any, str] | None = None
         self._bytes = b""
+        self._every, self._clock, self._looked = status_every_s, clock, -float("inf")
 
     def body(self) -> bytes:
-        snap, doc = self._snapshot(), self._status()
+        snap, now = self._snapshot(), self._clock()
+        if self._key is not None and snap is self._key[0] and now - self._looked < self._every:
+            return self._bytes
+        self._looked = now
+        doc = self._status()
         key = (snap, repr(sorted(doc.items())) if isinstance(doc, dict) else repr(doc))
         if key != self._key:
-            self._key, self._bytes = key, render_page(snap, doc, self.refresh_s)
+            self._key, self._bytes = key, render_page(snap, doc, self.refresh_s, self._today())
         return self._bytes
