@@ -81,3 +81,31 @@ class Migctl:
         doc = r.json()
         return [[(i["profile"], i["placement"]["start"], [c["profile"] for c in i["compute_instances"]])
                  for i in g["instances"]] for g in doc["gpus"]]
+
+
+def migctl_as(uid: int, gid: int, argv: list[str]) -> tuple[int, str, str]:
+    """migctl's main as user ``uid`` in group ``gid`` alone (a forked child that changed its ids; not
+    exec'd: the interpreter may sit where that user cannot reach it): exit code, stdout, stderr."""
+    outs = [os.pipe(), os.pipe()]
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 99
+        try:
+            for r, _ in outs:
+                os.close(r)
+            sys.stdout, sys.stderr = open(outs[0][1], "w"), open(outs[1][1], "w")  # noqa: SIM115
+            os.setgroups([gid])
+            os.setgid(gid)
+            os.setuid(uid)
+            code = main(argv)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    texts = []
+    for _, w in outs:
+        os.close(w)
+    for r, _ in outs:
+        with os.fdopen(r) as f:
+            texts.append(f.read())
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), texts[0], texts[1]

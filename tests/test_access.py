@@ -27,7 +27,7 @@ from migd.sim import caps
 from migd.sim.cuda import main as cuda_main
 from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
-from tests.helpers import PROFILES
+from tests.helpers import PROFILES, migctl_as
 
 USER_A, USER_B = 61001, 61002  # no passwd entry needed: the kernel checks numbers
 
@@ -75,36 +75,6 @@ def run_cuda(root: Path, uid: int, gid: int, device: str, seconds: float = 0.0) 
             return pid, -1, ""
         time.sleep(0.02)
     raise AssertionError("the simulated CUDA program neither ran nor failed")
-
-
-def migctl_as(uid: int, gid: int, argv: list[str]) -> tuple[int, str, str]:
-    """migctl's main as ``uid`` in group ``gid`` (a forked child, not exec'd): code, stdout, stderr."""
-    outs = [os.pipe(), os.pipe()]
-    pid = os.fork()
-    if pid == 0:
-        code = 99
-        try:
-            for r, _ in outs:
-                os.close(r)
-            sys.stdout, sys.stderr = open(outs[0][1], "w"), open(outs[1][1], "w")  # noqa: SIM115
-            os.setgroups([gid])
-            os.setgid(gid)
-            os.setuid(uid)
-            from migd.cli import main
-            code = main(argv)
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    texts = []
-    for _, w in outs:
-        os.close(w)
-    for r, _ in outs:
-        with os.fdopen(r) as f:
-            texts.append(f.read())
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), texts[0], texts[1]
 
 
 def _became_sleep(pid: int) -> bool:
@@ -198,14 +168,19 @@ def assert_only(root: Path, gid: int) -> None:
             assert got is None or got[2] & 0o077 == 0 and got[0] == 0, (name, got)
 
 
+def start_day(m: MigdProcess, root: Path, team: grp.struct_group) -> None:
+    """migd started on Monday morning: day's seven 1g instances, open to notebooks (``team``)."""
+    m.start(now="2026-11-23T10:00:00")
+    m.wait_ready()
+    m.wait_until(lambda: len(devices(root)) == 7 and node_modes(root)[f"gpu0/gi{devices(root)[0][2]}/access"]
+                 == (0, team.gr_gid, 0o440))
+
+
 def test_each_team_reaches_only_its_own_instances(node: tuple[MigdProcess, Path],
                                                   teams: tuple[grp.struct_group, grp.struct_group]) -> None:
     m, root = node
     a, b = teams
-    m.start(now="2026-11-23T10:00:00")  # Monday: day, seven 1g instances for notebooks (team A)
-    m.wait_ready()
-    m.wait_until(lambda: len(devices(root)) == 7)
-    m.wait_until(lambda: node_modes(root)[f"gpu0/gi{devices(root)[0][2]}/access"] == (0, a.gr_gid, 0o440))
+    start_day(m, root, a)
     assert_only(root, a.gr_gid)
     mig = devices(root)[0][0]
     pid, code, err = run_cuda(root, USER_A, a.gr_gid, mig, seconds=30)
@@ -268,10 +243,7 @@ def test_a_crash_mid_apply_leaves_nothing_open(node: tuple[MigdProcess, Path],
     layout the journal restored is open to its owners again."""
     m, root = node
     a, _ = teams
-    m.start(now="2026-11-23T10:00:00")
-    m.wait_ready()
-    m.wait_until(lambda: len(devices(root)) == 7 and node_modes(root)[f"gpu0/gi{devices(root)[0][2]}/access"]
-                 == (0, a.gr_gid, 0o440))
+    start_day(m, root, a)
     store = StateStore(m.migctl.state)
     with store.transaction() as s:
         s.crash_after_mutations = 3  # two day instances gone, then migd dies
@@ -297,10 +269,7 @@ def test_status_mine_lists_what_this_user_may_use(node: tuple[MigdProcess, Path]
     line when there is none."""
     m, root = node
     a, b = teams
-    m.start(now="2026-11-23T10:00:00")
-    m.wait_ready()
-    m.wait_until(lambda: len(devices(root)) == 7 and node_modes(root)[f"gpu0/gi{devices(root)[0][2]}/access"]
-                 == (0, a.gr_gid, 0o440))
+    start_day(m, root, a)
     argv = ["--sim", m.fleet, "--sim-state", str(m.migctl.state), "--state-dir", str(m.migctl.state_dir),
             "--control-socket", str(root / "run/migd/control.sock"), "status", "--mine"]
     code, text, err = migctl_as(USER_A, a.gr_gid, argv)

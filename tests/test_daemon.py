@@ -23,7 +23,7 @@ from migd.sim import control
 from migd.sim.backend import sim_backend
 from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
-from tests.helpers import PROFILES
+from tests.helpers import PROFILES, migctl_as
 
 
 @pytest.fixture
@@ -605,26 +605,8 @@ def test_a_state_dir_others_can_write_stops_the_start(migd: MigdProcess) -> None
 
 
 def _as_nobody(argv: list[str]) -> tuple[int, str]:
-    """Run migctl's main in a forked child that became uid 65534 (no exec: the interpreter may sit
-    where that user cannot reach it); its exit code and stderr."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child
-        code = 99
-        try:
-            os.close(r)
-            sys.stderr = open(w, "w")  # noqa: SIM115 - flushed below, then the child exits
-            os.setgid(65534)
-            os.setuid(65534)
-            from migd.cli import main
-            code = main(argv)
-        finally:
-            sys.stderr.flush()
-            os._exit(code)
-    os.close(w)
-    with os.fdopen(r) as f:
-        err = f.read()
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), err
+    code, _, err = migctl_as(65534, 65534, argv)
+    return code, err
 
 
 def test_migctl_as_an_ordinary_user_says_so_in_one_line(migd: MigdProcess) -> None:

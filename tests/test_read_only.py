@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,38 +15,13 @@ import pytest
 
 from migd.api.control import request
 from tests.daemon_harness import MigdProcess
-from tests.helpers import PROFILES
+from tests.helpers import PROFILES, migctl_as
 
 NOBODY = 65534
 
 
 def as_nobody(argv: list[str]) -> tuple[int, str, str]:
-    """migctl's main in a forked child become uid/gid 65534 (no exec: the interpreter may sit where that
-    user cannot reach it): exit code, stdout, stderr."""
-    outs = [os.pipe(), os.pipe()]
-    pid = os.fork()
-    if pid == 0:  # child
-        code = 99
-        try:
-            for r, _ in outs:
-                os.close(r)
-            sys.stdout, sys.stderr = open(outs[0][1], "w"), open(outs[1][1], "w")  # noqa: SIM115
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            from migd.cli import main
-            code = main(argv)
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    texts = []
-    for _, w in outs:
-        os.close(w)
-    for r, _ in outs:
-        with os.fdopen(r) as f:
-            texts.append(f.read())
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), texts[0], texts[1]
+    return migctl_as(NOBODY, NOBODY, argv)
 
 
 @pytest.fixture
