@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from migd.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -109,3 +111,12 @@ def migctl_as(uid: int, gid: int, argv: list[str]) -> tuple[int, str, str]:
         with os.fdopen(r) as f:
             texts.append(f.read())
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), texts[0], texts[1]
+
+
+def need_root(why: str) -> None:
+    """Skip unless root; where CI runs as root (MIGD_REQUIRE_ROOT=1) a missing root fails instead."""
+    if os.geteuid() == 0:
+        return
+    if os.environ.get("MIGD_REQUIRE_ROOT") == "1":
+        pytest.fail(f"needs root ({why}); CI runs as root")
+    pytest.skip(f"needs root: {why}")

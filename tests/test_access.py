@@ -27,7 +27,7 @@ from migd.sim import caps
 from migd.sim.cuda import main as cuda_main
 from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
-from tests.helpers import PROFILES, migctl_as
+from tests.helpers import PROFILES, migctl_as, need_root
 
 USER_A, USER_B = 61001, 61002  # no passwd entry needed: the kernel checks numbers
 
@@ -104,8 +104,7 @@ def reap(pid: int) -> None:
 
 @pytest.fixture
 def teams() -> tuple[grp.struct_group, grp.struct_group]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root: real character devices (mknod) and other users (setuid)")
+    need_root("real character devices (mknod) and other users (setuid)")
     return two_groups()
 
 

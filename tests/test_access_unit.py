@@ -29,14 +29,13 @@ from migd.sim.backend import sim_backend
 from migd.sim.state import StateStore
 from migd.slurm.settings import SlurmSettings
 from migd.yamlsrc import load
-from tests.helpers import PROFILES, Migctl
+from tests.helpers import PROFILES, Migctl, need_root
 from tests.test_access import two_groups
 
 
 @pytest.fixture
 def tree(tmp_path: Path) -> Iterator[tuple[Migctl, Path]]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root: real character devices (mknod)")
+    need_root("real character devices (mknod)")
     root = Path(tempfile.mkdtemp(prefix="migd-caps-", dir="/tmp"))
     m = Migctl(tmp_path, "single-h100")
     assert m("status").code == 0

@@ -15,7 +15,7 @@ import pytest
 
 from migd.api.control import request
 from tests.daemon_harness import MigdProcess
-from tests.helpers import PROFILES, migctl_as
+from tests.helpers import PROFILES, migctl_as, need_root
 
 NOBODY = 65534
 
@@ -26,8 +26,7 @@ def as_nobody(argv: list[str]) -> tuple[int, str, str]:
 
 @pytest.fixture
 def migd(tmp_path: Path) -> Iterator[tuple[MigdProcess, Path]]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to become another user")
+    need_root("to become another user")
     run = Path(tempfile.mkdtemp(prefix="migd-run-", dir="/tmp"))  # like /run: open to look into
     run.chmod(0o755)
     (run / "migd").mkdir(mode=0o700)  # like /run/migd: the control socket's private directory
