@@ -27,9 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from migd.daemon.clock import Clock  # noqa: E402
 from migd.daemon.config import load_config  # noqa: E402
 from migd.daemon.service import Daemon  # noqa: E402
+from migd.hardware.caps import read_minors  # noqa: E402
 from migd.hardware.ports import read_state  # noqa: E402
 from migd.sim.backend import sim_backend  # noqa: E402
-from migd.slurm.gres import gres_conf, node_gres, read_minors, records  # noqa: E402
+from migd.slurm.gres import gres_conf, node_gres, records  # noqa: E402
 from tests.helpers import PROFILES, Migctl  # noqa: E402
 from tests.slurm_cluster import SlurmCluster, missing_reason  # noqa: E402
 
