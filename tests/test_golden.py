@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
@@ -170,3 +171,25 @@ def test_plain_nvidia_smi_output(mixed: Migctl) -> None:
     r = subprocess.run([sys.executable, "-m", "migd.sim.smi", "--sim-state", str(mixed.state)],
                        capture_output=True, text=True, timeout=60, check=True)
     _check("nvidia-smi-balanced.txt", "DATE\n" + r.stdout.split("\n", 1)[1])
+
+
+def test_status_mine_output() -> None:
+    """`migctl status --mine`'s lines (ctl_status filters the document; the rendering is pinned here)."""
+    from migd.api.status import StatusDoc
+    from migd.report_text import mine_table
+    doc = from_json(StatusDoc, json.loads((GOLDEN / "status-balanced.json").read_text()))
+    _check("status-mine.txt", mine_table(doc, 61001, [29]) + mine_table(replace(doc, gpus=()), 61001, [29, 44]))
+
+
+def test_daemon_status_with_access_by_owner(tmp_path: Path, mixed: Migctl) -> None:
+    """``migctl daemon`` of a node with access by owner: to whom each owner's instances are open, and a
+    node it could not set (docs/users.md)."""
+    from migd.api.access import AccessView
+    from migd.api.wire import to_json
+    doc = _daemon_doc(tmp_path, mixed)
+    doc["access"] = to_json(AccessView({"inference": "group ml-b", "notebooks": "group ml-a and user alice"},
+                                       "root", "dev", "/", 42,
+                                       ("GPU 1: access control: /dev/nvidia-caps/nvidia-cap30 is not the driver's "
+                                        "capability node 508:30: left alone",)))
+    text = _TIMES.sub(lambda m: m.group(1) + "0", json.dumps(doc, indent=2) + "\n")
+    _check("daemon-access.txt", daemon_table(from_json(DaemonDoc, json.loads(text))))
