@@ -34,12 +34,9 @@ def status_out(args: argparse.Namespace, doc: StatusDoc) -> int:
 
 
 def gpu_minor(paths: CapsPaths, pci_bus_id: str) -> int | None:
-    """The GPU's device minor, from its /proc information file (NVML's 8-digit PCI domain shortened
-    to the 4 digits /proc uses); None when the driver does not list it."""
-    domain, rest = pci_bus_id.split(":", 1)
-    info = paths.root / "proc/driver/nvidia/gpus" / f"{domain[-4:]}:{rest}".lower() / "information"
+    """The GPU's device minor, from its /proc information file; None when the driver does not list it."""
     try:
-        for line in info.read_text().splitlines():
+        for line in paths.gpu_information(pci_bus_id).read_text().splitlines():
             key, _, value = line.partition(":")
             if key.strip() == "Device Minor":
                 return int(value)
@@ -68,7 +65,7 @@ def usable(doc: StatusDoc, paths: CapsPaths) -> StatusDoc:
         def ok(name: str) -> bool:
             if name not in minors:
                 return False
-            return _may_open(paths.node(minors[name]) if devfs else paths.proc_file(name))
+            return _may_open(paths.opened(name, minors[name], devfs))
         instances = []
         for gi in g.instances:
             if not ok(gi_cap(minor, gi.gi_id)):

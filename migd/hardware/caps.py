@@ -65,6 +65,17 @@ class CapsPaths:
     def node(self, minor: int) -> Path:
         return self.dev / f"nvidia-cap{minor}"
 
+    def opened(self, name: str, minor: int, devfs: bool) -> Path:
+        """What a process opens to hold capability ``name``: its /dev node, or with the /proc interface
+        the /proc file itself."""
+        return self.node(minor) if devfs else self.proc_file(name)
+
+    def gpu_information(self, pci_bus_id: str) -> Path:
+        """The driver's ``/proc/driver/nvidia/gpus/<bus>/information`` (its "Device Minor" is the
+        ``gpu<N>`` of the GPU's capabilities); NVML's 8-digit PCI domain is 4 digits there."""
+        domain, rest = pci_bus_id.split(":", 1)
+        return self.root / "proc/driver/nvidia/gpus" / f"{domain[-4:]}:{rest}".lower() / "information"
+
 
 def read_minors(path: Path) -> dict[str, int]:
     """``gpu0/gi1/ci0/access 13`` lines -> {"gpu0/gi1/ci0/access": 13} (config/monitor lines too), as

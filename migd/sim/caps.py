@@ -23,9 +23,10 @@ import shutil
 import stat
 from pathlib import Path
 
+from migd.hardware.caps import CapsPaths, ci_cap, gi_cap, read_minors, uses_devfs
 from migd.sim.devnodes import mig_minors_text
 from migd.sim.entry import proc_start_time
-from migd.sim.gpu import SimGpu, SimProcess
+from migd.sim.gpu import SimProcess
 from migd.sim.state import SimState, StateStore
 
 GI_CI_MODE = 0o444  # DeviceFileMode of GI/CI access capabilities (the MIG guide's listing: r--r--r--)
@@ -51,19 +52,16 @@ def enable(store: StateStore, root: Path, devfs: bool = True) -> None:
     """Give the simulated node its capability tree under ``root`` (made; needs root: mknod)."""
     root.mkdir(mode=0o755, parents=True, exist_ok=True)
     os.chmod(root, 0o755)
-    major = free_major()
+    major, paths = free_major(), CapsPaths(root)
     with store.transaction() as s:
-        minors = mig_minors_text(len(s.gpus))
-        _write(root / "proc/driver/nvidia-caps/mig-minors", minors)
-        _write(root / "proc/devices", f"Character devices:\n{major} nvidia-caps\n\nBlock devices:\n")
-        _write(root / "sys/module/nvidia/parameters/nv_cap_enable_devfs", "1\n" if devfs else "0\n")
-        dev = root / "dev/nvidia-caps"
-        dev.mkdir(mode=0o755, parents=True, exist_ok=True)
-        for line in minors.splitlines():
-            name, minor = line.split()
-            node = dev / f"nvidia-cap{minor}"
-            if devfs and not os.path.lexists(node):
-                os.mknod(node, stat.S_IFCHR | CAP_MODES.get(name, GI_CI_MODE), os.makedev(major, int(minor)))
+        _write(paths.mig_minors, mig_minors_text(len(s.gpus)))
+        _write(paths.devices, f"Character devices:\n{major} nvidia-caps\n\nBlock devices:\n")
+        _write(paths.devfs_param, "1\n" if devfs else "0\n")
+        paths.dev.mkdir(mode=0o755, parents=True, exist_ok=True)
+        for name, minor in read_minors(paths.mig_minors).items() if devfs else ():
+            node = paths.node(minor)
+            if not os.path.lexists(node):
+                os.mknod(node, stat.S_IFCHR | CAP_MODES.get(name, GI_CI_MODE), os.makedev(major, minor))
                 os.chmod(node, CAP_MODES.get(name, GI_CI_MODE))
         claims = root / CLAIMS
         claims.mkdir(parents=True, exist_ok=True)
@@ -71,11 +69,10 @@ def enable(store: StateStore, root: Path, devfs: bool = True) -> None:
         os.chmod(claims, 0o1733)  # anyone may leave a claim, nobody may list or touch another's
         _write(root / DEVICES, "")
         for g in s.gpus:  # the driver's per-GPU information file (its "Device Minor": the gpu<N> of caps)
-            domain, rest = g.bus_id.split(":", 1)
-            _write(root / "proc/driver/nvidia/gpus" / f"{domain[-4:]}:{rest}".lower() / "information",
-                   f"Model: \t\t {g.model}\nGPU UUID: \t {g.uuid}\nBus Location: \t {domain[-4:]}:{rest}\n"
-                   f"Device Minor: \t {g.index}\n")
-        (root / "proc/driver/nvidia/capabilities").mkdir(mode=0o755, parents=True, exist_ok=True)
+            info = paths.gpu_information(g.bus_id)
+            _write(info, f"Model: \t\t {g.model}\nGPU UUID: \t {g.uuid}\nBus Location: \t {info.parent.name}\n"
+                         f"Device Minor: \t {g.index}\n")
+        paths.proc_caps.mkdir(mode=0o755, parents=True, exist_ok=True)
         s.caps_root, s.caps_synced = str(root), []
         sync(s)
 
@@ -88,50 +85,47 @@ def _write(path: Path, text: str, mode: int = 0o444) -> None:
     os.chmod(path, mode)
 
 
-def _caps_of(s: SimState) -> dict[str, tuple[SimGpu, int, int | None]]:
+def _caps_of(s: SimState) -> set[str]:
     """Every capability the driver has now: ``gpu0/gi7/access`` and ``gpu0/gi7/ci0/access``."""
-    out: dict[str, tuple[SimGpu, int, int | None]] = {}
+    out = set()
     for g in s.gpus:
         for gi in g.gis if g.mig_current else ():
-            out[f"gpu{g.index}/gi{gi.id}/access"] = (g, gi.id, None)
-            for ci in gi.cis:
-                out[f"gpu{g.index}/gi{gi.id}/ci{ci.id}/access"] = (g, gi.id, ci.id)
+            out.add(gi_cap(g.index, gi.id))
+            out.update(ci_cap(g.index, gi.id, ci.id) for ci in gi.cis)
     return out
 
 
 def sync(s: SimState) -> None:
     """The /proc tree as the driver keeps it: a file per existing capability, none for the others;
     and the MIG device table.  Incremental: only what changed since the last sync is touched."""
-    root = Path(s.caps_root or "")
-    proc = root / "proc/driver/nvidia/capabilities"
+    paths = CapsPaths(Path(s.caps_root or ""))
     now = _caps_of(s)
-    devfs = (root / "sys/module/nvidia/parameters/nv_cap_enable_devfs").read_text().strip() != "0"
+    devfs = uses_devfs(paths)
     minors = None
-    for name in sorted(set(s.caps_synced) - set(now), key=len, reverse=True):  # CIs before their GI
-        gpu, rest = name.split("/", 1)
-        path = proc / gpu / "mig" / rest
+    for name in sorted(set(s.caps_synced) - now, key=len, reverse=True):  # CIs before their GI
+        path = paths.proc_file(name)
         path.unlink(missing_ok=True)
         if path.parent.name.startswith("gi") and path.parent.parent.name == "mig":
             shutil.rmtree(path.parent, ignore_errors=True)
-    for name in sorted(set(now) - set(s.caps_synced)):
+    for name in sorted(now - set(s.caps_synced)):
         if minors is None:
-            minors = _minors(root)
-        gpu, rest = name.split("/", 1)
+            minors = read_minors(paths.mig_minors)
         text = f"DeviceFileMinor: {minors[name]}\nDeviceFileMode: {GI_CI_MODE}\nDeviceFileModify: 1\n" if devfs \
             else ""
-        _write(proc / gpu / "mig" / rest, text)
-    if set(now) != set(s.caps_synced):
+        _write(paths.proc_file(name), text)
+    if now != set(s.caps_synced):
         lines = [f"{g.mig_uuid(gi, ci)} {g.index} {gi.id} {ci.id}" for g in s.gpus if g.mig_current
                  for gi in g.gis for ci in gi.cis]
-        _write(root / DEVICES, "".join(line + "\n" for line in lines), 0o444)
+        _write(paths.root / DEVICES, "".join(line + "\n" for line in lines), 0o444)
         s.caps_synced = sorted(now)
 
 
-def _minors(root: Path) -> dict[str, int]:
+def mig_devices(root: Path) -> dict[str, tuple[int, int, int]]:
+    """The simulated driver's MIG devices: MIG UUID -> (GPU minor, GI, CI), as CUDA learns them."""
     out = {}
-    for line in (root / "proc/driver/nvidia-caps/mig-minors").read_text().splitlines():
-        name, minor = line.split()
-        out[name] = int(minor)
+    for line in (root / DEVICES).read_text().splitlines():
+        mig, gpu, gi, ci = line.split()
+        out[mig] = (int(gpu), int(gi), int(ci))
     return out
 
 
@@ -147,7 +141,7 @@ def adopt_claims(s: SimState) -> bool:
     if not names:
         return False
     changed = False
-    devices = {line.split()[0]: line.split()[1:] for line in (claims.parent / "mig-devices").read_text().splitlines()}
+    devices = mig_devices(Path(s.caps_root or ""))
     for name in names:
         path = claims / name
         proc = _claimant(path, name)
@@ -156,9 +150,9 @@ def adopt_claims(s: SimState) -> bool:
             continue
         mig, mib = proc
         where = devices.get(mig)
-        if where is None or not _permitted(Path(s.caps_root or ""), int(name), [int(x) for x in where]):
+        if where is None or not _permitted(Path(s.caps_root or ""), int(name), where):
             continue
-        gpu, gi, ci = (int(x) for x in where)
+        gpu, gi, ci = where
         s.gpus[gpu].processes.append(SimProcess(int(name), gi, ci, mib, real=True, started=proc_start_time(int(name))))
         changed = True
     return changed
@@ -188,7 +182,7 @@ def _status(pid: int) -> dict[str, list[int]]:
     return out
 
 
-def _permitted(root: Path, pid: int, where: list[int]) -> bool:
+def _permitted(root: Path, pid: int, where: tuple[int, int, int]) -> bool:
     """Whether process ``pid`` may open its MIG device's GI and CI capabilities: the kernel's check of
     owner, group and mode (a root process always may: CAP_DAC_OVERRIDE, and the MIG guide's CAP_SYS_ADMIN)."""
     gpu, gi, ci = where
@@ -199,13 +193,11 @@ def _permitted(root: Path, pid: int, where: list[int]) -> bool:
     uid, groups = st["Uid"][1], {st["Gid"][1], *st.get("Groups", [])}
     if uid == 0:
         return True
-    devfs = (root / "sys/module/nvidia/parameters/nv_cap_enable_devfs").read_text().strip() != "0"
-    minors = _minors(root)
-    for name in (f"gpu{gpu}/gi{gi}/access", f"gpu{gpu}/gi{gi}/ci{ci}/access"):
-        path = root / "dev/nvidia-caps" / f"nvidia-cap{minors[name]}" if devfs else \
-            root / "proc/driver/nvidia/capabilities" / f"gpu{gpu}" / "mig" / name.split("/", 1)[1]
+    paths = CapsPaths(root)
+    devfs, minors = uses_devfs(paths), read_minors(paths.mig_minors)
+    for name in (gi_cap(gpu, gi), ci_cap(gpu, gi, ci)):
         try:
-            node = os.lstat(path)
+            node = os.lstat(paths.opened(name, minors[name], devfs))
         except OSError:
             return False
         bits = 0o400 if node.st_uid == uid else 0o040 if node.st_gid in groups else 0o004

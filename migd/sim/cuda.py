@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from migd.hardware.caps import CapsPaths, ci_cap, gi_cap, read_minors, uses_devfs
-from migd.sim.caps import CLAIMS, DEVICES
+from migd.sim.caps import CLAIMS, mig_devices
 
 NO_DEVICE = 100  # CUDA_ERROR_NO_DEVICE
 
@@ -43,22 +43,19 @@ def _open_cap(path: Path) -> str | None:
     return None
 
 
-def attach(root: Path, device: str) -> tuple[int, str | None]:
-    """Open ``device``'s capabilities: (gpu minor, why refused or None)."""
-    table = {}
-    for line in (root / DEVICES).read_text().splitlines():
-        mig, g, i, c = line.split()
-        table[mig] = (int(g), int(i), int(c))
+def attach(root: Path, device: str) -> str | None:
+    """Open ``device``'s capabilities: None, or why the kernel (or the driver) refused."""
+    table = mig_devices(root)
     if device not in table:
-        return -1, f"{device} is not a MIG device of this node"
+        return f"{device} is not a MIG device of this node"
     gpu, gi, ci = table[device]
     paths = CapsPaths(root)
     devfs, minors = uses_devfs(paths), read_minors(paths.mig_minors)
     for name in (gi_cap(gpu, gi), ci_cap(gpu, gi, ci)):
-        why = _open_cap(paths.node(minors[name]) if devfs else paths.proc_file(name))
+        why = _open_cap(paths.opened(name, minors[name], devfs))
         if why is not None:
-            return gpu, f"no access to capability {name} ({why})"
-    return gpu, None
+            return f"no access to capability {name} ({why})"
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -72,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     device = args.device or (os.environ.get("CUDA_VISIBLE_DEVICES") or "").split(",")[0].strip()
     if not cmd or not device:
         ap.error("needs a MIG device (--device or CUDA_VISIBLE_DEVICES) and -- COMMAND")
-    _, why = attach(args.caps_root, device)
+    why = attach(args.caps_root, device)
     if why is not None:
         return _refuse(why)
     claim = args.caps_root / CLAIMS / str(os.getpid())

@@ -13,6 +13,8 @@ import os
 import stat
 from pathlib import Path
 
+from migd.hardware.caps import ci_cap, gi_cap
+
 GIS_PER_GPU = 15  # GI ids 0..14 (the memory-slice tree: sim/gpu.py gi_id_for)
 CIS_PER_GI = 8
 
@@ -21,10 +23,10 @@ def mig_minors_text(gpus: int) -> str:
     lines, minor = ["config 1", "monitor 2"], 3
     for g in range(gpus):
         for gi in range(GIS_PER_GPU):
-            lines.append(f"gpu{g}/gi{gi}/access {minor}")
+            lines.append(f"{gi_cap(g, gi)} {minor}")
             minor += 1
             for ci in range(CIS_PER_GI):
-                lines.append(f"gpu{g}/gi{gi}/ci{ci}/access {minor}")
+                lines.append(f"{ci_cap(g, gi, ci)} {minor}")
                 minor += 1
     return "\n".join(lines) + "\n"
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from migd.hardware.caps import ci_cap, gi_cap
 from migd.hardware.types import GpuState
 
 
@@ -52,7 +53,7 @@ def records(states: Sequence[GpuState], minor_of: Callable[[int], int], minors: 
                 cip = prof.ci_by_id(ci.profile_id) if prof else None
                 if cip is None:
                     raise GresError(f"GPU {st.gpu.index}: GI {gi.id} CI {ci.id} has no profile name")
-                caps = [f"gpu{gpu_minor}/gi{gi.id}/access", f"gpu{gpu_minor}/gi{gi.id}/ci{ci.id}/access"]
+                caps = [gi_cap(gpu_minor, gi.id), ci_cap(gpu_minor, gi.id, ci.id)]
                 missing = [c for c in caps if c not in minors]
                 if missing:
                     raise GresError(f"GPU {st.gpu.index}: {missing[0]} is not in the driver's mig-minors table")
