@@ -53,12 +53,13 @@ class AccessControl:
             raise AccessError(f"the driver's capabilities cannot be read: {e}") from None
         return driver, minors
 
-    def wanted(self, index: int, uuid: str, gpu_minor: int) -> dict[str, NodeMode]:
+    def wanted(self, index: int, uuid: str, gpu_minor: int,
+               owners: Mapping[str, Mapping[int, str]]) -> dict[str, NodeMode]:
         """Every capability of the GPU that exists now, as its owner's grant says."""
-        owners = self.owners().get(uuid, {})
+        mine = owners.get(uuid, {})
         out: dict[str, NodeMode] = {}
         for gi in self.reader.list_gpu_instances(index):
-            mode = self.policy.wanted(owners.get(gi.placement.start))
+            mode = self.policy.wanted(mine.get(gi.placement.start))
             out[gi_cap(gpu_minor, gi.id)] = mode
             for ci in gi.compute_instances:
                 out[ci_cap(gpu_minor, gi.id, ci.id)] = mode
@@ -68,44 +69,56 @@ class AccessControl:
         """Before a change: every capability of the GPU root's alone.  Raises HardwareError: a GPU
         whose capabilities cannot be closed is not changed (the old grants would reach new instances)."""
         try:
-            driver, minors = self._driver()
-            gpu_minor = self.reader.minor_number(index)
-            try:
-                existing = set(self.wanted(index, self.reader.gpu(index).uuid, gpu_minor))
-            except HardwareError:  # unreadable (lost): close every node; the /proc files are the driver's
-                existing = set()
-            for name, minor in gpu_caps(minors, gpu_minor).items():
-                self._set(driver, name, minor, CLOSED, name in existing)
+            self._close(*self._driver(), index)
         except (AccessError, OSError) as e:
-            raise HardwareError(f"GPU {index}: access control: cannot close its instances' capabilities "
-                                f"before the change ({e}); nothing was changed") from None
+            raise _not_closed(index, e) from None
+
+    def _close(self, driver: Driver, minors: dict[str, int], index: int) -> None:
+        gpu_minor = self.reader.minor_number(index)
+        try:
+            existing = set(self.wanted(index, self.reader.gpu(index).uuid, gpu_minor, self.owners()))
+        except HardwareError:  # unreadable (lost): close every node; the /proc files are the driver's
+            existing = set()
+        for name, minor in gpu_caps(minors, gpu_minor).items():
+            self._set(driver, name, minor, CLOSED, name in existing)
 
     def open_gpu(self, index: int) -> list[str]:
         """Once the GPU is settled: what exists as its owners' grants say, the rest root's.  Returns the
         failures (logged; a node left closed is safe, never open)."""
         try:
             driver, minors = self._driver()
+        except AccessError as e:
+            return [_failed(index, e)]
+        return self._open(driver, minors, self.owners(), index)
+
+    def _open(self, driver: Driver, minors: dict[str, int], owners: Mapping[str, Mapping[int, str]],
+              index: int) -> list[str]:
+        try:
             gpu_minor = self.reader.minor_number(index)
-            wanted = self.wanted(index, self.reader.gpu(index).uuid, gpu_minor)
+            wanted = self.wanted(index, self.reader.gpu(index).uuid, gpu_minor, owners)
             for name, minor in gpu_caps(minors, gpu_minor).items():
                 self._set(driver, name, minor, wanted.get(name, CLOSED), name in wanted)
         except (AccessError, OSError, HardwareError) as e:
-            why = f"GPU {index}: access control: {e}"
-            log.error("%s (its instances stay closed to all but root)", why)
-            return [why]
+            return [_failed(index, e)]
         return []
 
     def reconcile(self) -> list[str]:
-        """Every readable GPU as :meth:`open_gpu` leaves it; a GPU NVML cannot read is closed."""
-        errors: list[str] = []
+        """Every readable GPU as :meth:`open_gpu` leaves it; a GPU NVML cannot read is closed.  The
+        driver's files and the owner labels are read once for the pass, not once per GPU."""
         found = survey(self.reader)
-        for g in found.gpus:
-            errors += self.open_gpu(g.index)
-        for u in found.unreadable:
-            try:
-                self.close_gpu(u.index)
-            except HardwareError as e:
-                errors.append(str(e))
+        try:
+            driver, minors = self._driver()
+        except AccessError as e:
+            errors = [_failed(g.index, e) for g in found.gpus]
+            errors += [str(_not_closed(u.index, e)) for u in found.unreadable]
+        else:
+            owners = self.owners()
+            errors = [why for g in found.gpus for why in self._open(driver, minors, owners, g.index)]
+            for u in found.unreadable:
+                try:
+                    self._close(driver, minors, u.index)
+                except (AccessError, OSError) as e:
+                    errors.append(str(_not_closed(u.index, e)))
         self.errors = errors
         return errors
 
@@ -114,3 +127,14 @@ class AccessControl:
             self.changes += 1
             log.debug("capability %s (minor %d): %s", name, minor, want.describe())
 
+
+def _failed(index: int, e: Exception) -> str:
+    """A GPU whose capabilities could not be opened as owned, said once (it stays closed: safe)."""
+    why = f"GPU {index}: access control: {e}"
+    log.error("%s (its instances stay closed to all but root)", why)
+    return why
+
+
+def _not_closed(index: int, e: Exception) -> HardwareError:
+    return HardwareError(f"GPU {index}: access control: cannot close its instances' capabilities before the "
+                         f"change ({e}); nothing was changed")

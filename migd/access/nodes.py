@@ -14,7 +14,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from migd.access.policy import NodeMode
+from migd.access.policy import CLOSED, NodeMode
 from migd.hardware.caps import CapsPaths
 
 
@@ -55,7 +55,7 @@ class Driver:
         try:
             st = os.lstat(node)
         except FileNotFoundError:
-            if want.mode == 0o400 and want.uid == 0 and want.gid == 0:
+            if want == CLOSED:
                 return False  # absent is as closed as root-only: nvidia-modprobe makes it when needed
             old = os.umask(0)
             try:

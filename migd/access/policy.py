@@ -44,6 +44,16 @@ class NodeMode:
 CLOSED = NodeMode(0, 0, ROOT_ONLY)
 
 
+def gid_of(group: str) -> int:
+    """A group's id (a number is taken as the id itself); KeyError when there is no such group."""
+    return int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+
+
+def uid_of(user: str) -> int:
+    """A user's id (a number is taken as the id itself); KeyError when there is no such user."""
+    return int(user) if user.isdigit() else pwd.getpwnam(user).pw_uid
+
+
 @dataclass(frozen=True)
 class Grant:
     """One owner's Unix accounts, resolved when the configuration is read (a name that does not
@@ -56,10 +66,8 @@ class Grant:
 
     @classmethod
     def resolve(cls, group: str | None, user: str | None) -> Grant:
-        """KeyError names what does not exist.  A number is taken as a numeric id."""
-        gid = (int(group) if group.isdigit() else grp.getgrnam(group).gr_gid) if group else 0
-        uid = (int(user) if user.isdigit() else pwd.getpwnam(user).pw_uid) if user else 0
-        return cls(group, user, gid, uid)
+        """KeyError when either does not exist."""
+        return cls(group, user, gid_of(group) if group else 0, uid_of(user) if user else 0)
 
     def node(self) -> NodeMode:
         return NodeMode(self.uid, self.gid, GRANTED if self.group else ROOT_ONLY)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from migd.access.policy import AccessPolicy, Grant, Unowned
+from migd.access.policy import AccessPolicy, Grant, Unowned, gid_of, uid_of
 from migd.hardware.caps import CapsPaths
 from migd.yamlsrc import Node
 
@@ -34,13 +34,15 @@ def parse_access(node: Node) -> AccessSettings:
         e = entry.mapping(allowed=["group", "user"])
         if not e:
             raise entry.error("names no group and no user: whose are this owner's instances?")
-        group = e["group"].str() if "group" in e else None
-        user = e["user"].str() if "user" in e else None
-        try:
-            owners[name] = Grant.resolve(group, user)
-        except KeyError:
-            which = ("group", group) if group and not _exists_group(group) else ("user", user)
-            raise e[which[0]].error(f"no {which[0]} named {which[1]!r} on this node") from None
+        ids = {}
+        for key, resolve in (("group", gid_of), ("user", uid_of)):
+            if key in e:
+                try:
+                    ids[key] = resolve(e[key].str())
+                except KeyError:
+                    raise e[key].error(f"no {key} named {e[key].str()!r} on this node") from None
+        owners[name] = Grant(e["group"].str() if "group" in e else None, e["user"].str() if "user" in e else None,
+                             ids.get("group", 0), ids.get("user", 0))
     root = Path(m["root"].str()) if "root" in m else Path("/")
     if not root.is_absolute():
         raise m["root"].error("must be an absolute path")
@@ -49,10 +51,3 @@ def parse_access(node: Node) -> AccessSettings:
                      CapsPaths(root)),
         m["with_slurm"].bool() if "with_slurm" in m else False)
 
-
-def _exists_group(name: str) -> bool:
-    try:
-        Grant.resolve(name, None)
-    except KeyError:
-        return False
-    return True

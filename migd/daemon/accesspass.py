@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 from migd.access.control import AccessControl
+from migd.access.policy import Unowned
 from migd.api.access import AccessView
 from migd.apply.executor import Applier
 from migd.daemon.config import Config
@@ -32,7 +33,7 @@ def access_control(config: Config, backend: GpuBackend, applier: Applier) -> Acc
         unmapped = sorted({i.owner for sec in p.sections for i in sec.instances if i.owner} - set(s.policy.owners))
         if unmapped:
             log.warning("profile %s: owner(s) %s have no access entry: their instances are %s", name,
-                        ", ".join(unmapped), "open to all" if s.policy.unowned.value == "open" else "root's only")
+                        ", ".join(unmapped), "open to all" if s.policy.unowned is Unowned.OPEN else "root's only")
     control = AccessControl(s.policy, backend, applier.owners.load)
     applier.access = control
     return control
