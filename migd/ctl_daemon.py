@@ -13,7 +13,7 @@ from migd.api.control import ApplyRequest, ManualApply, listening, request
 from migd.api.daemon import DaemonDoc, HeldView
 from migd.api.plan import ApplyDoc
 from migd.api.status import StatusDoc
-from migd.api.wire import from_json
+from migd.api.wire import WireError, from_json
 from migd.apply.result import GpuStatus, OnBusy
 from migd.errors import ValidationError
 from migd.exits import Exit
@@ -184,8 +184,7 @@ def caps_root(args: argparse.Namespace) -> str:
     """Where the driver's /dev and /proc are, as the running migd's access by owner says ("/" on a
     node; a simulated node's own tree), else "/"."""
     try:
-        doc = daemon_request(args, {"cmd": "status"}, timeout_s=10)["daemon"]
-    except (OSError, KeyError, TypeError):
+        doc = from_json(DaemonDoc, daemon_request(args, {"cmd": "status"}, timeout_s=10).get("daemon"), "daemon")
+    except (OSError, WireError):
         return "/"
-    access = doc.get("access") if isinstance(doc, dict) else None
-    return str(access["root"]) if isinstance(access, dict) and "root" in access else "/"
+    return doc.access.root if doc.access is not None else "/"

@@ -7,7 +7,7 @@ whose metadata has ``OMIT_NONE`` is left out when None (a key some documents car
 a type's ``SCHEMA`` class attribute is written first as ``schema`` and checked on read.
 
 Why generic: the formats are many and small, and hand-written pairs drift apart; one reader and one
-writer keep every format round-tripping, which ``tests/test_wire.py`` checks on every golden file.
+writer keep every format round-tripping, which ``tests/test_wire_docs.py`` checks on every golden file.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import dataclasses
 import enum
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import cache
 from typing import Any, TypeVar
 
@@ -118,11 +118,15 @@ def _pick(kinds: list[Any], data: Any, where: str) -> Any:
                            f"not {type(data).__name__}")
 
 
+_SCALARS: dict[type, Callable[[Any], bool]] = {
+    bool: lambda v: isinstance(v, bool),
+    int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+    float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),  # JSON writes 1.0 as 1 too
+    str: lambda v: isinstance(v, str)}
+
+
 def _scalar(tp: Any, data: Any, where: str) -> Any:
-    ok = {bool: lambda v: isinstance(v, bool),
-          int: lambda v: isinstance(v, int) and not isinstance(v, bool),
-          float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),  # JSON writes 1.0 as 1 too
-          str: lambda v: isinstance(v, str)}.get(tp)
+    ok = _SCALARS.get(tp)
     if ok is None:
         raise TypeError(f"{where}: {tp!r} is not a wire type")  # a programming error, not bad input
     if not ok(data):

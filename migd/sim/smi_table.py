@@ -64,14 +64,13 @@ def header() -> list[str]:
             _bar(GPU_COLS, fill="=", left="|", right="|")]
 
 
-def gpu_rows(index: int, h: Any) -> list[str]:
-    """One GPU's three lines and the bar under them."""
+def gpu_rows(index: int, h: Any, mig: int | str) -> list[str]:
+    """One GPU's three lines and the bar under them (``mig``: its current MIG mode, or "N/A")."""
     name = _s(pynvml.nvmlDeviceGetName(h))
     name = name if len(name) <= 29 else name[:26] + "..."
     onoff = {pynvml.NVML_FEATURE_ENABLED: "On", pynvml.NVML_FEATURE_DISABLED: "Off"}
     pm = onoff[pynvml.nvmlDeviceGetPersistenceMode(h)]
     disp = onoff[pynvml.nvmlDeviceGetDisplayActive(h)]
-    mig = _mig_mode(h)
     in_mig = mig == pynvml.NVML_DEVICE_MIG_ENABLE
     ecc = "On" if in_mig else _or_na(lambda: pynvml.nvmlDeviceGetTotalEccErrors(
         h, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC))
@@ -128,19 +127,19 @@ def _ci_engines(h: Any, gi_id: int, ci_id: int) -> _Engines:
     raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
 
 
-def mig_devices(h: Any) -> Iterator[tuple[int, Any]]:
-    """(MIG device index, handle) of one GPU in MIG mode."""
+def mig_devices(h: Any) -> Iterator[tuple[int, Any, int, int]]:
+    """(MIG device index, handle, GI id, CI id) of one GPU in MIG mode."""
     for k in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(h)):
         try:
-            yield k, pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
+            mh = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
         except pynvml.NVMLError_NotFound:
             continue
+        yield k, mh, pynvml.nvmlDeviceGetGpuInstanceId(mh), pynvml.nvmlDeviceGetComputeInstanceId(mh)
 
 
-def mig_rows(index: int, h: Any) -> list[str]:
+def mig_rows(index: int, h: Any, devices: list[tuple[int, Any, int, int]]) -> list[str]:
     rows = []
-    for k, mh in mig_devices(h):
-        gi, ci = pynvml.nvmlDeviceGetGpuInstanceId(mh), pynvml.nvmlDeviceGetComputeInstanceId(mh)
+    for k, mh, gi, ci in devices:
         mem, bar1 = pynvml.nvmlDeviceGetMemoryInfo(mh), pynvml.nvmlDeviceGetBAR1MemoryInfo(mh)
         e = _ci_engines(h, gi, ci)
         rows += [_row(f"{index:>3}{gi:>5}{ci:>4}{k:>4}  ", f"{mem.used // MiB:>16}MiB / {mem.total // MiB:>5}MiB    ",
@@ -159,10 +158,10 @@ def mig_table(per_gpu: list[list[str]]) -> list[str]:
     return head + (rows or [f"|{'  No MIG devices found':<89}|", _bar(FULL)])
 
 
-def process_rows(index: int, h: Any, in_mig: bool) -> list[str]:
-    """Compute processes (type C), per MIG device in MIG mode (NVML lists them per MIG device handle)."""
-    where = [(mh, str(pynvml.nvmlDeviceGetGpuInstanceId(mh)), str(pynvml.nvmlDeviceGetComputeInstanceId(mh)))
-             for _, mh in mig_devices(h)] if in_mig else [(h, "N/A", "N/A")]
+def process_rows(index: int, h: Any, devices: list[tuple[int, Any, int, int]] | None) -> list[str]:
+    """Compute processes (type C), per MIG device in MIG mode (NVML lists them per MIG device handle);
+    ``devices`` None: the GPU is not in MIG mode."""
+    where = [(mh, str(gi), str(ci)) for _, mh, gi, ci in devices] if devices is not None else [(h, "N/A", "N/A")]
     rows = []
     for handle, gi, ci in where:
         for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
@@ -189,11 +188,12 @@ def default_table() -> str:
     any_mig = False
     for i in range(pynvml.nvmlDeviceGetCount()):
         h = pynvml.nvmlDeviceGetHandleByIndex(i)
-        lines += gpu_rows(i, h)
-        in_mig = _mig_mode(h) == pynvml.NVML_DEVICE_MIG_ENABLE
-        any_mig |= in_mig
-        migs.append(mig_rows(i, h) if in_mig else [])
-        procs += process_rows(i, h, in_mig)
+        mig = _mig_mode(h)
+        lines += gpu_rows(i, h, mig)
+        devices = list(mig_devices(h)) if mig == pynvml.NVML_DEVICE_MIG_ENABLE else None
+        any_mig |= devices is not None
+        migs.append(mig_rows(i, h, devices or []))
+        procs += process_rows(i, h, devices)
     if any_mig:
         lines += [""] + mig_table(migs)
     return "\n".join(lines + processes_table(procs)) + "\n"
