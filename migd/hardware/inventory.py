@@ -45,9 +45,6 @@ class Unreadable:
         """One line for the user: the GPU, then :meth:`summary`."""
         return f"GPU {self.index}: {self.summary()}"
 
-    def to_json(self) -> dict[str, object]:
-        return {"index": self.index, "state": self.state, "error": self.error}
-
 
 class GpuLister(Protocol):
     """The narrow port :func:`survey` needs."""

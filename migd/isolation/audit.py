@@ -56,9 +56,6 @@ class Finding:
     severity: Severity
     message: str
 
-    def to_json(self) -> dict[str, object]:
-        return {"gpu": self.gpu, "check": self.check.value, "severity": self.severity.value, "message": self.message}
-
 
 Add = Callable[[Check, str], None]  # one finding on the GPU being audited
 
