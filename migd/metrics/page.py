@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from migd.metrics import share
 from migd.metrics.snapshot import GiSample, GpuSample, Snapshot
 
 _STYLE = """
@@ -70,12 +71,9 @@ def _summary(snap: Snapshot | None, status: Mapping[str, Any]) -> str:
 
 def _owners(snap: Snapshot | None) -> str:
     """Each owner's share of the node's compute slices, as the instances stand now."""
-    held: Counter[str] = Counter()
-    total = 0
-    for g in snap.gpus if snap else ():
-        total += g.compute_slices
-        for gi in g.instances:
-            held[gi.owner or "-"] += gi.compute_slices
+    held = share.held(snap) if snap else Counter()
+    held.pop(share.FREE, None)
+    total = sum(g.compute_slices for g in snap.gpus) if snap else 0
     shares = "".join(f"<span class=\"share\" data-owner=\"{html.escape(o)}\">{html.escape(o)}: {n}/{total} slices "
                      f"({n / total:.0%})</span>" for o, n in sorted(held.items()) if total)
     return f"<p class=\"owners\">share of the slices now: {shares or 'no instances'}</p>"
