@@ -10,7 +10,8 @@ from typing import Any
 
 from migd import paths
 from migd.api.control import ApplyRequest, ManualApply, listening, request
-from migd.api.daemon import DaemonDoc, HeldView
+from migd.api.daemon import DaemonDoc
+from migd.api.override import HeldView
 from migd.api.plan import ApplyDoc
 from migd.api.status import StatusDoc
 from migd.api.wire import WireError, from_json

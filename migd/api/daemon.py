@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from migd.api.access import AccessView
 from migd.api.demand import DemandView, Source
-from migd.api.override import Override
+from migd.api.override import HeldView, Override
 from migd.api.slurm import SlurmSnapshot, SlurmView
 from migd.api.wire import OMIT_NONE, to_json
 from migd.apply.result import ApplyResult, GpuStatus
@@ -172,7 +172,7 @@ class Status:
         return DaemonDoc(
             self.started, self.config_path, getattr(self.timezone, "key", str(self.timezone)), self._active(),
             self.desired_profile, self.applied_profile,
-            None if o is None else HeldView(o.profile.name, o.profile.source, _iso(o.until), o.since.isoformat()),
+            None if o is None else o.view(),
             (nxt.at, nxt.profile) if nxt else None, nxt, tuple(self.drifted), self.blocked_since, self.blocked_reason,
             None if last is None else replace(last, seconds=round(last.seconds, 3)),
             {str(i): Blocked(g.since, g.reason) for i, g in waiting.items()},
@@ -182,8 +182,8 @@ class Status:
 
     def _active(self) -> Active | None:
         if self.override is not None:
-            o = self.override
-            return Active(o.profile.name, Reason.MANUAL, o.profile.source, _iso(o.until), o.since.isoformat())
+            held = self.override.view()
+            return Active(held.profile, Reason.MANUAL, held.source, held.until, held.since)
         if self.demand is not None and self.demand.source is Source.PLANNER and self.desired_profile is not None:
             return Active(self.desired_profile, Reason.DEMAND, self.demand.planner, self.demand.until)
         if self.desired_profile is not None:
@@ -196,10 +196,6 @@ class Status:
 
     def unhealthy_reasons(self) -> dict[str, str]:
         return self.unhealthy.reasons()
-
-
-def _iso(t: datetime | None) -> str | None:
-    return t.isoformat() if t else None
 
 
 class Reason(Word):
@@ -220,16 +216,6 @@ class Active:
     source: str | None  # manual: the profile's file; demand: the planner node
     until: str | float | None
     since: str | None = field(default=None, metadata=OMIT_NONE)
-
-
-@dataclass(frozen=True)
-class HeldView:
-    """A manual apply's hold (``override``; the same facts as a manual ``active``, kept for v1 readers)."""
-
-    profile: str
-    source: str
-    until: str | None
-    since: str
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from migd.api.wire import to_json
 from migd.apply.statefile import atomic_write_json, check_schema, conform, of, optional, read_json, record, utc_time
 from migd.errors import ValidationError
 from migd.profiles.loader import load_profile
@@ -26,6 +27,16 @@ log = logging.getLogger("migd")
 
 
 @dataclass(frozen=True)
+class HeldView:
+    """A manual apply's hold as the file and ``migd.daemon/v1``'s ``override`` write it (times ISO 8601)."""
+
+    profile: str
+    source: str
+    until: str | None
+    since: str
+
+
+@dataclass(frozen=True)
 class Override:
     """A manual apply, holding until the next scheduled transition (``until``; None: no more)."""
 
@@ -33,9 +44,13 @@ class Override:
     until: datetime | None
     since: datetime
 
+    def view(self) -> HeldView:
+        return HeldView(self.profile.name, self.profile.source, self.until.isoformat() if self.until else None,
+                        self.since.isoformat())
+
     def to_json(self) -> dict[str, Any]:
-        return {"profile": self.profile.name, "source": self.profile.source,
-                "until": self.until.isoformat() if self.until else None, "since": self.since.isoformat()}
+        doc: dict[str, Any] = to_json(self.view())
+        return doc
 
 
 class OverrideStore:
