@@ -154,7 +154,8 @@ def run(argv: Sequence[str], store: StateStore) -> tuple[int, str]:
         if args in (["-h"], ["--help"]):
             return 0, usage(store.read())
         if args == []:
-            return _through_nvml(store, default_table)
+            from migd.sim.smi_table import default_table
+            return 0, _through_nvml(store, default_table)
         if args in (["-L"], ["--list-gpus"]):
             return 0, list_gpus(store.read())
         query = _option(args, "--query-gpu")
@@ -212,34 +213,27 @@ def _through_nvml(store: StateStore, read: Callable[[], T]) -> T:
         pynvml.nvmlShutdown()
 
 
-def default_table() -> tuple[int, str]:
-    from migd.sim.smi_table import default_table as table
-    return 0, table()
-
-
 def _set_mig_mode(store: StateStore, gpus: list[SimGpu], enable: bool) -> str:
     """``-mig 0|1`` through NVML, as the real tool does (so it is an NVML client while it runs).
     Messages as the MIG user guide shows them (facts rules.mig_mode [S2,S3])."""
-    from migd.sim.library import load
-    load(store)
-    pynvml.nvmlInit()
+    return _through_nvml(store, lambda: _set_modes(gpus, enable))
+
+
+def _set_modes(gpus: list[SimGpu], enable: bool) -> str:
     out, word = [], "enable" if enable else "disable"
-    try:
-        for g in gpus:
-            status = pynvml.nvmlDeviceSetMigMode(pynvml.nvmlDeviceGetHandleByIndex(g.index), int(enable))
-            if status == pynvml.NVML_ERROR_IN_USE:
-                out.append(f"Warning: MIG mode is in pending {word} state for GPU {g.bus_id}:In use by another client\n"
-                           f"{g.bus_id} is currently being used by one or more other processes (e.g. CUDA "
-                           "application or a monitoring application such as another instance of nvidia-smi). "
-                           "Please first kill all processes using the device and retry the command or reboot "
-                           "the system to make MIG mode effective.")
-            elif status == pynvml.NVML_ERROR_RESET_REQUIRED:
-                out.append(f"Warning: MIG mode is in pending {word} state for GPU {g.bus_id}:Not Supported\n"
-                           f"Reboot the system or try nvidia-smi --gpu-reset to make MIG mode effective on GPU "
-                           f"{g.bus_id}")
-            out.append(f"{word.capitalize()}d MIG Mode for GPU {g.bus_id}")
-    finally:
-        pynvml.nvmlShutdown()
+    for g in gpus:
+        status = pynvml.nvmlDeviceSetMigMode(pynvml.nvmlDeviceGetHandleByIndex(g.index), int(enable))
+        if status == pynvml.NVML_ERROR_IN_USE:
+            out.append(f"Warning: MIG mode is in pending {word} state for GPU {g.bus_id}:In use by another client\n"
+                       f"{g.bus_id} is currently being used by one or more other processes (e.g. CUDA "
+                       "application or a monitoring application such as another instance of nvidia-smi). "
+                       "Please first kill all processes using the device and retry the command or reboot "
+                       "the system to make MIG mode effective.")
+        elif status == pynvml.NVML_ERROR_RESET_REQUIRED:
+            out.append(f"Warning: MIG mode is in pending {word} state for GPU {g.bus_id}:Not Supported\n"
+                       f"Reboot the system or try nvidia-smi --gpu-reset to make MIG mode effective on GPU "
+                       f"{g.bus_id}")
+        out.append(f"{word.capitalize()}d MIG Mode for GPU {g.bus_id}")
     return "\n".join(out) + "\nAll done.\n"
 
 
