@@ -57,6 +57,22 @@ class CapsPaths:
     def devfs_param(self) -> Path:
         return self.root / "sys/module/nvidia/parameters/nv_cap_enable_devfs"
 
+    @property
+    def params(self) -> Path:
+        """The driver's registry (``ModifyDeviceFiles``, ``DeviceFileUID``/``GID``/``Mode``): what
+        nvidia-modprobe gives ``/dev/nvidia<N>`` and ``/dev/nvidiactl`` (nvidia-modprobe-utils.c
+        ``NV_PROC_REGISTRY_PATH``)."""
+        return self.root / "proc/driver/nvidia/params"
+
+    @property
+    def ctl_node(self) -> Path:
+        """``/dev/nvidiactl`` (char 195:255), which every CUDA process opens."""
+        return self.root / "dev/nvidiactl"
+
+    def gpu_node(self, gpu_minor: int) -> Path:
+        """``/dev/nvidia<N>`` (char 195:N), N the GPU's device minor (not its NVML index)."""
+        return self.root / f"dev/nvidia{gpu_minor}"
+
     def proc_file(self, name: str) -> Path:
         """``gpu0/gi1/ci0/access`` (a mig-minors name) -> its /proc capability file."""
         gpu, rest = name.split("/", 1)
