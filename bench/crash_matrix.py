@@ -8,6 +8,9 @@ next migd/migctl start would.  Every GPU must end in either the old or the new l
 the journal must be gone, and a process running on an instance both layouts keep must
 still be there.
 
+An owner change (the same layout, other owners) is killed after each of its file-system
+steps instead (``crash_relabel.py``: it makes no NVML call; as root only).
+
     python3 bench/crash_matrix.py            # full matrix (dgx-a100, dgx-h100; 3 transitions)
     python3 bench/crash_matrix.py --sample 4  # every 4th step only (what pytest runs)
 """
@@ -24,7 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.crash_relabel import run_relabel  # noqa: E402
 from migd.apply.executor import Applier  # noqa: E402
+from migd.apply.relabel import labels_of  # noqa: E402
 from migd.apply.result import ApplyOptions  # noqa: E402
 from migd.profiles.loader import load_profile  # noqa: E402
 from migd.sim import control  # noqa: E402
@@ -36,7 +41,11 @@ TRANSITIONS = [("day", "night"), ("night", "day"), ("balanced", "day")]
 
 
 def layout_matches(applier: Applier, name: str) -> dict[int, bool]:
-    return {p.gpu.index: not p.changes for p in applier.plan(load_profile(PROFILES / f"{name}.yaml"))}
+    """Each GPU: whether it holds the profile's layout with the profile's owner labels (labels that
+    lag behind the layout would grant its instances by the other layout's owners)."""
+    owners = applier.owners.load()
+    return {p.gpu.index: not p.changes and labels_of(p) == owners.get(p.gpu.uuid, {})
+            for p in applier.plan(load_profile(PROFILES / f"{name}.yaml"))}
 
 
 def run_transition(fleet: str, old: str, new: str, sample: int, workdir: Path) -> dict[str, object]:
@@ -78,7 +87,7 @@ def run_transition(fleet: str, old: str, new: str, sample: int, workdir: Path) -
         old_ok, new_ok = layout_matches(recovering, old), layout_matches(recovering, new)
         bad = [i for i in old_ok if not (old_ok[i] or new_ok[i])]
         if bad:
-            failures.append(f"k={k}: GPU(s) {bad} in neither layout")
+            failures.append(f"k={k}: GPU(s) {bad} in neither layout (with its owners)")
         if (sdir / "journal.json").exists():
             failures.append(f"k={k}: journal left behind")
         if keeper is not None and not any(p.pid == keeper for p in store.read().gpus[0].processes):
@@ -100,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
         for fleet in args.fleets.split(","):
             for old, new in TRANSITIONS:
                 rows.append(run_transition(fleet, old, new, max(1, args.sample), Path(tmp)))
+        if os.geteuid() == 0:  # the capability nodes are real character devices
+            rows.append(run_relabel(Path(tmp), PROFILES))
+        else:
+            print("owner changes not run: they need root (mknod)", file=sys.stderr)
     total = sum(int(str(r["scenarios"])) for r in rows)
     failed = [f for r in rows for f in r["failures"]]  # type: ignore[attr-defined]
     if args.json:

@@ -186,8 +186,11 @@ def cmd_recover(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) 
     restored = [r.index for r in results if r.status is GpuStatus.ROLLED_BACK]
     if restored:
         print(f"restored GPU {index_ranges(restored)} to the layout before the interrupted apply")
+    relabelled = [r.index for r in results if r.status is GpuStatus.APPLIED]
+    if relabelled:
+        print(f"finished the interrupted owner change of GPU {index_ranges(relabelled)} (its layout never changed)")
     for r in results:
-        if r.status is not GpuStatus.ROLLED_BACK:
+        if r.status not in (GpuStatus.ROLLED_BACK, GpuStatus.APPLIED):
             print(f"GPU {r.index}: NOT restored: {r.error}", file=sys.stderr)
     if applier.journal.exists():
         print(f"the journal {applier.journal.path} is kept: `migctl recover` tries again; once the GPUs are "

@@ -288,3 +288,30 @@ def test_status_mine_lists_what_this_user_may_use(node: tuple[MigdProcess, Path]
     doc = json.loads(text)
     assert doc["schema"] == "migd.status/v1" and {i["owner"] for i in doc["gpus"][0]["instances"]} == {"inference"}
     assert len(doc["gpus"][0]["instances"]) == 2
+
+
+def test_an_owner_only_change_moves_the_instances_to_the_new_team(
+        node: tuple[MigdProcess, Path], teams: tuple[grp.struct_group, grp.struct_group]) -> None:
+    """The day profile edited so that training (team B) owns its seven 1g instances, and reloaded: the
+    layout holds, so no NVML call is made, but the owners change: migd closes, relabels and opens
+    them for team B, says so, and team A no longer reaches any of them."""
+    m, root = node
+    a, b = teams
+    start_day(m, root, a)
+    mig = devices(root)[0][0]
+    assert run_cuda(root, USER_B, b.gr_gid, mig)[1] == 100
+    day = m.config.parent / "profiles" / "day.yaml"
+    day.write_text(day.read_text().replace("owner: notebooks", "owner: training"))
+    mutations = StateStore(m.migctl.state).read().mutations
+    assert through_migd(m, root, "reload") == 0
+    m.wait_until(lambda: node_modes(root)[f"gpu0/gi{devices(root)[-1][2]}/access"] == (0, b.gr_gid, 0o440))
+    assert_only(root, b.gr_gid)
+    assert StateStore(m.migctl.state).read().mutations == mutations  # the layout was never touched
+    assert run_cuda(root, USER_A, a.gr_gid, mig)[1] == 100
+    pid, code, err = run_cuda(root, USER_B, b.gr_gid, mig, seconds=30)
+    assert code == -1, err
+    reap(pid)
+    log = m.log.read_text()
+    assert "GPU 0: owners changed (GI at slice 0: notebooks -> training, " in log, log[-2000:]
+    owners = {i["owner"] for i in m.migctl("status", "-o", "json").json()["gpus"][0]["instances"]}
+    assert owners == {"training"}

@@ -8,6 +8,7 @@ import grp
 import os
 import shutil
 import stat
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from dataclasses import replace
@@ -54,7 +55,7 @@ def control(m: Migctl, root: Path, unowned: Unowned = Unowned.ROOT) -> tuple[Acc
     backend = sim_backend(m.state, m.fleet)
     OPENED.append(backend)
     applier = Applier(backend, m.state_dir)
-    policy = AccessPolicy({"notebooks": Grant.resolve(team.gr_name, None)}, unowned, CapsPaths(root))
+    policy = AccessPolicy({"notebooks": Grant(team.gr_name, None)}, unowned, CapsPaths(root))
     return AccessControl(policy, backend, applier.owners.load), backend, team.gr_gid
 
 
@@ -80,9 +81,10 @@ def test_the_dev_interface_grants_owners_and_keeps_nvidia_modprobe_off(tree: tup
         name = f"gpu0/{f.parent.name}/access"
         assert modes({name: paths.node(minors[name])})[name] == (0, gid, 0o440)
         assert f.read_text() == "DeviceFileModify: 0\n"  # the MIG guide's procedure: nvidia-modprobe keeps off
-    untouched = paths.node(minors["gpu0/gi0/access"])  # a GI id nothing uses: root's alone
-    assert modes({"x": untouched})["x"] == (0, 0, 0o400)
-    assert modes({"c": paths.node(minors["config"])})["c"] == (0, 0, 0o400)  # config is never opened up
+    untouched = paths.node(minors["gpu0/gi0/access"])  # a GI id nothing uses: no node, or root's alone
+    assert not untouched.exists() or modes({"x": untouched})["x"] == (0, 0, 0o400)
+    config = paths.node(minors["config"])  # config is never opened up
+    assert not config.exists() or modes({"c": config})["c"] == (0, 0, 0o400)
     changed = ac.changes
     assert ac.reconcile() == [] and ac.changes == changed  # a second pass has nothing to do
 
@@ -95,29 +97,46 @@ def test_a_hand_made_change_is_put_back_and_an_odd_node_left_alone(tree: tuple[M
     ac.reconcile()
     paths = CapsPaths(root)
     minors = read_minors(paths.mig_minors)
-    name = next(f"gpu0/{f.parent.name}/access" for f in paths.proc_caps.glob("gpu0/mig/gi*/access"))
+    names = sorted(f"gpu0/{f.parent.name}/access" for f in paths.proc_caps.glob("gpu0/mig/gi*/access"))
+    name, other = names[0], names[-1]
     node = paths.node(minors[name])
     os.chmod(node, 0o444)  # someone opened it to all
     assert ac.reconcile() == [] and modes({name: node})[name] == (0, gid, 0o440)
-    spare = paths.node(minors["gpu0/gi1/access"])
-    spare.unlink()
+    spare = paths.node(minors["gpu0/gi1/access"])  # an instance that does not exist
+    spare.unlink(missing_ok=True)
     spare.symlink_to("/etc/passwd")  # never followed, never "fixed"
+    os.chmod(paths.node(minors[other]), 0o666)  # and at the same time a live node opened to all
     errors = ac.reconcile()
-    assert len(errors) == 1 and "is not the driver's capability node" in errors[0] and "left alone" in errors[0]
+    assert len(errors) == 1 and "gpu0/gi1/access" in errors[0] and "is not the driver's capability node" in errors[0]
+    assert errors[0].endswith("left as it was")  # said as it is: not "closed"
+    assert modes({other: paths.node(minors[other])})[other] == (0, gid, 0o440)  # the odd node stopped nothing
     assert stat.S_IMODE(os.stat("/etc/passwd").st_mode) == 0o644 and os.lstat(spare).st_mode & stat.S_IFLNK
+    assert ac.errors == errors  # what migctl daemon and /metrics show
 
 
-def test_the_proc_interface_sets_the_capability_files(tree: tuple[Migctl, Path]) -> None:
-    """nv_cap_enable_devfs=0 (deprecated): access is opening the /proc file itself."""
+def test_the_proc_interface_is_refused_with_one_line(tree: tuple[Migctl, Path], tmp_path: Path) -> None:
+    """nv_cap_enable_devfs=0 (deprecated): each new instance's /proc file is the capability and is
+    created world-readable, so another team could open it before migd closes it: access by owner
+    refuses to start there (one line naming why), and sets nothing."""
     m, root = tree
     caps.enable(StateStore(m.state), root, devfs=False)
     assert m("apply", str(PROFILES / "day.yaml")).code == 0
-    ac, _, gid = control(m, root, Unowned.OPEN)
-    assert ac.reconcile() == []
     files = sorted(CapsPaths(root).proc_caps.glob("gpu0/mig/gi*/**/access"))
-    assert len(files) == 14  # 7 GIs and their CIs
-    assert {modes({"f": f})["f"] for f in files} == {(0, gid, 0o440)}
-    assert not list((root / "dev/nvidia-caps").iterdir())  # no node is made with the /proc interface
+    before = modes({str(f): f for f in files})
+    cfg = tmp_path / "migd.yaml"
+    shutil.copytree(PROFILES, tmp_path / "profiles")
+    cfg.write_text(f"schedule:\n  - {{profile: day, at: '08:30'}}\naccess:\n  root: {root}\n"
+                   f"  owners: {{notebooks: {{group: {two_groups()[0].gr_name}}}}}\n")
+    backend = sim_backend(m.state, m.fleet)
+    OPENED.append(backend)
+    applier = Applier(backend, m.state_dir)
+    with pytest.raises(ValidationError) as e:
+        access_control(load_config(cfg), backend, applier)
+    assert "nv_cap_enable_devfs=0" in str(e.value) and "\n" not in str(e.value) and "access" in str(e.value)
+    assert applier.access is None and modes({str(f): f for f in files}) == before
+    ac, _, _ = control(m, root)
+    said = ac.reconcile()
+    assert len(said) == 1 and said[0].startswith("GPU 0: access control: the driver offers only the deprecated /proc")
 
 
 def test_a_gpu_whose_capabilities_cannot_be_closed_is_not_changed(tree: tuple[Migctl, Path]) -> None:
@@ -152,11 +171,11 @@ def test_a_bad_access_section_is_one_line_with_its_place(tmp_path: Path, text: s
 
 def test_groups_and_users_resolve_by_name_or_number() -> None:
     team = two_groups()[0]
-    assert Grant.resolve(team.gr_name, None).gid == team.gr_gid
-    assert Grant.resolve(str(team.gr_gid), "0").node().mode == 0o440
-    assert Grant.resolve(None, "root").node().mode == 0o400  # a user alone: owner-readable only
-    with pytest.raises(KeyError):
-        Grant.resolve(None, "no-such-user-here")
+    assert Grant(team.gr_name, None).resolve().gid == team.gr_gid
+    assert Grant(str(team.gr_gid), "0").resolve().mode == 0o440
+    assert Grant(None, "root").resolve().mode == 0o400  # a user alone: owner-readable only
+    with pytest.raises(KeyError, match="user 'no-such-user-here' does not exist"):
+        Grant(None, "no-such-user-here").resolve()
     assert grp.getgrgid(team.gr_gid).gr_name == team.gr_name
 
 
@@ -179,3 +198,38 @@ def test_in_slurm_mode_access_stays_off_unless_asked(tree: tuple[Migctl, Path], 
     assert (got is not None) == with_slurm and (applier.access is not None) == with_slurm
     said = "access by owner is off in Slurm mode" in caplog.text
     assert said != with_slurm
+
+
+def test_a_deleted_group_closes_its_instances_and_its_gid_goes_to_nobody(tree: tuple[Migctl, Path]) -> None:
+    """Groups are looked up at every pass: after `groupdel`, the next `groupadd` may hand the old gid to
+    another team; migd then grants nothing by that gid, closes the owner's instances and says why."""
+    m, root = tree
+    if shutil.which("groupadd") is None:
+        pytest.skip("needs groupadd/groupdel (Debian's passwd)")
+    name, gid = "migd-test-team", 64321
+    subprocess.run(["groupdel", name], capture_output=True)
+    subprocess.run(["groupadd", "-g", str(gid), name], check=True)
+    try:
+        caps.enable(StateStore(m.state), root)
+        assert m("apply", str(PROFILES / "day.yaml")).code == 0
+        backend = sim_backend(m.state, m.fleet)
+        OPENED.append(backend)
+        ac = AccessControl(AccessPolicy({"notebooks": Grant(name, None)}, Unowned.ROOT, CapsPaths(root)), backend,
+                           Applier(backend, m.state_dir).owners.load)
+        paths = CapsPaths(root)
+        minors = read_minors(paths.mig_minors)
+        nodes = {n: paths.node(minors[n]) for n in (f"gpu0/{f.parent.name}/access"
+                                                   for f in paths.proc_caps.glob("gpu0/mig/gi*/access"))}
+        assert ac.reconcile() == [] and set(modes(nodes).values()) == {(0, gid, 0o440)}
+        subprocess.run(["groupdel", name], check=True)
+        subprocess.run(["groupadd", "-g", str(gid), "migd-test-other"], check=True)  # the old gid, another team
+        errors = ac.reconcile()
+        assert errors == [f"owner notebooks: group {name!r} does not exist: its instances are closed to all but root"]
+        assert set(modes(nodes).values()) == {(0, 0, 0o400)} and ac.missing == {"notebooks": f"group {name!r} does "
+                                                                                "not exist"}
+        subprocess.run(["groupdel", "migd-test-other"], check=True)
+        subprocess.run(["groupadd", "-g", str(gid + 1), name], check=True)  # the team's group is back, a new gid
+        assert ac.reconcile() == [] and set(modes(nodes).values()) == {(0, gid + 1, 0o440)}
+    finally:
+        for g in (name, "migd-test-other"):
+            subprocess.run(["groupdel", g], capture_output=True)

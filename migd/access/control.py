@@ -1,11 +1,16 @@
 """Access by owner, kept true: each MIG instance's GI and CI capability nodes as its owner's grant
 says (``policy.py``), every other capability of the GPU root's alone.
 
-When: :meth:`close_gpu` before a GPU's layout changes (nothing of the old layout stays open for a
-new instance that reuses an id), :meth:`open_gpu` once the GPU is settled (applied or rolled back:
-read back from NVML, so only what exists is opened), :meth:`reconcile` at start and every reconcile
-pass (a crash, a hand edit, a ``migctl apply --force-local``).  A crash between the two leaves the
-GPU closed, never open: the next start's reconcile opens what the journal's recovery left.
+When: :meth:`close_gpu` before a GPU's layout or owners change (nothing of the old layout stays open
+for a new instance that reuses an id, nor for the old owner of a relabelled one), :meth:`seal` right
+after each instance the driver creates (``DeviceFileModify: 0`` before nvidia-modprobe, run by anyone's
+CUDA program, can open its node), :meth:`open_gpu` once the GPU is settled (applied or rolled back:
+read back from NVML, so only what exists is opened), :meth:`reconcile` at start and every pass (a
+crash, a hand edit, a ``migctl apply --force-local``, a group deleted since).  A crash between close
+and open leaves the GPU closed, never open: the next start's reconcile opens what recovery left.
+
+Each node is set or refused on its own; one that cannot be set is named with why, and is said to be
+left as it was (which may be open: nothing here claims more than it did).
 """
 
 from __future__ import annotations
@@ -16,12 +21,15 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from migd.access.nodes import AccessError, Driver
-from migd.access.policy import CLOSED, AccessPolicy, NodeMode
+from migd.access.policy import CLOSED, AccessPolicy, NodeMode, Resolved
 from migd.hardware.caps import caps_major, ci_cap, gi_cap, gpu_caps, read_minors, uses_devfs
 from migd.hardware.inventory import survey
 from migd.hardware.types import GpuInfo, GpuInstance, HardwareError
 
 log = logging.getLogger(__name__)
+PROC_INTERFACE = ("the driver offers only the deprecated /proc capability interface (nvidia.ko nv_cap_enable_devfs=0): "
+                  "each new instance's /proc file is created world-readable, so another team could open it before "
+                  "migd closes it; load the driver with nv_cap_enable_devfs=1 or remove migd's access: section")
 
 
 class CapsReader(Protocol):
@@ -39,102 +47,144 @@ class AccessControl:
     reader: CapsReader
     owners: Callable[[], Mapping[str, Mapping[int, str]]]  # GPU UUID -> GI placement start -> owner
     changes: int = 0  # capability nodes changed since start (metrics)
-    errors: list[str] = field(default_factory=list)  # the last pass's failures (status)
+    failures: dict[int, list[str]] = field(default_factory=dict)  # GPU index -> its nodes not set (now)
+    missing: Mapping[str, str] = field(default_factory=dict)  # owner -> its group or user that is gone
+
+    @property
+    def errors(self) -> list[str]:
+        """What is not as the policy says, now: owners whose accounts are gone, nodes not set."""
+        gone = [f"owner {o}: {why}: its instances are closed to all but root"
+                for o, why in sorted(self.missing.items())]
+        return gone + [why for i in sorted(self.failures) for why in self.failures[i]]
 
     def _driver(self) -> tuple[Driver, dict[str, int]]:
         p = self.policy.paths
         try:
+            if not uses_devfs(p):
+                raise AccessError(PROC_INTERFACE)
+            driver = Driver(p, caps_major(p.devices))
             minors = read_minors(p.mig_minors)
-            devfs = uses_devfs(p)
-            driver = Driver(p, devfs, caps_major(p.devices) if devfs else 0)
-            if devfs:
-                driver.check_dir()
+            driver.check_dir()
         except OSError as e:
             raise AccessError(f"the driver's capabilities cannot be read: {e}") from None
         return driver, minors
 
-    def wanted(self, index: int, uuid: str, gpu_minor: int,
-               owners: Mapping[str, Mapping[int, str]]) -> dict[str, NodeMode]:
+    def _resolve(self) -> Resolved:
+        """The owners' accounts, looked up now; a newly missing one is said once."""
+        resolved = self.policy.resolve()
+        for owner in sorted(set(resolved.missing) - set(self.missing)):
+            log.error("access by owner: owner %s: %s: its instances are closed to all but root until it exists "
+                      "again or the configuration changes", owner, resolved.missing[owner])
+        self.missing = resolved.missing
+        return resolved
+
+    def wanted(self, index: int, gpu_minor: int, owners: Mapping[str, Mapping[int, str]],
+               resolved: Resolved) -> dict[str, NodeMode]:
         """Every capability of the GPU that exists now, as its owner's grant says."""
-        mine = owners.get(uuid, {})
+        mine = owners.get(self.reader.gpu(index).uuid, {})
         out: dict[str, NodeMode] = {}
         for gi in self.reader.list_gpu_instances(index):
-            mode = self.policy.wanted(mine.get(gi.placement.start))
+            mode = resolved.wanted(mine.get(gi.placement.start))
             out[gi_cap(gpu_minor, gi.id)] = mode
             for ci in gi.compute_instances:
                 out[ci_cap(gpu_minor, gi.id, ci.id)] = mode
         return out
 
     def close_gpu(self, index: int) -> None:
-        """Before a change: every capability of the GPU root's alone.  Raises HardwareError: a GPU
-        whose capabilities cannot be closed is not changed (the old grants would reach new instances)."""
+        """Before a change: every capability of the GPU root's alone.  Raises HardwareError when any
+        node could not be closed: a GPU whose capabilities cannot all be closed is not changed (the
+        old grants would reach new instances, or the old owner a relabelled one)."""
         try:
-            self._close(*self._driver(), index)
-        except (AccessError, OSError) as e:
-            raise _not_closed(index, e) from None
+            driver, minors = self._driver()
+            failed = self._set_all(driver, minors, self.reader.minor_number(index), {}, index)
+        except (AccessError, OSError, HardwareError) as e:
+            raise _not_closed(index, str(e)) from None
+        if failed:
+            raise _not_closed(index, "; ".join(failed))
 
-    def _close(self, driver: Driver, minors: dict[str, int], index: int) -> None:
-        gpu_minor = self.reader.minor_number(index)
+    def seal(self, index: int) -> None:
+        """Right after the driver made instances on the GPU (closed before the change): each new
+        capability gets ``DeviceFileModify: 0`` and a root-only node before the next NVML call, so a
+        CUDA program started meanwhile cannot have nvidia-modprobe open it (HardwareError: then the
+        change fails and is rolled back)."""
         try:
-            existing = set(self.wanted(index, self.reader.gpu(index).uuid, gpu_minor, self.owners()))
-        except HardwareError:  # unreadable (lost): close every node; the /proc files are the driver's
-            existing = set()
-        for name, minor in gpu_caps(minors, gpu_minor).items():
-            self._set(driver, name, minor, CLOSED, name in existing)
+            driver, minors = self._driver()
+            gpu_minor = self.reader.minor_number(index)
+            fresh = {n: m for n, m in gpu_caps(minors, gpu_minor).items() if driver.modify_on(n)}
+            for name, minor in fresh.items():
+                self._set(driver, name, minor, CLOSED)
+        except (AccessError, OSError, HardwareError) as e:
+            raise HardwareError(f"GPU {index}: access control: a new instance's capability could not be kept "
+                                f"closed ({e})", gpu=index) from None
 
     def open_gpu(self, index: int) -> list[str]:
         """Once the GPU is settled: what exists as its owners' grants say, the rest root's.  Returns the
-        failures (logged; a node left closed is safe, never open)."""
+        failures (said in the log, ``migctl daemon`` and /metrics)."""
         try:
             driver, minors = self._driver()
         except AccessError as e:
-            return [_failed(index, e)]
-        return self._open(driver, minors, self.owners(), index)
+            return self._failed(index, [f"GPU {index}: access control: {e}"])
+        return self._open(driver, minors, self.owners(), self._resolve(), index)
 
     def _open(self, driver: Driver, minors: dict[str, int], owners: Mapping[str, Mapping[int, str]],
-              index: int) -> list[str]:
+              resolved: Resolved, index: int) -> list[str]:
         try:
             gpu_minor = self.reader.minor_number(index)
-            wanted = self.wanted(index, self.reader.gpu(index).uuid, gpu_minor, owners)
-            for name, minor in gpu_caps(minors, gpu_minor).items():
-                self._set(driver, name, minor, wanted.get(name, CLOSED), name in wanted)
-        except (AccessError, OSError, HardwareError) as e:
-            return [_failed(index, e)]
-        return []
+            wanted = self.wanted(index, gpu_minor, owners, resolved)
+        except HardwareError as e:
+            return self._failed(index, [f"GPU {index}: access control: {e}"])
+        return self._failed(index, self._set_all(driver, minors, gpu_minor, wanted, index))
 
     def reconcile(self) -> list[str]:
         """Every readable GPU as :meth:`open_gpu` leaves it; a GPU NVML cannot read is closed.  The
-        driver's files and the owner labels are read once for the pass, not once per GPU."""
+        driver's files, the owner labels and the accounts are read once for the pass, not per GPU."""
         found = survey(self.reader)
+        self.failures = {}
         try:
             driver, minors = self._driver()
         except AccessError as e:
-            errors = [_failed(g.index, e) for g in found.gpus]
-            errors += [str(_not_closed(u.index, e)) for u in found.unreadable]
-        else:
-            owners = self.owners()
-            errors = [why for g in found.gpus for why in self._open(driver, minors, owners, g.index)]
-            for u in found.unreadable:
-                try:
-                    self._close(driver, minors, u.index)
-                except (AccessError, OSError) as e:
-                    errors.append(str(_not_closed(u.index, e)))
-        self.errors = errors
-        return errors
+            for index in [g.index for g in found.gpus] + [u.index for u in found.unreadable]:
+                self._failed(index, [f"GPU {index}: access control: {e}"])
+            return self.errors
+        owners, resolved = self.owners(), self._resolve()
+        for g in found.gpus:
+            self._open(driver, minors, owners, resolved, g.index)
+        for u in found.unreadable:
+            try:
+                self._failed(u.index, self._set_all(driver, minors, self.reader.minor_number(u.index), {}, u.index))
+            except HardwareError as e:
+                self._failed(u.index, [f"GPU {u.index}: access control: {e}"])
+        return self.errors
 
-    def _set(self, driver: Driver, name: str, minor: int, want: NodeMode, exists: bool) -> None:
-        if driver.set(name, minor, want, exists):
+    def _set_all(self, driver: Driver, minors: dict[str, int], gpu_minor: int, wanted: Mapping[str, NodeMode],
+                 index: int) -> list[str]:
+        """Every capability of the GPU as ``wanted`` says (closed where it says nothing), each node on
+        its own: one that cannot be set does not stop the others.  Returns one line per refused node."""
+        failed = []
+        for name, minor in gpu_caps(minors, gpu_minor).items():
+            try:
+                self._set(driver, name, minor, wanted.get(name, CLOSED))
+            except (AccessError, OSError) as e:
+                failed.append(f"GPU {index}: capability {name}: {e}: left as it was")
+        return failed
+
+    def _failed(self, index: int, why: list[str]) -> list[str]:
+        """This GPU's failures now (none clears them), each said when it is new."""
+        old = set(self.failures.get(index, []))
+        for line in why:
+            if line not in old:
+                log.error("access by owner: %s", line)
+        self.failures[index] = why
+        if not why:
+            del self.failures[index]
+        return why
+
+    def _set(self, driver: Driver, name: str, minor: int, want: NodeMode) -> None:
+        if driver.set(name, minor, want):
             self.changes += 1
             log.debug("capability %s (minor %d): %s", name, minor, want.describe())
 
 
-def _failed(index: int, e: Exception) -> str:
-    """A GPU whose capabilities could not be opened as owned, said once (it stays closed: safe)."""
-    why = f"GPU {index}: access control: {e}"
-    log.error("%s (its instances stay closed to all but root)", why)
-    return why
-
-
-def _not_closed(index: int, e: Exception) -> HardwareError:
+def _not_closed(index: int, why: str) -> HardwareError:
     return HardwareError(f"GPU {index}: access control: cannot close its instances' capabilities before the "
-                         f"change ({e}); nothing was changed")
+                         f"change ({why}); its layout and owners were not changed", gpu=index)

@@ -56,21 +56,43 @@ def uid_of(user: str) -> int:
 
 @dataclass(frozen=True)
 class Grant:
-    """One owner's Unix accounts, resolved when the configuration is read (a name that does not
-    resolve is a configuration error there, not a surprise at the first apply)."""
+    """One owner's Unix accounts, by name as configured.  Names are resolved at every pass
+    (:meth:`resolve`), not once at load: after ``groupdel`` the next ``groupadd`` may give the old gid
+    to another team, and a grant kept as a number would then open the instances to that team."""
 
     group: str | None = None
     user: str | None = None
-    gid: int = 0
-    uid: int = 0
 
-    @classmethod
-    def resolve(cls, group: str | None, user: str | None) -> Grant:
-        """KeyError when either does not exist."""
-        return cls(group, user, gid_of(group) if group else 0, uid_of(user) if user else 0)
+    def resolve(self) -> NodeMode:
+        """The node mode now; KeyError naming what no longer exists (then the instances stay root's)."""
+        gid = uid = 0
+        if self.group:
+            try:
+                gid = gid_of(self.group)
+            except KeyError:
+                raise KeyError(f"group {self.group!r} does not exist") from None
+        if self.user:
+            try:
+                uid = uid_of(self.user)
+            except KeyError:
+                raise KeyError(f"user {self.user!r} does not exist") from None
+        return NodeMode(uid, gid, GRANTED if self.group else ROOT_ONLY)
 
-    def node(self) -> NodeMode:
-        return NodeMode(self.uid, self.gid, GRANTED if self.group else ROOT_ONLY)
+
+@dataclass(frozen=True)
+class Resolved:
+    """The policy as the accounts database reads now: each owner's node mode, and the owners whose
+    group or user no longer exists (their instances closed to all but root, and said)."""
+
+    modes: Mapping[str, NodeMode]
+    unowned: NodeMode
+    missing: Mapping[str, str] = field(default_factory=dict)  # owner -> what does not exist
+
+    def wanted(self, owner: str | None) -> NodeMode:
+        """The node mode of an existing instance owned by ``owner``."""
+        if owner and owner in self.missing:
+            return CLOSED
+        return self.modes.get(owner, self.unowned) if owner else self.unowned
 
 
 @dataclass(frozen=True)
@@ -79,12 +101,15 @@ class AccessPolicy:
     unowned: Unowned = Unowned.ROOT
     paths: CapsPaths = field(default_factory=CapsPaths)
 
-    def wanted(self, owner: str | None) -> NodeMode:
-        """The node mode of an existing instance owned by ``owner``."""
-        grant = self.owners.get(owner) if owner else None
-        if grant is not None:
-            return grant.node()
-        return NodeMode(0, 0, OPEN) if self.unowned is Unowned.OPEN else CLOSED
+    def resolve(self) -> Resolved:
+        """Every owner's accounts looked up now (once per pass)."""
+        modes, missing = {}, {}
+        for owner, grant in self.owners.items():
+            try:
+                modes[owner] = grant.resolve()
+            except KeyError as e:
+                missing[owner] = e.args[0]
+        return Resolved(modes, NodeMode(0, 0, OPEN) if self.unowned is Unowned.OPEN else CLOSED, missing)
 
     def accounts(self, owner: str) -> str:
         """``group ml-a`` / ``user alice`` / ``no entry``: for messages and ``migctl status``."""

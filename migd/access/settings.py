@@ -34,15 +34,13 @@ def parse_access(node: Node) -> AccessSettings:
         e = entry.mapping(allowed=["group", "user"])
         if not e:
             raise entry.error("names no group and no user: whose are this owner's instances?")
-        ids = {}
         for key, resolve in (("group", gid_of), ("user", uid_of)):
             if key in e:
                 try:
-                    ids[key] = resolve(e[key].str())
+                    resolve(e[key].str())  # checked now; resolved again at every pass (Grant.resolve)
                 except KeyError:
                     raise e[key].error(f"no {key} named {e[key].str()!r} on this node") from None
-        owners[name] = Grant(e["group"].str() if "group" in e else None, e["user"].str() if "user" in e else None,
-                             ids.get("group", 0), ids.get("user", 0))
+        owners[name] = Grant(e["group"].str() if "group" in e else None, e["user"].str() if "user" in e else None)
     root = Path(m["root"].str()) if "root" in m else Path("/")
     if not root.is_absolute():
         raise m["root"].error("must be an absolute path")

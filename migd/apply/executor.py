@@ -24,6 +24,7 @@ from migd.apply.lock import ApplyLock
 from migd.apply.owners import Owners
 from migd.apply.planning import plan_each, plan_layout, touched
 from migd.apply.recovery import recover
+from migd.apply.relabel import labels_of, moves, relabelled
 from migd.apply.result import (
     AccessGate,
     ApplyOptions,
@@ -93,10 +94,11 @@ class Applier:
     def apply_plans(self, profile: Profile, plans: list[GpuPlan], opts: ApplyOptions) -> ApplyResult:
         """Carry out ``plans``, made from readings taken under the apply lock that the caller still holds."""
         t0 = time.monotonic()
+        moved = relabelled(plans, self.owners.load())  # owners change without any NVML operation
         if opts.dry_run:
             return ApplyResult(profile.name, plans, [
-                GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.WOULD_CHANGE if p.changes else GpuStatus.UNCHANGED,
-                          len(p.ops)) for p in plans])
+                GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.WOULD_CHANGE if p.changes or p in moved
+                          else GpuStatus.UNCHANGED, len(p.ops)) for p in plans])
         unhealthy = opts.faults.reasons() if opts.faults else {}
         faulted = [p for p in plans if p.changes and p.gpu.uuid in unhealthy]
         bad = [f"GPU {p.gpu.index}: {unhealthy[p.gpu.uuid]}" for p in faulted]
@@ -106,7 +108,8 @@ class Applier:
         plans, blocked = settle_busy(self.backend, [p for p in plans if p.gpu.uuid not in skip], opts, lambda: [
             p for p in self.plan(profile, opts.mode_only) if p.gpu.uuid not in skip])
         changing = [p for p in plans if p.changes]
-        results = [GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.UNCHANGED) for p in plans if not p.changes]
+        results = [GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.UNCHANGED) for p in plans
+                   if not p.changes and p not in moved]
         results += [GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.BLOCKED, len(p.ops), blocked_text(p.blocked))
                     for p in blocked]
         results += [GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.FAULTED, len(p.ops),
@@ -114,9 +117,9 @@ class Applier:
                     for p in faulted]
         if changing:
             results += self._run(profile, changing, opts)
-        for p in plans:  # owner labels can change without any NVML operation
-            if not p.changes and p.targets:
-                self.owners.set_gpu(p.gpu.uuid, {t.placement.start: t.owner for t in p.targets if t.owner})
+        moved = [p for p in moved if p in plans]  # (not one the busy policy set aside)
+        if moved:
+            results += self._relabel(profile, moved)
         if self.access is not None:  # settled (applied, rolled back, untouched): open what exists, as owned
             for p in plans:
                 self.access.open_gpu(p.gpu.index)
@@ -177,6 +180,47 @@ class Applier:
             opts.hooks.run("apply-exit", {**env, "MIGD_RESULT": "success" if ok else "failure"})
         return results
 
+    def _relabel(self, profile: Profile, plans: list[GpuPlan]) -> list[GpuResult]:
+        """Owner-only changes, journalled (``relabel.py``): close, write the labels, then (the caller)
+        open; a GPU that cannot be closed keeps its owners."""
+        if self.journal.exists():  # an unsettled apply kept its record: nothing goes on top of it
+            return [GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.FAILED, 0, "owners not changed: an interrupted "
+                              "apply's journal is unresolved") for p in plans]
+        owners = self.owners.load()
+        self.journal.begin(profile.name, {p.gpu.uuid: {
+            "index": p.gpu.index, "status": Step.RELABELING, "done": 0, "ops": 0,
+            "before": layout_to_json(before_of(p)),
+            "owners_before": {str(k): v for k, v in owners.get(p.gpu.uuid, {}).items()},
+            "owners_after": {str(k): v for k, v in labels_of(p).items()}} for p in plans})
+        results = []
+        for p in plans:
+            try:
+                results.append(self._forward(p.gpu, labels_of(p), owners.get(p.gpu.uuid, {})))
+            except (HardwareError, OSError) as e:
+                why = str(e) if isinstance(e, HardwareError) else f"owner labels not written: {e.strerror or e}"
+                self._note(p.gpu.uuid, status=Step.ROLLED_BACK, error=why)
+                results.append(GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.ROLLED_BACK, 0, why))
+        self.journal.finish()
+        return results
+
+    def _forward(self, gpu: GpuInfo, after: dict[int, str], before: Mapping[int, str] | None = None) -> GpuResult:
+        """One GPU's owners to ``after``: closed first, then the labels (the journal says done last)."""
+        t0 = time.monotonic()
+        if self.access is not None:
+            self.access.close_gpu(gpu.index)
+        self.owners.set_gpu(gpu.uuid, after)
+        self._note(gpu.uuid, status=Step.DONE)
+        log.info("GPU %d: owners changed (%s)", gpu.index, moves(before, after) if before is not None else "finished "
+                 "after an interrupted owner change")
+        return GpuResult(gpu.index, gpu.uuid, GpuStatus.APPLIED, 0, None, time.monotonic() - t0)
+
+    def _recover_forward(self, gpu: GpuInfo, after: dict[int, str]) -> GpuResult:
+        try:
+            return self._forward(gpu, after)
+        except (HardwareError, OSError) as e:
+            log.error("GPU %d: an interrupted owner change cannot be finished yet: %s", gpu.index, e)
+            return GpuResult(gpu.index, gpu.uuid, GpuStatus.FAILED, 0, str(e))
+
     def _execute_ops(self, plan: GpuPlan, journal_uuid: str | None = None) -> tuple[int, GpuState]:
         """Run a plan's operations and read the GPU back; ``journal_uuid`` marks a forward apply
         (journaled, cancellable)."""
@@ -190,6 +234,8 @@ class Applier:
             if op.kind is OpKind.RESET and mode_applied:
                 continue  # the mode change took effect without a reset (Hopper)
             applied = guarded(self.backend, self._faults, plan.gpu.uuid, op, gi_ids)
+            if self.access is not None and op.kind in (OpKind.CREATE_GI, OpKind.CREATE_CI):
+                self.access.seal(op.gpu)  # closed before anyone's nvidia-modprobe can open it
             if op.kind is OpKind.SET_MIG:
                 mode_applied = applied
                 log.info("GPU %d: MIG mode %s%s", op.gpu, "enabled" if op.mig else "disabled",
@@ -208,12 +254,15 @@ class Applier:
             if self.access is not None:  # nothing of the old layout stays open for an instance reusing an id
                 self.access.close_gpu(i)
             done, seen = self._execute_ops(plan, uuid)
-            # The GPU's one journal write (issue 16: <= 2 per GPU): what cannot be recorded as done is
-            # undone, so the record on disk (this GPU's before-layout) stays the truth.
+            # The new owners before the journal says done: a crash in between rolls the layout back
+            # and puts the old labels back with it; after it, the labels already match the layout.
+            self._set_owners(uuid, {t.placement.start: t.owner for t in plan.targets if t.owner})
+            # The GPU's one journal write (<= 2 per GPU): what cannot be recorded as done is undone,
+            # so the record on disk (this GPU's before-layout) stays the truth.
             self.journal.update(uuid, status=Step.DONE)
         except Cancelled:  # asked for: not an error, and said once by whoever asked
             return self._rollback(plan.gpu, *before, CANCELLED, t0, GpuStatus.CANCELLED)
-        except (HardwareError, OSError) as e:  # OSError: the journal cannot be written (disk full, EIO)
+        except (HardwareError, OSError) as e:  # OSError: the journal or labels cannot be written (disk full)
             why = str(e) if isinstance(e, HardwareError) else f"cannot write the journal: {e.strerror or e}"
             # INFO: the outcome (rolled back, or a CRITICAL failed rollback) is reported once by whoever
             # reports the apply (migctl's table, migd's log of the result)
@@ -222,7 +271,6 @@ class Applier:
             if isinstance(e, GpuFaulted) and result.status is GpuStatus.ROLLED_BACK:
                 result.status = GpuStatus.FAULTED  # stopped before a change: the GPU is as it was
             return result
-        self._set_owners(uuid, {t.placement.start: t.owner for t in plan.targets if t.owner})
         log.info("GPU %d: applied %d operations in %.2fs", i, done, time.monotonic() - t0)
         return GpuResult(i, uuid, GpuStatus.APPLIED, done, None, time.monotonic() - t0, seen)
 
@@ -245,7 +293,11 @@ class Applier:
             log.critical("GPU %d: %s", gpu.index, msg)
             self._note(gpu.uuid, status=Step.FAILED, error=msg)
             return GpuResult(gpu.index, gpu.uuid, GpuStatus.FAILED, 0, msg, time.monotonic() - t0)
-        self._set_owners(gpu.uuid, owners_before)
+        try:
+            self._set_owners(gpu.uuid, owners_before)
+        except HardwareError as e:  # the journal keeps them: recovery writes them again
+            log.error("GPU %d: %s", gpu.index, e)
+            return GpuResult(gpu.index, gpu.uuid, GpuStatus.FAILED, 0, f"{why}; {e}", time.monotonic() - t0)
         self._note(gpu.uuid, status=Step.ROLLED_BACK, error=why)
         log.info("GPU %d: back on its previous layout", gpu.index)
         return GpuResult(gpu.index, gpu.uuid, status, 0, why, time.monotonic() - t0)
@@ -261,10 +313,12 @@ class Applier:
             log.error("cannot update the journal %s: %s", self.journal.path, e)
 
     def _set_owners(self, uuid: str, owners: dict[int, str]) -> None:
+        """HardwareError when they cannot be written: the change is then rolled back (its instances
+        would otherwise be granted by the old layout's labels)."""
         try:
             self.owners.set_gpu(uuid, owners)
         except OSError as e:
-            log.error("owner labels of %s not saved: %s", uuid, e)
+            raise HardwareError(f"cannot write the owner labels {self.owners.path}: {e.strerror or e}") from None
 
     # -- crash recovery ---------------------------------------------------------------------------
     def recover(self) -> list[GpuResult]:
@@ -282,7 +336,7 @@ class Applier:
 
     def recover_locked(self) -> list[GpuResult]:
         """Resolve a journal left by a process that died mid-apply (``recovery.recover``)."""
-        return recover(self.journal, self.backend, self._rollback)
+        return recover(self.journal, self.backend, self._rollback, self._recover_forward)
 
 
 def before_of(p: GpuPlan) -> DesiredLayout:

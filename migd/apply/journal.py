@@ -62,11 +62,13 @@ class Step(Word):
     DONE = "done"  # in the new layout
     ROLLED_BACK = "rolled_back"  # back in the old layout
     FAILED = "failed"  # neither: a rollback failed; recovery tries again
+    RELABELING = "relabeling"  # same layout, owners changing: recovery finishes it (closed, then new labels)
 
 
 STATUSES = tuple(Step)
 _ENTRY = record(index=optional(of(int)), done=optional(of(int)), ops=optional(of(int)),
-                owners_before=optional(mapping(of(str), keys=digits)))
+                owners_before=optional(mapping(of(str), keys=digits)),
+                owners_after=optional(mapping(of(str), keys=digits)))
 _OUTER = record(profile=optional(of(str)), pid=optional(of(int)), started=optional(of(int, float)),
                 gpus=optional(mapping(_ENTRY)))  # (each entry's status and layout: _check_entry)
 SETTLED = (Step.DONE, Step.ROLLED_BACK)  # the GPU is in the new or the old layout

@@ -14,7 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
-from migd.apply.journal import Journal, layout_from_json, unfinished
+from migd.apply.journal import Journal, Step, layout_from_json, unfinished
 from migd.apply.result import GpuResult, GpuStatus
 from migd.errors import ValidationError
 from migd.hardware.inventory import survey
@@ -25,6 +25,7 @@ from migd.plan.requests import DesiredLayout
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 Rollback = Callable[[GpuInfo, DesiredLayout, dict[int, str], str, float], GpuResult]
+Forward = Callable[[GpuInfo, dict[int, str]], GpuResult]  # a relabel finished: closed, then the new labels
 
 
 DISCARD_HINT = "kept for the operator; after checking the GPUs by hand, `migctl recover --discard` sets it aside"
@@ -40,10 +41,12 @@ def _located(load: Callable[[], T], path: Path | None = None, field: str = "") -
         raise ValidationError(str(path), None, None, field, f"{e}; {DISCARD_HINT}") from None
 
 
-def recover(journal: Journal, backend: GpuReader, rollback: Rollback) -> list[GpuResult]:
+def recover(journal: Journal, backend: GpuReader, rollback: Rollback, forward: Forward) -> list[GpuResult]:
     """Resolve a journal left by a process that died mid-apply: restore each unfinished GPU, found
-    by UUID (indices change when a GPU is lost or re-enumerated).  The journal is removed only when
-    every GPU it names is settled; a damaged one is kept (ValidationError naming file and field)."""
+    by UUID (indices change when a GPU is lost or re-enumerated); a relabel is finished instead
+    (``relabel.py``: its layout never changed, and only forward is never the old owner's).  The journal
+    is removed only when every GPU it names is settled; a damaged one is kept (ValidationError naming
+    file and field)."""
     if not journal.exists():
         return []
     data = _located(journal.load)
@@ -68,11 +71,14 @@ def recover(journal: Journal, backend: GpuReader, rollback: Rollback) -> list[Gp
             log.error("GPU %s %s: its journal entry is kept", uuid, why)
             results.append(GpuResult(entry.get("index", -1), uuid, GpuStatus.FAILED, 0, f"{uuid} {why}"))
             continue
+        if entry["status"] == Step.RELABELING:
+            results.append(forward(gpu, {int(k): v for k, v in entry.get("owners_after", {}).items()}))
+            continue
         before = _located(partial(layout_from_json, gpu.model, entry["before"]), journal.path,
                           f"gpus.{uuid}.before")
         owners = {int(k): v for k, v in entry.get("owners_before", {}).items()}
         results.append(rollback(gpu, before, owners, "recovered after an interrupted apply",
                                       time.monotonic()))
-    if all(r.status is GpuStatus.ROLLED_BACK for r in results):
+    if all(r.status in (GpuStatus.ROLLED_BACK, GpuStatus.APPLIED) for r in results):
         journal.finish()
     return results

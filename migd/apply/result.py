@@ -59,9 +59,12 @@ class FaultGate(Protocol):
 
 class AccessGate(Protocol):
     """Who may use a GPU's instances (``migd.access.control.AccessControl``): closed before its layout
-    changes (HardwareError: then it is not changed), opened as its owners' grants say once settled."""
+    or owners change (HardwareError: then it is not changed), each new instance sealed as the driver
+    makes it, opened as its owners' grants say once settled."""
 
     def close_gpu(self, index: int) -> None: ...
+
+    def seal(self, index: int) -> None: ...
 
     def open_gpu(self, index: int) -> list[str]: ...
 

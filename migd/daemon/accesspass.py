@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import logging
 
-from migd.access.control import AccessControl
+from migd.access.control import PROC_INTERFACE, AccessControl
 from migd.access.policy import Unowned
 from migd.api.access import AccessView
 from migd.apply.executor import Applier
 from migd.daemon.config import Config
+from migd.errors import ValidationError
 from migd.hardware.caps import uses_devfs
 from migd.hardware.ports import GpuBackend
 
@@ -20,12 +21,14 @@ log = logging.getLogger("migd")
 
 
 def access_control(config: Config, backend: GpuBackend, applier: Applier) -> AccessControl | None:
-    """The configured access control, set on the applier (None, and unset, when there is none)."""
-    applier.access = None
+    """The configured access control, set on the applier (None, and unset, when there is none).
+    ValidationError (the applier untouched) where the driver offers only the /proc interface."""
     s = config.access
     if s is None:
+        applier.access = None
         return None
     if config.slurm is not None and not s.with_slurm:
+        applier.access = None
         log.warning("access by owner is off in Slurm mode: Slurm's cgroups decide which job opens which "
                     "capability node (access.with_slurm: true has migd set the nodes as well)")
         return None
@@ -34,6 +37,8 @@ def access_control(config: Config, backend: GpuBackend, applier: Applier) -> Acc
         if unmapped:
             log.warning("profile %s: owner(s) %s have no access entry: their instances are %s", name,
                         ", ".join(unmapped), "open to all" if s.policy.unowned is Unowned.OPEN else "root's only")
+    if not uses_devfs(s.policy.paths):  # refused, not worked around: see PROC_INTERFACE
+        raise ValidationError(config.path, None, None, "access", PROC_INTERFACE)
     control = AccessControl(s.policy, backend, applier.owners.load)
     applier.access = control
     return control
@@ -43,4 +48,4 @@ def view(control: AccessControl) -> AccessView:
     p = control.policy
     return AccessView({o: p.accounts(o) for o in sorted(p.owners)}, p.unowned.value,
                       "dev" if uses_devfs(p.paths) else "proc", str(p.paths.root), control.changes,
-                      tuple(control.errors))
+                      tuple(control.errors), tuple(sorted(control.missing)))

@@ -14,11 +14,21 @@ from collections.abc import Callable
 from migd.api.daemon import GpuProgress, Progress, Status
 from migd.apply.result import ApplyResult, GpuResult, GpuStatus
 from migd.hardware.inventory import Unreadable
-from migd.plan.planner import GpuPlan
+from migd.plan.planner import GpuPlan, layout_text, summary
 
 log = logging.getLogger("migd")
 REPEAT_S = 600.0  # a wait past busy_timeout is logged again at most this often
 _SET_ASIDE = (Progress.FAULTED, Progress.LOST, Progress.UNREADABLE)
+
+
+def log_drift(profile: str, plans: list[GpuPlan], then: str) -> None:
+    """Drift said as drift, with what changed: what each GPU holds and what the profile wants."""
+    for p in plans:
+        if p.changes:
+            log.warning("drift on GPU %d: it holds %s, profile %s wants %s; %s", p.gpu.index, layout_text(p.current,
+                        p.gpu), profile, summary(p.desired.instances) if p.desired.mig else "MIG disabled", then)
+
+
 _BY_STATUS = {GpuStatus.APPLIED: Progress.CONVERGED, GpuStatus.UNCHANGED: Progress.CONVERGED,
               GpuStatus.BLOCKED: Progress.WAITING, GpuStatus.FAULTED: Progress.FAULTED}
 

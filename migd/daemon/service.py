@@ -26,6 +26,7 @@ from migd.api.demand import Source
 from migd.api.override import OverrideStore
 from migd.apply.executor import Applier
 from migd.apply.planning import touched
+from migd.apply.relabel import relabelled
 from migd.apply.result import ApplyOptions, ApplyResult, BusyError, Flag, GpuStatus, OnBusy
 from migd.daemon.accesspass import access_control
 from migd.daemon.accesspass import view as access_view
@@ -33,7 +34,7 @@ from migd.daemon.clock import Clock
 from migd.daemon.config import Config, ReconcileMode, restart_only
 from migd.daemon.hwlock import HardwareLock
 from migd.daemon.override import hold, rehold
-from migd.daemon.progress import Tracker
+from migd.daemon.progress import Tracker, log_drift
 from migd.daemon.requests import Reloaded, Resumed
 from migd.daemon.schedule import Entry
 from migd.daemon.sdnotify import Notifier
@@ -45,7 +46,7 @@ from migd.hardware.inventory import Unreadable, survey
 from migd.hardware.ports import GpuBackend
 from migd.hardware.types import GpuState
 from migd.isolation.audit import Finding, Severity, audit_readings
-from migd.plan.planner import GpuPlan, layout_text, summary
+from migd.plan.planner import GpuPlan
 from migd.profiles.model import Profile, describe_gpus
 from migd.slurm.transition import GateHooks
 
@@ -54,14 +55,6 @@ log = logging.getLogger("migd")
 # What stops one pass without stopping the daemon: the failures migctl reports as exit codes
 # (OSError included: a full or read-only state dir).
 REFUSALS = EXPECTED
-
-
-def _log_drift(profile: str, plans: list[GpuPlan], then: str) -> None:
-    """Drift said as drift, with what changed: what each GPU holds and what the profile wants."""
-    for p in plans:
-        if p.changes:
-            log.warning("drift on GPU %d: it holds %s, profile %s wants %s; %s", p.gpu.index, layout_text(p.current,
-                        p.gpu), profile, summary(p.desired.instances) if p.desired.mig else "MIG disabled", then)
 
 
 class Daemon:
@@ -175,16 +168,20 @@ class Daemon:
                     result.unreadable = lost
                     return result
                 changes = any(p.changes for p in plans)
+                moved = bool(relabelled(plans, self.applier.owners.load()))  # owners only: applied, said
                 if self.slurm is not None and not changes:
                     if self.slurm.mid_switch:
                         self.slurm.settle(profile, plans, opts)
                     elif not self.slurm.resuming:  # (while Slurm is unreachable, one complaint is enough)
                         self.slurm.check_sync(plans)
-                if not manual and (not correct or not changes):
+                if not manual and not moved and (not correct or not changes):
                     self._unchanged(profile, plans, unreadable)
                     return ApplyResult(profile.name, plans, [], unreadable=lost)
-                if reason == "reconcile":  # nothing fired: the GPUs were changed behind migd's back
-                    _log_drift(profile.name, plans, "correcting it")
+                if not correct:  # drift only reported: the owner-only changes go ahead alone
+                    log_drift(profile.name, plans, "reconcile: report, not corrected")
+                    plans = [p for p in plans if not p.changes]
+                elif reason == "reconcile":  # nothing fired: the GPUs were changed behind migd's back
+                    log_drift(profile.name, plans, "correcting it")
                 result = self._apply(profile, plans, opts, manual)
                 result.unreadable = lost
                 if manual and result.ok:
@@ -198,6 +195,8 @@ class Daemon:
         finally:
             if self.slurm is not None:
                 self.status.slurm = self.slurm.snapshot()
+            if self.access is not None:  # what an apply could not set shows at once, not at the next pass
+                self.status.access = access_view(self.access)
         if not manual or self.status.override is not None and self.status.override.profile is profile:
             self.progress.update(profile.name, plans, result, unreadable)
         if manual:  # the loop works out its wait again: a GPU left waiting (on a Slurm job, say) is looked at
@@ -220,7 +219,7 @@ class Daemon:
     def _unchanged(self, profile: Profile, plans: list[GpuPlan], unreadable: list[Unreadable]) -> None:
         """Nothing to apply (or drift only reported): audit the readings the plan was made from."""
         self.progress.update(profile.name, plans, None, unreadable)
-        _log_drift(profile.name, plans, "reconcile: report, not corrected")
+        log_drift(profile.name, plans, "reconcile: report, not corrected")
         self._audit([p.seen for p in plans if p.seen is not None], plans)
         self._check_settled(profile.name)
 
@@ -336,6 +335,7 @@ class Daemon:
             if self._reload_config is None:
                 raise ValidationError(self.config.path, None, None, "", "reload is not available")
             new = self._reload_config()
+            access = access_control(new, self.backend, self.applier)  # (refused: the old one stays set)
         except (ValidationError, OSError) as e:
             self.status.last_reload_error = str(e)
             log.error("reload rejected, keeping the running configuration: %s", e)
@@ -346,7 +346,7 @@ class Daemon:
             log.warning("reloaded, but %s changed: that takes effect only after a restart (systemctl restart "
                         "migd)", ", ".join(stale))
         self.config = new
-        self.access = access_control(new, self.backend, self.applier)
+        self.access = access
         self._reschedule_hold()
         self.status.timezone = new.timezone
         self.status.profile_names, self.status.busy_timeout_s = tuple(sorted(new.profiles)), new.busy_timeout_s

@@ -89,6 +89,8 @@ class MigdCollector(Collector):
         yield from daemonstate.transition_families(st)
         yield from daemonstate.apply_families(st, self.histogram, self.errors.snapshot())
         yield from daemonstate.sampler_families(self.sampler)
+        if st.access is not None:
+            yield from daemonstate.access_families(st.access)
         if st.slurm is not None:
             yield from daemonstate.slurm_families(st.slurm)
         if st.demand is not None:

@@ -17,6 +17,7 @@ from prometheus_client.core import (
 )
 
 from migd import __version__
+from migd.api.access import AccessView
 from migd.api.daemon import Outcome, Progress, Status
 from migd.api.demand import DemandView, Source
 from migd.api.slurm import Phase, SlurmSnapshot
@@ -154,3 +155,18 @@ def demand_families(view: DemandView) -> Iterator[Metric]:
     yield SummaryMetricFamily("migd_demand_time_to_capacity_seconds", "From the oldest pending job a layout change "
                               "was made for to the node serving the new layout", count_value=plan.capacity_count,
                               sum_value=plan.capacity_sum_s)
+
+
+def access_families(view: AccessView) -> Iterator[Metric]:
+    """Access by owner: what is not as the policy says is a page (a node someone swapped, a group
+    deleted), seen at the apply or pass that found it."""
+    yield GaugeMetricFamily("migd_access_errors", "Capability nodes (or whole GPUs) access by owner could not set, and "
+                            "owners whose group or user no longer exists, as of the last apply or pass",
+                            value=len(view.errors))
+    g = GaugeMetricFamily("migd_access_owner_unresolved", "1 for each owner whose configured group or user no longer "
+                          "exists (its instances are closed to all but root)", labels=["owner"])
+    for owner in view.unresolved:
+        g.add_metric([owner], 1)
+    yield g
+    yield CounterMetricFamily("migd_access_node_changes", "Capability nodes access by owner has set since start",
+                              value=view.changed)
