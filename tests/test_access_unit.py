@@ -4,9 +4,11 @@ Over the production NVML adapter and a simulated node with a real capability tre
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import tempfile
@@ -233,3 +235,77 @@ def test_a_deleted_group_closes_its_instances_and_its_gid_goes_to_nobody(tree: t
     finally:
         for g in (name, "migd-test-other"):
             subprocess.run(["groupdel", g], capture_output=True)
+
+
+def _hold(path: Path) -> int:
+    """A child process (another user's, in spirit) holding ``path`` open until killed: a CUDA
+    program's handle on a capability node.  O_PATH: the simulated node has no driver behind it, and
+    the kernel's stat of the fd names the node's device either way."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        os.open(path, os.O_PATH)
+        os.write(w, b"x")
+        signal.pause()
+        os._exit(0)
+    os.close(w)
+    assert os.read(r, 1) == b"x"
+    os.close(r)
+    return pid
+
+
+def _relabel_setup(m: Migctl, root: Path, tmp_path: Path) -> tuple[Applier, Path, Path]:
+    caps.enable(StateStore(m.state), root)
+    a, b = two_groups()
+    backend = sim_backend(m.state, m.fleet)
+    OPENED.append(backend)
+    applier = Applier(backend, m.state_dir)
+    applier.access = AccessControl(AccessPolicy({"notebooks": Grant(a.gr_name), "training": Grant(b.gr_name)},
+                                                Unowned.ROOT, CapsPaths(root)), backend, applier.owners.load)
+    from migd.profiles.loader import load_profile
+    assert applier.apply(load_profile(PROFILES / "day.yaml")).ok
+    moved = tmp_path / "day-training.yaml"
+    moved.write_text((PROFILES / "day.yaml").read_text().replace("owner: notebooks", "owner: training"))
+    paths = CapsPaths(root)
+    gi = min(g.id for g in backend.list_gpu_instances(0))
+    return applier, moved, paths.node(read_minors(paths.mig_minors)[f"gpu0/gi{gi}/access"])
+
+
+def test_a_held_handle_keeps_its_instance_from_another_team(tree: tuple[Migctl, Path], tmp_path: Path) -> None:
+    """A process that holds an instance's capability node open keeps a working handle whatever the
+    node's mode becomes (nv-caps.c checks only at open): the owner change is refused while it holds
+    it (named by pid), goes ahead once it is gone, and --on-busy force stops it first."""
+    from migd.apply.result import ApplyOptions, BusyError, OnBusy
+    from migd.profiles.loader import load_profile
+    m, root = tree
+    applier, moved, node = _relabel_setup(m, root, tmp_path)
+    holder = _hold(node)
+    try:
+        with pytest.raises(BusyError, match=f"its owners change .* in use \\[busy: pids {holder}\\]"):
+            applier.apply(load_profile(moved))
+        assert set(applier.owners.load()[applier.backend.gpu(0).uuid].values()) == {"notebooks"}
+        result = applier.apply(load_profile(moved), ApplyOptions(on_busy=OnBusy.FORCE, kill_grace_s=5))
+        assert result.ok and set(applier.owners.load()[applier.backend.gpu(0).uuid].values()) == {"training"}
+        assert os.waitpid(holder, os.WNOHANG)[0] == holder  # stopped (SIGTERM), and only then relabelled
+    finally:
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(holder, 9)
+            os.waitpid(holder, 0)
+
+
+def test_a_held_handle_makes_its_instance_busy_for_a_destroy(tree: tuple[Migctl, Path], tmp_path: Path) -> None:
+    """The instance's ids may be reused by the next layout's instance, which the held fd would then
+    reach: a destroy waits for its holders as for its running processes (refused here, by pid)."""
+    from migd.apply.result import BusyError
+    from migd.profiles.loader import load_profile
+    m, root = tree
+    applier, _, node = _relabel_setup(m, root, tmp_path)
+    holder = _hold(node)
+    try:
+        with pytest.raises(BusyError, match=f"busy: pids {holder}"):
+            applier.apply(load_profile(PROFILES / "night.yaml"))
+    finally:
+        os.kill(holder, 9)
+        os.waitpid(holder, 0)
+    assert applier.apply(load_profile(PROFILES / "night.yaml")).ok  # let go: the change goes ahead

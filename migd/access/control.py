@@ -16,10 +16,12 @@ left as it was (which may be open: nothing here claims more than it did).
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from migd.access.holders import holders
 from migd.access.nodes import AccessError, Driver
 from migd.access.policy import CLOSED, AccessPolicy, NodeMode, Resolved
 from migd.hardware.caps import caps_major, ci_cap, gi_cap, gpu_caps, read_minors, uses_devfs
@@ -88,6 +90,28 @@ class AccessControl:
             out[gi_cap(gpu_minor, gi.id)] = mode
             for ci in gi.compute_instances:
                 out[ci_cap(gpu_minor, gi.id, ci.id)] = mode
+        return out
+
+    def held(self, index: int) -> dict[int, dict[int, tuple[int, ...]]]:
+        """The GPU's instances whose capability nodes some process holds open (``holders.py``): GI id ->
+        CI id (-1: the GI's own capability) -> pids.  Such an instance is busy even when NVML lists no
+        process on it: destroying it for one that may reuse its ids, or giving it to another owner,
+        would leave that process a working handle on another team's instance.  Unreadable: none."""
+        try:
+            driver, minors = self._driver()
+            gpu_minor = self.reader.minor_number(index)
+            instances = self.reader.list_gpu_instances(index)
+        except (AccessError, HardwareError):
+            return {}
+        dev = {}
+        for gi in instances:
+            dev[os.makedev(driver.major, minors[gi_cap(gpu_minor, gi.id)])] = (gi.id, -1)
+            for ci in gi.compute_instances:
+                dev[os.makedev(driver.major, minors[ci_cap(gpu_minor, gi.id, ci.id)])] = (gi.id, ci.id)
+        out: dict[int, dict[int, tuple[int, ...]]] = {}
+        for rdev, pids in holders(dev).items():
+            gi_id, ci_id = dev[rdev]
+            out.setdefault(gi_id, {})[ci_id] = pids
         return out
 
     def close_gpu(self, index: int) -> None:

@@ -23,7 +23,8 @@ def blocked_text(ops: list[Op]) -> str:
 
 
 def settle_busy(backend: GpuReader, plans: list[GpuPlan], opts: ApplyOptions,
-                replan: Callable[[], list[GpuPlan]]) -> tuple[list[GpuPlan], list[GpuPlan]]:
+                replan: Callable[[], list[GpuPlan]],
+                holding: Callable[[], set[int]] | None = None) -> tuple[list[GpuPlan], list[GpuPlan]]:
     """Wait for (or force) busy instances as ``opts`` says: (plans to run, plans left blocked).
 
     Without ``opts.partial`` any blocked GPU stops the whole apply (BusyError); with it, only that
@@ -49,7 +50,7 @@ def settle_busy(backend: GpuReader, plans: list[GpuPlan], opts: ApplyOptions,
             log.info("waiting up to %gs for busy instances: %s", opts.busy_timeout_s, blocked_text(blocked))
             waited = True
         if opts.on_busy is OnBusy.FORCE and not killed:
-            stop_processes(backend, sorted({pid for o in blocked for pid in o.busy_pids}), opts.kill_grace_s)
+            stop_processes(backend, sorted({pid for o in blocked for pid in o.busy_pids}), opts.kill_grace_s, holding)
             killed = True
         elif opts.on_busy is OnBusy.FORCE and time.monotonic() >= deadline:
             raise BusyError(f"instances still busy after SIGKILL: {blocked_text(blocked)}", blocked,

@@ -16,15 +16,17 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 from migd.apply.busy import blocked_text, settle_busy
+from migd.apply.force import stop_processes
 from migd.apply.journal import Journal, Step, layout_to_json
 from migd.apply.lock import ApplyLock
 from migd.apply.owners import Owners
 from migd.apply.planning import plan_each, plan_layout, touched
 from migd.apply.recovery import recover
-from migd.apply.relabel import labels_of, moves, relabelled
+from migd.apply.relabel import labels_of, moves, relabelled, settle_handover
 from migd.apply.result import (
     AccessGate,
     ApplyOptions,
@@ -76,10 +78,12 @@ class Applier:
     def plan_each(self, profile: Profile, mode_only: bool = False,
                   must_select: bool = False) -> tuple[list[GpuPlan], list[Unreadable]]:
         """As :meth:`plan`, and the GPUs NVML cannot read (lost), set aside (``planning.plan_each``)."""
-        return plan_each(self.backend, self.owners.load(), profile, mode_only, must_select)
+        return plan_each(self.backend, self.owners.load(), profile, mode_only, must_select,
+                         self.access.held if self.access is not None else None)
 
     def plan_layout(self, gpu: GpuInfo, desired: DesiredLayout, owners: dict[int, str], where: str = "") -> GpuPlan:
-        return plan_layout(self.backend, gpu, desired, owners, where)
+        return plan_layout(self.backend, gpu, desired, owners, where,
+                           self.access.held if self.access is not None else None)
 
     # -- applying ---------------------------------------------------------------------------------
     def apply(self, profile: Profile, opts: ApplyOptions | None = None) -> ApplyResult:
@@ -106,7 +110,7 @@ class Applier:
             raise GpuUnhealthy("reconfiguration refused on unhealthy GPUs: " + "; ".join(bad))
         skip = {p.gpu.uuid for p in faulted}
         plans, blocked = settle_busy(self.backend, [p for p in plans if p.gpu.uuid not in skip], opts, lambda: [
-            p for p in self.plan(profile, opts.mode_only) if p.gpu.uuid not in skip])
+            p for p in self.plan(profile, opts.mode_only) if p.gpu.uuid not in skip], self._holding)
         changing = [p for p in plans if p.changes]
         results = [GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.UNCHANGED) for p in plans
                    if not p.changes and p not in moved]
@@ -119,6 +123,11 @@ class Applier:
             results += self._run(profile, changing, opts)
         moved = [p for p in moved if p in plans]  # (not one the busy policy set aside)
         if moved:
+            moved, waiting = settle_handover(moved, self.owners.load, opts, partial(self._replan, profile, opts),
+                                             lambda pids: stop_processes(self.backend, pids, opts.kill_grace_s,
+                                                                         self._holding))
+            results += [GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.BLOCKED, 0, waiting[p.gpu.uuid])
+                        for p in plans if p.gpu.uuid in waiting]
             results += self._relabel(profile, moved)
         if self.access is not None:  # settled (applied, rolled back, untouched): open what exists, as owned
             for p in plans:
@@ -179,6 +188,18 @@ class Applier:
             ok = bool(results) and all(r.status is GpuStatus.APPLIED for r in results)
             opts.hooks.run("apply-exit", {**env, "MIGD_RESULT": "success" if ok else "failure"})
         return results
+
+    def _holding(self) -> set[int]:
+        """Every process holding a capability node of this node's GPUs (none without access by owner)."""
+        if self.access is None:
+            return set()
+        return {pid for g in survey(self.backend).gpus for by_ci in self.access.held(g.index).values()
+                for pids in by_ci.values() for pid in pids}
+
+    def _replan(self, profile: Profile, opts: ApplyOptions, plans: list[GpuPlan]) -> list[GpuPlan]:
+        """``plans``' GPUs read and planned again, those still only relabelled (a wait's next look)."""
+        uuids = {p.gpu.uuid for p in plans}
+        return relabelled([p for p in self.plan(profile, opts.mode_only) if p.gpu.uuid in uuids], self.owners.load())
 
     def _relabel(self, profile: Profile, plans: list[GpuPlan]) -> list[GpuResult]:
         """Owner-only changes, journalled (``relabel.py``): close, write the labels, then (the caller)

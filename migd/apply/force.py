@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 
 from migd.hardware.inventory import read_all
 from migd.hardware.ports import GpuReader
@@ -14,19 +15,22 @@ from migd.hardware.ports import GpuReader
 log = logging.getLogger(__name__)
 
 
-def stop_processes(backend: GpuReader, pids: list[int], grace_s: float) -> None:
+def stop_processes(backend: GpuReader, pids: list[int], grace_s: float,
+                   holding: Callable[[], set[int]] | None = None) -> None:
     """--on-busy force: SIGTERM, wait, then SIGKILL.  Logged loudly: this ends someone's work.
 
-    Each signal goes only to a process NVML lists on the GPUs at that moment, through a pidfd
-    opened before that reading: a PID whose process exited and was reused by an unrelated one is
-    never signalled."""
+    Each signal goes only to a process NVML lists on the GPUs at that moment, or that ``holding``
+    finds holding a capability node then, through a pidfd opened before that reading: a PID whose
+    process exited and was reused by an unrelated one is never signalled."""
+    def busy() -> set[int]:
+        return _gpu_pids(backend) | (holding() if holding is not None else set())
     for sig in (signal.SIGTERM, signal.SIGKILL):
         fds = _pidfds(pids)
-        on_gpu = _gpu_pids(backend)
+        on_gpu = busy()
         for pid, fd in fds.items():
             try:
                 if pid not in on_gpu:
-                    log.info("on-busy=force: pid %d has left the GPU; not sending %s", pid, sig.name)
+                    log.info("on-busy=force: pid %d has left the GPU and its nodes; not sending %s", pid, sig.name)
                     continue
                 log.warning("on-busy=force: sending %s to pid %d", sig.name, pid)
                 signal.pidfd_send_signal(fd, sig)
@@ -38,7 +42,7 @@ def stop_processes(backend: GpuReader, pids: list[int], grace_s: float) -> None:
                 os.close(fd)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
-            if not _gpu_pids(backend) & set(pids):
+            if not busy() & set(pids):
                 return
             time.sleep(0.1)
 
