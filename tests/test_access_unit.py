@@ -309,3 +309,31 @@ def test_a_held_handle_makes_its_instance_busy_for_a_destroy(tree: tuple[Migctl,
         os.kill(holder, 9)
         os.waitpid(holder, 0)
     assert applier.apply(load_profile(PROFILES / "night.yaml")).ok  # let go: the change goes ahead
+
+
+def test_a_group_change_waits_for_the_handles_the_old_group_holds(tree: tuple[Migctl, Path], tmp_path: Path) -> None:
+    """A reload gives notebooks' instances to another group while a process of the old group holds
+    one's node: that instance stays closed to all but root (said, with the pid) until the process lets
+    go, then the new group gets it; the instances nobody holds move at once."""
+    m, root = tree
+    applier, _, node = _relabel_setup(m, root, tmp_path)
+    ac = applier.access
+    assert isinstance(ac, AccessControl)
+    a, b = two_groups()
+    st = os.lstat(node)
+    assert (st.st_gid, stat.S_IMODE(st.st_mode)) == (a.gr_gid, 0o440)
+    holder = _hold(node)
+    try:
+        ac.policy = replace(ac.policy, owners={"notebooks": Grant(b.gr_name)})
+        errors = ac.reconcile()
+        assert len(errors) == 1 and f"while pids {holder} hold its capability nodes: closed to all but root" \
+            in errors[0], errors
+        assert modes({"n": node})["n"] == (0, 0, 0o400)
+        others = [CapsPaths(root).node(read_minors(CapsPaths(root).mig_minors)[f"gpu0/gi{g.id}/access"])
+                  for g in applier.backend.list_gpu_instances(0)]
+        assert sorted(modes({str(p): p for p in others}).values()).count((0, b.gr_gid, 0o440)) == len(others) - 1
+        assert ac.reconcile() == errors and modes({"n": node})["n"] == (0, 0, 0o400)  # still held: still closed
+    finally:
+        os.kill(holder, 9)
+        os.waitpid(holder, 0)
+    assert ac.reconcile() == [] and modes({"n": node})["n"] == (0, b.gr_gid, 0o440)

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from migd.access.holders import holders
@@ -51,6 +53,7 @@ class AccessControl:
     changes: int = 0  # capability nodes changed since start (metrics)
     failures: dict[int, list[str]] = field(default_factory=dict)  # GPU index -> its nodes not set (now)
     missing: Mapping[str, str] = field(default_factory=dict)  # owner -> its group or user that is gone
+    waiting: set[str] = field(default_factory=set)  # capabilities held back from new accounts (_held_back)
 
     @property
     def errors(self) -> list[str]:
@@ -157,7 +160,32 @@ class AccessControl:
             wanted = self.wanted(index, gpu_minor, owners, resolved)
         except HardwareError as e:
             return self._failed(index, [f"GPU {index}: access control: {e}"])
-        return self._failed(index, self._set_all(driver, minors, gpu_minor, wanted, index))
+        waiting = self._held_back(driver, minors, gpu_minor, wanted, index)
+        return self._failed(index, waiting + self._set_all(driver, minors, gpu_minor, wanted, index))
+
+    def _held_back(self, driver: Driver, minors: dict[str, int], gpu_minor: int, wanted: dict[str, NodeMode],
+                   index: int) -> list[str]:
+        """An instance whose grant moves to accounts its node did not admit (an owner moved to another
+        group by a reload) while a process holds its nodes: that handle would reach the new accounts'
+        instance, so it stays closed until the process lets go (``wanted`` is changed in place)."""
+        moving = set()
+        for name, want in wanted.items():
+            now = _admits(_current(driver.paths.node(minors[name])) or CLOSED)
+            if _admits(want) - now and (now or name in self.waiting):  # (closed by this rule: still moving)
+                moving.add(name)
+        self.waiting -= {n for n in self.waiting if n.startswith(f"gpu{gpu_minor}/")}
+        if not moving:
+            return []
+        out = []
+        for gi, by_ci in self.held(index).items():
+            names = {n for n in wanted if n.startswith(f"gpu{gpu_minor}/gi{gi}/")}
+            if names & moving:
+                wanted.update(dict.fromkeys(names, CLOSED))
+                self.waiting |= names & moving
+                pids = ",".join(map(str, sorted({p for ps in by_ci.values() for p in ps})))
+                out.append(f"GPU {index}: GI {gi}: its grant changes while pids {pids} hold its capability nodes: "
+                           "closed to all but root until they let go")
+        return out
 
     def reconcile(self) -> list[str]:
         """Every readable GPU as :meth:`open_gpu` leaves it; a GPU NVML cannot read is closed.  The
@@ -207,6 +235,26 @@ class AccessControl:
         if driver.set(name, minor, want):
             self.changes += 1
             log.debug("capability %s (minor %d): %s", name, minor, want.describe())
+
+
+def _current(node: Path) -> NodeMode | None:
+    try:
+        st = os.lstat(node)
+    except FileNotFoundError:
+        return None
+    return NodeMode(st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode))
+
+
+def _admits(mode: NodeMode) -> set[tuple[str, int]]:
+    """The accounts other than root a node mode lets open it."""
+    out = set()
+    if mode.mode & 0o400 and mode.uid:
+        out.add(("user", mode.uid))
+    if mode.mode & 0o040 and mode.gid:
+        out.add(("group", mode.gid))
+    if mode.mode & 0o004:
+        out.add(("all", 0))
+    return out
 
 
 def _not_closed(index: int, why: str) -> HardwareError:
