@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 import traceback
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -315,3 +316,38 @@ def test_an_owner_only_change_moves_the_instances_to_the_new_team(
     assert "GPU 0: owners changed (GI at slice 0: notebooks -> training, " in log, log[-2000:]
     owners = {i["owner"] for i in m.migctl("status", "-o", "json").json()["gpus"][0]["instances"]}
     assert owners == {"training"}
+
+
+def test_a_planted_symlink_is_said_at_once_and_refuses_the_change(
+        node: tuple[MigdProcess, Path], teams: tuple[grp.struct_group, grp.struct_group]) -> None:
+    """A symlink at the node of the instance night would create: migd cannot close that capability,
+    so the GPU is not changed (a new instance with those ids would be reached through whatever the
+    link names); the day instances stay notebooks' and every other node is still set; migctl daemon
+    and /metrics name the refused node as soon as the apply returns, not at the next reconcile pass
+    (an hour away here)."""
+    m, root = node
+    a, b = teams
+    m.write_config(reconcile_interval="3600s")
+    with m.config.open("a") as f:
+        f.write(f"control_socket: {root / 'run/migd/control.sock'}\n"
+                f"access:\n  root: {root}\n  owners:\n    notebooks: {{group: {a.gr_name}}}\n"
+                f"    training: {{group: {b.gr_name}}}\n")
+    start_day(m, root, a)
+    paths = CapsPaths(root)
+    minors = read_minors(paths.mig_minors)
+    planted = paths.node(minors["gpu0/gi0/ci0/access"])  # night's 7g is GI 0, CI 0
+    planted.unlink(missing_ok=True)
+    planted.symlink_to("/dev/null")
+    assert through_migd(m, root, "apply", str(PROFILES / "night.yaml")) == 1
+    assert len(devices(root)) == 7
+    live = existing(root)  # the GPU's other nodes: as the day layout's owners say
+    assert all(got == (0, a.gr_gid, 0o440) for name, got in node_modes(root).items() if name in live)
+    doc = daemon(root)["access"]
+    assert len(doc["errors"]) == 1 and "capability gpu0/gi0/ci0/access" in doc["errors"][0] \
+        and doc["errors"][0].endswith("left as it was"), doc
+    assert os.path.islink(planted) and os.readlink(planted) == "/dev/null"
+    with urllib.request.urlopen(f"http://127.0.0.1:{m.port}/metrics", timeout=10) as r:
+        body = r.read().decode()
+    assert "\nmigd_access_errors 1.0\n" in body, [ln for ln in body.splitlines() if "access" in ln]
+    shown = m.migctl.process("--control-socket", str(root / "run/migd/control.sock"), "daemon").stdout
+    assert "  access NOT set: GPU 0: capability gpu0/gi0/ci0/access: " in shown, shown
