@@ -1,0 +1,186 @@
+"""Never a moment where a user reaches another team's instance: real non-root users sample every MIG
+instance of a real migd about a hundred times a second while its owners move.
+
+Three samplers, each a process with one user's credentials (team A's, team B's, and an outsider's
+with no team), try to open both capability nodes of every instance the simulated driver lists, as
+the kernel decides (an open refused with EACCES is "not reached"; one that passes the permission
+check ends in ENXIO, the node having no driver behind it, and counts as reached).  Each reach is
+kept with its monotonic start and end.  The test then moves the instances between the teams, in the
+ways an owner changes: a day -> night switch (other instances, other owner), a reload that gives an
+owner's instances to another group, and a reload that relabels an owner-only change.  Between the
+moves, only the owning team may reach anything; across each move, per instance, every reach by the
+team giving it up ends before the first reach by the team receiving it begins; the outsider never
+reaches anything.  Needs root (mknod, setuid).
+"""
+
+from __future__ import annotations
+
+import errno
+import grp
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from migd.hardware.caps import CapsPaths, ci_cap, gi_cap, read_minors
+from migd.sim import caps
+from tests.daemon_harness import MigdProcess
+from tests.helpers import PROFILES
+from tests.test_access import USER_A, USER_B, devices, node, node_modes, start_day, teams, through_migd  # noqa: F401
+
+OUTSIDER = 61003
+PERIOD_S = 0.01  # one round of every instance per user, about a hundred a second
+
+
+@dataclass(frozen=True)
+class Reach:
+    user: int
+    instance: tuple[int, int, int]  # GPU minor, GI id, CI id
+    t0: float
+    t1: float
+
+
+def _reached(path: Path) -> bool:
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK))
+    except OSError as e:
+        return e.errno in (errno.ENXIO, errno.ENODEV)  # the kernel let it through to a driver
+    return True
+
+
+def _sample(root: Path, uid: int, gids: list[int], w: int) -> None:
+    """The sampler's body, in a forked child: drop to ``uid``/``gids``, then report every reach."""
+    os.setgroups(gids)
+    os.setgid(gids[0] if gids else 65534)
+    os.setuid(uid)
+    paths = CapsPaths(root)
+    minors = read_minors(paths.mig_minors)
+    with os.fdopen(w, "w", buffering=1) as out:
+        while True:
+            try:
+                table = (root / caps.DEVICES).read_text().split("\n")
+            except OSError:
+                table = []
+            for line in table:
+                parts = line.split()
+                if len(parts) != 4:
+                    continue
+                g, gi, ci = int(parts[1]), int(parts[2]), int(parts[3])
+                t0 = time.monotonic()
+                if _reached(paths.node(minors[gi_cap(g, gi)])) and _reached(paths.node(minors[ci_cap(g, gi, ci)])):
+                    out.write(f"{t0} {time.monotonic()} {g} {gi} {ci}\n")
+            time.sleep(PERIOD_S)
+
+
+class Samplers:
+    """One sampler process per user, and a thread per sampler collecting its reaches."""
+
+    def __init__(self, root: Path, users: dict[int, list[int]]) -> None:
+        self.reaches: list[Reach] = []
+        self._lock = threading.Lock()
+        self._pids: list[int] = []
+        self._threads: list[threading.Thread] = []
+        for uid, gids in users.items():
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                os.close(r)
+                try:
+                    _sample(root, uid, gids, w)
+                finally:
+                    os._exit(0)
+            os.close(w)
+            self._pids.append(pid)
+            t = threading.Thread(target=self._collect, args=(uid, r), daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _collect(self, uid: int, r: int) -> None:
+        with os.fdopen(r) as f:
+            for line in f:
+                t0, t1, g, gi, ci = line.split()
+                with self._lock:
+                    self.reaches.append(Reach(uid, (int(g), int(gi), int(ci)), float(t0), float(t1)))
+
+    def stop(self) -> list[Reach]:
+        for pid in self._pids:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        self._pids = []
+        for t in self._threads:
+            t.join(timeout=10)
+        return sorted(self.reaches, key=lambda r: r.t0)
+
+
+@pytest.fixture
+def sampled(node: tuple[MigdProcess, Path], teams: tuple[grp.struct_group, grp.struct_group]) \
+        -> Iterator[tuple[MigdProcess, Path, Samplers]]:
+    m, root = node
+    a, b = teams
+    start_day(m, root, a)
+    s = Samplers(root, {USER_A: [a.gr_gid], USER_B: [b.gr_gid], OUTSIDER: []})
+    try:
+        yield m, root, s
+    finally:
+        s.stop()
+
+
+def _settled(root: Path, gid: int, count: int) -> bool:
+    """``count`` instances, each with both nodes root:gid 0440."""
+    devs = devices(root)
+    modes = node_modes(root)
+    return len(devs) == count and all(modes.get(f"gpu0/gi{gi}/access") == (0, gid, 0o440)
+                                      and modes.get(f"gpu0/gi{gi}/ci{ci}/access") == (0, gid, 0o440)
+                                      for _, _, gi, ci in devs)
+
+
+def test_no_user_ever_reaches_another_teams_instance(
+        sampled: tuple[MigdProcess, Path, Samplers], teams: tuple[grp.struct_group, grp.struct_group]) -> None:
+    m, root, samplers = sampled
+    a, b = teams
+    marks = [("A", time.monotonic())]  # (the team that owns everything from here on, since when)
+
+    def move(to: str, gid: int, count: int, *request: str) -> None:
+        marks.append(("moving", time.monotonic()))
+        assert through_migd(m, root, *request) == 0
+        m.wait_until(lambda: _settled(root, gid, count), timeout=60)
+        marks.append((to, time.monotonic()))
+        time.sleep(0.5)  # the samplers' look at the settled state
+
+    time.sleep(0.5)
+    # 1. day (notebooks: A) -> night (training: B): other instances, another team
+    move("B", b.gr_gid, 1, "apply", str(PROFILES / "night.yaml"))
+    # 2. a reload gives training's instances to A's group
+    text = m.config.read_text()
+    m.config.write_text(text.replace(f"training: {{group: {b.gr_name}}}", f"training: {{group: {a.gr_name}}}"))
+    move("A", a.gr_gid, 1, "reload")
+    # 3. an owner-only change: night's instance relabelled to inference (B's group), held by the apply
+    relabelled = m.config.parent / "night-inference.yaml"
+    relabelled.write_text((PROFILES / "night.yaml").read_text().replace("owner: training", "owner: inference")
+                          .replace("name: night", "name: night-inference"))
+    move("B", b.gr_gid, 1, "apply", str(relabelled))
+    reaches = samplers.stop()
+    users = {"A": USER_A, "B": USER_B}
+
+    def phase(t: float) -> str:  # (before the first mark: day, settled as A's before the samplers began)
+        return ([who for who, since in marks if since <= t] or ["A"])[-1]
+
+    assert not [r for r in reaches if r.user == OUTSIDER], "the outsider reached an instance"
+    for r in reaches:  # between moves: only the owning team (a reach overlapping a move: judged below)
+        during = phase(r.t0)
+        assert during != phase(r.t1) or during == "moving" or users[during] == r.user, (r, marks)
+    for k in range(1, len(marks) - 1, 2):  # across each move, per instance: the giver's reaches end first
+        start, end = marks[k][1], marks[k + 1][1]
+        giver, taker = users[marks[k - 1][0]], users[marks[k + 1][0]]
+        window = [r for r in reaches if r.t1 >= start and r.t0 <= end]
+        for inst in {r.instance for r in window}:
+            last_given = max((r.t1 for r in window if r.instance == inst and r.user == giver), default=-1.0)
+            first_taken = min((r.t0 for r in window if r.instance == inst and r.user == taker), default=1e18)
+            assert last_given < first_taken, (inst, marks[k - 1][0], marks[k + 1][0])
+    for who, since in marks[::2]:  # and the samplers did see each owner reach its instances
+        assert any(r.user == users[who] and r.t0 >= since for r in reaches), (who, marks)
