@@ -6,6 +6,7 @@ character devices.  Needs root (mknod, setuid)."""
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import json
 import os
@@ -111,6 +112,12 @@ def teams() -> tuple[grp.struct_group, grp.struct_group]:
 
 @pytest.fixture
 def node(tmp_path: Path, teams: tuple[grp.struct_group, grp.struct_group]) -> Iterator[tuple[MigdProcess, Path]]:
+    with caps_node(tmp_path, teams) as made:
+        yield made
+
+
+@contextlib.contextmanager
+def caps_node(tmp_path: Path, teams: tuple[grp.struct_group, grp.struct_group]) -> Iterator[tuple[MigdProcess, Path]]:
     """A single-A100 node with its capability tree in a directory every user may look into (as /dev
     and /proc), and migd configured with notebooks -> team A's group, training and inference -> B's."""
     root = Path(tempfile.mkdtemp(prefix="migd-caps-", dir="/tmp"))

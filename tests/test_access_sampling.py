@@ -30,8 +30,8 @@ import pytest
 from migd.hardware.caps import CapsPaths, ci_cap, gi_cap, read_minors
 from migd.sim import caps
 from tests.daemon_harness import MigdProcess
-from tests.helpers import PROFILES
-from tests.test_access import USER_A, USER_B, devices, node, node_modes, start_day, teams, through_migd  # noqa: F401
+from tests.helpers import PROFILES, need_root
+from tests.test_access import USER_A, USER_B, caps_node, devices, node_modes, start_day, through_migd, two_groups
 
 OUTSIDER = 61003
 PERIOD_S = 0.01  # one round of every instance per user, about a hundred a second
@@ -118,16 +118,22 @@ class Samplers:
 
 
 @pytest.fixture
-def sampled(node: tuple[MigdProcess, Path], teams: tuple[grp.struct_group, grp.struct_group]) \
+def teams() -> tuple[grp.struct_group, grp.struct_group]:
+    need_root("real character devices (mknod) and other users (setuid)")
+    return two_groups()
+
+
+@pytest.fixture
+def sampled(tmp_path: Path, teams: tuple[grp.struct_group, grp.struct_group]) \
         -> Iterator[tuple[MigdProcess, Path, Samplers]]:
-    m, root = node
     a, b = teams
-    start_day(m, root, a)
-    s = Samplers(root, {USER_A: [a.gr_gid], USER_B: [b.gr_gid], OUTSIDER: []})
-    try:
-        yield m, root, s
-    finally:
-        s.stop()
+    with caps_node(tmp_path, teams) as (m, root):
+        start_day(m, root, a)
+        s = Samplers(root, {USER_A: [a.gr_gid], USER_B: [b.gr_gid], OUTSIDER: []})
+        try:
+            yield m, root, s
+        finally:
+            s.stop()
 
 
 def _settled(root: Path, gid: int, count: int) -> bool:
