@@ -174,11 +174,45 @@ def test_plain_nvidia_smi_output(mixed: Migctl) -> None:
 
 
 def test_status_mine_output() -> None:
-    """`migctl status --mine`'s lines (ctl_status filters the document; the rendering is pinned here)."""
+    """`migctl status --mine`'s lines (ctl_status filters the document; the rendering is pinned here); on
+    stderr, a note for each node whose answer is a prediction or a refusal, and the one line when the
+    driver's files cannot be read (exit 4)."""
+    import argparse
+    import io
+    from contextlib import redirect_stderr
+
     from migd.api.status import StatusDoc
+    from migd.ctl_status import Found, Node, Owner, cap_recipe, mine_out, predict, recipe
+    from migd.hardware.caps import CapsPaths
     from migd.report_text import mine_table
     doc = from_json(StatusDoc, json.loads((GOLDEN / "status-balanced.json").read_text()))
     _check("status-mine.txt", mine_table(doc, 61001, [29]) + mine_table(replace(doc, gpus=()), 61001, [29, 44]))
+    reg = {m: recipe(f"ModifyDeviceFiles: {m}\nDeviceFileUID: 0\nDeviceFileGID: 0\nDeviceFileMode: 438\n",
+                     "/proc/driver/nvidia/params") for m in (0, 1)}
+    cap = {m: cap_recipe(f"DeviceFileMinor: 300\nDeviceFileMode: 292\nDeviceFileModify: {m}\n", True) for m in (0, 1)}
+    team, video = Owner(0, 61101, 0o440), Owner(0, 61103, 0o660)
+    cases = [("all GPUs", "/dev/nvidiactl", Found.ABSENT, None, reg[1], True, False, True),
+             ("all GPUs", "/dev/nvidiactl", Found.ABSENT, None, reg[0], False, False, True),
+             ("GPU 0", "/dev/nvidia2", Found.DEVICE, video, reg[0], False, False, True),
+             ("GPU 0", "/dev/nvidia2", Found.DEVICE, video, reg[1], True, False, True),
+             ("GPU 0 GI 3", "/dev/nvidia-caps/nvidia-cap300", Found.ABSENT, None, cap[1], True, False, False),
+             ("GPU 0 GI 3", "/dev/nvidia-caps/nvidia-cap300", Found.ABSENT, None, cap[0], False, False, False),
+             ("GPU 0 GI 3", "/dev/nvidia-caps/nvidia-cap300", Found.ABSENT, None,
+              cap_recipe("DeviceFileModify: 1\n", True), False, False, False),
+             ("GPU 0 GI 3 CI 0", "/dev/nvidia-caps/nvidia-cap301", Found.DEVICE, team,
+              cap_recipe("DeviceFileMinor: 301\nDeviceFileMode: 256\nDeviceFileModify: 1\n", True), False, True, False),
+             ("GPU 0 GI 3", "/dev/nvidia-caps/nvidia-cap300", Found.OTHER, None, cap[1], True, False, False),
+             ("GPU 0 GI 3", "/dev/nvidia-caps/nvidia-cap300", Found.OTHER, None, cap[0], False, False, False),
+             ("GPU 0 GI 3", "/dev/nvidia-caps/nvidia-cap300", Found.SYMLINK, None, cap[1], False, False, False),
+             ("GPU 0 GI 3", "/dev/nvidia-caps/nvidia-cap300", Found.ABSENT, None, cap_recipe("", False),
+              False, False, False)]
+    lines = [Node(what, Path(p), found, now, r, predict(found, now, r), yours, yours_now, gate).note()
+             for what, p, found, now, r, yours, yours_now, gate in cases]
+    err = io.StringIO()
+    with redirect_stderr(err):
+        code = mine_out(argparse.Namespace(output="table"), doc, CapsPaths(Path("/nonexistent-driver")))
+    assert code == 4
+    _check("status-mine-notes.txt", "\n".join(lines) + "\n" + err.getvalue())
 
 
 def test_daemon_status_with_access_by_owner(tmp_path: Path, mixed: Migctl) -> None:
