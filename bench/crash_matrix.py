@@ -9,7 +9,7 @@ the journal must be gone, and a process running on an instance both layouts keep
 still be there.
 
 An owner change (the same layout, other owners) is killed after each of its file-system
-steps instead (``crash_relabel.py``: it makes no NVML call; as root only).
+steps instead (``crash_access.py``: it makes no NVML call; as root only).
 
     python3 bench/crash_matrix.py            # full matrix (dgx-a100, dgx-h100; 3 transitions)
     python3 bench/crash_matrix.py --sample 4  # every 4th step only (what pytest runs)
@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.crash_relabel import run_relabel  # noqa: E402
+from bench.crash_access import run_access  # noqa: E402
 from migd.apply.executor import Applier  # noqa: E402
 from migd.apply.relabel import labels_of  # noqa: E402
 from migd.apply.result import ApplyOptions  # noqa: E402
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             for old, new in TRANSITIONS:
                 rows.append(run_transition(fleet, old, new, max(1, args.sample), Path(tmp)))
         if os.geteuid() == 0:  # the capability nodes are real character devices
-            rows.append(run_relabel(Path(tmp), PROFILES))
+            rows += run_access(Path(tmp), PROFILES)
         else:
             print("owner changes not run: they need root (mknod)", file=sys.stderr)
     total = sum(int(str(r["scenarios"])) for r in rows)
