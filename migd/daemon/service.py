@@ -57,6 +57,17 @@ log = logging.getLogger("migd")
 REFUSALS = EXPECTED
 
 
+def _drifted(profile: str, plans: list[GpuPlan], reason: str, correct: bool) -> list[GpuPlan]:
+    """The plans a pass applies: drift said as drift; where it is only reported, the GPUs whose
+    layout holds (their owner-only changes go ahead alone)."""
+    if not correct:
+        log_drift(profile, plans, "reconcile: report, not corrected")
+        return [p for p in plans if not p.changes]
+    if reason == "reconcile":  # nothing fired: the GPUs were changed behind migd's back
+        log_drift(profile, plans, "correcting it")
+    return plans
+
+
 class Daemon:
     def __init__(self, config: Config, backend: GpuBackend, state_dir: Path, clock: Clock,
                  notifier: Notifier | None = None,
@@ -170,19 +181,11 @@ class Daemon:
                 changes = any(p.changes for p in plans)
                 moved = bool(relabelled(plans, self.applier.owners.load()))  # owners only: applied, said
                 if self.slurm is not None and not changes:
-                    if self.slurm.mid_switch:
-                        self.slurm.settle(profile, plans, opts)
-                    elif not self.slurm.resuming:  # (while Slurm is unreachable, one complaint is enough)
-                        self.slurm.check_sync(plans)
+                    self.slurm.idle(profile, plans, opts)
                 if not manual and not moved and (not correct or not changes):
                     self._unchanged(profile, plans, unreadable)
                     return ApplyResult(profile.name, plans, [], unreadable=lost)
-                if not correct:  # drift only reported: the owner-only changes go ahead alone
-                    log_drift(profile.name, plans, "reconcile: report, not corrected")
-                    plans = [p for p in plans if not p.changes]
-                elif reason == "reconcile":  # nothing fired: the GPUs were changed behind migd's back
-                    log_drift(profile.name, plans, "correcting it")
-                result = self._apply(profile, plans, opts, manual)
+                result = self._apply(profile, _drifted(profile.name, plans, reason, correct), opts, manual)
                 result.unreadable = lost
                 if manual and result.ok:
                     self._hold(profile)  # published before the locks are released

@@ -185,6 +185,14 @@ class SlurmSwitch:
             self.gate.finish(False, f"{why}; {back}", agree=agree)
         return undone
 
+    def idle(self, profile: Profile, plans: list[GpuPlan], opts: ApplyOptions) -> None:
+        """A pass whose layout already holds: finish a switch left open, or check Slurm agrees (while
+        Slurm is unreachable, one complaint is enough: not while a resume is unconfirmed)."""
+        if self.mid_switch:
+            self.settle(profile, plans, opts)
+        elif not self.resuming:
+            self.check_sync(plans)
+
     def check_sync(self, plans: list[GpuPlan]) -> None:
         with self._unheld():
             self.gate.check_sync([p.seen for p in plans if p.seen is not None])
