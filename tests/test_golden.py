@@ -216,14 +216,19 @@ def test_status_mine_output() -> None:
 
 
 def test_daemon_status_with_access_by_owner(tmp_path: Path, mixed: Migctl) -> None:
-    """``migctl daemon`` of a node with access by owner: to whom each owner's instances are open, and a
-    node it could not set (docs/users.md)."""
+    """``migctl daemon`` of a node with access by owner: to whom each owner's instances are open, an
+    owner whose group is gone, a node it could not set and an instance held back for its handles
+    (docs/users.md)."""
     from migd.api.access import AccessView
     from migd.api.wire import to_json
     doc = _daemon_doc(tmp_path, mixed)
     doc["access"] = to_json(AccessView({"inference": "group ml-b", "notebooks": "group ml-a and user alice"},
                                        "root", "dev", "/", 42,
-                                       ("GPU 1: access control: /dev/nvidia-caps/nvidia-cap30 is not the driver's "
-                                        "capability node 508:30: left alone",)))
+                                       ("owner inference: group 'ml-b' does not exist: its instances are closed to "
+                                        "all but root",
+                                        "GPU 1: capability gpu1/gi3/access: /dev/nvidia-caps/nvidia-cap30 is not the "
+                                        "driver's capability node 508:30: left as it was",
+                                        "GPU 1: GI 5: its grant changes while pids 4242 hold its capability nodes: "
+                                        "closed to all but root until they let go"), ("inference",)))
     text = _TIMES.sub(lambda m: m.group(1) + "0", json.dumps(doc, indent=2) + "\n")
     _check("daemon-access.txt", daemon_table(from_json(DaemonDoc, json.loads(text))))
