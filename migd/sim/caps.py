@@ -71,7 +71,7 @@ def enable(store: StateStore, root: Path, devfs: bool = True) -> None:
         for g in s.gpus:  # the driver's per-GPU information file (its "Device Minor": the gpu<N> of caps)
             info = paths.gpu_information(g.bus_id)
             _write(info, f"Model: \t\t {g.model}\nGPU UUID: \t {g.uuid}\nBus Location: \t {info.parent.name}\n"
-                         f"Device Minor: \t {g.index}\n")
+                         f"Device Minor: \t {g.minor}\n")
         paths.proc_caps.mkdir(mode=0o755, parents=True, exist_ok=True)
         s.caps_root, s.caps_synced = str(root), []
         sync(s)
@@ -86,12 +86,13 @@ def _write(path: Path, text: str, mode: int = 0o444) -> None:
 
 
 def _caps_of(s: SimState) -> set[str]:
-    """Every capability the driver has now: ``gpu0/gi7/access`` and ``gpu0/gi7/ci0/access``."""
+    """Every capability the driver has now: ``gpu0/gi7/access`` and ``gpu0/gi7/ci0/access`` (``gpu<N>``: the
+    GPU's device minor, not its NVML index)."""
     out = set()
     for g in s.gpus:
         for gi in g.gis if g.mig_current else ():
-            out.add(gi_cap(g.index, gi.id))
-            out.update(ci_cap(g.index, gi.id, ci.id) for ci in gi.cis)
+            out.add(gi_cap(g.minor, gi.id))
+            out.update(ci_cap(g.minor, gi.id, ci.id) for ci in gi.cis)
     return out
 
 
@@ -114,7 +115,7 @@ def sync(s: SimState) -> None:
             else ""
         _write(paths.proc_file(name), text)
     if now != set(s.caps_synced):
-        lines = [f"{g.mig_uuid(gi, ci)} {g.index} {gi.id} {ci.id}" for g in s.gpus if g.mig_current
+        lines = [f"{g.mig_uuid(gi, ci)} {g.minor} {gi.id} {ci.id}" for g in s.gpus if g.mig_current
                  for gi in g.gis for ci in gi.cis]
         _write(paths.root / DEVICES, "".join(line + "\n" for line in lines), 0o444)
         s.caps_synced = sorted(now)
@@ -153,7 +154,8 @@ def adopt_claims(s: SimState) -> bool:
         if where is None or not _permitted(Path(s.caps_root or ""), int(name), where):
             continue
         gpu, gi, ci = where
-        s.gpus[gpu].processes.append(SimProcess(int(name), gi, ci, mib, real=True, started=proc_start_time(int(name))))
+        on = next(g for g in s.gpus if g.minor == gpu)  # the table names a GPU by its device minor
+        on.processes.append(SimProcess(int(name), gi, ci, mib, real=True, started=proc_start_time(int(name))))
         changed = True
     return changed
 

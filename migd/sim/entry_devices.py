@@ -113,7 +113,7 @@ def _uint_out(fn: str, what: str, kinds: tuple[str, ...], value: Any) -> Any:
 
 _uint_out("nvmlDeviceGetIndex", "index", ("gpu",), lambda c, s, g, r: g.index)
 # /dev/nvidia<minor>: the simulated node numbers its device files in index order.
-_uint_out("nvmlDeviceGetMinorNumber", "minorNumber", ("gpu",), lambda c, s, g, r: g.index)
+_uint_out("nvmlDeviceGetMinorNumber", "minorNumber", ("gpu",), lambda c, s, g, r: g.minor)  # its /dev/nvidia<minor>
 _uint_out("nvmlDeviceGetArchitecture", "arch", ("gpu",), lambda c, s, g, r: g.catalog.architecture)
 # Data-center boards are passively cooled; nvidia-smi shows the fan as N/A: no such sensor.
 _uint_out("nvmlDeviceGetFanSpeed", "speed", ("gpu",), lambda c, s, g, r: _not_supported())

@@ -26,6 +26,16 @@ FLEETS: dict[str, list[str]] = {
     "rtx-pro-6000": ["RTX-PRO-6000-Blackwell-Server"] * 8,
     "unlisted": ["unlisted-7slice"] * 2,  # a GPU migd's catalog does not know (sim/gpu.py UNLISTED)
 }
+# Device minors (``/dev/nvidia<minor>``, the ``gpu<minor>`` of the capabilities) per NVML index, where
+# they are not the index.  NVML enumerates GPUs in PCI bus order; the driver numbers them as it probes
+# them ("the first device encountered gets 0": NVIDIA/nvidia-docker#1432), and the two differ on some
+# machines: NVIDIA/nvidia-installer#21 ("In A100, Minor Number is different from GPU number"; NVIDIA:
+# "That's expected"), PrincetonUniversity/jobstats#34 (an AMD host: /dev/nvidia0 was nvidia-smi's GPU 6).
+# A DGX A100 has two AMD EPYC sockets; this order (each socket's PCIe switches probed pair-swapped) is
+# the simulator's own, no recording: it only makes every minor differ from its index.
+FLEET_MINORS: dict[str, list[int]] = {
+    "dgx-a100": [2, 3, 0, 1, 6, 7, 4, 5],
+}
 # Fleets of catalog models only (the doctor finds no difference there; "unlisted" is the exception).
 CATALOG_FLEETS = sorted(f for f, keys in FLEETS.items() if all(not k.startswith("unlisted") for k in keys))
 # Fleets that stand for a pass-through VM: the guest cannot reset the GPU itself, so an Ampere

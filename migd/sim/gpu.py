@@ -100,6 +100,14 @@ class SimGpu:
     gis: list[SimGi] = field(default_factory=list)
     processes: list[SimProcess] = field(default_factory=list)
     lost: bool = False
+    # The GPU's device minor (``/dev/nvidia<minor>``, ``gpu<minor>`` of its capabilities): the driver
+    # numbers GPUs in the order it probes them, NVML in PCI bus order, so the two may differ
+    # (nvmlDeviceGetMinorNumber; fleets.py FLEET_MINORS).  -1: the same as the index (older state files).
+    minor: int = -1
+
+    def __post_init__(self) -> None:
+        if self.minor < 0:
+            self.minor = self.index
 
     @property
     def catalog(self) -> GpuModel:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from migd.sim.filewatch import FileWatch
-from migd.sim.fleets import CATALOG_FLEETS, DEFAULT_FLEET, DRIVER_VERSION, FLEETS, PASSTHROUGH_FLEETS
+from migd.sim.fleets import CATALOG_FLEETS, DEFAULT_FLEET, DRIVER_VERSION, FLEET_MINORS, FLEETS, PASSTHROUGH_FLEETS
 from migd.sim.gpu import SimCi, SimGi, SimGpu, SimProcess
 
 __all__ = ["CATALOG_FLEETS", "FLEETS", "PASSTHROUGH_FLEETS", "DEFAULT_FLEET", "SimCi", "SimGi", "SimGpu",
@@ -115,12 +115,13 @@ def new_state(fleet: str = DEFAULT_FLEET, mig_enabled: bool = False) -> SimState
     if fleet not in FLEETS:
         raise ValueError(f"unknown simulated fleet {fleet!r}; known: {', '.join(sorted(FLEETS))}")
     gpus = []
+    minors = FLEET_MINORS.get(fleet, list(range(len(FLEETS[fleet]))))
     for i, key in enumerate(FLEETS[fleet]):
         gpu_uuid = "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_URL, f"migd-sim/{fleet}/{i}"))
         # DGX-style bus ids: 0000:07,0f,47,4e,87,90,b7,bd (any distinct values would do)
         bus = (0x07, 0x0F, 0x47, 0x4E, 0x87, 0x90, 0xB7, 0xBD)[i % 8] + 0x100 * (i // 8)
         gpus.append(SimGpu(index=i, model=key, uuid=gpu_uuid, bus_id=f"00000000:{bus:02X}:00.0",
-                           mig_current=mig_enabled, mig_pending=mig_enabled))
+                           mig_current=mig_enabled, mig_pending=mig_enabled, minor=minors[i]))
     return SimState(fleet=fleet, gpus=gpus, passthrough=fleet in PASSTHROUGH_FLEETS)
 
 
