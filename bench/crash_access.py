@@ -23,7 +23,7 @@ import os
 import shutil
 import signal
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +89,7 @@ class Node:
         self.state, self.sdir, self.root = workdir / f"{name}.json", workdir / f"{name}.d", workdir / f"{name}-caps"
         self.policy = AccessPolicy({"notebooks": Grant(self.a.gr_name), "training": Grant(self.b.gr_name)},
                                    Unowned.ROOT, CapsPaths(self.root))
+        self.total = 0
 
     def fresh(self) -> tuple[Applier, AccessControl, Any]:
         """What a (re)started migd has: an applier with access control over a new NVML session."""
@@ -122,6 +123,24 @@ class Node:
         ac.reconcile()
         be.close()
 
+    def each_cut(self, day: Path, profile: Path, what: str, failures: list[str]) -> Iterator[int]:
+        """Day applied and open to its owners, then ``profile`` applied and killed after each write in
+        turn: yields k with the node as the kill left it (a child that was not killed is a failure)."""
+        Applier(sim_backend(self.state, FLEET), self.sdir).apply(load_profile(day))
+        caps.enable(StateStore(self.state), self.root)
+        ap, ac, be = self.fresh()
+        ac.reconcile()
+        be.close()
+        snapshot, labels = self.state.read_bytes(), (self.sdir / "owners.json").read_bytes()
+        self.total = self.cuts(profile)
+        for k in range(1, self.total + 1):
+            self.restore(snapshot, labels)
+            why = self.killed_at(k, profile)
+            if why is None:
+                yield k
+            else:
+                failures.append(f"{what} k={k}: not killed ({why})")
+
     def killed_at(self, k: int, profile: Path) -> str | None:
         """Apply ``profile`` in a child killed after its k-th write; None, or why it was not killed."""
         child = os.fork()
@@ -138,21 +157,10 @@ def run_relabel(workdir: Path, profiles: Path) -> dict[str, object]:
     n = Node(workdir, "relabel")
     day, moved = profiles / "day.yaml", workdir / "day-training.yaml"
     moved.write_text(day.read_text().replace("owner: notebooks", "owner: training"))
-    Applier(sim_backend(n.state, FLEET), n.sdir).apply(load_profile(day))
-    caps.enable(StateStore(n.state), n.root)
-    ap, ac, be = n.fresh()
-    ac.reconcile()
-    snapshot, labels = n.state.read_bytes(), (n.sdir / "owners.json").read_bytes()
-    total = n.cuts(moved)
     failures: list[str] = []
-    for k in range(1, total + 1):
-        n.restore(snapshot, labels)
-        why = n.killed_at(k, moved)
-        if why is not None:
-            failures.append(f"relabel k={k}: not killed ({why})")
-            continue
+    for k in n.each_cut(day, moved, "relabel", failures):
         begun = (n.sdir / "journal.json").exists()  # the relabel had begun: recovery finishes it
-        now, check, _ = n.fresh()
+        now, check, be = n.fresh()
         labelled_b = {s for s, o in now.owners.load().get(be.gpu(0).uuid, {}).items() if o == "training"}
         leaked = sorted(s for (_, s), open_ in _open_to(n.root, be, n.a.gr_gid).items() if open_ and s in labelled_b)
         if leaked:
@@ -164,29 +172,19 @@ def run_relabel(workdir: Path, profiles: Path) -> dict[str, object]:
             failures.append(f"relabel k={k}: after recovery not every instance is {winner.gr_name}'s alone")
         if (n.sdir / "journal.json").exists():
             failures.append(f"relabel k={k}: journal left behind")
-    return {"fleet": FLEET, "transition": "day: notebooks->training", "mutations": total, "scenarios": total,
+        be.close()
+    return {"fleet": FLEET, "transition": "day: notebooks->training", "mutations": n.total, "scenarios": n.total,
             "failures": failures}
 
 
 def run_recut(workdir: Path, profiles: Path) -> dict[str, object]:
     """day (notebooks: team A) to night (training: team B) with access by owner, killed at every write."""
     n = Node(workdir, "recut")
-    day, night = profiles / "day.yaml", profiles / "night.yaml"
-    Applier(sim_backend(n.state, FLEET), n.sdir).apply(load_profile(day))
-    caps.enable(StateStore(n.state), n.root)
-    ap, ac, be = n.fresh()
-    ac.reconcile()
-    before = set(_open_to(n.root, be, n.a.gr_gid))
-    snapshot, labels = n.state.read_bytes(), (n.sdir / "owners.json").read_bytes()
-    total = n.cuts(night)
     failures: list[str] = []
-    for k in range(1, total + 1):
-        n.restore(snapshot, labels)
-        why = n.killed_at(k, night)
-        if why is not None:
-            failures.append(f"re-cut k={k}: not killed ({why})")
-            continue
-        now, check, _ = n.fresh()
+    before: set[tuple[int, int]] = set()
+    for k in n.each_cut(profiles / "day.yaml", profiles / "night.yaml", "re-cut", failures):
+        now, check, be = n.fresh()
+        before = before or {key for key, _ in _day_instances(n, profiles)}
         said = now.owners.load().get(be.gpu(0).uuid, {})
         made = {key for key, open_ in _open_to(n.root, be, n.a.gr_gid).items() if open_ and key not in before}
         made |= {key for key, open_ in _open_to(n.root, be, n.b.gr_gid).items()
@@ -203,9 +201,17 @@ def run_recut(workdir: Path, profiles: Path) -> dict[str, object]:
             failures.append(f"re-cut k={k}: after recovery neither day open to A alone nor night to B alone")
         if (n.sdir / "journal.json").exists():
             failures.append(f"re-cut k={k}: journal left behind")
-    be.close()
-    return {"fleet": FLEET, "transition": "day->night with access", "mutations": total, "scenarios": total,
+        be.close()
+    return {"fleet": FLEET, "transition": "day->night with access", "mutations": n.total, "scenarios": n.total,
             "failures": failures}
+
+
+def _day_instances(n: Node, profiles: Path) -> list[tuple[tuple[int, int], str]]:
+    """Day's instances on this GPU, by (GI profile id, placement start), planned afresh."""
+    ap, _, be = n.fresh()
+    plan = ap.plan(load_profile(profiles / "day.yaml"))[0]
+    be.close()
+    return [((t.gi_profile_id, t.placement.start), t.owner or "") for t in plan.targets]
 
 
 def run_access(workdir: Path, profiles: Path) -> list[dict[str, object]]:
