@@ -137,9 +137,9 @@ class AccessControl:
         try:
             driver, minors = self._driver()
             gpu_minor = self.reader.minor_number(index)
-            fresh = {n: m for n, m in gpu_caps(minors, gpu_minor).items() if driver.modify_on(n)}
-            for name, minor in fresh.items():
-                self._set(driver, name, minor, CLOSED)
+            for name in driver.present(gpu_minor):  # (the /proc tree, not every minor of the GPU)
+                if name in minors and driver.modify_on(name):
+                    self._set(driver, name, minors[name], CLOSED)
         except (AccessError, OSError, HardwareError) as e:
             raise HardwareError(f"GPU {index}: access control: a new instance's capability could not be kept "
                                 f"closed ({e})", gpu=index) from None

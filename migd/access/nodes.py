@@ -52,6 +52,12 @@ class Driver:
         """The driver has capability ``name`` now (its /proc file: made and removed with the instance)."""
         return os.path.lexists(self.paths.proc_file(name))
 
+    def present(self, gpu_minor: int) -> list[str]:
+        """The GPU's GI and CI capabilities the driver has now (their /proc files), by name."""
+        base = self.paths.proc_caps / f"gpu{gpu_minor}" / "mig"
+        return sorted(f"gpu{gpu_minor}/{p.relative_to(base)}" for pattern in ("gi*/access", "gi*/ci*/access")
+                      for p in base.glob(pattern))
+
     def modify_on(self, name: str) -> bool:
         """The capability exists and nvidia-modprobe may still set its node (a new one: nv-caps.c
         ``nv_cap_alloc`` starts it at ``NVreg_ModifyDeviceFiles``, 1 by default)."""
