@@ -114,8 +114,11 @@ class Node:
     def restore(self, snapshot: bytes, labels: bytes) -> None:
         self.state.write_bytes(snapshot)
         (self.sdir / "owners.json").write_bytes(labels)
-        for d in CapsPaths(self.root).proc_caps.glob("gpu*/mig/gi*"):  # the driver's /proc tree, as restored
+        paths = CapsPaths(self.root)
+        for d in paths.proc_caps.glob("gpu*/mig/gi*"):  # the driver's /proc tree, as restored
             shutil.rmtree(d)
+        for node in paths.dev.iterdir():  # no node but those the reconcile below makes (as after a boot)
+            node.unlink()
         with StateStore(self.state).transaction() as s:
             s.caps_synced = []
             caps.sync(s)

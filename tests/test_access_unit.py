@@ -82,7 +82,7 @@ def test_the_dev_interface_grants_owners_and_keeps_nvidia_modprobe_off(tree: tup
     for f in gi_files:
         name = f"gpu0/{f.parent.name}/access"
         assert modes({name: paths.node(minors[name])})[name] == (0, gid, 0o440)
-        assert f.read_text() == "DeviceFileModify: 0\n"  # the MIG guide's procedure: nvidia-modprobe keeps off
+        assert "DeviceFileModify: 0" in f.read_text()  # the MIG guide's procedure: nvidia-modprobe keeps off
     untouched = paths.node(minors["gpu0/gi0/access"])  # a GI id nothing uses: no node, or root's alone
     assert not untouched.exists() or modes({"x": untouched})["x"] == (0, 0, 0o400)
     config = paths.node(minors["config"])  # config is never opened up
@@ -237,15 +237,20 @@ def test_a_deleted_group_closes_its_instances_and_its_gid_goes_to_nobody(tree: t
             subprocess.run(["groupdel", g], capture_output=True)
 
 
-def _hold(path: Path) -> int:
-    """A child process (another user's, in spirit) holding ``path`` open until killed: a CUDA
-    program's handle on a capability node.  O_PATH: the simulated node has no driver behind it, and
-    the kernel's stat of the fd names the node's device either way."""
+def _hold(path: Path, uid: int = 61001, gid: int | None = None) -> int:
+    """A child process of team A's user (in group ``gid``, A's by default) holding ``path`` open until
+    killed: a CUDA program's handle on a capability node.  O_PATH, opened before it drops root: the
+    simulated node has no driver behind it, and the kernel's stat of the fd names the node's device
+    either way (root's own holders cross no team and are not counted)."""
+    gid = two_groups()[0].gr_gid if gid is None else gid
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(r)
         os.open(path, os.O_PATH)
+        os.setgroups([gid])
+        os.setgid(gid)
+        os.setuid(uid)
         os.write(w, b"x")
         signal.pause()
         os._exit(0)
@@ -326,8 +331,8 @@ def test_a_group_change_waits_for_the_handles_the_old_group_holds(tree: tuple[Mi
     try:
         ac.policy = replace(ac.policy, owners={"notebooks": Grant(b.gr_name)})
         errors = ac.reconcile()
-        assert len(errors) == 1 and f"while pids {holder} hold its capability nodes: closed to all but root" \
-            in errors[0], errors
+        assert len(errors) == 1 and f"pids {holder} hold its capability nodes but are not among its owner's " \
+            "accounts: closed to all but root until they let go" in errors[0], errors
         assert modes({"n": node})["n"] == (0, 0, 0o400)
         others = [CapsPaths(root).node(read_minors(CapsPaths(root).mig_minors)[f"gpu0/gi{g.id}/access"])
                   for g in applier.backend.list_gpu_instances(0)]
@@ -337,3 +342,38 @@ def test_a_group_change_waits_for_the_handles_the_old_group_holds(tree: tuple[Mi
         os.kill(holder, 9)
         os.waitpid(holder, 0)
     assert ac.reconcile() == [] and modes({"n": node})["n"] == (0, b.gr_gid, 0o440)
+
+
+def test_a_handle_taken_before_migd_closed_a_new_instance_keeps_it_from_its_owner(tree: tuple[Migctl, Path]) -> None:
+    """The moment after the driver makes an instance, while its capability still says
+    DeviceFileModify: 1, a CUDA program of another team can have nvidia-modprobe make the node 0444
+    and open it (here: night applied with no access control at all, and team A's user runs first).
+    migd cannot take that handle back, so it does not open the instance to its owner while a
+    process outside the owner's accounts holds it: closed to all but root, said with the pid, and
+    opened to the owner once the process has let go.  Root's own holders are not strangers."""
+    from tests.test_access import USER_A, USER_B, reap, run_cuda
+    m, root = tree
+    a, b = two_groups()
+    caps.enable(StateStore(m.state), root)
+    assert m("apply", str(PROFILES / "night.yaml")).code == 0  # one 7g for training, no access control yet
+    mig = next(iter(caps.mig_devices(root)))
+    sneaker, code, err = run_cuda(root, USER_A, a.gr_gid, mig, seconds=60)
+    assert code == -1, err  # nvidia-modprobe made the node world-readable, and team A got in
+    root_pid, code, err = run_cuda(root, 0, 0, mig, seconds=60)
+    assert code == -1, err
+    backend = sim_backend(m.state, m.fleet)
+    OPENED.append(backend)
+    ac = AccessControl(AccessPolicy({"training": Grant(b.gr_name)}, Unowned.ROOT, CapsPaths(root)), backend,
+                       Applier(backend, m.state_dir).owners.load)
+    try:
+        errors = ac.reconcile()
+        assert errors == [f"GPU 0: GI 0: pids {sneaker} hold its capability nodes but are not among its owner's "
+                          "accounts: closed to all but root until they let go"], errors
+        assert run_cuda(root, USER_B, b.gr_gid, mig)[1] == 100  # the owner waits, the stranger cannot be stopped
+    finally:
+        reap(sneaker)
+    assert ac.reconcile() == []  # root's program still holds the node: no stranger
+    pid, code, err = run_cuda(root, USER_B, b.gr_gid, mig, seconds=30)
+    assert code == -1, err
+    reap(pid)
+    reap(root_pid)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from migd.access.holders import holders
+from migd.access.holders import Holder, holders
 from migd.access.nodes import AccessError, Driver
 from migd.access.policy import CLOSED, AccessPolicy, NodeMode, Resolved
 from migd.hardware.caps import caps_major, ci_cap, gi_cap, gpu_caps, read_minors, uses_devfs
@@ -53,7 +53,6 @@ class AccessControl:
     changes: int = 0  # capability nodes changed since start (metrics)
     failures: dict[int, list[str]] = field(default_factory=dict)  # GPU index -> its nodes not set (now)
     missing: Mapping[str, str] = field(default_factory=dict)  # owner -> its group or user that is gone
-    waiting: set[str] = field(default_factory=set)  # capabilities held back from new accounts (_held_back)
 
     @property
     def errors(self) -> list[str]:
@@ -96,10 +95,15 @@ class AccessControl:
         return out
 
     def held(self, index: int) -> dict[int, dict[int, tuple[int, ...]]]:
-        """The GPU's instances whose capability nodes some process holds open (``holders.py``): GI id ->
-        CI id (-1: the GI's own capability) -> pids.  Such an instance is busy even when NVML lists no
-        process on it: destroying it for one that may reuse its ids, or giving it to another owner,
-        would leave that process a working handle on another team's instance.  Unreadable: none."""
+        """The GPU's instances whose capability nodes a process other than root holds open
+        (``holders.py``): GI id -> CI id (-1: the GI's own capability) -> pids.  Such an instance is
+        busy even when NVML lists no process on it: destroying it for one that may reuse its ids, or
+        giving it to another owner, would leave that process a working handle on another team's
+        instance.  Unreadable: none."""
+        return {gi: {ci: tuple(h.pid for h in hs) for ci, hs in by_ci.items()}
+                for gi, by_ci in self._holders(index).items()}
+
+    def _holders(self, index: int) -> dict[int, dict[int, tuple[Holder, ...]]]:
         try:
             driver, minors = self._driver()
             gpu_minor = self.reader.minor_number(index)
@@ -111,10 +115,10 @@ class AccessControl:
             dev[os.makedev(driver.major, minors[gi_cap(gpu_minor, gi.id)])] = (gi.id, -1)
             for ci in gi.compute_instances:
                 dev[os.makedev(driver.major, minors[ci_cap(gpu_minor, gi.id, ci.id)])] = (gi.id, ci.id)
-        out: dict[int, dict[int, tuple[int, ...]]] = {}
-        for rdev, pids in holders(dev).items():
+        out: dict[int, dict[int, tuple[Holder, ...]]] = {}
+        for rdev, found in holders(dev).items():
             gi_id, ci_id = dev[rdev]
-            out.setdefault(gi_id, {})[ci_id] = pids
+            out.setdefault(gi_id, {})[ci_id] = found
         return out
 
     def close_gpu(self, index: int) -> None:
@@ -165,26 +169,26 @@ class AccessControl:
 
     def _held_back(self, driver: Driver, minors: dict[str, int], gpu_minor: int, wanted: dict[str, NodeMode],
                    index: int) -> list[str]:
-        """An instance whose grant moves to accounts its node did not admit (an owner moved to another
-        group by a reload) while a process holds its nodes: that handle would reach the new accounts'
-        instance, so it stays closed until the process lets go (``wanted`` is changed in place)."""
-        moving = set()
-        for name, want in wanted.items():
-            now = _admits(_current(driver.paths.node(minors[name])) or CLOSED)
-            if _admits(want) - now and (now or name in self.waiting):  # (closed by this rule: still moving)
-                moving.add(name)
-        self.waiting -= {n for n in self.waiting if n.startswith(f"gpu{gpu_minor}/")}
-        if not moving:
+        """An instance about to be opened to accounts its nodes do not admit now (a new instance, a
+        relabel, an owner moved to another group by a reload) while a process those accounts do not
+        include holds one of its nodes (a handle from before, or one nvidia-modprobe let through in the
+        moment after the driver made the instance): that process would share the new owner's
+        instance, so the instance stays closed to all but root until it lets go (``wanted`` is
+        changed in place; said, with the pids)."""
+        opening = {name for name, want in wanted.items()
+                   if want != CLOSED and _current(driver.paths.node(minors[name])) != want}
+        if not opening:
             return []
         out = []
-        for gi, by_ci in self.held(index).items():
+        for gi, by_ci in self._holders(index).items():
             names = {n for n in wanted if n.startswith(f"gpu{gpu_minor}/gi{gi}/")}
-            if names & moving:
+            want = wanted.get(gi_cap(gpu_minor, gi), CLOSED)
+            strangers = sorted({h.pid for hs in by_ci.values() for h in hs if not h.admitted(want.uid, want.gid,
+                                                                                             want.mode)})
+            if names & opening and strangers:
                 wanted.update(dict.fromkeys(names, CLOSED))
-                self.waiting |= names & moving
-                pids = ",".join(map(str, sorted({p for ps in by_ci.values() for p in ps})))
-                out.append(f"GPU {index}: GI {gi}: its grant changes while pids {pids} hold its capability nodes: "
-                           "closed to all but root until they let go")
+                out.append(f"GPU {index}: GI {gi}: pids {','.join(map(str, strangers))} hold its capability nodes "
+                           "but are not among its owner's accounts: closed to all but root until they let go")
         return out
 
     def reconcile(self) -> list[str]:
@@ -243,18 +247,6 @@ def _current(node: Path) -> NodeMode | None:
     except FileNotFoundError:
         return None
     return NodeMode(st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode))
-
-
-def _admits(mode: NodeMode) -> set[tuple[str, int]]:
-    """The accounts other than root a node mode lets open it."""
-    out = set()
-    if mode.mode & 0o400 and mode.uid:
-        out.add(("user", mode.uid))
-    if mode.mode & 0o040 and mode.gid:
-        out.add(("group", mode.gid))
-    if mode.mode & 0o004:
-        out.add(("all", 0))
-    return out
 
 
 def _not_closed(index: int, why: str) -> HardwareError:
