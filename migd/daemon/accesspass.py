@@ -14,7 +14,7 @@ from migd.api.access import AccessView
 from migd.apply.executor import Applier
 from migd.daemon.config import Config
 from migd.errors import ValidationError
-from migd.hardware.caps import uses_devfs
+from migd.hardware.caps import registry_modify, uses_devfs
 from migd.hardware.ports import GpuBackend
 
 log = logging.getLogger("migd")
@@ -39,6 +39,12 @@ def access_control(config: Config, backend: GpuBackend, applier: Applier) -> Acc
                         ", ".join(unmapped), "open to all" if s.policy.unowned is Unowned.OPEN else "root's only")
     if not uses_devfs(s.policy.paths):  # refused, not worked around: see PROC_INTERFACE
         raise ValidationError(config.path, None, None, "access", PROC_INTERFACE)
+    if registry_modify(s.policy.paths) != 0:
+        log.warning("access by owner: the driver's ModifyDeviceFiles is 1 (NVreg_ModifyDeviceFiles): for the moment "
+                    "between the driver making an instance and migd closing it, any user's CUDA program can have "
+                    "nvidia-modprobe open its node; migd keeps such an instance from its owner while that process "
+                    "holds it. Loading the nvidia module with NVreg_ModifyDeviceFiles=0 closes that moment "
+                    "(docs/users.md)")
     control = AccessControl(s.policy, backend, applier.owners.load)
     applier.access = control
     return control

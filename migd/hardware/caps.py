@@ -125,6 +125,20 @@ def uses_devfs(paths: CapsPaths) -> bool:
         return True
 
 
+def registry_modify(paths: CapsPaths) -> int:
+    """The registry's ``ModifyDeviceFiles`` (``NVreg_ModifyDeviceFiles``: 1 unless the module was loaded
+    with it; what every new capability's ``DeviceFileModify`` starts as, nv-caps.c ``nv_cap_alloc``).
+    A registry that cannot be read is taken as the default, as nvidia-modprobe takes it."""
+    try:
+        for line in paths.params.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key == "ModifyDeviceFiles" and value.strip().isdigit():
+                return int(value)
+    except OSError:
+        pass
+    return 1
+
+
 def gpu_caps(minors: dict[str, int], gpu_minor: int) -> dict[str, int]:
     """Every GI and CI access capability of one GPU (by its device minor), name -> node minor."""
     prefix = f"gpu{gpu_minor}/"

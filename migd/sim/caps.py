@@ -61,7 +61,7 @@ import shutil
 import stat
 from pathlib import Path
 
-from migd.hardware.caps import CapsPaths, caps_major, ci_cap, gi_cap, read_minors, uses_devfs
+from migd.hardware.caps import CapsPaths, caps_major, ci_cap, gi_cap, read_minors, registry_modify, uses_devfs
 from migd.sim.devnodes import (
     CTL_MINOR,
     NVIDIA_MAJOR,
@@ -234,18 +234,6 @@ def _proc(path: Path, text: str) -> None:
 def _cap_text(minor: int, mode: int, modify: int) -> str:
     """What reading a capability's /proc file gives (nv-caps.c nv_cap_procfs_read)."""
     return f"DeviceFileMinor: {minor}\nDeviceFileMode: {mode}\nDeviceFileModify: {modify}\n"
-
-
-def registry_modify(paths: CapsPaths) -> int:
-    """The registry's ``ModifyDeviceFiles`` (``NVreg_ModifyDeviceFiles``, 1 unless set)."""
-    try:
-        for line in paths.params.read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key == "ModifyDeviceFiles" and value.strip().isdigit():
-                return int(value)
-    except FileNotFoundError:
-        pass
-    return 1
 
 
 _DRIVER_FORM = re.compile(r"DeviceFileMinor: -?\d+\nDeviceFileMode: -?\d+\nDeviceFileModify: -?\d+\n")
