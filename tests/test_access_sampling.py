@@ -1,16 +1,21 @@
 """Never a moment where a user reaches another team's instance: real non-root users sample every MIG
 instance of a real migd about a hundred times a second while its owners move.
 
-Three samplers, each a process with one user's credentials (team A's, team B's, and an outsider's
+Four samplers, each a process with one user's credentials (team A's, team B's, and two outsiders
 with no team), try to open both capability nodes of every instance the simulated driver lists, as
-the kernel decides (an open refused with EACCES is "not reached"; one that passes the permission
-check ends in ENXIO, the node having no driver behind it, and counts as reached).  Each reach is
-kept with its monotonic start and end.  The test then moves the instances between the teams, in the
-ways an owner changes: a day -> night switch (other instances, other owner), a reload that gives an
-owner's instances to another group, and a reload that relabels an owner-only change.  Between the
-moves, only the owning team may reach anything; across each move, per instance, every reach by the
-team giving it up ends before the first reach by the team receiving it begins; the outsider never
-reaches anything.  Needs root (mknod, setuid).
+the kernel decides; the second outsider runs a simulated CUDA program on each instance instead,
+which has nvidia-modprobe make or reset the nodes first, as libcuda does.  An open refused with
+EACCES is "not reached"; one that passes the permission check ends in ENXIO, the node having no
+driver behind it, and counts as reached.  Each reach is kept with its monotonic start and end.
+
+The test moves the instances between the teams in the ways an owner changes: a day -> night switch
+(other instances, other owner), a reload that gives an owner's instances to another group, and an
+owner-only change.  Between the moves, only the owning team may reach anything; across each move,
+per instance, every reach by the team giving it up ends before the first reach by the team receiving
+it; the outsider never reaches anything.  The CUDA-running outsider never gets in with the driver
+loaded with ``NVreg_ModifyDeviceFiles=0``; with the default 1 it can only in the moment between the
+driver making an instance and migd closing it (docs/users.md), never once an owner has it.  Needs
+root (mknod, setuid).
 """
 
 from __future__ import annotations
@@ -29,11 +34,12 @@ import pytest
 
 from migd.hardware.caps import CapsPaths, ci_cap, gi_cap, read_minors
 from migd.sim import caps
+from migd.sim.cuda import main as cuda_main
 from tests.daemon_harness import MigdProcess
 from tests.helpers import PROFILES, need_root
 from tests.test_access import USER_A, USER_B, caps_node, devices, node_modes, start_day, through_migd, two_groups
 
-OUTSIDER = 61003
+OUTSIDER, SNEAKER = 61003, 61004  # no team: one opens the nodes, the other runs CUDA programs (nvidia-modprobe)
 PERIOD_S = 0.01  # one round of every instance per user, about a hundred a second
 
 
@@ -53,8 +59,22 @@ def _reached(path: Path) -> bool:
     return True
 
 
-def _sample(root: Path, uid: int, gids: list[int], w: int) -> None:
-    """The sampler's body, in a forked child: drop to ``uid``/``gids``, then report every reach."""
+def _attached(root: Path, mig: str) -> bool:
+    """A simulated CUDA program on ``mig`` (nvidia-modprobe first, as libcuda runs it), as this user:
+    whether it got the device (it then runs ``true`` and ends)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+            cuda_main(["--caps-root", str(root), "--device", mig, "--", "true"])
+        finally:
+            os._exit(100)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
+def _sample(root: Path, uid: int, gids: list[int], w: int, cuda: bool) -> None:
+    """The sampler's body, in a forked child: drop to ``uid``/``gids``, then report every reach (by
+    opening the nodes, or with ``cuda`` by running a CUDA program on each device)."""
     os.setgroups(gids)
     os.setgid(gids[0] if gids else 65534)
     os.setuid(uid)
@@ -72,7 +92,8 @@ def _sample(root: Path, uid: int, gids: list[int], w: int) -> None:
                     continue
                 g, gi, ci = int(parts[1]), int(parts[2]), int(parts[3])
                 t0 = time.monotonic()
-                if _reached(paths.node(minors[gi_cap(g, gi)])) and _reached(paths.node(minors[ci_cap(g, gi, ci)])):
+                if _attached(root, parts[0]) if cuda else \
+                        _reached(paths.node(minors[gi_cap(g, gi)])) and _reached(paths.node(minors[ci_cap(g, gi, ci)])):
                     out.write(f"{t0} {time.monotonic()} {g} {gi} {ci}\n")
             time.sleep(PERIOD_S)
 
@@ -80,7 +101,7 @@ def _sample(root: Path, uid: int, gids: list[int], w: int) -> None:
 class Samplers:
     """One sampler process per user, and a thread per sampler collecting its reaches."""
 
-    def __init__(self, root: Path, users: dict[int, list[int]]) -> None:
+    def __init__(self, root: Path, users: dict[int, list[int]], cuda: frozenset[int] = frozenset()) -> None:
         self.reaches: list[Reach] = []
         self._lock = threading.Lock()
         self._pids: list[int] = []
@@ -91,7 +112,7 @@ class Samplers:
             if pid == 0:
                 os.close(r)
                 try:
-                    _sample(root, uid, gids, w)
+                    _sample(root, uid, gids, w, uid in cuda)
                 finally:
                     os._exit(0)
             os.close(w)
@@ -123,13 +144,18 @@ def teams() -> tuple[grp.struct_group, grp.struct_group]:
     return two_groups()
 
 
-@pytest.fixture
-def sampled(tmp_path: Path, teams: tuple[grp.struct_group, grp.struct_group]) \
+@pytest.fixture(params=[1, 0], ids=["ModifyDeviceFiles=1", "ModifyDeviceFiles=0"])
+def sampled(request: pytest.FixtureRequest, tmp_path: Path, teams: tuple[grp.struct_group, grp.struct_group]) \
         -> Iterator[tuple[MigdProcess, Path, Samplers]]:
+    """The node at day, sampled; the driver loaded with ``NVreg_ModifyDeviceFiles`` as the param says
+    (1, the default: a new capability's node is nvidia-modprobe's until migd closes it)."""
     a, b = teams
     with caps_node(tmp_path, teams) as (m, root):
+        params = CapsPaths(root).params
+        params.write_text(params.read_text().replace("ModifyDeviceFiles: 1", f"ModifyDeviceFiles: {request.param}"))
         start_day(m, root, a)
-        s = Samplers(root, {USER_A: [a.gr_gid], USER_B: [b.gr_gid], OUTSIDER: []})
+        s = Samplers(root, {USER_A: [a.gr_gid], USER_B: [b.gr_gid], OUTSIDER: [], SNEAKER: []},
+                     cuda=frozenset({SNEAKER}))
         try:
             yield m, root, s
         finally:
@@ -177,6 +203,12 @@ def test_no_user_ever_reaches_another_teams_instance(
         return ([who for who, since in marks if since <= t] or ["A"])[-1]
 
     assert not [r for r in reaches if r.user == OUTSIDER], "the outsider reached an instance"
+    sneaked = [r for r in reaches if r.user == SNEAKER]
+    if "ModifyDeviceFiles: 0" in CapsPaths(root).params.read_text():
+        assert not sneaked, "nvidia-modprobe let a stranger in although no new capability may be modified"
+    else:  # only in the moment after the driver made an instance, never once the owner has it
+        assert all(phase(r.t0) == phase(r.t1) == "moving" for r in sneaked), (sneaked, marks)
+    reaches = [r for r in reaches if r.user != SNEAKER]
     for r in reaches:  # between moves: only the owning team (a reach overlapping a move: judged below)
         during = phase(r.t0)
         assert during != phase(r.t1) or during == "moving" or users[during] == r.user, (r, marks)
