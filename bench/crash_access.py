@@ -32,7 +32,7 @@ from migd.access.policy import AccessPolicy, Grant, Unowned
 from migd.apply.executor import Applier
 from migd.hardware.caps import CapsPaths, ci_cap, gi_cap, read_minors
 from migd.profiles.loader import load_profile
-from migd.sim import caps
+from migd.sim import caps, caps_tree
 from migd.sim.backend import sim_backend
 from migd.sim.state import StateStore
 
@@ -121,7 +121,7 @@ class Node:
             node.unlink()
         with StateStore(self.state).transaction() as s:
             s.caps_synced = []
-            caps.sync(s)
+            caps_tree.sync(s)
         ap, ac, be = self.fresh()
         ac.reconcile()
         be.close()

@@ -25,7 +25,7 @@ import pytest
 
 from migd.api.control import request
 from migd.hardware.caps import CapsPaths, read_minors
-from migd.sim import caps
+from migd.sim import caps, caps_tree
 from migd.sim.cuda import main as cuda_main
 from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
@@ -139,7 +139,7 @@ def caps_node(tmp_path: Path, teams: tuple[grp.struct_group, grp.struct_group]) 
 def devices(root: Path) -> list[tuple[str, int, int, int]]:
     """(MIG UUID, GPU minor, GI, CI) of every MIG device, as the simulated driver lists them."""
     out = []
-    for line in (root / caps.DEVICES).read_text().splitlines():
+    for line in (root / caps_tree.DEVICES).read_text().splitlines():
         mig, gpu, gi, ci = line.split()
         out.append((mig, int(gpu), int(gi), int(ci)))
     return out

@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 from migd.hardware.caps import CapsPaths, ci_cap, gi_cap, read_minors
-from migd.sim import caps
+from migd.sim import caps_tree
 from migd.sim.cuda import main as cuda_main
 from tests.daemon_harness import MigdProcess
 from tests.helpers import PROFILES, need_root
@@ -83,7 +83,7 @@ def _sample(root: Path, uid: int, gids: list[int], w: int, cuda: bool) -> None:
     with os.fdopen(w, "w", buffering=1) as out:
         while True:
             try:
-                table = (root / caps.DEVICES).read_text().split("\n")
+                table = (root / caps_tree.DEVICES).read_text().split("\n")
             except OSError:
                 table = []
             for line in table:

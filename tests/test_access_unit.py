@@ -27,7 +27,7 @@ from migd.daemon.config import load_config
 from migd.errors import ValidationError
 from migd.hardware.caps import CapsPaths, read_minors
 from migd.hardware.ports import GpuBackend
-from migd.sim import caps
+from migd.sim import caps, caps_tree
 from migd.sim.backend import sim_backend
 from migd.sim.state import StateStore
 from migd.slurm.settings import SlurmSettings
@@ -356,7 +356,7 @@ def test_a_handle_taken_before_migd_closed_a_new_instance_keeps_it_from_its_owne
     a, b = two_groups()
     caps.enable(StateStore(m.state), root)
     assert m("apply", str(PROFILES / "night.yaml")).code == 0  # one 7g for training, no access control yet
-    mig = next(iter(caps.mig_devices(root)))
+    mig = next(iter(caps_tree.mig_devices(root)))
     sneaker, code, err = run_cuda(root, USER_A, a.gr_gid, mig, seconds=60)
     assert code == -1, err  # nvidia-modprobe made the node world-readable, and team A got in
     root_pid, code, err = run_cuda(root, 0, 0, mig, seconds=60)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from migd.hardware.caps import CapsPaths, caps_major, read_minors
-from migd.sim import caps, modprobe
+from migd.sim import caps, caps_claims, caps_tree, modprobe
 from migd.sim.backend import sim_backend
 from migd.sim.cuda import main as cuda_main
 from migd.sim.devnodes import capability_minors, mig_minors_text, sys_minors_text
@@ -67,7 +67,7 @@ def node(tmp_path: Path) -> Iterator[tuple[Migctl, Path]]:
 
 
 def first_device(root: Path) -> tuple[str, int, int, int]:
-    mig, (gpu, gi, ci) = next(iter(caps.mig_devices(root).items()))
+    mig, (gpu, gi, ci) = next(iter(caps_tree.mig_devices(root).items()))
     return mig, gpu, gi, ci
 
 
@@ -283,7 +283,7 @@ def test_a_cuda_program_has_its_nodes_made_and_keeps_them_open(node: tuple[Migct
             st = os.stat(f"/proc/{pid}/fd/{fd}")
             if stat.S_ISCHR(st.st_mode):
                 held[st.st_rdev] = fd
-        rdevs, _ = caps.held_devices(root, gpu, gi, ci)
+        rdevs, _ = caps_claims.held_devices(root, gpu, gi, ci)
         assert rdevs <= set(held) and len(rdevs) == 4
         nodes = {os.lstat(n).st_rdev: n for n in (paths.ctl_node, paths.gpu_node(gpu),
                                                    *(n for _, n in caps_of(root, gpu, gi, ci)))}
@@ -347,16 +347,16 @@ def test_a_claim_without_the_devices_held_is_not_counted(node: tuple[Migctl, Pat
             os.setgroups([GROUP])
             os.setgid(GROUP)
             os.setuid(USER)
-            (root / caps.CLAIMS / str(os.getpid())).write_text(f"{mig} 100\n")
+            (root / caps_claims.CLAIMS / str(os.getpid())).write_text(f"{mig} 100\n")
             os.execvp("sleep", ["sleep", "30"])
         finally:
             os._exit(1)
     try:
         deadline = time.monotonic() + 10
-        while not (root / caps.CLAIMS / str(pid)).exists() and time.monotonic() < deadline:
+        while not (root / caps_claims.CLAIMS / str(pid)).exists() and time.monotonic() < deadline:
             time.sleep(0.02)
         assert pid not in counted(m)
-        assert not (root / caps.CLAIMS / str(pid)).exists()  # the claim is dropped
+        assert not (root / caps_claims.CLAIMS / str(pid)).exists()  # the claim is dropped
     finally:
         reap(pid)
 
@@ -398,7 +398,7 @@ def test_device_minors_are_not_nvml_indices(tmp_path: Path) -> None:
         assert {p.name for p in paths.proc_caps.iterdir()} >= {f"gpu{x}" for x in minors}
         gi = gpu0.gis[0].id
         assert paths.proc_file(f"gpu2/gi{gi}/access").exists() and not (paths.proc_caps / f"gpu0/mig/gi{gi}").exists()
-        mig, (gpu, got_gi, ci) = next(iter(caps.mig_devices(root).items()))
+        mig, (gpu, got_gi, ci) = next(iter(caps_tree.mig_devices(root).items()))
         assert (gpu, got_gi) == (2, gi)
         pid, code, err = run_cuda(root, mig)
         try:

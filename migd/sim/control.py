@@ -11,7 +11,7 @@ import os
 
 import pynvml
 
-from migd.sim.caps import sync as sync_caps
+from migd.sim.caps_tree import sync as sync_caps
 from migd.sim.entry import proc_start_time, reap
 from migd.sim.state import SimFault, SimGpu, SimProcess, SimState, StateStore
 

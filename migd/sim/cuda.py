@@ -12,7 +12,7 @@ with the deprecated /proc interface the /proc files are opened instead).  When t
 CUDA sees no device ("no CUDA-capable device is detected", CUDA_ERROR_NO_DEVICE, exit 100; the exact
 wording a real driver gives for a refused capability is not documented).
 
-How a node is opened (``migd.sim.caps`` says why): ``O_PATH|O_NOFOLLOW`` pins the very inode (a
+How a node is opened (``migd.sim.caps_claims`` says why): ``O_PATH|O_NOFOLLOW`` pins the very inode (a
 symbolic link is refused as ``O_NOFOLLOW`` refuses it: ELOOP), ``fstat`` checks it is the expected
 character device, and the kernel then opens that inode for real through ``/proc/self/fd`` (its whole
 permission check: owner, group, mode, a nodev mount, the device cgroup).  No driver of this machine has
@@ -34,8 +34,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from migd.hardware.caps import CapsPaths, caps_major, ci_cap, gi_cap, read_minors, uses_devfs
-from migd.sim import modprobe
-from migd.sim.caps import CLAIMS, mig_devices
+from migd.sim import modprobe, modprobe_rules
+from migd.sim.caps_claims import CLAIMS
+from migd.sim.caps_tree import mig_devices
 from migd.sim.devnodes import CTL_MINOR
 
 NO_DEVICE = 100  # CUDA_ERROR_NO_DEVICE
@@ -99,7 +100,7 @@ def attach(root: Path, device: str) -> str | None:
     names = (gi_cap(gpu, gi), ci_cap(gpu, gi, ci))
     for args in (["-c", str(CTL_MINOR)], ["-c", str(gpu)], *(["-f", str(paths.proc_file(n))] for n in names)):
         modprobe.request(root, args)  # (its exit status is not CUDA's concern: the opens below are)
-    nv = modprobe.nvidia_get_chardev_major(paths, "nvidia")
+    nv = modprobe_rules.nvidia_get_chardev_major(paths, "nvidia")
     for node, minor in ((paths.ctl_node, CTL_MINOR), (paths.gpu_node(gpu), gpu)):
         why = open_node(node, nv, minor, os.O_RDWR)
         if why is not None:

@@ -31,8 +31,8 @@ from typing import Any
 import pynvml
 
 from migd.sim import entry_board, entry_devices, entry_instances, entry_telemetry
-from migd.sim.caps import adopt_claims
-from migd.sim.caps import sync as sync_caps
+from migd.sim.caps_claims import adopt_claims
+from migd.sim.caps_tree import sync as sync_caps
 from migd.sim.cmem import Handles, Memory, Ref
 from migd.sim.entry import ANY_MUTATION, Export, proc_start_time, reap_processes
 from migd.sim.gpu import NvmlFail, SimGpu
