@@ -65,6 +65,7 @@ class Applier:
         self._progress: Callable[[], None] | None = None
         self._faults: FaultGate | None = None
         self.access: AccessGate | None = None  # access by owner (migd's config): closed, changed, opened
+        self._unnoted: list[str] = []  # journal updates that could not be written (said if the journal stays)
 
     def lock(self, timeout_s: float = 0.0) -> ApplyLock:
         return ApplyLock(self.state_dir / "apply.lock", timeout_s)
@@ -185,6 +186,7 @@ class Applier:
             settled = len(results) == len(plans) and all(r.status in SETTLED_STATUS for r in results)
             if settled or not self.journal.touched():
                 self.journal.finish()
+            self._say_unnoted()
             ok = bool(results) and all(r.status is GpuStatus.APPLIED for r in results)
             opts.hooks.run("apply-exit", {**env, "MIGD_RESULT": "success" if ok else "failure"})
         return results
@@ -222,6 +224,7 @@ class Applier:
                 self._note(p.gpu.uuid, status=Step.ROLLED_BACK, error=why)
                 results.append(GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.ROLLED_BACK, 0, why))
         self.journal.finish()
+        self._say_unnoted()
         return results
 
     def _forward(self, gpu: GpuInfo, after: dict[int, str], before: Mapping[int, str] | None = None) -> GpuResult:
@@ -285,9 +288,9 @@ class Applier:
             return self._rollback(plan.gpu, *before, CANCELLED, t0, GpuStatus.CANCELLED)
         except (HardwareError, OSError) as e:  # OSError: the journal or labels cannot be written (disk full)
             why = str(e) if isinstance(e, HardwareError) else f"cannot write the journal: {e.strerror or e}"
-            # INFO: the outcome (rolled back, or a CRITICAL failed rollback) is reported once by whoever
-            # reports the apply (migctl's table, migd's log of the result)
-            log.info("GPU %d: apply failed (%s); rolling back to the previous layout", i, why)
+            # DEBUG: the outcome (rolled back, or a CRITICAL failed rollback) is reported once, with its
+            # cause, by whoever reports the apply (migctl's table, migd's one line per attempt)
+            log.debug("GPU %d: apply failed (%s); rolling back to the previous layout", i, why)
             result = self._rollback(plan.gpu, *before, why, t0)
             if isinstance(e, GpuFaulted) and result.status is GpuStatus.ROLLED_BACK:
                 result.status = GpuStatus.FAULTED  # stopped before a change: the GPU is as it was
@@ -320,18 +323,25 @@ class Applier:
             log.error("GPU %d: %s", gpu.index, e)
             return GpuResult(gpu.index, gpu.uuid, GpuStatus.FAILED, 0, f"{why}; {e}", time.monotonic() - t0)
         self._note(gpu.uuid, status=Step.ROLLED_BACK, error=why)
-        log.info("GPU %d: back on its previous layout", gpu.index)
+        log.debug("GPU %d: back on its previous layout", gpu.index)
         return GpuResult(gpu.index, gpu.uuid, status, 0, why, time.monotonic() - t0)
 
     def _note(self, uuid: str, **fields: object) -> None:
-        """Record a GPU's outcome in the journal; a failed write is logged: the file on disk still
-        names the GPU as unfinished, so the worst case is a rollback that finds nothing to do."""
+        """Record a GPU's outcome in the journal.  A failed write matters only while the journal is kept
+        (the file then names the GPU as it was before): it is said then (:meth:`_say_unnoted`), not when
+        the apply settles and drops the journal (a full disk would otherwise add a line to every attempt)."""
         if not self.journal.data:
             return
         try:
             self.journal.update(uuid, **fields)
         except OSError as e:
-            log.error("cannot update the journal %s: %s", self.journal.path, e)
+            self._unnoted.append(f"cannot update the journal {self.journal.path}: {e}")
+
+    def _say_unnoted(self) -> None:
+        if self.journal.exists():
+            for msg in self._unnoted:
+                log.error("%s", msg)
+        self._unnoted.clear()
 
     def _set_owners(self, uuid: str, owners: dict[int, str]) -> None:
         """HardwareError when they cannot be written: the change is then rolled back (its instances
@@ -357,7 +367,10 @@ class Applier:
 
     def recover_locked(self) -> list[GpuResult]:
         """Resolve a journal left by a process that died mid-apply (``recovery.recover``)."""
-        return recover(self.journal, self.backend, self._rollback, self._recover_forward)
+        try:
+            return recover(self.journal, self.backend, self._rollback, self._recover_forward)
+        finally:
+            self._say_unnoted()
 
 
 def before_of(p: GpuPlan) -> DesiredLayout:
