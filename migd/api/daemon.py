@@ -76,9 +76,13 @@ class GpuProgress:
     since: float  # Unix time this progress began
     reason: str = ""
     logged: float = 0.0  # a wait: when it was last logged (start, change, then at a bounded rate)
+    failures: int = 0  # failed: attempts in a row that failed (the backoff's count)
+    failed_at: float | None = None  # failed: Unix time of the latest of them
+    next_try: float | None = None  # failed: Unix time the change is tried again (the backoff's end)
 
     def view(self) -> GpuView:
-        return GpuView(self.uuid, self.progress, self.since, self.reason or None)
+        return GpuView(self.uuid, self.progress, self.since, self.reason or None, self.failures or None,
+                       self.failed_at, self.next_try)
 
 
 @dataclass(frozen=True)
@@ -233,10 +237,16 @@ class Blocked:
 
 @dataclass(frozen=True)
 class GpuView:
+    """``failures``, ``failed_at`` and ``next_try`` only for a failed GPU waiting out its backoff (added in
+    v1 with the backoff; left out otherwise)."""
+
     uuid: str
     state: Progress
     since: float
     reason: str | None
+    failures: int | None = field(default=None, metadata=OMIT_NONE)
+    failed_at: float | None = field(default=None, metadata=OMIT_NONE)
+    next_try: float | None = field(default=None, metadata=OMIT_NONE)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """The daemon's loop: one pass at start, then a pass whenever a transition fires, the reconcile
-interval passes, NVML reports a MIG change, a reload takes, or a waiting GPU is due another look.
+interval passes, NVML reports a MIG change, a reload takes, a waiting GPU is due another look, or a
+GPU whose change failed is due its next try.
 
 Level-triggered (see service.py): each pass decides from the time it runs, so the loop only has to
 decide when to look, never what to do.
@@ -36,7 +37,8 @@ def run(d: Daemon) -> None:
             d.config_changed.clear()
             due = True
         fired = until_next_s(d) == 0.0
-        if due or fired or d.status.blocked_since is not None or d.slurm_pending or d.planning_due:
+        retry = d.retries.due_in_s() == 0.0  # a failed GPU's backoff ended (its next try is this pass)
+        if due or fired or retry or d.status.blocked_since is not None or d.slurm_pending or d.planning_due:
             d.reconcile("transition" if fired else "reconcile")
             last = time.monotonic()
     d.notifier.stopping()
@@ -60,6 +62,9 @@ def sleep_s(d: Daemon) -> float:
     since = d.status.blocked_since
     if since is not None:  # retry a blocked GPU, backing off from 1 s to 30 s
         waits.append(min(30.0, max(1.0, (time.time() - since) / 10)))
+    retry = d.retries.due_in_s()
+    if retry is not None:  # a GPU whose change failed is tried again when its backoff ends
+        waits.append(retry)
     if d.slurm_pending:  # Slurm has not confirmed the node's resume: ask again soon
         waits.append(SLURM_RETRY_S)
     if d.slurm is not None and d.slurm.demand is not None and d.slurm.demand.planning:

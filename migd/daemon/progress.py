@@ -13,53 +13,55 @@ from collections.abc import Callable
 
 from migd.api.daemon import GpuProgress, Progress, Status
 from migd.apply.result import ApplyResult, GpuResult, GpuStatus
+from migd.daemon.retry import Failure
 from migd.hardware.inventory import Unreadable
-from migd.plan.planner import GpuPlan, layout_text, summary
+from migd.plan.planner import GpuPlan
 
 log = logging.getLogger("migd")
 REPEAT_S = 600.0  # a wait past busy_timeout is logged again at most this often
 _SET_ASIDE = (Progress.FAULTED, Progress.LOST, Progress.UNREADABLE)
 
 
-def log_drift(profile: str, plans: list[GpuPlan], then: str) -> None:
-    """Drift said as drift, with what changed: what each GPU holds and what the profile wants."""
-    for p in plans:
-        if p.changes:
-            log.warning("drift on GPU %d: it holds %s, profile %s wants %s; %s", p.gpu.index, layout_text(p.current,
-                        p.gpu), profile, summary(p.desired.instances) if p.desired.mig else "MIG disabled", then)
-
-
 _BY_STATUS = {GpuStatus.APPLIED: Progress.CONVERGED, GpuStatus.UNCHANGED: Progress.CONVERGED,
               GpuStatus.BLOCKED: Progress.WAITING, GpuStatus.FAULTED: Progress.FAULTED}
 
 
-def judge(plan: GpuPlan, result: GpuResult | None) -> tuple[Progress, str]:
-    if result is None:  # not applied: nothing to do, or drift only reported
-        return (Progress.DRIFTED if plan.changes else Progress.CONVERGED), ""
+def judge(plan: GpuPlan, result: GpuResult | None, failure: Failure | None = None) -> tuple[Progress, str]:
+    """``failure``: the GPU's failed change to this layout, if it has one (it waits out its backoff)."""
+    if result is None:  # not applied: nothing to do, drift only reported, or a failed change waiting its turn
+        if not plan.changes:
+            return Progress.CONVERGED, ""
+        return (Progress.FAILED, failure.cause) if failure else (Progress.DRIFTED, "")
     return _BY_STATUS.get(result.status, Progress.FAILED), result.error or ""
 
 
 class Tracker:
-    """Keeps ``status.gpus`` (``busy_timeout_s``: real seconds after which a wait is an error)."""
+    """Keeps ``status.gpus`` (``busy_timeout_s``: real seconds after which a wait is an error; ``failure``:
+    a GPU's failed change to a plan's layout, and its backoff)."""
 
-    def __init__(self, status: Status, busy_timeout_s: Callable[[], float]) -> None:
+    def __init__(self, status: Status, busy_timeout_s: Callable[[], float],
+                 failure: Callable[[GpuPlan], Failure | None] = lambda p: None) -> None:
         self.status = status
         self.busy_timeout_s = busy_timeout_s
+        self.failure = failure
 
     def update(self, name: str, plans: list[GpuPlan], result: ApplyResult | None,
                unreadable: list[Unreadable] | tuple[Unreadable, ...] = ()) -> None:
         now = time.time()
         by_index = {r.index: r for r in result.results} if result else {}
-        judged = {p.gpu.index: (p.gpu.uuid, *judge(p, by_index.get(p.gpu.index))) for p in plans}
+        judged = {p.gpu.index: (p.gpu.uuid, *judge(p, by_index.get(p.gpu.index), f := self.failure(p)), f)
+                  for p in plans}
         for u in unreadable:  # the UUID as last known: NVML cannot say it now
             old_uuid = self.status.gpus[u.index].uuid if u.index in self.status.gpus else ""
-            judged[u.index] = (old_uuid, Progress.LOST if u.lost else Progress.UNREADABLE, u.error)
+            judged[u.index] = (old_uuid, Progress.LOST if u.lost else Progress.UNREADABLE, u.error, None)
         new: dict[int, GpuProgress] = {}
-        for i, (uuid, progress, reason) in sorted(judged.items()):
+        for i, (uuid, progress, reason, f) in sorted(judged.items()):
             old = self.status.gpus.get(i)
             same = old is not None and old.progress is progress
             new[i] = GpuProgress(uuid, progress, old.since if old and same else now, reason,
                                  old.logged if old and same else now)
+            if f is not None and progress is Progress.FAILED:
+                new[i].failures, new[i].failed_at, new[i].next_try = f.count, f.last, f.next_try
             self._log(i, name, old, new[i], now)
         self.status.gpus = new
 

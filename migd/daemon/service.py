@@ -26,7 +26,6 @@ from migd.api.demand import Source
 from migd.api.override import OverrideStore
 from migd.apply.executor import Applier
 from migd.apply.planning import touched
-from migd.apply.relabel import relabelled
 from migd.apply.result import ApplyOptions, ApplyResult, BusyError, Flag, GpuStatus, OnBusy
 from migd.daemon.accesspass import access_control
 from migd.daemon.accesspass import view as access_view
@@ -34,8 +33,9 @@ from migd.daemon.clock import Clock
 from migd.daemon.config import Config, ReconcileMode, restart_only
 from migd.daemon.hwlock import HardwareLock
 from migd.daemon.override import hold, rehold
-from migd.daemon.progress import Tracker, log_drift
+from migd.daemon.progress import Tracker
 from migd.daemon.requests import Reloaded, Resumed
+from migd.daemon.retry import Choice, Retries, choose
 from migd.daemon.schedule import Entry
 from migd.daemon.sdnotify import Notifier
 from migd.daemon.slurmpass import Lent, slurm_switch
@@ -57,17 +57,6 @@ log = logging.getLogger("migd")
 REFUSALS = EXPECTED
 
 
-def _drifted(profile: str, plans: list[GpuPlan], reason: str, correct: bool) -> list[GpuPlan]:
-    """The plans a pass applies: drift said as drift; where it is only reported, the GPUs whose
-    layout holds (their owner-only changes go ahead alone)."""
-    if not correct:
-        log_drift(profile, plans, "reconcile: report, not corrected")
-        return [p for p in plans if not p.changes]
-    if reason == "reconcile":  # nothing fired: the GPUs were changed behind migd's back
-        log_drift(profile, plans, "correcting it")
-    return plans
-
-
 class Daemon:
     def __init__(self, config: Config, backend: GpuBackend, state_dir: Path, clock: Clock,
                  notifier: Notifier | None = None,
@@ -81,7 +70,8 @@ class Daemon:
         self.overrides = OverrideStore(Path(state_dir) / "override.json")
         self.status = Status(config_path=config.path, timezone=config.timezone, override=self.overrides.load(),
                              profile_names=tuple(sorted(config.profiles)), busy_timeout_s=config.busy_timeout_s)
-        self.progress = Tracker(self.status, lambda: self.clock.real(self.config.busy_timeout_s))
+        self.retries = Retries(clock.real)  # GPUs whose change failed: left alone until their next try
+        self.progress = Tracker(self.status, lambda: self.clock.real(self.config.busy_timeout_s), self.retries.failure)
         self.heartbeat = Heartbeat()  # progress marks; the watchdog thread feeds systemd while they come
         self.lock = threading.RLock()  # the decision lock: one pass or control request at a time
         self.hw_lock = HardwareLock()  # NVML's turns: the sampler and fault watch share it; Slurm waits let go
@@ -148,9 +138,11 @@ class Daemon:
         nxt = self._derive_next()
         if self.slurm is not None:
             self.slurm.reserve_ahead(nxt[0] if nxt else None)
+        self.retries.woke()
         if profile is None:
             log.info("no profile is active yet (no schedule entry has fired, or Slurm cannot say which the "
                      "demand planner wants); leaving GPUs as they are")
+            self.retries.failures = {}  # (nothing is applied: no GPU waits for a retry)
             return
         if self.status.desired_profile != profile.name:
             log.info("profile %s is now active (%s)", profile.name, reason)
@@ -166,6 +158,9 @@ class Daemon:
         """Read and plan every GPU once under the apply lock, then apply exactly that plan
         (a scheduled pass that finds nothing to do returns a result without GPU results)."""
         t0 = time.monotonic()
+        choice = Choice([], [], reason)  # what is being applied: a refusal is its GPUs' failure
+        plans: list[GpuPlan] = []
+        unreadable: list[Unreadable] = []
         try:
             with self.applier.lock(opts.lock_timeout_s), self.hw_lock:
                 if self.slurm is not None and self.slurm.resuming:
@@ -178,22 +173,22 @@ class Daemon:
                     result = self.applier.apply_plans(profile, plans, opts)
                     result.unreadable = lost
                     return result
-                changes = any(p.changes for p in plans)
-                moved = bool(relabelled(plans, self.applier.owners.load()))  # owners only: applied, said
-                if self.slurm is not None and not changes:
+                if self.slurm is not None and not any(p.changes for p in plans):
                     self.slurm.idle(profile, plans, opts)
-                if not manual and not moved and (not correct or not changes):
-                    self._unchanged(profile, plans, unreadable)
+                choice = choose(self.retries, self.status, plans, self.applier.owners.load(), profile.name, reason,
+                                correct, manual)
+                if not choice.pending and not manual:  # (drift only reported, failed GPUs waiting their turn)
+                    self.progress.update(profile.name, plans, None, unreadable)
+                    self._audit([p.seen for p in plans if p.seen is not None], plans)  # as planned from
+                    self._check_settled(profile.name)
                     return ApplyResult(profile.name, plans, [], unreadable=lost)
-                result = self._apply(profile, _drifted(profile.name, plans, reason, correct), opts, manual)
+                result = self._apply(profile, choice.plans, opts, manual)
                 result.unreadable = lost
+                self.retries.done(profile.name, result, manual)
                 if manual and result.ok:
                     self._hold(profile)  # published before the locks are released
         except REFUSALS as e:
-            blocked = isinstance(e, BusyError)  # the busy policy did its job: said, counted, never paged
-            log.log(logging.WARNING if blocked else logging.ERROR, "%s of %s %s: %s",
-                    "manual apply" if manual else "apply", profile.name, "blocked" if blocked else "refused", e)
-            self._record(None, Outcome.BLOCKED if blocked else Outcome.ERROR, time.monotonic() - t0, profile.name)
+            self._refused(profile, e, choice, (plans, unreadable), manual, t0)
             raise
         finally:
             if self.slurm is not None:
@@ -205,8 +200,20 @@ class Daemon:
         if manual:  # the loop works out its wait again: a GPU left waiting (on a Slurm job, say) is looked at
             self.wake.set()  # within seconds, one not applied is judged against the active profile at once
         if manual or result.changed or result.ok:  # a retry finding the same GPUs busy is not another apply
-            self._finish(profile, result, reason, t0)
+            self._finish(profile, result, choice.reason, t0)
         return result
+
+    def _refused(self, profile: Profile, e: Exception, choice: Choice,
+                 planned: tuple[list[GpuPlan], list[Unreadable]], manual: bool, t0: float) -> None:
+        """Said and counted once; a scheduled apply refused once planned is its GPUs' failure (a backoff)."""
+        blocked = isinstance(e, BusyError)  # the busy policy did its job: said, counted, never paged
+        if blocked or manual or not choice.pending:
+            log.log(logging.WARNING if blocked else logging.ERROR, "%s of %s %s: %s",
+                    "manual apply" if manual else "apply", profile.name, "blocked" if blocked else "refused", e)
+        else:
+            self.retries.refused(profile.name, choice.pending, str(e))
+            self.progress.update(profile.name, planned[0], None, planned[1])
+        self._record(None, Outcome.BLOCKED if blocked else Outcome.ERROR, time.monotonic() - t0, profile.name)
 
     def _apply(self, profile: Profile, plans: list[GpuPlan], opts: ApplyOptions, manual: bool) -> ApplyResult:
         """The planned change, through Slurm's drain and GRES on a Slurm node (the apply lock is held)."""
@@ -218,13 +225,6 @@ class Daemon:
         if manual and self.slurm.waiting:
             self._hold(profile)  # the passes that follow finish this switch when the jobs end
         return result
-
-    def _unchanged(self, profile: Profile, plans: list[GpuPlan], unreadable: list[Unreadable]) -> None:
-        """Nothing to apply (or drift only reported): audit the readings the plan was made from."""
-        self.progress.update(profile.name, plans, None, unreadable)
-        log_drift(profile.name, plans, "reconcile: report, not corrected")
-        self._audit([p.seen for p in plans if p.seen is not None], plans)
-        self._check_settled(profile.name)
 
     def _hold(self, profile: Profile) -> None:
         self.status.override = hold(self.overrides, profile, self._next_transition, self.clock.now())
@@ -246,11 +246,8 @@ class Daemon:
 
     def _finish(self, profile: Profile, result: ApplyResult, reason: str, t0: float) -> None:
         """Count, log and audit one apply, scheduled or manual alike, from what the apply read back."""
-        outcome = outcome_of(result)
+        outcome = outcome_of(result)  # (a GPU that failed was said by Retries.done, once)
         self._record(result, outcome, time.monotonic() - t0, profile.name)
-        for r in result.results:
-            if r.status in (GpuStatus.ROLLED_BACK, GpuStatus.FAILED):
-                log.error("GPU %d: %s applying %s: %s", r.index, r.status, profile.name, r.error)
         if outcome is Outcome.SUCCESS and reason == "reconcile":
             log.info("drift corrected: profile %s restored in %.2fs", profile.name, result.seconds)
         elif outcome is Outcome.SUCCESS:
