@@ -173,14 +173,18 @@ def daemon_table(doc: DaemonDoc) -> str:
         return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if epoch else "-"
     lines = [f"migd running since {when(doc.started)} (config {doc.config_path}, timezone {doc.timezone})",
              _active_line(doc.active, when)]
-    drift = ", ".join(map(str, doc.drift_gpus)) or "none"
-    lines.append(f"applied profile: {doc.applied_profile or '-'}; GPUs drifted: {drift}")
+    off = ", ".join(map(str, doc.drift_gpus)) or "none"  # drifted, waiting or failed: each GPU's line says which
+    lines.append(f"applied profile: {doc.applied_profile or '-'}; GPUs not as the active profile asks: {off}")
     nxt = doc.next
     lines.append(f"next transition: {nxt.profile} at {nxt.local} ({nxt.at})" if nxt else "next transition: none")
     states = Counter(g.state.value for g in doc.gpus.values())
     lines.append("GPUs: " + (", ".join(f"{n} {state}" for state, n in sorted(states.items())) or "none planned"))
     for i, g in doc.gpus.items():
-        if g.state is not Progress.CONVERGED:
+        if g.state is Progress.FAILED and g.next_try is not None:  # waiting out its backoff
+            again = f"; {g.failures} attempts failed in a row since {when(g.since)}" if (g.failures or 0) > 1 else ""
+            lines.append(f"  GPU {i}: failed at {when(g.failed_at)} ({g.reason or 'no reason given'}); next try at "
+                         f"{when(g.next_try)}{again}")
+        elif g.state is not Progress.CONVERGED:
             why = f": {g.reason}" if g.reason else ""
             lines.append(f"  GPU {i}: {g.state.value} since {when(g.since)}{why}")
     last = doc.last_apply

@@ -13,9 +13,11 @@ import re
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -75,7 +77,7 @@ def test_doctor_outputs(mixed: Migctl) -> None:
     _check("doctor.json", _run(mixed, "doctor", "-o", "json"))
 
 
-_TIMES = re.compile(r'("(?:started|since|blocked_since|time|seconds)": )[0-9.e+]+')
+_TIMES = re.compile(r'("(?:started|since|blocked_since|time|seconds|failed_at|next_try)": )[0-9.e+]+')
 
 
 def test_daemon_status_outputs(tmp_path: Path, mixed: Migctl) -> None:
@@ -87,10 +89,12 @@ def test_daemon_status_outputs(tmp_path: Path, mixed: Migctl) -> None:
     _check("daemon-waiting.txt", daemon_table(from_json(DaemonDoc, json.loads(text))))
 
 
-def _daemon_doc(tmp_path: Path, m: Migctl) -> dict[str, object]:
+def _daemon_doc(tmp_path: Path, m: Migctl, arm: Callable[[StateStore], None] = lambda store: None) -> dict[str, Any]:
+    """``arm``: what else the node does to the transition (after day is applied)."""
     assert m("apply", str(PROFILES / "day.yaml")).code == 0
     store = StateStore(m.state)
     control.start_process(store, 3, store.read().gpus[3].gis[0].id, 0, used_mib=1000)
+    arm(store)
     (tmp_path / "migd.yaml").write_text("timezone: Asia/Seoul\nprofiles_dir: " + str(PROFILES) + "\nschedule:\n"
                                         "  - {profile: day, at: '08:30', days: mon-fri}\n"
                                         "  - {profile: night, at: '19:00', days: mon-fri}\n")
@@ -105,6 +109,22 @@ def _daemon_doc(tmp_path: Path, m: Migctl) -> dict[str, object]:
         backend.close()
     doc["config_path"] = "CONFIG"
     return doc
+
+
+def test_daemon_status_with_failed_gpus(tmp_path: Path, mixed: Migctl) -> None:
+    """``migctl daemon`` (table and ``-o json``) after a transition in which two GPUs' changes failed and
+    were rolled back: each waits out its backoff (docs/daemon.md), said with when it failed, why, and its
+    next try; GPU 1 as if it had failed three times in a row.  Times set, or masked in the JSON."""
+    def arm(store: StateStore) -> None:
+        for gpu in (0, 1):
+            control.fail_call(store, "nvmlGpuInstanceDestroy", 999, gpu=gpu)
+    doc = _daemon_doc(tmp_path, mixed, arm)
+    text = _TIMES.sub(lambda m: m.group(1) + "0", json.dumps(doc, indent=2) + "\n")
+    _check("daemon-failed.json", text)
+    doc = json.loads(text)
+    doc["gpus"]["0"].update(since=1795000003.0, failed_at=1795000003.0, next_try=1795000013.0)
+    doc["gpus"]["1"].update(since=1794999933.0, failed_at=1795000003.0, next_try=1795000043.0, failures=3)
+    _check("daemon-failed.txt", daemon_table(from_json(DaemonDoc, doc)))
 
 
 def test_metrics_exposition(tmp_path: Path, mixed: Migctl) -> None:

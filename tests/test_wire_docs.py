@@ -130,6 +130,15 @@ def test_the_daemons_golden_document_reads_back_byte_for_byte() -> None:
     assert json.dumps(to_json(doc), indent=2) + "\n" == text
 
 
+def test_a_failed_gpus_backoff_reads_back_and_is_left_out_elsewhere() -> None:
+    """``failures``, ``failed_at`` and ``next_try`` (added in v1 with the backoff) only on a failed GPU."""
+    text = (GOLDEN / "daemon-failed.json").read_text()
+    doc = from_json(DaemonDoc, json.loads(text))
+    assert doc.gpus["1"].state is Progress.FAILED and doc.gpus["1"].failures == 1
+    assert doc.gpus["2"].failures is None and "failures" not in json.loads(text)["gpus"]["2"]
+    assert json.dumps(to_json(doc), indent=2) + "\n" == text
+
+
 def test_a_daemon_with_a_hold_slurm_and_demand_survives_the_socket() -> None:
     """Every optional part at once, through JSON text as migctl gets it."""
     at = datetime(2026, 11, 26, 19, 0, tzinfo=timezone.utc)

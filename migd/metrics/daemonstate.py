@@ -66,6 +66,22 @@ def transition_families(st: Status) -> Iterator[Metric]:
     yield g
     yield GaugeMetricFamily("migd_busy_timeout_seconds", "How long a transition waits for busy instances before "
                             "on_busy decides (config busy_timeout)", value=st.busy_timeout_s)
+    yield from retry_families(st)
+
+
+def retry_families(st: Status) -> Iterator[Metric]:
+    """A GPU whose change failed waits out a backoff before its next try (docs/daemon.md)."""
+    g = GaugeMetricFamily("migd_gpu_apply_failures", "Attempts in a row that the GPU's change to the active profile "
+                          "failed (rolled back, failed or refused); 0 once it succeeds", labels=["gpu"])
+    for i, gp in sorted(st.gpus.items()):
+        g.add_metric([str(i)], gp.failures if gp.progress is Progress.FAILED else 0)
+    yield g
+    g = GaugeMetricFamily("migd_gpu_apply_retry_timestamp_seconds", "When a GPU whose change failed is tried again "
+                          "(Unix time; only while it waits out its backoff)", labels=["gpu"])
+    for i, gp in sorted(st.gpus.items()):
+        if gp.progress is Progress.FAILED and gp.next_try is not None:
+            g.add_metric([str(i)], gp.next_try)
+    yield g
 
 
 def apply_families(st: Status, histogram: Any, errors: dict[tuple[str, str], int]) -> Iterator[Metric]:
