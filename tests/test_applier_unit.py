@@ -3,6 +3,7 @@ simulator tests that run the same paths through the real pynvml and C ABI."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -114,3 +115,20 @@ def test_the_daemon_serves_the_readable_gpus_and_says_which_is_lost(tmp_path: Pa
     assert states == {0: Progress.CONVERGED, 1: Progress.LOST, 2: Progress.CONVERGED}, states
     assert daemon.status.last_apply is not None and daemon.status.last_apply.result is Outcome.SUCCESS
     assert node.layout(0) == node.layout(2) == [("1g.10gb", s) for s in range(7)]
+
+
+def test_an_unresolved_journal_is_never_written_over(tmp_path: Path) -> None:
+    """A journal recovery could not resolve (its GPU gone, say) is the only record of that GPU's layout
+    before the interrupted apply: the daemon's passes recover and go on, so the apply itself must not
+    begin a new journal over it.  The change is refused, the GPU untouched, the record kept."""
+    node, applier = _applier(tmp_path, "A100-SXM4-80GB")
+    assert applier.apply(DAY).ok
+    kept = {"schema": "migd.journal/v1", "profile": "night", "pid": 1, "started": 0.0, "gpus": {"GPU-gone": {
+        "index": 5, "status": "applying", "done": 3, "ops": 16, "before": {"mig": True, "instances": []}}}}
+    applier.journal.path.write_text(json.dumps(kept))
+    assert applier.recover_locked()[0].status is GpuStatus.FAILED and applier.journal.exists()  # not resolved
+    before = node.changes
+    result = applier.apply_plans(NIGHT, applier.plan(NIGHT), ApplyOptions())
+    assert [r.status for r in result.results] == [GpuStatus.FAILED] and "is unresolved" in (result.results[0].error
+                                                                                           or "")
+    assert node.changes == before and json.loads(applier.journal.path.read_text()) == kept

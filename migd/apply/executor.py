@@ -158,6 +158,9 @@ class Applier:
     def _run(self, profile: Profile, plans: list[GpuPlan], opts: ApplyOptions) -> list[GpuResult]:
         env = {"MIGD_PROFILE": profile.name, "MIGD_GPUS": ",".join(str(p.gpu.index) for p in plans),
                "MIG_PARTED_SELECTED_CONFIG": profile.name}  # what mig-parted's hooks.sh reads
+        if self.journal.exists():  # unresolved (the daemon recovers, it does not refuse): never written over
+            return [GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.FAILED, 0, f"not changed: an interrupted apply's "
+                              f"journal {self.journal.path} is unresolved (see migctl recover)") for p in plans]
         owners = self.owners.load()
         befores = [(before_of(p), owners.get(p.gpu.uuid, {})) for p in plans]  # what a rollback restores
         self.journal.begin(profile.name, {p.gpu.uuid: {
