@@ -358,3 +358,36 @@ def test_a_planted_symlink_is_said_at_once_and_refuses_the_change(
     assert "\nmigd_access_errors 1.0\n" in body, [ln for ln in body.splitlines() if "access" in ln]
     shown = m.migctl.process("--control-socket", str(root / "run/migd/control.sock"), "daemon").stdout
     assert "  access NOT set: GPU 0: capability gpu0/gi0/ci0/access: " in shown, shown
+
+
+def test_a_held_back_instance_goes_to_its_owner_within_seconds_of_being_let_go(
+        node: tuple[MigdProcess, Path], teams: tuple[grp.struct_group, grp.struct_group]) -> None:
+    """A reload gives notebooks to team B's group while team A's CUDA program runs on one instance: that
+    instance stays closed (its program keeps its handle, said with the pid), the other six go to B
+    at once; when the program ends, B gets the seventh within seconds, not at the next reconcile pass
+    (an hour away here)."""
+    m, root = node
+    a, b = teams
+    m.write_config(reconcile_interval="3600s")
+    def access(group: str) -> str:
+        return (f"control_socket: {root / 'run/migd/control.sock'}\naccess:\n  root: {root}\n  owners:\n"
+                f"    notebooks: {{group: {group}}}\n")
+    with m.config.open("a") as f:
+        f.write(access(a.gr_name))
+    start_day(m, root, a)
+    mig, _, gi, _ = devices(root)[0]
+    pid, code, err = run_cuda(root, USER_A, a.gr_gid, mig, seconds=60)
+    assert code == -1, err
+    try:
+        m.config.write_text(m.config.read_text().replace(access(a.gr_name), access(b.gr_name)))
+        assert through_migd(m, root, "reload") == 0
+        m.wait_until(lambda: sum(node_modes(root)[f"gpu0/gi{g}/access"] == (0, b.gr_gid, 0o440)
+                                 for _, _, g, _ in devices(root)) == 6)
+        assert node_modes(root)[f"gpu0/gi{gi}/access"] == (0, 0, 0o400)
+        said = daemon(root)["access"]["errors"]
+        assert said == [f"GPU 0: GI {gi}: pids {pid} hold its capability nodes but are not among its owner's "
+                        "accounts: closed to all but root until they let go"], said
+    finally:
+        reap(pid)
+    m.wait_until(lambda: node_modes(root)[f"gpu0/gi{gi}/access"] == (0, b.gr_gid, 0o440), timeout=20)
+    m.wait_until(lambda: daemon(root)["access"]["errors"] == [], timeout=10)

@@ -52,6 +52,7 @@ class AccessControl:
     owners: Callable[[], Mapping[str, Mapping[int, str]]]  # GPU UUID -> GI placement start -> owner
     changes: int = 0  # capability nodes changed since start (metrics)
     failures: dict[int, list[str]] = field(default_factory=dict)  # GPU index -> its nodes not set (now)
+    holding: set[int] = field(default_factory=set)  # GPUs with an instance held back from its owner (_held_back)
     missing: Mapping[str, str] = field(default_factory=dict)  # owner -> its group or user that is gone
 
     @property
@@ -165,6 +166,10 @@ class AccessControl:
         except HardwareError as e:
             return self._failed(index, [f"GPU {index}: access control: {e}"])
         waiting = self._held_back(driver, minors, gpu_minor, wanted, index)
+        if waiting:
+            self.holding.add(index)
+        else:
+            self.holding.discard(index)
         return self._failed(index, waiting + self._set_all(driver, minors, gpu_minor, wanted, index))
 
     def _held_back(self, driver: Driver, minors: dict[str, int], gpu_minor: int, wanted: dict[str, NodeMode],

@@ -1,6 +1,7 @@
 """The daemon's loop: one pass at start, then a pass whenever a transition fires, the reconcile
 interval passes, NVML reports a MIG change, a reload takes, a waiting GPU is due another look, or a
-GPU whose change failed is due its next try.
+GPU whose change failed is due its next try; and a look at the capability nodes alone every few
+seconds while an instance is held back from its owner for a stranger's handle.
 
 Level-triggered (see service.py): each pass decides from the time it runs, so the loop only has to
 decide when to look, never what to do.
@@ -10,9 +11,11 @@ from __future__ import annotations
 
 import time
 
+from migd.daemon.accesspass import view as access_view
 from migd.daemon.service import Daemon
 
 SLURM_RETRY_S = 5.0
+HOLD_RETRY_S = 2.0
 
 
 def run(d: Daemon) -> None:
@@ -41,7 +44,21 @@ def run(d: Daemon) -> None:
         if due or fired or retry or d.status.blocked_since is not None or d.slurm_pending or d.planning_due:
             d.reconcile("transition" if fired else "reconcile")
             last = time.monotonic()
+        elif d.access is not None and d.access.holding:
+            recheck_access(d)
     d.notifier.stopping()
+
+
+def recheck_access(d: Daemon) -> None:
+    """An instance is held back from its owner while a stranger holds its nodes: look again soon (the
+    capability nodes only, not a whole pass), so the owner gets it within seconds of the stranger
+    letting go."""
+    access = d.access
+    if access is None:
+        return
+    with d.lock, d.hw_lock:
+        access.reconcile()
+        d.status.access = access_view(access)
 
 
 def until_next_s(d: Daemon) -> float | None:
@@ -65,6 +82,8 @@ def sleep_s(d: Daemon) -> float:
     retry = d.retries.due_in_s()
     if retry is not None:  # a GPU whose change failed is tried again when its backoff ends
         waits.append(retry)
+    if d.access is not None and d.access.holding:  # an instance waits for a stranger to let go of its nodes
+        waits.append(HOLD_RETRY_S)
     if d.slurm_pending:  # Slurm has not confirmed the node's resume: ask again soon
         waits.append(SLURM_RETRY_S)
     if d.slurm is not None and d.slurm.demand is not None and d.slurm.demand.planning:
