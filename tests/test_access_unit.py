@@ -22,6 +22,7 @@ from migd.access.control import AccessControl
 from migd.access.policy import AccessPolicy, Grant, Unowned
 from migd.access.settings import parse_access
 from migd.apply.executor import Applier
+from migd.apply.result import GpuStatus
 from migd.daemon.accesspass import access_control
 from migd.daemon.config import load_config
 from migd.errors import ValidationError
@@ -377,3 +378,18 @@ def test_a_handle_taken_before_migd_closed_a_new_instance_keeps_it_from_its_owne
     assert code == -1, err
     reap(pid)
     reap(root_pid)
+
+
+def test_a_node_directory_others_can_write_refuses_a_relabel_as_a_recut(tree: tuple[Migctl, Path],
+                                                                        tmp_path: Path) -> None:
+    """Anyone who can write /dev/nvidia-caps can swap nodes: an owner change there is refused, as a
+    layout change is, and the instances keep their owners and labels."""
+    from migd.profiles.loader import load_profile
+    m, root = tree
+    applier, moved, node = _relabel_setup(m, root, tmp_path)
+    os.chmod(CapsPaths(root).dev, 0o777)
+    result = applier.apply(load_profile(moved))
+    assert [r.status for r in result.results] == [GpuStatus.ROLLED_BACK]
+    assert "is not a directory that only root can write" in (result.results[0].error or "")
+    assert set(applier.owners.load()[applier.backend.gpu(0).uuid].values()) == {"notebooks"}
+    assert modes({"n": node})["n"][1] == two_groups()[0].gr_gid  # still notebooks'
