@@ -1,4 +1,6 @@
-"""``migd-sim``: run any Python NVML program, or nvidia-smi, over a simulated fleet.
+"""``migd-sim``: run any Python NVML program, or nvidia-smi, over a simulated fleet; and act on a
+simulated node as the world does (``process start|stop``, ``xid``, ``lose``, ``return``, ``slow``:
+:mod:`migd.sim.cli_control`).
 
 ``migd-sim exec --sim-state PATH -- COMMAND...`` runs COMMAND with two things added to its
 environment: a ``sitecustomize`` module that, as the interpreter starts, makes pynvml load
@@ -17,7 +19,9 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
+from migd.sim.cli_control import add_commands, add_node_options, run
 from migd.sim.state import DEFAULT_FLEET, FLEETS, open_store
 
 _SITECUSTOMIZE = '''\
@@ -47,19 +51,37 @@ def _prepare(root: Path, state: Path) -> dict[str, str]:
     return env
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="migd-sim", description="Run programs over a simulated GPU fleet.")
-    sub = parser.add_subparsers(dest="command", required=True)
+class _Parser(argparse.ArgumentParser):
+    """A mistake on the command line is one line (no usage block), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (-h for help)\n")
+
+
+def parser() -> argparse.ArgumentParser:
+    top = _Parser(prog="migd-sim", description="Run programs over a simulated GPU fleet, and act on a simulated "
+                  "node as the world does: CUDA processes, Xids, lost GPUs, a slow driver (docs/simulator.md).")
+    sub = top.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("exec", help="run COMMAND with pynvml and nvidia-smi seeing the simulated fleet")
     ex.add_argument("--sim-state", required=True, help="the simulator's state file (created if missing)")
     ex.add_argument("--sim", default=DEFAULT_FLEET, choices=sorted(FLEETS),
                     help="fleet for a new state file (default: %(default)s)")
     ex.add_argument("--mig", action="store_true", help="a new state file starts with MIG mode on")
     ex.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARG...]")
-    args = parser.parse_args(argv)
+    common = _Parser(add_help=False)
+    add_node_options(common)
+    add_commands(sub, common)
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    top = parser()
+    args = top.parse_args(argv)
+    if args.command != "exec":
+        return run(args)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
-        parser.error("exec needs a command after --")
+        top.error("exec needs a command after --")
     state = Path(args.sim_state).resolve()
     try:
         open_store(state, args.sim, args.mig)

@@ -29,11 +29,13 @@ def _gpu(state: SimState, index: int) -> SimGpu:
 
 
 def start_process(store: StateStore, gpu: int, gi: int | None = None, ci: int = 0, used_mib: int | None = 1024,
-                  pid: int | None = None) -> int:
+                  pid: int | None = None, check: bool = False) -> int:
     """Put a CUDA process on MIG device (gi, ci) of ``gpu`` (or on the whole non-MIG GPU).
 
     With ``pid`` the entry is a real OS process (e.g. a ``sleep`` a test started) that the
-    simulated driver forgets once it exits; without, a fake pid that lives until stopped."""
+    simulated driver forgets once it exits; without, a fake pid that lives until stopped.
+    ``check`` (``migd-sim process start``) also refuses what no driver would show: a lost GPU,
+    more memory than the device has, a PID that is not running or already listed."""
     with store.transaction() as s:
         g = _gpu(s, gpu)
         if gi is not None:
@@ -42,6 +44,8 @@ def start_process(store: StateStore, gpu: int, gi: int | None = None, ci: int = 
                 raise SimError(f"GPU {gpu} has no MIG device gi={gi} ci={ci}")
         elif g.mig_current:
             raise SimError(f"GPU {gpu} is in MIG mode: name a MIG device")
+        if check:
+            _check_process(s, g, gi, used_mib, pid)
         if pid is None:
             s.next_pid += 1
         g.processes.append(SimProcess(pid=pid or s.next_pid, gi=gi, ci=ci if gi is not None else None,
@@ -50,8 +54,25 @@ def start_process(store: StateStore, gpu: int, gi: int | None = None, ci: int = 
         return pid or s.next_pid
 
 
-def stop_process(store: StateStore, pid: int) -> None:
+def _check_process(s: SimState, g: SimGpu, gi: int | None, used_mib: int | None, pid: int | None) -> None:
+    if g.lost:
+        raise SimError(f"GPU {g.index} is lost: nothing starts on it until it returns")
+    inst = g.gi(gi) if gi is not None else None
+    room = g.mig_memory_mib(inst) if inst is not None else g.catalog.total_memory_mib
+    if used_mib is not None and not 0 <= used_mib <= room:
+        raise SimError(f"{used_mib} MiB does not fit: the device has {room} MiB")
+    if pid is not None:
+        if pid <= 0 or proc_start_time(pid) is None:
+            raise SimError(f"no running process {pid} on this machine")
+        if any(p.pid == pid for x in s.gpus for p in x.processes):
+            raise SimError(f"process {pid} is already on a simulated GPU")
+
+
+def stop_process(store: StateStore, pid: int, must_exist: bool = False) -> None:
+    """Forget process ``pid`` on every GPU (``must_exist``: a PID no GPU lists is an error)."""
     with store.transaction() as s:
+        if must_exist and not any(p.pid == pid for g in s.gpus for p in g.processes):
+            raise SimError(f"no simulated process {pid} (migctl status lists them)")
         for g in s.gpus:
             g.processes = [p for p in g.processes if p.pid != pid]
 
@@ -78,11 +99,14 @@ def fill_disk_after_mutations(store: StateStore, n: int, path: str | os.PathLike
 
 
 def raise_xid(store: StateStore, gpu: int, xid: int, gi: int | None = None, ci: int | None = None,
-              leak_to: tuple[int, ...] = ()) -> None:
+              leak_to: tuple[int, ...] = (), check: bool = False) -> None:
     """An Xid on instance ``gi`` (None: GPU-wide).  Processes of the hit instance die;
-    ``leak_to`` names neighbour GIs the fault also breaks (an isolation breach)."""
+    ``leak_to`` names neighbour GIs the fault also breaks (an isolation breach).  ``check``
+    (``migd-sim xid``): instances the GPU does not have are an error, not an event."""
     with store.transaction() as s:
         g = _gpu(s, gpu)
+        if check:
+            _check_xid(g, xid, gi, ci, leak_to)
         hit = set(leak_to) | ({gi} if gi is not None else {x.id for x in g.gis})
         for x in g.gis:
             if x.id in leak_to:
@@ -92,9 +116,27 @@ def raise_xid(store: StateStore, gpu: int, xid: int, gi: int | None = None, ci: 
                     GPU_WIDE if gi is None else gi, GPU_WIDE if ci is None else ci)
 
 
-def set_lost(store: StateStore, gpu: int, lost: bool = True) -> None:
+def _check_xid(g: SimGpu, xid: int, gi: int | None, ci: int | None, leak_to: tuple[int, ...]) -> None:
+    if xid <= 0:
+        raise SimError(f"Xid {xid}: an Xid is a positive number (79: fallen off the bus; 31: a page fault)")
+    if gi is None and (ci is not None or leak_to):
+        raise SimError("a compute instance or a leak names a GPU instance first: give the GI")
+    inst = g.gi(gi) if gi is not None else None
+    if gi is not None and inst is None:
+        raise SimError(f"GPU {g.index} has no GPU instance {gi} (migctl status lists them)")
+    if inst is not None and ci is not None and not any(c.id == ci for c in inst.cis):
+        raise SimError(f"GPU {g.index} GI {gi} has no compute instance {ci}")
+    for other in leak_to:
+        if other == gi or g.gi(other) is None:
+            raise SimError(f"GPU {g.index} has no other GPU instance {other} for the fault to reach")
+
+
+def set_lost(store: StateStore, gpu: int, lost: bool = True) -> bool:
+    """Mark ``gpu`` lost (every NVML call on it answers GPU_IS_LOST) or back; returns what it was."""
     with store.transaction() as s:
-        _gpu(s, gpu).lost = lost
+        g = _gpu(s, gpu)
+        was, g.lost = g.lost, lost
+        return was
 
 
 def reset_gpu(store: StateStore, gpu: int, despite_clients: bool = False) -> None:
@@ -133,3 +175,11 @@ def set_mutation_delay(store: StateStore, seconds: float) -> None:
     """Make every mutating NVML call take ``seconds`` (a slow driver), to signal a process mid-apply."""
     with store.transaction() as s:
         s.mutation_delay_s = seconds
+
+
+def driver_not_loaded(store: StateStore, tries: int) -> None:
+    """The NVIDIA driver not loaded yet (a late module load, an upgrade): the next ``tries`` nvmlInit calls,
+    whichever process makes them, fail with NVML_ERROR_DRIVER_NOT_LOADED; 0 loads it now."""
+    with store.transaction() as s:
+        s.faults = [f for f in s.faults if f.fn != "nvmlInitWithFlags"]
+        s.faults += [SimFault("nvmlInitWithFlags", 1, pynvml.NVML_ERROR_DRIVER_NOT_LOADED) for _ in range(tries)]

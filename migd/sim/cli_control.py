@@ -1,0 +1,192 @@
+"""``migd-sim process|xid|lose|return|slow``: what the world does to a simulated node, from a shell.
+
+Each subcommand is one call of :mod:`migd.sim.control` on the node that ``migd`` and ``migctl`` run
+against (``--sim FLEET``, its state file under ``$TMPDIR/migd-sim-UID/``, or ``--sim-state PATH``), so
+an operator rehearsing day one can start a workload, raise an Xid, lose a GPU or slow the driver down
+while migd runs, without writing Python.  Bad input is one line on stderr and exit 2, and then nothing
+in the simulated state has changed: every check runs inside the transaction that would write it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from migd.errors import ValidationError
+from migd.paths import sim_root
+from migd.sim import control
+from migd.sim.state import FLEETS, StateStore
+from migd.trust import ensure_private_dir
+
+MAX_SLOW_S = 60.0  # a typo (3000 for 3) would hold every apply for hours: beyond this is refused
+
+
+class BadInput(Exception):
+    """What the command line refuses: one line, exit 2, nothing changed."""
+
+
+def add_node_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sim", metavar="FLEET", default=os.environ.get("MIGD_SIM"),
+                   help="the simulated node migd and migctl were given as --sim FLEET (default: $MIGD_SIM)")
+    p.add_argument("--sim-state", metavar="PATH", default=os.environ.get("MIGD_SIM_STATE"),
+                   help="its state file, where migd and migctl were given --sim-state (default: $MIGD_SIM_STATE)")
+
+
+def _node(args: argparse.Namespace) -> StateStore:
+    """The node's state file, which must exist: these commands act on a node, they never make one."""
+    if args.sim_state:
+        path, how = Path(args.sim_state), f"--sim FLEET --sim-state {args.sim_state}"
+    elif args.sim:
+        if args.sim not in FLEETS:
+            raise BadInput(f"unknown fleet {args.sim!r} (known: {', '.join(sorted(FLEETS))})")
+        path, how = sim_root() / f"{args.sim}.json", f"--sim {args.sim}"
+    else:
+        raise BadInput("which simulated node? give --sim FLEET (as migd and migctl were given) or --sim-state PATH")
+    if not path.is_file():
+        raise BadInput(f"no simulated node at {path}: run migd or migctl with {how} first")
+    if not args.sim_state:
+        try:
+            ensure_private_dir(sim_root(), "the simulator's directory")
+        except ValidationError as e:
+            raise BadInput(str(e)) from None
+    try:
+        store = StateStore(path)
+        store.read()
+    except KeyError as e:
+        raise BadInput(f"{path} is not a simulator state file (no {e})") from None
+    except (OSError, ValueError, TypeError) as e:
+        raise BadInput(f"{path} is not a simulator state file ({e})") from None
+    return store
+
+
+def _mig_device(store: StateStore, uuid: str) -> tuple[int, int, int]:
+    for g in store.read().gpus:
+        for gi, ci in g.mig_devices():
+            if g.mig_uuid(gi, ci) == uuid:
+                return g.index, gi.id, ci.id
+    raise BadInput(f"no MIG device {uuid} on this node (migctl status lists them)")
+
+
+def _target(args: argparse.Namespace, store: StateStore) -> tuple[int, int | None, int | None]:
+    """(GPU, GI, CI) from ``--device MIG-...`` or ``--gpu N [--gi G [--ci C]]``."""
+    if args.device is not None:
+        if args.gpu is not None or args.gi is not None or args.ci is not None:
+            raise BadInput("give --device MIG-... or --gpu N [--gi G --ci C], not both")
+        return _mig_device(store, args.device)
+    if args.gpu is None:
+        raise BadInput("which GPU? give --gpu N (with --gi G for a MIG device) or --device MIG-...")
+    if args.ci is not None and args.gi is None:
+        raise BadInput("--ci names a compute instance of a GPU instance: give --gi too")
+    return args.gpu, args.gi, args.ci
+
+
+def _memory(text: str) -> int | None:
+    if text == "unknown":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of MiB or 'unknown'") from None
+
+
+def _seconds(text: str) -> float:
+    try:
+        s = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(s) and 0 <= s <= MAX_SLOW_S):
+        raise argparse.ArgumentTypeError(f"{text} is not between 0 and {MAX_SLOW_S:g} seconds")
+    return s
+
+
+def process_start(args: argparse.Namespace, store: StateStore) -> str:
+    gpu, gi, ci = _target(args, store)
+    pid = control.start_process(store, gpu, gi, 0 if ci is None else ci, args.memory, args.pid, check=True)
+    return str(pid)
+
+
+def process_stop(args: argparse.Namespace, store: StateStore) -> str:
+    control.stop_process(store, args.pid, must_exist=True)
+    return f"process {args.pid} stopped"
+
+
+def xid(args: argparse.Namespace, store: StateStore) -> str:
+    gpu, gi, ci = _target(args, store)
+    leak = tuple(args.leak_to or ())
+    control.raise_xid(store, gpu, args.xid, gi, ci, leak, check=True)
+    where = f"GPU {gpu}" + (" (GPU-wide)" if gi is None else f" GI {gi}" + (f" CI {ci}" if ci is not None else ""))
+    return f"Xid {args.xid} on {where}" + (f"; it also broke GI {', '.join(map(str, leak))}" if leak else "")
+
+
+def lose(args: argparse.Namespace, store: StateStore) -> str:
+    was = control.set_lost(store, args.gpu, True)
+    return f"GPU {args.gpu} " + ("was already lost" if was else
+                                "lost: every NVML call on it answers GPU_IS_LOST until `migd-sim return`")
+
+
+def give_back(args: argparse.Namespace, store: StateStore) -> str:
+    was = control.set_lost(store, args.gpu, False)
+    return f"GPU {args.gpu} " + ("answers again, as it was when lost" if was else "was not lost")
+
+
+def slow(args: argparse.Namespace, store: StateStore) -> str:
+    control.set_mutation_delay(store, args.seconds)
+    return f"every mutating NVML call now takes {args.seconds:g} s" if args.seconds else \
+        "mutating NVML calls take no extra time"
+
+
+Handler = Callable[[argparse.Namespace, StateStore], str]
+
+
+def _target_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpu", type=int, metavar="N", help="the GPU's index (as migctl status numbers them)")
+    p.add_argument("--gi", type=int, metavar="G", help="a GPU instance of it (the GI column of migctl status)")
+    p.add_argument("--ci", type=int, metavar="C", help="a compute instance of that GI (default: 0)")
+    p.add_argument("--device", metavar="MIG-UUID", help="the MIG device instead of --gpu/--gi/--ci")
+
+
+def add_commands(sub: argparse._SubParsersAction[Any], common: argparse.ArgumentParser) -> None:
+    """The subcommands, each with ``handler`` set to the function that runs it."""
+    proc = sub.add_parser("process", help="start or stop a simulated CUDA process")
+    psub = proc.add_subparsers(dest="action", required=True, metavar="start|stop")
+    start = psub.add_parser("start", parents=[common], help="a fake CUDA process on a GPU or MIG device; "
+                            "prints its pid")
+    _target_options(start)
+    start.add_argument("--memory", type=_memory, default=1024, metavar="MIB",
+                       help="GPU memory it uses, in MiB, or 'unknown' (default: %(default)s)")
+    start.add_argument("--pid", type=int, help="list this running process instead of a fake pid (forgotten "
+                       "when it exits)")
+    start.set_defaults(handler=process_start)
+    stop = psub.add_parser("stop", parents=[common], help="end a simulated process")
+    stop.add_argument("pid", type=int, metavar="PID")
+    stop.set_defaults(handler=process_stop)
+    x = sub.add_parser("xid", parents=[common], help="raise an Xid on a GPU (GPU-wide) or on an instance")
+    x.add_argument("xid", type=int, metavar="XID", help="the Xid number (79: fallen off the bus; 31: page fault)")
+    _target_options(x)
+    x.add_argument("--leak-to", type=int, action="append", metavar="GI",
+                   help="another GPU instance the fault also breaks (an isolation breach); repeatable")
+    x.set_defaults(handler=xid)
+    for name, fn, what in (("lose", lose, "the GPU falls off the bus (NVML: GPU_IS_LOST)"),
+                           ("return", give_back, "a lost GPU answers again")):
+        p = sub.add_parser(name, parents=[common], help=what)
+        p.add_argument("--gpu", type=int, metavar="N", required=True, help="the GPU's index")
+        p.set_defaults(handler=fn)
+    s = sub.add_parser("slow", parents=[common], help="every mutating NVML call takes SECONDS (0: normal)")
+    s.add_argument("seconds", type=_seconds, metavar="SECONDS")
+    s.set_defaults(handler=slow)
+
+
+def run(args: argparse.Namespace) -> int:
+    handler: Handler = args.handler
+    try:
+        print(handler(args, _node(args)))
+    except (BadInput, control.SimError) as e:
+        name = " ".join(x for x in (args.command, getattr(args, "action", None)) if x)
+        print(f"migd-sim {name}: {e}", file=sys.stderr)
+        return 2
+    return 0
