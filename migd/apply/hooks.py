@@ -56,7 +56,7 @@ class Hooks:
                 self._fail(phase, f"hook {hook.argv[0]} refused: {e.message}")
                 continue
             except OSError as e:
-                self._fail(phase, f"hook {hook.argv[0]} could not run: {e.strerror or e}")
+                self._fail(phase, f"hook {hook.argv[0]} could not run: {_why_not(hook, e)}")
                 continue
             if outcome.code is None:
                 self._fail(phase, f"hook {hook.argv[0]} timed out after {hook.timeout_s:g}s (its process group "
@@ -70,6 +70,14 @@ class Hooks:
             log.warning("%s (ignored at apply-exit)", msg)
             return
         raise HookError(f"{phase}: {msg}")
+
+
+def _why_not(hook: Hook, e: OSError) -> str:
+    """Why the hook's process did not start: its working directory (subprocess names it as the failing
+    file when the child's chdir fails) or the program itself."""
+    if hook.workdir is not None and e.filename == hook.workdir:
+        return f"its working directory {hook.workdir}: {e.strerror or e}"
+    return str(e.strerror or e)
 
 
 OUTPUT_KEPT = 64 * 1024  # bytes of a hook's output kept for its message; the rest is read and dropped
