@@ -4,9 +4,13 @@ said twice per GPU, and the example configuration's pointer to its documentation
 
 from __future__ import annotations
 
+import re
+import urllib.request
 from pathlib import Path
 
+from tests.daemon_harness import MigdProcess
 from tests.helpers import PROFILES, Migctl
+from tests.test_page import parse
 
 
 def test_a_missing_hook_working_directory_is_named(tmp_path: Path) -> None:
@@ -21,3 +25,42 @@ def test_a_missing_hook_working_directory_is_named(tmp_path: Path) -> None:
     assert r.stderr.splitlines() == [f"not applied: apply-start: hook /bin/true could not run: its working directory "
                                      f"{gone}: No such file or directory"], r.stderr
     assert m.process("assert", str(PROFILES / "day.yaml")).returncode == 1  # nothing was changed
+
+
+def _page(m: MigdProcess) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{m.port}/", timeout=10) as r:
+        return r.read().decode()
+
+
+FOUR_G = """apiVersion: migd/v1
+kind: Profile
+name: four
+gpus:
+  - select: all
+    mig: enabled
+    instances:
+      - {profile: 4g, owner: training}
+"""
+
+
+def test_the_page_shows_the_eighth_slice_beside_seven_1g_as_unusable(tmp_path: Path) -> None:
+    """An A100 has 8 memory slices and 7 compute slices: beside seven 1g.10gb instances the eighth is
+    memory no instance can be made on (only 1g.20gb at 6:2, 3g at 4:4 and 7g take it); the page called it
+    "free".  Beside one 4g.40gb (0:4) the other four are free indeed: a 3g.40gb fits there."""
+    m = MigdProcess(tmp_path, "single-a100")
+    m.start(now="2026-11-23T10:00:00")  # Monday morning: day, 7 x 1g.10gb
+    try:
+        m.wait_ready()
+        m.wait_until(lambda: len(parse(_page(m)).gpus.get(0, [])) == 7)
+        text = _page(m)
+        page = parse(text)
+        assert page.free == {} and page.unusable == {0: [7]}, text
+        assert re.search(r'class="unusable" data-slice="7"[^>]*title="[^"]*1g\.20gb at 6:2, 3g\.40gb at 4:4, '
+                         r'7g\.80gb at 0:8"[^>]*>unusable now<', text), text
+        (tmp_path / "four.yaml").write_text(FOUR_G)
+        assert m.migctl.process("apply", str(tmp_path / "four.yaml")).returncode == 0  # through migd
+        m.wait_until(lambda: parse(_page(m)).gpus.get(0) == [("4g.40gb", "training", 0, 4)])
+        page = parse(_page(m))
+        assert page.free == {0: 4} and page.unusable == {}
+    finally:
+        m.close()

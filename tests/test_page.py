@@ -34,6 +34,7 @@ class Blocks(HTMLParser):
         super().__init__()
         self.gpus: dict[int, list[tuple[str, str, int, int]]] = {}
         self.free: dict[int, int] = {}
+        self.unusable: dict[int, list[int]] = {}  # per GPU, the memory slices no instance can be made on now
         self._gpu = -1
         self.external: list[str] = []
         self.today: list[str] = []  # owners with a share of today's slices
@@ -51,6 +52,8 @@ class Blocks(HTMLParser):
                                          int(a["data-size"] or 0)))
         elif tag == "div" and cls == "free":
             self.free[self._gpu] = self.free.get(self._gpu, 0) + 1
+        elif tag == "div" and cls == "unusable":
+            self.unusable.setdefault(self._gpu, []).append(int(a["data-slice"] or -1))
         elif tag == "span" and cls == "share-today":
             self.today.append(a["data-owner"] or "")
 
@@ -72,9 +75,9 @@ def test_the_page_draws_each_gpu_and_instance_where_it_sits(tmp_path: Path) -> N
     text = render_page(snap, {"active": {"profile": "day", "reason": "schedule"}, "gpus": {}, "unhealthy": {}}, 15)
     page = parse(text.decode())
     assert sorted(page.gpus) == list(range(8)) and page.external == []
-    for blocks in page.gpus.values():  # H100: 7 x 1g.10gb at memory slices 0..6, the 8th free
+    for blocks in page.gpus.values():  # H100: 7 x 1g.10gb at memory slices 0..6; the 8th no instance can use
         assert blocks == [("1g.10gb", "notebooks", s, 1) for s in range(7)]
-    assert page.free == {i: 1 for i in range(8)}
+    assert page.free == {} and page.unusable == {i: [7] for i in range(8)}
     assert b"notebooks: 56/56 slices (100%)" in text and b"active profile: <b>day</b> (schedule)" in text
     assert b"http://" not in text and b"https://" not in text and b'http-equiv="refresh" content="15"' in text
 

@@ -254,6 +254,21 @@ class GpuModel:
     def profile_by_role(self, role: str) -> GiProfile | None:
         return next((p for p in self.profiles if p.role == role), None)
 
+    def usable_slices(self, taken: Iterable[Placement], compute_free: int) -> set[int]:
+        """The memory slices some GPU instance could still be made on beside the instances ``taken``:
+        a placement of a profile whose slices are all untaken, with enough compute slices left.  An
+        8-slice GPU has 7 compute slices: beside seven 1g instances its eighth memory slice is free
+        but unusable (only larger placements take it: 1g.20gb at 6:2, 3g at 4:4, 7g at 0:8)."""
+        held = list(taken)
+        usable: set[int] = set()
+        for prof in self.profiles:
+            if prof.slices > compute_free:
+                continue
+            for pl in prof.placements:
+                if not any(pl.overlaps(h) for h in held):
+                    usable.update(range(pl.start, pl.end))
+        return usable
+
     def caveats(self, used: Iterable[GiProfile] = (), split_cis: bool = False) -> list[str]:
         """The unconfirmed facts a layout of ``used`` profiles relies on (for warnings);
         ``split_cis``: the layout splits a GI into several compute instances."""

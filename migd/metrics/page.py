@@ -19,14 +19,17 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from migd.catalog.models import Placement
 from migd.metrics import share
 from migd.metrics.snapshot import GiSample, GpuSample, Snapshot
 
 _STYLE = """
 body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}h1{font-size:1.3em}
 .summary p{margin:.2em 0}.gpu{margin:1em 0}.gpu h2{font-size:1em;margin:.3em 0}
-.map{display:grid;gap:3px;max-width:64em}.gi,.free{border-radius:4px;padding:.4em;min-height:4.5em;font-size:12px}
-.free{background:#eee;color:#888}.gi span{display:block}.warn{color:#a40}.owners span{margin-right:1.2em}
+.map{display:grid;gap:3px;max-width:64em}
+.gi,.free,.unusable{border-radius:4px;padding:.4em;min-height:4.5em;font-size:12px}.free{background:#eee;color:#888}
+.unusable{background:repeating-linear-gradient(45deg,#f4f4f4 0 6px,#e4e4e4 6px 12px);color:#999}
+.gi span{display:block}.warn{color:#a40}.owners span{margin-right:1.2em}
 """
 
 
@@ -98,14 +101,40 @@ def _gpu(g: GpuSample, progress: Mapping[str, Any] | None) -> str:
     for gi in sorted(g.instances, key=lambda x: x.placement_start):
         blocks.append(_block(gi))
         taken.update(range(gi.placement_start, gi.placement_start + gi.placement_size))
-    blocks += [f"<div class=\"free\" style=\"grid-column:{s + 1}/span 1\">free</div>" for s in range(slots)
-               if s not in taken and g.instances]
+    blocks += _empty(g, taken) if g.instances else []
     mode = "MIG" if g.info.mig_current else "MIG disabled"
     body = "".join(blocks) if g.instances else f"<div class=\"free\" style=\"grid-column:1/span {slots}\">{mode}, " \
                                                 f"{g.processes} process(es)</div>"
     return (f"<section class=\"gpu\" data-gpu=\"{g.info.index}\" data-slices=\"{slots}\"><h2>GPU {g.info.index}: "
             f"{e(g.info.name)}{state}</h2><div class=\"map\" style=\"grid-template-columns:repeat({slots},1fr)\">"
             f"{body}</div></section>")
+
+
+def _empty(g: GpuSample, taken: set[int]) -> list[str]:
+    """A block per memory slice no instance holds: "free" where some profile could still be made on it,
+    "unusable" where none can while the other instances stand (an A100's or H100's eighth slice beside
+    seven 1g instances: it is only ever part of a larger placement, and no compute slice is left)."""
+    model = g.info.model
+    if model is None:
+        usable, takers = set(range(g.memory_slices)), {}
+    else:
+        compute_free = model.compute_slices - sum(gi.compute_slices for gi in g.instances)
+        usable = model.usable_slices([Placement(gi.placement_start, gi.placement_size) for gi in g.instances],
+                                     compute_free)
+        takers = {s: [f"{p.name} at {pl}" for p in model.profiles for pl in p.placements if pl.start <= s < pl.end]
+                  for s in range(g.memory_slices)}
+    out = []
+    for s in range(g.memory_slices):
+        where = f"data-slice=\"{s}\" style=\"grid-column:{s + 1}/span 1\""
+        if s in taken:
+            continue
+        if s in usable:
+            out.append(f"<div class=\"free\" {where}>free</div>")
+        else:
+            why = f"no instance fits on this memory slice beside the ones there now; it is part of " \
+                  f"{', '.join(takers.get(s, [])) or 'no placement'}"
+            out.append(f"<div class=\"unusable\" {where} title=\"{html.escape(why)}\">unusable now</div>")
+    return out
 
 
 def _block(gi: GiSample) -> str:
