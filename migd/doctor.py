@@ -9,7 +9,9 @@ can hand in a deliberately wrong entry and see it reported.
 from __future__ import annotations
 
 import enum
+import logging
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -55,7 +57,34 @@ def _catalog_lookup(name: str, pci_device_id: int) -> GpuModel | None:
     return model_for(name=name, pci_device_id=pci_device_id)
 
 
+class _SaidByIdentity(logging.Filter):
+    """The NVML backend warns, once per GPU, that a GPU is not in the catalog; the doctor's identity
+    finding says so for that GPU, with more: the warning would print it twice per GPU (issue 39)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return NOT_IN_CATALOG not in str(record.msg)
+
+
+NOT_IN_CATALOG = "is not in migd's catalog"  # the backend's warning, as migd/hardware/nvml/backend.py words it
+
+
+@contextmanager
+def _identity_says_it() -> Iterator[None]:
+    quiet = _SaidByIdentity()
+    backend_log = logging.getLogger("migd.hardware.nvml.backend")
+    backend_log.addFilter(quiet)
+    try:
+        yield
+    finally:
+        backend_log.removeFilter(quiet)
+
+
 def diagnose(src: DoctorSource, lookup: Lookup = _catalog_lookup) -> list[Finding]:
+    with _identity_says_it():
+        return _diagnose(src, lookup)
+
+
+def _diagnose(src: DoctorSource, lookup: Lookup) -> list[Finding]:
     out = [Finding(None, "driver", Verdict.INFO, f"driver {src.driver_version()}, NVML {src.nvml_version()}")]
     inventory = survey(src)
     unwatched = src.probe_events()

@@ -64,3 +64,20 @@ def test_the_page_shows_the_eighth_slice_beside_seven_1g_as_unusable(tmp_path: P
         assert page.free == {0: 4} and page.unusable == {}
     finally:
         m.close()
+
+
+def test_a_gpu_not_in_the_catalog_is_said_once_per_gpu(tmp_path: Path) -> None:
+    """``migctl doctor`` printed the backend's warning and its own identity finding for each GPU the catalog
+    lacks: the same news twice per GPU.  The finding says it now; other commands keep the warning, once."""
+    m = Migctl(tmp_path, "unlisted")  # two GPUs of a model the simulated driver knows and the catalog does not
+    for args in (("doctor",), ("doctor", "-v")):
+        r = m.process(*args)
+        assert r.returncode == 1 and "not in migd's catalog" not in r.stderr, r.stderr
+        said = [line.split()[:2] for line in r.stdout.splitlines() if "not in migd's catalog" in line]
+        assert said == [["GPU", "0"], ["GPU", "1"]], r.stdout
+    r = m.process("doctor", "-o", "json")
+    assert "not in migd's catalog" not in r.stderr and r.stdout.count("not in migd's catalog") == 2, r.stderr
+    r = m.process("status")
+    assert r.returncode == 0, r.stderr
+    assert [line.split(":")[2].strip() for line in r.stderr.splitlines() if "not in migd's catalog" in line] == \
+        ["GPU 0", "GPU 1"], r.stderr
