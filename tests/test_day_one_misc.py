@@ -9,7 +9,7 @@ import urllib.request
 from pathlib import Path
 
 from tests.daemon_harness import MigdProcess
-from tests.helpers import PROFILES, Migctl
+from tests.helpers import PROFILES, REPO, Migctl
 from tests.test_page import parse
 
 
@@ -81,3 +81,21 @@ def test_a_gpu_not_in_the_catalog_is_said_once_per_gpu(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert [line.split(":")[2].strip() for line in r.stderr.splitlines() if "not in migd's catalog" in line] == \
         ["GPU 0", "GPU 1"], r.stderr
+
+
+def test_the_example_configuration_points_at_documents_that_exist() -> None:
+    """systemd/migd.yaml sent the reader to a README section "Daemon" that never existed."""
+    headings = {h.strip() for h in re.findall(r"^#+ (.+)$", (REPO / "README.md").read_text(), flags=re.M)}
+    pyproject = (REPO / "pyproject.toml").read_text()
+    pointers = 0
+    for f in sorted(p for p in (REPO / "systemd").rglob("*") if p.is_file()):
+        text = f.read_text()
+        for section in re.findall(r'README "([^"]+)"', text):
+            assert section in headings, f"{f.name}: README has no section {section!r}"
+            pointers += 1
+        for doc in re.findall(r"(?<![/\w])docs/[\w.-]+\.md", text):
+            assert (REPO / doc).is_file(), f"{f.name}: {doc} does not exist"
+            pointers += 1
+        for rel in re.findall(r"/opt/migd/share/doc/migd/(\S+?\.md)", text):  # as pyproject's data-files install
+            assert (REPO / rel).is_file() and f'"{rel}"' in pyproject, f"{f.name}: {rel} is not installed"
+    assert pointers >= 1  # migd.yaml points at its reference
