@@ -13,6 +13,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -183,11 +184,14 @@ def test_a_running_migd_sees_each(migd: MigdProcess) -> None:
     assert last["profile"] == "night" and last["seconds"] >= 16 * 0.2, last  # as migd timed it
     assert on(m, "slow", "0").returncode == 0
 
+    def daemon() -> dict[str, Any]:
+        return dict(json.loads(m.process("daemon", "-o", "json").stdout))
+
     assert on(m, "lose", "--gpu", "0").returncode == 0
-    migd.wait_until(lambda: "GPU 0: lost since" in m.process("daemon").stdout)
+    migd.wait_until(lambda: daemon()["gpus"]["0"]["state"] == "lost")
     assert on(m, "return", "--gpu", "0").returncode == 0
-    migd.wait_until(lambda: "GPU 0: lost" not in m.process("daemon").stdout)
+    migd.wait_until(lambda: daemon()["gpus"]["0"]["state"] == "converged")
 
     uuid = StateStore(m.state).read().gpus[0].uuid
     assert on(m, "xid", "79", "--gpu", "0").returncode == 0
-    migd.wait_until(lambda: f"unhealthy: {uuid}: Xid 79 (GPU-wide)" in m.process("daemon").stdout)
+    migd.wait_until(lambda: daemon()["unhealthy"].get(uuid, "").startswith("Xid 79 (GPU-wide)"))
