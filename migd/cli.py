@@ -27,12 +27,14 @@ from migd.ctl_daemon import (
     cmd_daemon,
     cmd_reload,
     cmd_resume,
+    control_socket,
     layout_from_daemon,
     out,
     refuse_local,
 )
 from migd.ctl_isolation import cmd_isolation, isolation_from_daemon
-from migd.ctl_parser import parser
+from migd.ctl_parser import parse
+from migd.ctl_parser import parser as parser  # (tests/test_help.py reads it here)
 from migd.ctl_status import status_out
 from migd.doctor import UNREADABLE_CHECK, Verdict, diagnose
 from migd.errors import ValidationError
@@ -309,7 +311,7 @@ NO_GPU: dict[str, Callable[[argparse.Namespace], int]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = parse(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="migctl: %(levelname)s: %(message)s")
     try:
@@ -327,9 +329,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+ASKS_MIGD = ("reload", "resume", "clear-fault")  # change what migd does: its control socket is root's
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.command in NO_GPU:
-        return NO_GPU[args.command](args)
+        try:
+            return NO_GPU[args.command](args)
+        except PermissionError as e:
+            if args.command not in ASKS_MIGD or e.filename:
+                raise
+            print(f"not permitted: `migctl {args.command}` asks migd through its control socket "
+                  f"{control_socket(args)}, which only root may use (sudo migctl {args.command})", file=sys.stderr)
+            return Exit.NOT_APPLIED
     try:
         return _local(args)
     except PermissionError:  # not root: `status` and `isolation` are answered by migd's read-only socket

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable
 from datetime import datetime
-from typing import NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from migd.yamlsrc import parse_duration, parse_host_port
 
@@ -14,7 +15,13 @@ T = TypeVar("T")
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a bad argument gets one line naming it (not the whole usage block)."""
+    """argparse, but a bad argument gets one line naming it (not the whole usage block), and a value that
+    starts with a minus and a digit (``--busy-timeout -5m``) is the option's value, refused by its type in
+    words, not an unknown option ("expected one argument")."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-\.?\d")  # (no option of ours looks like -5)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -54,13 +61,19 @@ def _iso(text: str) -> datetime:
         raise ValueError(f"not an ISO date-time (e.g. 2026-11-23T18:59:30): {text!r}") from None
 
 
+def _duration(text: str) -> float:
+    if text.strip().startswith("-"):
+        raise ValueError(f"a duration cannot be negative, not {text!r} (0 or more: 90, 30s, 5m, 1h30m)")
+    return parse_duration(text)
+
+
 def _listen(text: str) -> str:
     parse_host_port(text)
     return text
 
 
 # Every option value is parsed into its type where it is read: one line and exit 2, never a traceback.
-duration = _typed(parse_duration)  # 90, 30s, 5m, 1h30m -> seconds
+duration = _typed(_duration)  # 90, 30s, 5m, 1h30m -> seconds; never negative
 seconds = _typed(lambda text: _number(text, 0.0, strict=False))  # finite, >= 0
 positive = _typed(lambda text: _number(text, 0.0, strict=True))  # finite, > 0
 count = _typed(_count)  # 1, 2, ...

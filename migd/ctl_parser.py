@@ -53,20 +53,41 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """migctl's command line, read: a profile command's file is FILE or -f/--config-file, given once."""
+    args = parser().parse_args(argv)
+    if args.command in PROFILE_COMMANDS:
+        given = [f for f in (args.file, args.config_file) if f is not None]
+        sub = Parser(prog=f"migctl {args.command}")
+        if not given:
+            sub.error("the following arguments are required: FILE (or -f/--config-file FILE)")
+        if len(given) > 1:
+            sub.error(f"the file is given twice ({given[0]} and -f {given[1]}): give FILE or -f/--config-file, "
+                      "not both")
+        args.file = given[0]
+    return args
+
+
 def _fmt(sp: argparse.ArgumentParser, choices: Sequence[str] = ("table", "json", "yaml")) -> None:
     sp.add_argument("-o", "--output", choices=choices, default=choices[0],
                     help=f"output format (default {choices[0]}; json/yaml follow the documented schema)")
 
 
+PROFILE_COMMANDS = ("plan", "assert", "apply")
+
+
 def _profile_commands(cmd: Command) -> None:
-    """plan, assert and apply: each takes a profile file."""
+    """plan, assert and apply: each takes a profile file, as FILE or as mig-parted's -f/--config-file."""
     for name, hlp in (("plan", "show the operations an apply would run"), ("assert", "exit 0 if applied"),
                       ("apply", "apply a profile")):
         sp = cmd(name, hlp)
-        sp.add_argument("file", help="a migd profile or a mig-parted config file (- reads standard input)")
-        sp.add_argument("--config", help="config name in a mig-parted file")
-        sp.add_argument("--mode-only", action="store_true",
-                        help="only the MIG mode (enabled/disabled), as mig-parted's --mode-only; instances stay")
+        sp.add_argument("file", nargs="?", help="a migd profile or a mig-parted config file (- reads standard "
+                        "input); or -f FILE")
+        sp.add_argument("-f", "--config-file", metavar="FILE", help="the same, as mig-parted's -f/--config-file")
+        sp.add_argument("--config", "-c", "--selected-config", metavar="NAME",
+                        help="config name in a mig-parted file (mig-parted's -c/--selected-config)")
+        sp.add_argument("--mode-only", "-m", action="store_true",
+                        help="only the MIG mode (enabled/disabled), as mig-parted's -m/--mode-only; instances stay")
         _fmt(sp)
         if name == "apply":
             _apply_options(sp)
@@ -74,11 +95,12 @@ def _profile_commands(cmd: Command) -> None:
 
 def _apply_options(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--dry-run", action="store_true", help="plan and show what would change; change nothing")
-    sp.add_argument("--on-busy", choices=list(OnBusy), default=OnBusy.REFUSE.value,
+    sp.add_argument("--on-busy", choices=[b.value for b in OnBusy], default=OnBusy.REFUSE.value,
                     help="instances with running processes that would be destroyed: refuse (default), "
                     "wait for them to end, or force (SIGTERM, then SIGKILL)")
     sp.add_argument("--busy-timeout", type=cliargs.duration, default="5m", help="with --on-busy wait (default 5m)")
-    sp.add_argument("--hooks", help="YAML file with a hooks: mapping (phases as in mig-parted)")
+    sp.add_argument("--hooks", "-k", "--hooks-file", metavar="FILE",
+                    help="YAML file with a hooks: mapping (phases as in mig-parted; its -k/--hooks-file)")
     sp.add_argument("--lock-timeout", type=cliargs.seconds, default=0.0, help="seconds to wait for another apply")
     sp.add_argument("--sequential", action="store_true", help="change GPUs one at a time")
     sp.add_argument("--local", action="store_true",

@@ -1,0 +1,99 @@
+"""What a mig-parted operator still tripped on at migctl (issue 39, items 6, 8, 9, 10a): each through the
+real migctl process, as typed."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.daemon_harness import MigdProcess
+from tests.helpers import PROFILES, REFERENCE, Migctl, migctl_as, need_root
+
+MIG_PARTED = str(REFERENCE / "mig-parted-config-default.yaml")
+
+
+@pytest.fixture
+def migd(tmp_path: Path) -> Iterator[MigdProcess]:
+    m = MigdProcess(tmp_path, fleet="dgx-a100")
+    yield m
+    m.close()
+
+
+def _one_line(err: str) -> str:
+    assert "Traceback" not in err, err
+    line, = err.splitlines()
+    return line
+
+
+# --- 10a: mig-parted's own flags --------------------------------------------------------------------
+
+def test_mig_parteds_flags_carry_over(tmp_path: Path) -> None:
+    """``migctl apply -f config.yaml -c all-1g.10gb`` was "unrecognized arguments": -f/--config-file,
+    -c/--selected-config, -m/--mode-only and -k/--hooks-file are mig-parted's (its apply and assert)."""
+    m = Migctl(tmp_path, "dgx-a100")
+    r = m.process("plan", "-f", MIG_PARTED, "-c", "all-1g.10gb")
+    assert r.returncode == 0 and r.stdout.startswith("all-1g.10gb: 8 GPU(s) to change"), r
+    r = m.process("apply", "-f", MIG_PARTED, "-c", "all-1g.10gb")
+    assert r.returncode == 0 and r.stdout.startswith("all-1g.10gb: applied in "), r
+    r = m.process("assert", "--config-file", MIG_PARTED, "--selected-config", "all-1g.10gb")
+    assert (r.returncode, r.stdout) == (0, "all-1g.10gb: applied on 8 GPU(s)\n"), r
+    r = m.process("assert", "-m", "-f", MIG_PARTED, "-c", "all-disabled")  # the mode alone: not applied
+    assert r.returncode == 1 and r.stdout.startswith("all-disabled: NOT applied (8 of 8"), r
+    hooks = tmp_path / "hooks.yaml"
+    hooks.write_text("version: v1\nhooks: {}\n")
+    hooks.chmod(0o600)
+    r = m.process("apply", "--dry-run", "-k", str(hooks), "-f", MIG_PARTED, "-c", "all-1g.10gb")
+    assert r.returncode == 0 and "dry run, nothing changed" in r.stdout, r
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    ((MIG_PARTED, "-f", MIG_PARTED, "-c", "all-1g.10gb"), "the file is given twice"),
+    (("-c", "all-1g.10gb"), "the following arguments are required: FILE (or -f/--config-file FILE)"),
+])
+def test_the_file_is_given_once(tmp_path: Path, args: tuple[str, ...], says: str) -> None:
+    r = Migctl(tmp_path, "dgx-a100").process("apply", *args)
+    assert r.returncode == 2 and r.stdout == "", r
+    line = _one_line(r.stderr)
+    assert line.startswith("migctl apply: error: ") and says in line, line
+
+
+# --- 9: one clear line for a bad value ----------------------------------------------------------------
+
+def test_an_unknown_on_busy_lists_words_not_enum_reprs(tmp_path: Path) -> None:
+    r = Migctl(tmp_path, "dgx-a100").process("apply", "--on-busy", "kill", str(PROFILES / "night.yaml"))
+    assert r.returncode == 2 and r.stdout == "", r
+    line = _one_line(r.stderr)
+    assert "invalid choice: 'kill' (choose from 'refuse', 'wait', 'force')" in line and "OnBusy" not in line, line
+
+
+@pytest.mark.parametrize("value", [["--busy-timeout", "-5m"], ["--busy-timeout=-5m"], ["--busy-timeout", "-90"]])
+def test_a_negative_duration_is_refused_in_words(tmp_path: Path, value: list[str]) -> None:
+    """``--busy-timeout -5m`` said "expected one argument": argparse took -5m for an option."""
+    r = Migctl(tmp_path, "dgx-a100").process("apply", *value, str(PROFILES / "night.yaml"))
+    assert r.returncode == 2 and r.stdout == "", r
+    line = _one_line(r.stderr)
+    assert line.startswith("migctl apply: error: argument --busy-timeout: a duration cannot be negative, not '-"), line
+
+
+def test_resume_as_an_ordinary_user_says_who_may(tmp_path: Path) -> None:
+    """It printed ``not permitted: [Errno 13] Permission denied: Permission denied (...)``."""
+    need_root("to become another user")
+    m = Migctl(tmp_path, "dgx-a100")
+    assert m("status").code == 0  # makes the state dir, root's and 0700: its socket is out of reach
+    run = Path(tempfile.mkdtemp(prefix="migd-run-", dir="/tmp"))
+    try:
+        run.chmod(0o755)
+        (run / "migd").mkdir(mode=0o700)  # as /run/migd
+        sock = run / "migd" / "control.sock"
+        for cmd in (["resume"], ["clear-fault", "0"]):
+            code, out, err = migctl_as(65534, 65534, ["--control-socket", str(sock), *cmd])
+            assert (code, out) == (1, ""), (cmd, code, out, err)
+            line = _one_line(err)
+            assert line == (f"not permitted: `migctl {cmd[0]}` asks migd through its control socket {sock}, which "
+                            f"only root may use (sudo migctl {cmd[0]})"), line
+    finally:
+        shutil.rmtree(run)
