@@ -20,7 +20,8 @@ from migd.apply.executor import Applier
 from migd.apply.hooks import Hooks, parse_hooks
 from migd.apply.journal import left_behind
 from migd.apply.planning import touched
-from migd.apply.result import ApplyOptions, GpuStatus, OnBusy
+from migd.apply.result import ApplyOptions, BusyError, GpuStatus, OnBusy
+from migd.ctl_apply import kept_hold, refused_out
 from migd.ctl_daemon import (
     apply_via_daemon,
     cmd_clear_fault,
@@ -154,7 +155,8 @@ def cmd_apply(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) ->
     if args.force_local:
         args.local = True
     if not args.local:
-        via = apply_via_daemon(args, _text(args, strict=os.geteuid() == 0))
+        via = apply_via_daemon(args, _text(args, strict=os.geteuid() == 0),
+                               refused=lambda why: refused_out(args, backend, state_dir, None, why))
         if via is not None:
             return via
     else:
@@ -166,13 +168,18 @@ def cmd_apply(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) ->
                         parallel=not args.sequential, mode_only=args.mode_only)
     abort = threading.Event()
     opts.abort = abort
-    with _interruptible(abort):
-        result = Applier(backend, state_dir).apply(profile, opts)
+    try:
+        with _interruptible(abort):
+            result = Applier(backend, state_dir).apply(profile, opts)
+    except BusyError as e:
+        refused_out(args, backend, state_dir, profile, failure(e).message)
+        raise
     doc = apply_doc(result, args.dry_run)
     out(args, doc, apply_table(doc, verbose=args.verbose))
     if abort.is_set():
         print("interrupted: the apply was cancelled; no GPU was left changed", file=sys.stderr)
         return 130
+    kept_hold(args, state_dir, profile, result)
     return for_result(result)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,10 @@ def out(args: argparse.Namespace, doc: object, table: str) -> None:
     sys.stdout.write(table if args.output == "table" else dump(doc, args.output))
 
 
-def apply_via_daemon(args: argparse.Namespace, text: str) -> int | None:
+def apply_via_daemon(args: argparse.Namespace, text: str,
+                     refused: Callable[[str], None] | None = None) -> int | None:
     """Hand the apply to a running migd, so the daemon and the CLI never race.  None: no daemon.
+    ``refused``: told migd's reason when it refused the apply for busy instances before it began.
 
     Ctrl-C withdraws the request: migd cancels the apply and puts every GPU it changed back, and
     this waits for its account of that (a second Ctrl-C stops waiting, not migd)."""
@@ -64,6 +67,8 @@ def apply_via_daemon(args: argparse.Namespace, text: str) -> int | None:
     if not _error(reply):
         result = from_json(ApplyDoc, reply["result"], "result")
         out(args, result, apply_table(result, by="migd"))
+    elif refused is not None and reply.get("exit") == Exit.BUSY and "result" not in reply:
+        refused(str(reply["error"]))
     if withdrawn:
         print("interrupted: the apply was cancelled; no GPU was left changed and nothing is held", file=sys.stderr)
         return 130

@@ -101,6 +101,13 @@ def apply_doc(result: ApplyResult, dry_run: bool) -> wp.ApplyDoc:
         tuple(wp.GpuResult(r.index, r.uuid, r.status, r.ops, r.error, round(r.seconds, 3)) for r in result.results))
 
 
+def refused_doc(profile: str, plans: list[GpuPlan], lost: Sequence[Unreadable], dry_run: bool,
+                why: str) -> wp.ApplyDoc:
+    """``migd.apply/v1`` of an apply refused before it touched a GPU (busy instances): the plan it refused,
+    no results, and ``error`` saying why."""
+    return wp.ApplyDoc(profile, tuple(_gpu_plan(p) for p in plans), unreadable(lost), dry_run, False, 0.0, (), why)
+
+
 def doctor_doc(findings: list[Finding]) -> DoctorDoc:
     """``migd.doctor/v1``: one finding per check; ``ok`` is false when any differs from the catalog."""
     return DoctorDoc(not any(f.verdict in (Verdict.MISMATCH, Verdict.ERROR) for f in findings), tuple(findings))

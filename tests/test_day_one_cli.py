@@ -3,6 +3,7 @@ real migctl process, as typed."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -10,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from migd.sim import control
+from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
 from tests.helpers import PROFILES, REFERENCE, Migctl, migctl_as, need_root
 
@@ -97,3 +100,49 @@ def test_resume_as_an_ordinary_user_says_who_may(tmp_path: Path) -> None:
                             f"only root may use (sudo migctl {cmd[0]})"), line
     finally:
         shutil.rmtree(run)
+
+
+# --- 9: a busy refusal through migd is a document too --------------------------------------------------
+
+def test_a_busy_refusal_through_migd_writes_its_apply_document(migd: MigdProcess) -> None:
+    migd.start(now="2026-11-23T10:00:00")  # Monday 10:00 KST: day
+    migd.wait_ready()
+    store = StateStore(migd.migctl.state)
+    control.start_process(store, 0, store.read().gpus[0].gis[0].id, 0)
+    r = migd.migctl.process("apply", str(PROFILES / "night.yaml"), "-o", "json")
+    assert r.returncode == 3, r
+    assert _one_line(r.stderr).startswith("error (from migd): instances with running processes"), r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "migd.apply/v1" and doc["ok"] is False and doc["results"] == [], doc
+    assert doc["error"].startswith("instances with running processes would be destroyed: GPU 0: "), doc["error"]
+    assert doc["gpus"][0]["operations"][0]["busy_pids"], doc["gpus"][0]
+    assert migd.assert_profile("day")
+
+
+# --- 6: a local apply while migd is stopped, and a manual apply kept on disk ---------------------------
+
+def test_a_local_apply_takes_the_place_of_a_kept_manual_apply(migd: MigdProcess) -> None:
+    """A local apply made while migd was stopped was undone at migd's next start by the older manual apply
+    kept on disk, and the local apply said nothing of it."""
+    migd.start(now="2026-11-23T10:00:00")  # Monday 10:00 KST: day; 19:00 KST is 10:00 UTC
+    migd.wait_ready()
+    r = migd.migctl.process("apply", str(PROFILES / "balanced.yaml"))
+    assert r.returncode == 0 and "balanced holds until 2026-11-23T10:00:00+00:00" in r.stdout, r
+    assert migd.stop() == 0
+    r = migd.migctl.process("apply", "--mode-only", str(PROFILES / "night.yaml"))  # leaves the instances: no
+    assert r.returncode == 0, r
+    kept = migd.migctl.state_dir / "override.json"
+    assert r.stdout.splitlines()[-1] == (f"the kept manual apply of balanced ({kept}) still holds: migd puts it "
+                                         "back at its next start, until 2026-11-23T10:00:00+00:00; `migctl resume` "
+                                         "drops it"), r.stdout
+    r = migd.migctl.process("apply", str(PROFILES / "night.yaml"))
+    assert r.returncode == 0 and r.stderr == "", r
+    assert r.stdout.splitlines()[-1] == ("night holds in place of the kept manual apply of balanced until "
+                                         "2026-11-23T10:00:00+00:00: migd takes it up at its next start; "
+                                         "`migctl resume` drops it"), r.stdout
+    migd.start(now="2026-11-23T11:00:00")  # 11:00 KST: still before the transition the hold lasts until
+    migd.wait_ready()
+    assert migd.assert_profile("night"), migd.migctl.layout()
+    doc = migd.control({"cmd": "status"})["daemon"]
+    assert doc["active"]["reason"] == "manual" and doc["override"]["profile"] == "night", doc["active"]
+    assert doc["override"]["until"] == "2026-11-23T10:00:00+00:00", doc["override"]

@@ -252,3 +252,18 @@ def test_daemon_status_with_access_by_owner(tmp_path: Path, mixed: Migctl) -> No
                                         "closed to all but root until they let go"), ("inference",)))
     text = _TIMES.sub(lambda m: m.group(1) + "0", json.dumps(doc, indent=2) + "\n")
     _check("daemon-access.txt", daemon_table(from_json(DaemonDoc, json.loads(text))))
+
+
+def test_a_busy_refusal_writes_its_apply_document(tmp_path: Path) -> None:
+    """``apply -o json`` refused for busy instances wrote nothing on stdout: a ``migd.apply/v1`` with
+    ``error`` now (the plan it refused, each busy operation's pids, no results), beside the one line on
+    stderr, exit 3; through migctl's own process."""
+    m = Migctl(tmp_path, "mixed")
+    assert m("apply", str(PROFILES / "balanced.yaml"), "--sequential").code == 0
+    store = StateStore(m.state)
+    control.start_process(store, 1, store.read().gpus[1].gis[0].id, 0, used_mib=1000)
+    r = m.process("apply", str(PROFILES / "night.yaml"), "-o", "json")
+    assert r.returncode == 3 and r.stderr.startswith("blocked: ") and r.stderr.count("\n") == 1, r
+    doc = json.loads(r.stdout)
+    assert doc["ok"] is False and doc["results"] == [] and doc["error"] == r.stderr.removeprefix("blocked: ").strip()
+    _check("apply-night-refused-busy.json", r.stdout.replace(str(PROFILES), "PROFILES"))

@@ -32,7 +32,7 @@ from tests.helpers import PROFILES, Migctl
 GOLDEN = Path(__file__).parent / "golden"
 DOCS: list[tuple[str, type[Any]]] = [("status-balanced.json", StatusDoc), ("plan-balanced.json", PlanDoc),
                                      ("apply-balanced.json", ApplyDoc), ("assert-night.json", AssertDoc),
-                                     ("doctor.json", DoctorDoc)]
+                                     ("doctor.json", DoctorDoc), ("apply-night-refused-busy.json", ApplyDoc)]
 
 
 @pytest.mark.parametrize(("name", "kind"), DOCS)

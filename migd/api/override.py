@@ -2,7 +2,8 @@
 
 The file holds the profile's own text (not a path to it), so what comes back after a restart is
 what was applied, even if the file it came from was edited or removed since.  Shown by ``migctl
-daemon`` and the metrics; ``migctl resume`` without a running migd drops the file.
+daemon`` and the metrics; ``migctl resume`` without a running migd drops the file, and a local
+``migctl apply`` made while migd is stopped takes its place (:func:`supersede`).
 """
 
 from __future__ import annotations
@@ -82,3 +83,14 @@ class OverrideStore:
             log.error("ignoring the kept manual override %s, which cannot be read: %s", self.path, e)
             self.clear()
             return None
+
+
+def supersede(store: OverrideStore, kept: Override, profile: Profile, now: datetime) -> Override:
+    """A local apply made while migd is stopped, in place of the manual apply kept on disk: it holds until
+    the same transition (the next one after the kept apply, which had not come when it was kept: so the
+    next one after this apply too, the schedule unchanged; migd derives it again from its schedule at
+    start and ends a hold whose transition passed).  Without this, migd's next start put the older apply
+    back over the GPUs' newer layout."""
+    new = Override(profile, kept.until, now)
+    store.save(new)
+    return new

@@ -5,10 +5,11 @@ within a version."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from migd.api.status import Placement, Unreadable
+from migd.api.wire import OMIT_NONE
 from migd.apply.result import GpuStatus
 from migd.plan.planner import OpKind
 
@@ -90,6 +91,10 @@ class GpuResult:
 
 @dataclass(frozen=True)
 class ApplyDoc:
+    """``error``: why the apply was refused before any GPU was touched (busy instances under ``--on-busy
+    refuse`` or after ``--busy-timeout``), the line migctl says on stderr; then ``results`` is empty and
+    ``gpus`` is the plan it refused, each busy operation with its ``busy_pids``.  Absent otherwise."""
+
     SCHEMA: ClassVar[str] = "migd.apply/v1"
     profile: str
     gpus: tuple[GpuPlan, ...]
@@ -98,3 +103,4 @@ class ApplyDoc:
     ok: bool
     seconds: float
     results: tuple[GpuResult, ...]
+    error: str | None = field(default=None, metadata=OMIT_NONE)  # added 2026-11-27
