@@ -98,7 +98,7 @@ def cmd_assert(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -
         planned = {p.gpu.index for p in plans} | {u.index for u in unreadable}  # (cmd/nvidia-mig-parted/
         unmatched = [i for i in range(backend.gpu_count()) if i not in planned]  # assert/config.go CountTrue)
     doc = assert_doc(profile.name, plans, unmatched, unreadable)
-    out(args, doc, assert_table(doc))
+    out(args, doc, assert_table(doc, args.verbose))
     return partly(Exit.OK, unreadable, bool(plans)) if doc.ok else Exit.NOT_APPLIED
 
 

@@ -33,7 +33,7 @@ def cmd_isolation(args: argparse.Namespace, backend: GpuBackend, state_dir: Path
 
 def _isolation_out(args: argparse.Namespace, doc: IsolationDoc) -> int:
     """``migctl isolation``'s table and exit code, from its document (read here, or by migd)."""
-    out(args, doc, isolation_table(doc))
+    out(args, doc, isolation_table(doc, args.verbose))
     daemon = doc.daemon
     faults = bool(daemon and (daemon.unhealthy or daemon.breaches))
     bad = any(f.severity is Severity.ERROR for f in doc.findings) or faults

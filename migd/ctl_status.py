@@ -50,7 +50,7 @@ T = TypeVar("T")
 def status_out(args: argparse.Namespace, doc: StatusDoc) -> int:
     """``migctl status``'s table or document; ``--mine``: only what this user may open (:func:`mine_out`)."""
     if not args.mine:
-        out(args, doc, status_table(doc))
+        out(args, doc, status_table(doc, args.verbose))
         return partly(Exit.OK, doc.unreadable, bool(doc.gpus))
     return mine_out(args, doc, CapsPaths(Path(caps_root(args))))
 

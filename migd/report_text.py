@@ -15,7 +15,7 @@ from migd.api.audit import DoctorDoc, IsolationDoc
 from migd.api.daemon import Active, DaemonDoc, Progress, Reason
 from migd.api.demand import DemandView
 from migd.api.plan import ApplyDoc, AssertDoc, GpuPlan, Operation, PlanDoc
-from migd.api.status import JournalLeft, Reading, StatusDoc, Unreadable
+from migd.api.status import Gpu, JournalLeft, Reading, StatusDoc, Unreadable
 from migd.apply.result import GpuStatus
 from migd.doctor import UNREADABLE_CHECK, Finding, Verdict
 from migd.plan.planner import OpKind
@@ -24,12 +24,17 @@ from migd.profiles.model import index_ranges
 RESUME_HINT = "`migctl resume` returns to the schedule now"
 
 
-def grouped(items: Iterable[tuple[int, str]]) -> list[str]:
-    """``(gpu index, text)`` pairs as ``GPU 0-3,5 text`` lines, one per distinct text, in first-seen order."""
+def groups(items: Iterable[tuple[int, str]]) -> list[tuple[str, str]]:
+    """``(gpu index, text)`` pairs as ``("GPU 0-3,5", text)``, one per distinct text, in first-seen order."""
     by_text: dict[str, list[int]] = {}
     for index, text in items:
         by_text.setdefault(text, []).append(index)
-    return [f"GPU {index_ranges(ix)} {text}" for text, ix in by_text.items()]
+    return [(f"GPU {index_ranges(ix)}", text) for text, ix in by_text.items()]
+
+
+def grouped(items: Iterable[tuple[int, str]]) -> list[str]:
+    """``(gpu index, text)`` pairs as ``GPU 0-3,5 text`` lines, one per distinct text, in first-seen order."""
+    return [f"{where} {text}" for where, text in groups(items)]
 
 
 def _journal_line(j: JournalLeft) -> str:
@@ -52,14 +57,17 @@ def unreadable_lines(lost: Iterable[Unreadable]) -> list[str]:
     return [f"GPU {u.index}: {_LEFT_ALONE[u.state]}: {u.error}" for u in lost]
 
 
-def status_table(doc: StatusDoc) -> str:
-    lines = [_journal_line(doc.journal)] if doc.journal else []
+def status_table(doc: StatusDoc, verbose: bool = False) -> str:
+    """``migctl status``: a one-line summary, what an interrupted apply left and the GPUs NVML cannot read,
+    then the GPUs that read the same as one line each (``verbose``: every GPU and MIG device, with its MIG
+    UUID, memory and processes)."""
+    lines = [_status_head(doc, verbose)]
+    lines += [_journal_line(doc.journal)] if doc.journal else []
     lines += unreadable_lines(doc.unreadable)
+    if not verbose:
+        return "\n".join(lines + grouped((g.index, _gpu_reads(g)) for g in doc.gpus)) + "\n"
     for g in doc.gpus:
-        mode = "enabled" if g.mig.current else "disabled"
-        if g.mig.after_reset != g.mig.current:
-            mode += f" ({'enabled' if g.mig.after_reset else 'disabled'} after the next reset)"
-        lines.append(f"GPU {g.index}  {g.model}  {g.pci_bus_id}  MIG {mode}")
+        lines.append(f"GPU {g.index}  {g.model}  {g.pci_bus_id}  MIG {_mode(g)}")
         for gi in g.instances:
             owner, at = gi.owner or "-", f"@{gi.placement.start}:{gi.placement.size}"
             if not gi.compute_instances:
@@ -70,6 +78,44 @@ def status_table(doc: StatusDoc) -> str:
                 lines.append(f"  GI {gi.gi_id:>2} CI {ci.ci_id} {ci.profile:<14} {at}  owner {owner:<12} "
                              f"{ci.mig_uuid}  {mem}  pids {pids}")
     return "\n".join(lines) + "\n"
+
+
+def _mode(g: Gpu) -> str:
+    mode = "enabled" if g.mig.current else "disabled"
+    if g.mig.after_reset != g.mig.current:
+        mode += f" ({'enabled' if g.mig.after_reset else 'disabled'} after the next reset)"
+    return mode
+
+
+def _busy(g: Gpu) -> list[str]:
+    """Where processes run on a GPU: each MIG device's, or the whole GPU's with MIG off."""
+    busy = [f"GI {gi.gi_id} CI {ci.ci_id} pids {','.join(str(p.pid) for p in ci.processes)}"
+            for gi in g.instances for ci in gi.compute_instances if ci.processes]
+    return busy + ([f"pids {','.join(str(p.pid) for p in g.processes)}"] if g.processes else [])
+
+
+def _status_head(doc: StatusDoc, verbose: bool) -> str:
+    devices = sum(len(gi.compute_instances) for g in doc.gpus for gi in g.instances)
+    busy = [g.index for g in doc.gpus if _busy(g)]
+    head = (f"status: {len(doc.gpus)} GPU(s), MIG enabled on {sum(g.mig.current for g in doc.gpus)}, "
+            f"{devices} MIG device(s); " + (f"processes on GPU {index_ranges(busy)}" if busy else "no processes"))
+    if doc.unreadable:
+        head += f"; GPU {index_ranges([u.index for u in doc.unreadable])} cannot be read"
+    return head + ("" if verbose else "; -v lists every MIG device with its UUID")
+
+
+def _gpu_reads(g: Gpu) -> str:
+    """One GPU as it reads without its UUIDs: model, MIG mode, instances with owners, where processes run."""
+    text = f"({g.model}): MIG {_mode(g)}"
+    if g.mig.current:
+        kinds: Counter[tuple[str, str | None]] = Counter()
+        for gi in g.instances:
+            cis = [ci.profile for ci in gi.compute_instances]
+            kinds[(gi.profile if cis == [gi.profile] else f"{gi.profile}[{'+'.join(cis) or 'no CI'}]", gi.owner)] += 1
+        text += ": " + (" + ".join((f"{n}x{k}" if n > 1 else k) + (f" (owner {o})" if o else "")
+                                   for (k, o), n in kinds.items()) or "no instances")
+    busy = _busy(g)
+    return text + (f"; processes: {', '.join(busy)}" if busy else "")
 
 
 def _layout(g: GpuPlan) -> str:
@@ -90,6 +136,8 @@ def _op_summary(ops: Iterable[Operation]) -> str:
         if kind is OpKind.SET_MIG:
             on = any(o.kind is kind and o.description.endswith("enabled") for o in ops)
             words.append("enable MIG" if on else "disable MIG")
+        elif kind is OpKind.RESET:  # counted in the operations: named, so the words add up to the count
+            words.append("reset if the mode change stays pending")
         elif kind in _OP_WORDS:
             words.append(_OP_WORDS[kind].format(n))
     return ", ".join(words)
@@ -125,22 +173,26 @@ def plan_table(doc: PlanDoc, verbose: bool = False) -> str:
                       *_plan_lines(doc.gpus, verbose)]) + "\n"
 
 
-def assert_table(doc: AssertDoc) -> str:
-    """``migctl assert``: the verdict first, then each GPU that is not as asked (on stdout: what was asked
-    is the output)."""
+def assert_table(doc: AssertDoc, verbose: bool = False) -> str:
+    """``migctl assert``: the verdict first, then each group of GPUs that is not as asked (``verbose``: every
+    GPU, as asked or not), on stdout: what was asked is the output."""
     gpus, pending = doc.gpus, [g for g in doc.gpus if not g.applied]
     lost = unreadable_lines(doc.unreadable)
     if doc.ok:
         unchecked = f"; {len(lost)} GPU(s) it may select could not be read" if lost else ""
-        return "\n".join([f"{doc.profile}: applied on {len(gpus)} GPU(s){unchecked}", *lost]) + "\n"
-    lines = [f"{doc.profile}: NOT applied ({len(pending) + len(doc.unmatched)} of "
-             f"{len(gpus) + len(doc.unmatched)} GPU(s) differ)"]
-    lines += [line.replace(" not as in", ": not as in", 1) for line in grouped(
-        (g.index, f"not as in {doc.profile} ({g.operations} operation(s) needed)") for g in pending)]
+        lines = [f"{doc.profile}: applied on {len(gpus)} GPU(s){unchecked}"]
+    else:
+        lines = [f"{doc.profile}: NOT applied ({len(pending) + len(doc.unmatched)} of "
+                 f"{len(gpus) + len(doc.unmatched)} GPU(s) differ)"]
+    if verbose:
+        lines += [f"GPU {g.index} ({g.model}): " + (f"as in {doc.profile}" if g.applied else
+                  f"not as in {doc.profile} ({g.operations} operation(s) needed)") for g in gpus]
+    else:
+        lines += [line.replace(" not as in", ": not as in", 1) for line in grouped(
+            (g.index, f"not as in {doc.profile} ({g.operations} operation(s) needed)") for g in pending)]
     lines += [f"GPU {i}: matched by no entry of {doc.profile} (a mig-parted assert covers every GPU)"
               for i in doc.unmatched]
-    lines += lost
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + lost) + "\n"
 
 
 _PROBLEM_WORDS = {GpuStatus.ROLLED_BACK: "ROLLED BACK", GpuStatus.FAILED: "FAILED", GpuStatus.FAULTED: "FAULTED",
@@ -244,7 +296,7 @@ def _demand_lines(dm: DemandView | None, when: Callable[[float | None], str]) ->
 
 def doctor_table(doc: DoctorDoc, verbose: bool = False) -> str:
     """``migctl doctor``: the verdict, then differences, then notes grouped across GPUs (``verbose``:
-    every check of every GPU, passed ones included)."""
+    every check of every GPU, passed ones included); the columns line up whatever the GPU ranges."""
     findings = doc.findings
     counts = Counter(f.verdict.value for f in findings)
     gpus = len({f.gpu for f in findings if f.gpu is not None})
@@ -257,24 +309,41 @@ def doctor_table(doc: DoctorDoc, verbose: bool = False) -> str:
     head = f"doctor: {verdict} ({gpus} GPU(s), {len(findings)} checks: {tally}" + \
         ("" if verbose else "; -v lists every check") + ")"
     if verbose:
-        return "\n".join([head, *(_finding(f) for f in findings)]) + "\n"
-    order = (Verdict.MISMATCH, Verdict.ERROR, Verdict.INFO)
-    node = [_finding(f) for v in order for f in findings if f.gpu is None and f.verdict is v]
-    per_gpu = grouped((f.gpu, f"{f.check:<14} {f.verdict.value:<8} {f.detail}")
-                      for v in order for f in findings if f.gpu is not None and f.verdict is v)
-    return "\n".join([head, *node, *per_gpu]) + "\n"
+        rows = [("node" if f.gpu is None else f"GPU {f.gpu}", _finding(f)) for f in findings]
+    else:
+        order = (Verdict.MISMATCH, Verdict.ERROR, Verdict.INFO)
+        rows = [("node", _finding(f)) for v in order for f in findings if f.gpu is None and f.verdict is v]
+        rows += groups((f.gpu, _finding(f)) for v in order for f in findings if f.gpu is not None and f.verdict is v)
+    width = max([6, *(len(where) for where, _ in rows)])  # ("GPU 0-7" and "node" in one column)
+    return "\n".join([head, *(f"{where:<{width}} {text}" for where, text in rows)]) + "\n"
 
 
 def _finding(f: Finding) -> str:
-    where = "node " if f.gpu is None else f"GPU {f.gpu}"
-    return f"{where:<6} {f.check:<14} {f.verdict.value:<8} {f.detail}"
+    return f"{f.check:<14} {f.verdict.value:<8} {f.detail}"
 
 
-def isolation_table(doc: IsolationDoc) -> str:
-    """``migctl isolation``: lost GPUs, the audit's findings, then migd's fault marks and the probe."""
-    lines = unreadable_lines(doc.unreadable)
-    lines += [f"{f.severity.value.upper():7} {f.check.value:10} {f.message}" for f in doc.findings] or \
-        ["audit: no findings"]
+def isolation_table(doc: IsolationDoc, verbose: bool = False) -> str:
+    """``migctl isolation``: a one-line verdict, the GPUs NVML cannot read, the audit's findings (those that
+    read the same on several GPUs as one line; ``verbose``: each), then migd's fault marks and the probe."""
+    found = doc.findings
+    lost = [u.index for u in doc.unreadable]
+    if found:
+        sev = Counter(f.severity.value for f in found)
+        head = (f"audit: {len(found)} finding(s) ({', '.join(f'{n} {s}' for s, n in sorted(sev.items()))}) on GPU "
+                f"{index_ranges(sorted({f.gpu for f in found}))}")
+    else:
+        head = "audit: no findings"
+    head += (f"; GPU {index_ranges(lost)} cannot be read" if lost else "") + \
+        ("; -v lists each" if found and not verbose else "")
+    lines = [head, *unreadable_lines(doc.unreadable)]
+    if verbose:
+        lines += [f"{f.severity.value.upper():7} {f.check.value:10} {f.message}" for f in found]
+    else:
+        by_text: dict[tuple[str, str, str], list[int]] = {}
+        for f in found:
+            by_text.setdefault((f.severity.value.upper(), f.check.value, f.message.removeprefix(f"GPU {f.gpu}: ")),
+                               []).append(f.gpu)
+        lines += [f"{sv:7} {ck:10} GPU {index_ranges(ix)}: {text}" for (sv, ck, text), ix in by_text.items()]
     if doc.daemon is not None:
         lines += [f"UNHEALTHY {u}: {r}" for u, r in doc.daemon.unhealthy.items()]
         lines += [f"BREACH  {b}" for b in doc.daemon.breaches]

@@ -4,6 +4,7 @@ real migctl process, as typed."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -100,6 +101,49 @@ def test_resume_as_an_ordinary_user_says_who_may(tmp_path: Path) -> None:
                             f"only root may use (sudo migctl {cmd[0]})"), line
     finally:
         shutil.rmtree(run)
+
+
+# --- 9: plan's words add up; doctor's columns line up --------------------------------------------------
+
+def test_a_plans_words_add_up_to_its_count(tmp_path: Path) -> None:
+    """"16 operation(s) (enable MIG, create 7 GI, create 7 CI)" named 15: the conditional reset."""
+    r = Migctl(tmp_path, "dgx-a100").process("plan", "-v", str(PROFILES / "day.yaml"))
+    assert r.returncode == 0, r
+    lines = r.stdout.splitlines()
+    for i, line in enumerate(lines):
+        m = re.match(r"GPU \d+ \(.*?\): .*?: (\d+) operation\(s\) \((.*)\), \d+ instance", line)
+        if m is None:
+            continue
+        said = sum(int(n.group(1)) if (n := re.search(r" (\d+) ", f" {w} ")) else 1 for w in m.group(2).split(", "))
+        listed = next((n for n, x in enumerate(lines[i + 1:]) if not x.startswith("  ")), len(lines) - i - 1)
+        assert said == int(m.group(1)) == listed, line
+
+
+@pytest.mark.parametrize("verbose", [(), ("-v",)])
+def test_doctors_columns_line_up_with_gpu_ranges(tmp_path: Path, verbose: tuple[str, ...]) -> None:
+    r = Migctl(tmp_path, "dgx-a100").process("doctor", *verbose)
+    assert r.returncode == 0, r
+    rows = [re.match(r"(node|GPU [\d,-]+) +\S", line) for line in r.stdout.splitlines()[1:]]
+    assert len({row.end() if row else None for row in rows}) == 1, r.stdout  # one column, where it starts
+
+
+# --- 8: tables lead with a summary and group GPUs that read the same; -v: every GPU --------------------
+
+def test_tables_group_gpus_and_verbose_lists_every_one(tmp_path: Path) -> None:
+    """``status`` printed 64 lines for 8 GPUs and no summary; ``-v`` changed nothing, nor for ``assert``
+    and ``isolation`` (the goldens pin each table at each verbosity)."""
+    m = Migctl(tmp_path, "dgx-a100")
+    assert m("apply", str(PROFILES / "day.yaml")).code == 0
+    night = str(PROFILES / "night.yaml")
+    status, everything = m.process("status"), m.process("status", "-v")
+    assert status.stdout.splitlines() == [
+        "status: 8 GPU(s), MIG enabled on 8, 56 MIG device(s); no processes; -v lists every MIG device with its UUID",
+        "GPU 0-7 (A100-SXM4-80GB): MIG enabled: 7x1g.10gb (owner notebooks)"], status.stdout
+    assert everything.stdout.count(" MIG-") == 56 and everything.stdout.startswith("status: 8 GPU(s)"), everything
+    for cmd in (("assert", night), ("isolation", "--profile", night)):
+        short, long = m.process(*cmd), m.process(*cmd, "-v")
+        assert len(short.stdout.splitlines()) <= 9 and len(long.stdout.splitlines()) > 8 * 1, (short, long)
+        assert short.stdout.splitlines()[0].split(";")[0] == long.stdout.splitlines()[0].split(";")[0], (short, long)
 
 
 # --- 9: a busy refusal through migd is a document too --------------------------------------------------

@@ -66,6 +66,7 @@ def test_plan_apply_status_outputs(mixed: Migctl) -> None:
     _check("apply-balanced-dry-run.txt", _run(mixed, "apply", balanced, "--dry-run"))
     _check("apply-balanced.json", _run(mixed, "apply", balanced, "--sequential", "-o", "json"))
     _check("status-balanced.txt", _run(mixed, "status"))
+    _check("status-balanced-verbose.txt", _run(mixed, "status", "-v"))
     _check("status-balanced.json", _run(mixed, "status", "-o", "json"))
     _check("apply-night.txt", _run(mixed, "apply", str(PROFILES / "night.yaml"), "--sequential"))
     _check("export-night.yaml", _run(mixed, "export", "--name", "night"))
@@ -164,6 +165,9 @@ def test_assert_outputs(mixed: Migctl) -> None:
     r = mixed("assert", night)
     assert r.code == 1
     _check("assert-night.txt", r.out)
+    r = mixed("assert", night, "-v")
+    assert r.code == 1
+    _check("assert-night-verbose.txt", r.out)
     assert mixed("assert", balanced, "-o", "yaml").out.startswith("schema: migd.assert/v1\n")
 
 
@@ -252,6 +256,24 @@ def test_daemon_status_with_access_by_owner(tmp_path: Path, mixed: Migctl) -> No
                                         "closed to all but root until they let go"), ("inference",)))
     text = _TIMES.sub(lambda m: m.group(1) + "0", json.dumps(doc, indent=2) + "\n")
     _check("daemon-access.txt", daemon_table(from_json(DaemonDoc, json.loads(text))))
+
+
+def test_tables_of_a_dgx_by_verbosity(tmp_path: Path) -> None:
+    """status, assert and isolation on a DGX A100 in ``day`` with a process on GPU 0 and GPU 5 lost: the
+    summary line, then the GPUs that read the same as one line (README: "Tables lead with a one-line
+    summary and group GPUs that read the same"); ``-v``: every GPU and MIG device, each finding."""
+    m = Migctl(tmp_path, "dgx-a100")
+    assert m("apply", str(PROFILES / "day.yaml"), "--sequential").code == 0  # MIG UUIDs in order
+    store = StateStore(m.state)
+    control.start_process(store, 0, store.read().gpus[0].gis[0].id, 0, used_mib=1000)
+    control.set_lost(store, 5)
+    night = str(PROFILES / "night.yaml")
+    for name, args, code in (("status-dgx", ("status",), 5), ("assert-dgx-night", ("assert", night), 1),
+                             ("isolation-dgx-night", ("isolation", "--profile", night), 5)):
+        for suffix, verbose in (("", ()), ("-verbose", ("-v",))):
+            r = m(*args, *verbose)
+            assert r.code == code, (name, r)
+            _check(f"{name}{suffix}.txt", r.out)
 
 
 def test_a_busy_refusal_writes_its_apply_document(tmp_path: Path) -> None:

@@ -57,7 +57,7 @@ def test_status_json_shape(tmp_path: Path) -> None:
                       ("3g.40gb", "inference")]
     ci = gpu["instances"][0]["compute_instances"][0]
     assert ci["mig_uuid"].startswith("MIG-") and ci["memory_total_bytes"] > 0 and ci["processes"] == []
-    assert "GI" in m("status").out
+    assert "GI" in m("status", "-v").out
     assert m("status", "-o", "yaml").out.startswith("schema: migd.status/v1")
 
 

@@ -53,9 +53,9 @@ def test_an_ordinary_user_sees_what_root_sees(migd: tuple[MigdProcess, Path]) ->
     assert stat.S_IMODE((run / "migd-view").stat().st_mode) == 0o755
     code, out, err = as_nobody(args(m, run, "daemon"))
     assert code == 0 and "active profile: day (schedule)" in out and err == "", (out, err)
-    code, out, err = as_nobody(args(m, run, "status"))  # the simulator's state is root's: migd reads it
+    code, out, err = as_nobody(args(m, run, "status", "-v"))  # the simulator's state is root's: migd reads it
     assert code == 0 and out.count("owner notebooks") == 7 and err == "", (out, err)
-    assert out == m.migctl("status").out  # what root reads itself
+    assert out == m.migctl("status", "-v").out  # what root reads itself
     code, out, err = as_nobody(args(m, run, "isolation"))  # migd's last audit of the active profile
     assert code == 0 and out == "audit: no findings\n" and err == "", (out, err)
     code, out, err = as_nobody(args(m, run, "isolation", "--probe"))  # a probe needs the GPUs read here

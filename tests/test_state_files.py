@@ -64,7 +64,7 @@ def test_a_misshapen_journal_is_reported_by_status_not_raised(tmp_path: Path, ca
     r = _status(m)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     journal = m.state_dir / "journal.json"
-    assert r.stdout.startswith(f"journal {journal} cannot be read ({journal}: {field}: "), r.stdout
+    assert r.stdout.splitlines()[1].startswith(f"journal {journal} cannot be read ({journal}: {field}: "), r.stdout
     assert left_behind(m.state_dir / "journal.json")["error"]  # type: ignore[index]
 
 
