@@ -55,7 +55,7 @@ def test_the_readme_install_steps_match_the_unit() -> None:
     system-wide pip install), and named a Documentation= file nothing installed."""
     readme = (REPO / "README.md").read_text()
     block = readme.split("## Installing on a real node", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
-    assert "sudo python3 -m venv /opt/migd\n" in block
+    assert "sudo /usr/bin/python3 -m venv /opt/migd " in block
     cp = _unit()
     for key in ("ExecStart", "ExecStartPre"):
         assert cp["Service"][key].startswith("/opt/migd/bin/migd "), cp["Service"][key]
@@ -139,13 +139,12 @@ def test_the_readme_install_steps_run_and_the_unit_verifies(tmp_path: Path) -> N
             pytest.fail("needs root, unshare and systemd-analyze (.ci/run runs as root)")
         pytest.skip("needs root (mount namespaces), unshare and systemd-analyze")
     steps = [ln.removeprefix("sudo ") for block in _install_blocks() for ln in block.replace("\\\n", " ").splitlines()
-             if ln.strip() and not ln.startswith("sudo systemctl")]
-    assert len(steps) >= 8 and steps[0] == "python3 -m venv /opt/migd", steps
-    (tmp_path / "migd").symlink_to(REPO)  # "./migd": this checkout
+             if ln.startswith("sudo ") and not ln.startswith("sudo systemctl")]  # (a user's line: test_fresh_clone)
+    assert len(steps) >= 8 and steps[0].startswith("/usr/bin/python3 -m venv /opt/migd "), steps
     overlays = "\n".join(f"mkdir -p {tmp_path}/{d}.u {tmp_path}/{d}.w && mount -t overlay overlay -o "
                          f"lowerdir=/{d},upperdir={tmp_path}/{d}.u,workdir={tmp_path}/{d}.w /{d}"
                          for d in ("etc", "opt", "usr/local"))
-    script = "\n".join(["set -e", overlays, f"cd {tmp_path}", *steps,
+    script = "\n".join(["set -e", overlays, f"cd {REPO}", *steps,  # (the checkout's top directory)
                         "systemd-analyze verify /etc/systemd/system/migd.service 2>&1"])
     r = subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c", script],
                        capture_output=True, text=True, timeout=300)
