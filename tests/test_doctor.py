@@ -86,7 +86,8 @@ def test_doctor_reports_an_unknown_gpu_and_a_lost_one(tmp_path: Path) -> None:
     control.set_lost(StateStore(m.state), 3)
     r = m("doctor")  # the other seven are checked; the lost one is a finding, and the exit says "partly"
     assert r.code == 5 and r.out.startswith("doctor: no differences from the catalog; GPU 3 cannot be read"), r
-    assert "GPU 3 readable       error    lost (fallen off the bus" in r.out and "GPU_IS_LOST" in r.out
+    assert any(line.startswith("GPU 3 ") and " readable       error    lost (fallen off the bus" in line
+               for line in r.out.splitlines()) and "GPU_IS_LOST" in r.out  # (its column as wide as "GPU 0-2,4-7")
     assert "GPU 0-2,4-7 mig-mode" in r.out and "Traceback" not in r.err
 
 
