@@ -10,7 +10,8 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,6 +24,7 @@ from migd.cliargs import Parser
 from migd.daemon import loop
 from migd.daemon.config import Config, load_config
 from migd.daemon.control import AlreadyRunning, ControlServer, Handlers, claim
+from migd.daemon.driverwait import open_nvml
 from migd.daemon.sdnotify import Notifier
 from migd.daemon.service import Clock, Daemon
 from migd.daemon.signals import SignalRelay
@@ -31,7 +33,6 @@ from migd.errors import ValidationError
 from migd.exits import EXPECTED, Exit, failure
 from migd.hardware.inventory import survey
 from migd.hardware.ports import GpuBackend
-from migd.hardware.types import HardwareError
 from migd.isolation.events import EventCounters
 from migd.isolation.watch import FaultWatch
 from migd.metrics.sampler import NvmlErrorCounter
@@ -110,25 +111,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         ensure_private_dir(state_dir, "state dir")
         ensure_private_dir(socket_path.parent, "control socket's directory")
         claim(socket_path)
-        backend = _backend(args, state, errors)
+        hup = threading.Event()  # SIGHUP while waiting for the driver: reloaded once the daemon runs
+        backend = _open(args, cfg, partial(_backend, args, state, errors), hup)
     except (AlreadyRunning, ValidationError) as e:
         log.critical("not starting: %s", e)
         return Exit.INVALID
     except OSError as e:
         log.critical("not starting: %s: %s", e.filename or "", e.strerror or e)
         return Exit.INVALID
-    except HardwareError as e:
-        log.critical("cannot open NVML, not starting: %s", e)
-        return Exit.INVALID  # every start-up refusal is exit 2
+    if backend is None:  # stopped (SIGTERM) while waiting for the NVIDIA driver
+        return Exit.OK
     try:
-        return _serve(args, cfg, backend, state, Daemon(cfg, backend, state_dir, _clock(args, cfg), Notifier(),
-                                                reload_config=lambda: load_config(args.config)), socket_path, errors)
+        daemon = Daemon(cfg, backend, state_dir, _clock(args, cfg), Notifier(),
+                        reload_config=lambda: load_config(args.config))
+        if hup.is_set():
+            daemon.reload_requested.set()
+        return _serve(args, cfg, backend, state, daemon, socket_path, errors)
     except EXPECTED as e:  # what start-up could not survive: one line, never a traceback in the journal
         f = failure(e)
         log.critical("stopping: %s", f)
         return f.code
     finally:
         backend.close()
+
+
+def _open(args: argparse.Namespace, cfg: Config, open_backend: Callable[[], GpuBackend],
+          hup: threading.Event) -> GpuBackend | None:
+    """NVML, waiting for the driver while it cannot be opened (driverwait.py); None: SIGTERM came first."""
+    stop = threading.Event()
+
+    def on_signal(signum: int) -> None:
+        (hup if signum == signal.SIGHUP else stop).set()
+    relay = SignalRelay((signal.SIGHUP, signal.SIGTERM, signal.SIGINT), on_signal)
+    try:
+        return open_nvml(open_backend, Notifier(), stop, args.metrics_listen or cfg.metrics_listen, args.time_scale)
+    finally:
+        relay.close()
 
 
 def _start_fresh(args: argparse.Namespace, state: Path | None, state_dir: Path, socket_path: Path) -> None:

@@ -1,0 +1,101 @@
+"""Waiting for the NVIDIA driver at start: NVML that cannot be opened yet is a hardware condition.
+
+After a reboot the driver may come up after migd (a late module load, a driver being installed or
+upgraded, nvidia-persistenced not yet done).  Refusing to start (exit 2, which the unit does not
+restart) left the node without migd for good.  Instead migd tries again, 1 s after the first failure and
+doubling up to 60 s (``--time-scale`` runs this faster, as every wait of the daemon's), and says so: one
+WARNING when the wait begins or its cause changes, then at most every 10 minutes; ``STATUS=`` for
+``systemctl status``; and ``/healthz`` answers 503 with the reason (``/metrics`` and ``/`` too) on the
+configured address.  READY=1 is not sent before the GPUs are served, so units ordered after migd
+(``Before=slurmd.service``) wait, as long as systemd's start timeout lets them; SIGTERM ends the wait
+(exit 0).  A configuration error is still exit 2, at once.
+"""
+
+from __future__ import annotations
+
+import http.server
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from migd.daemon.sdnotify import Notifier
+from migd.hardware.ports import GpuBackend
+from migd.hardware.types import HardwareError
+from migd.yamlsrc import parse_host_port
+
+log = logging.getLogger("migd")
+FIRST_S, MOST_S = 1.0, 60.0  # between tries: 1 s, 2 s, 4 s, ... at most 60 s (systemd's watchdog is not armed yet)
+REPEAT_S = 600.0  # the same cause is logged again at most this often
+
+
+class _Unavailable(http.server.BaseHTTPRequestHandler):
+    """Every path answers 503 with why: migd is up, its GPUs are not served yet."""
+
+    server: _HealthServer
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        body = f"waiting for the NVIDIA driver: {self.server.why}\n".encode()
+        self.send_response(503)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
+        pass
+
+
+class _HealthServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    why = ""
+
+
+def _health(listen: str | None) -> _HealthServer | None:
+    """``/healthz`` while migd waits (None: metrics are off, or the address cannot be bound now: the
+    metrics server says so once it starts)."""
+    if not listen:
+        return None
+    host, port = parse_host_port(listen)
+    try:
+        server = _HealthServer((host, port), _Unavailable)
+    except OSError as e:
+        log.debug("no /healthz while waiting for the driver: %s", e)
+        return None
+    threading.Thread(target=server.serve_forever, name="migd-health-wait", daemon=True).start()
+    return server
+
+
+def open_nvml(open_backend: Callable[[], GpuBackend], notifier: Notifier, stop: threading.Event,
+              listen: str | None, scale: float = 1.0) -> GpuBackend | None:
+    """The backend, once NVML opens; None if ``stop`` was set first (SIGTERM while waiting)."""
+    try:
+        return open_backend()
+    except HardwareError as e:
+        why = str(e)
+    server = _health(listen)
+    since, delay, said, logged = time.monotonic(), FIRST_S, "", 0.0
+    try:
+        while True:
+            if server is not None:
+                server.why = why
+            if why != said or time.monotonic() - logged >= REPEAT_S:
+                log.warning("cannot open NVML (%s): waiting for the NVIDIA driver, trying again every %gs at most; "
+                            "migd serves the GPUs once it opens", why, MOST_S)
+                said, logged = why, time.monotonic()
+            notifier.status(f"waiting for the NVIDIA driver ({why}); next try in {delay:g}s")
+            if stop.wait(delay / scale):
+                log.info("stopped while waiting for the NVIDIA driver")
+                return None
+            try:
+                backend = open_backend()
+            except HardwareError as e:
+                why, delay = str(e), min(MOST_S, delay * 2)
+                continue
+            log.info("NVML opened after waiting %.0fs for the NVIDIA driver", time.monotonic() - since)
+            return backend
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
