@@ -9,10 +9,9 @@ from __future__ import annotations
 import logging
 
 from migd.access.control import PROC_INTERFACE, AccessControl
-from migd.access.policy import Unowned
 from migd.api.access import AccessView
 from migd.apply.executor import Applier
-from migd.daemon.config import Config
+from migd.daemon.config import Config, unmapped_owners
 from migd.errors import ValidationError
 from migd.hardware.caps import registry_modify, uses_devfs
 from migd.hardware.ports import GpuBackend
@@ -32,11 +31,8 @@ def access_control(config: Config, backend: GpuBackend, applier: Applier) -> Acc
         log.warning("access by owner is off in Slurm mode: Slurm's cgroups decide which job opens which "
                     "capability node (access.with_slurm: true has migd set the nodes as well)")
         return None
-    for name, p in sorted(config.profiles.items()):
-        unmapped = sorted({i.owner for sec in p.sections for i in sec.instances if i.owner} - set(s.policy.owners))
-        if unmapped:
-            log.warning("profile %s: owner(s) %s have no access entry: their instances are %s", name,
-                        ", ".join(unmapped), "open to all" if s.policy.unowned is Unowned.OPEN else "root's only")
+    for line in unmapped_owners(config):  # (migd --check says the same)
+        log.warning("%s", line)
     if not uses_devfs(s.policy.paths):  # refused, not worked around: see PROC_INTERFACE
         raise ValidationError(config.path, None, None, "access", PROC_INTERFACE)
     if registry_modify(s.policy.paths) != 0:

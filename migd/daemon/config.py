@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from migd.access.policy import Unowned
 from migd.access.settings import AccessSettings, parse_access
 from migd.apply.hooks import Hooks, parse_hooks
 from migd.apply.result import OnBusy
@@ -152,17 +153,57 @@ def load_config(path: str | Path, text: str | None = None) -> Config:
         schedule=_schedule(m["schedule"], tz, profiles, unusable),
         on_busy=OnBusy(m["on_busy"].str(choices=list(OnBusy))) if "on_busy" in m else OnBusy.WAIT,
         busy_timeout_s=m["busy_timeout"].duration() if "busy_timeout" in m else 1800.0,
-        reconcile_interval_s=max(1.0, m["reconcile_interval"].duration()) if "reconcile_interval" in m else 60.0,
+        reconcile_interval_s=_at_least_1s(m["reconcile_interval"]) if "reconcile_interval" in m else 60.0,
         reconcile=ReconcileMode(m["reconcile"].str(choices=list(ReconcileMode))) if "reconcile" in m
         else ReconcileMode.CORRECT,
         metrics_listen=metrics,
-        hooks=parse_hooks(m["hooks"], strict) if "hooks" in m else Hooks(),
+        hooks=_hooks(m["hooks"], Path(path).parent, strict) if "hooks" in m else Hooks(),
         control_socket=m["control_socket"].str() if "control_socket" in m else None,
         state_dir=m["state_dir"].str() if "state_dir" in m else None,
-        sample_interval_s=max(1.0, m["sample_interval"].duration()) if "sample_interval" in m else 15.0,
+        sample_interval_s=_at_least_1s(m["sample_interval"]) if "sample_interval" in m else 15.0,
         slurm=parse_slurm(m["slurm"], profiles) if "slurm" in m else None,
         access=parse_access(m["access"]) if "access" in m else None,
     )
+
+
+def _at_least_1s(node: Node) -> float:
+    """An interval of at least one second: a shorter one is an error, never quietly raised."""
+    seconds = node.duration()
+    if seconds < 1.0:
+        raise node.error(f"{seconds:g}s is too short: at least 1s")
+    return seconds
+
+
+def _hooks(node: Node, base: Path, strict: bool) -> Hooks:
+    """``hooks:`` as a mapping of phases, or the path of a mig-parted hooks file (``hooks: hooks-default.yaml``,
+    relative to the config's directory; api/hooks/v1: ``version: v1`` and ``hooks:``), read as ``migctl apply
+    --hooks`` reads it; others may not rewrite it (StrictModes), as for the config."""
+    if not node.is_scalar():
+        return parse_hooks(node, strict)
+    path = Path(node.str())
+    path = path if path.is_absolute() else base / path
+    try:
+        doc = load(path, strict=strict, what="hooks file").mapping(allowed=["version", "hooks"], required=["hooks"])
+    except OSError as e:
+        raise node.error(f"hooks file {path}: {e.strerror or e}") from None
+    if "version" in doc:
+        doc["version"].str(choices=["v1"])
+    return parse_hooks(doc["hooks"], strict)
+
+
+def unmapped_owners(config: Config) -> list[str]:
+    """With access by owner: each profile's owners that have no access entry, and what that leaves them."""
+    s = config.access
+    if s is None or config.slurm is not None and not s.with_slurm:  # (off in Slurm mode unless asked for)
+        return []
+    where = "open to all" if s.policy.unowned is Unowned.OPEN else "root's only"
+    out = []
+    for name, p in sorted(config.profiles.items()):
+        unmapped = sorted({i.owner for sec in p.sections for i in sec.instances if i.owner} - set(s.policy.owners))
+        if unmapped:
+            out.append(f"profile {name}: owner(s) {', '.join(unmapped)} have no access entry: their instances are "
+                       f"{where}")
+    return out
 
 
 def restart_only(old: Config, new: Config) -> list[tuple[str, object, object]]:

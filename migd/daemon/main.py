@@ -22,7 +22,7 @@ from migd.api.status import StatusDoc
 from migd.apply.journal import left_behind
 from migd.cliargs import Parser
 from migd.daemon import loop
-from migd.daemon.config import Config, load_config
+from migd.daemon.config import Config, load_config, unmapped_owners
 from migd.daemon.control import AlreadyRunning, ControlServer, Handlers, claim
 from migd.daemon.driverwait import open_nvml
 from migd.daemon.sdnotify import Notifier
@@ -101,6 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.critical("invalid configuration, not starting: %s", e)
         return Exit.INVALID
     if args.check:
+        for w in unmapped_owners(cfg):  # what start-up warns about, said before it starts
+            print(f"{args.config}: warning: {w}", file=sys.stderr)
         print(f"{args.config}: ok ({len(cfg.profiles)} profiles, {len(cfg.schedule.entries)} transitions)")
         return Exit.OK
     errors = NvmlErrorCounter()

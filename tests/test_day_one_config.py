@@ -1,0 +1,98 @@
+"""Issue 39, second pass: migd.yaml as a mig-parted operator writes it.  A mig-parted hooks file named in
+``hooks:`` was refused; ``reconcile_interval: 0s`` and ``sample_interval: 0.5s`` passed ``--check`` and
+were quietly raised; ``--check`` was silent about owners without an access entry that start-up warns
+about.  Through the real ``migd --check`` and migd."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.daemon_harness import MigdProcess
+
+
+@pytest.fixture
+def migd(tmp_path: Path) -> Iterator[MigdProcess]:
+    m = MigdProcess(tmp_path)
+    yield m
+    m.close()
+
+
+@pytest.fixture
+def dgx(tmp_path: Path) -> Iterator[MigdProcess]:
+    m = MigdProcess(tmp_path, fleet="dgx-a100", reconcile_interval="1s", busy_timeout="30m")
+    yield m
+    m.close()
+
+
+def _healthz(m: MigdProcess) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{m.port}/healthz", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except OSError as e:
+        return 0, str(e)
+
+
+def _doc(m: MigdProcess) -> dict[str, Any]:
+    doc: dict[str, Any] = m.control({"cmd": "status"})["daemon"]
+    return doc
+
+
+def _no_traceback(m: MigdProcess) -> None:
+    assert "Traceback" not in m.log.read_text(), m.log.read_text()[-3000:]
+
+
+# -- 10b: mig-parted's hooks file in migd.yaml ------------------------------------------------------------
+def test_a_mig_parted_hooks_file_is_accepted_in_migds_config(migd: MigdProcess) -> None:
+    ran = migd.tmp / "hooks.ran"
+    hooks = migd.tmp / "hooks-default.yaml"
+    hooks.write_text("version: v1\nhooks:\n  apply-start:\n  - workdir: \"/\"\n    command: \"/bin/sh\"\n"
+                     f"    args: [\"-c\", \"echo $MIG_PARTED_SELECTED_CONFIG >> {ran}\"]\n")
+    os.chmod(hooks, 0o644)
+    with open(migd.config, "a") as f:
+        f.write("hooks: hooks-default.yaml\n")
+    check = subprocess.run([sys.executable, "-m", "migd.daemon.main", "--config", str(migd.config), "--check"],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stderr
+    migd.start(now="2026-11-23T10:00:00")
+    migd.wait_ready()
+    assert ran.read_text().split() == ["day"]
+    # one that cannot be read: one line naming it, exit 2
+    migd.config.write_text(migd.config.read_text().replace("hooks-default.yaml", "missing.yaml"))
+    bad = subprocess.run([sys.executable, "-m", "migd.daemon.main", "--config", str(migd.config), "--check"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "missing.yaml" in bad.stderr and len(bad.stderr.splitlines()) == 1, bad.stderr
+
+
+# -- 9: the smaller ones ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("key, value", [("reconcile_interval", "0s"), ("sample_interval", "0.5s")])
+def test_an_interval_under_a_second_is_an_error_not_quietly_raised(migd: MigdProcess, key: str, value: str) -> None:
+    migd.write_config(**{key: value})
+    check = subprocess.run([sys.executable, "-m", "migd.daemon.main", "--config", str(migd.config), "--check"],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 2, check
+    assert check.stderr.count("\n") == 1 and key in check.stderr and "at least 1s" in check.stderr, check.stderr
+
+
+def test_check_says_what_start_up_warns_about_owners_without_access(migd: MigdProcess) -> None:
+    with open(migd.config, "a") as f:
+        f.write("access: {owners: {notebooks: {group: root}}}\n")  # training, inference: no entry
+    check = subprocess.run([sys.executable, "-m", "migd.daemon.main", "--config", str(migd.config), "--check"],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check
+    warned = [ln for ln in check.stderr.splitlines() if "have no access entry" in ln]
+    assert any("profile night: owner(s) training have no access entry: their instances are root's only" in ln
+               for ln in warned), check.stderr
+    assert "ok (4 profiles" in check.stdout
+
+
