@@ -20,7 +20,7 @@ from migd.apply.executor import Applier
 from migd.apply.hooks import Hooks, parse_hooks
 from migd.apply.journal import left_behind
 from migd.apply.planning import touched
-from migd.apply.result import ApplyOptions, BusyError, GpuStatus, OnBusy
+from migd.apply.result import ApplyOptions, BusyError, GpuStatus, OnBusy, busy_timeout_for
 from migd.ctl_apply import kept_hold, refused_out
 from migd.ctl_daemon import (
     apply_via_daemon,
@@ -163,7 +163,7 @@ def cmd_apply(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) ->
         refuse_local(args)
     # StrictModes: root applies only files that nobody else can rewrite
     profile = _profile(args, strict=os.geteuid() == 0)
-    opts = ApplyOptions(on_busy=OnBusy(args.on_busy), busy_timeout_s=args.busy_timeout,
+    opts = ApplyOptions(on_busy=OnBusy(args.on_busy), busy_timeout_s=busy_timeout_for(args.on_busy, args.busy_timeout),
                         dry_run=args.dry_run, hooks=_hooks(args.hooks), lock_timeout_s=args.lock_timeout,
                         parallel=not args.sequential, mode_only=args.mode_only)
     abort = threading.Event()

@@ -16,7 +16,7 @@ from migd.api.override import HeldView
 from migd.api.plan import ApplyDoc
 from migd.api.status import StatusDoc
 from migd.api.wire import WireError, from_json
-from migd.apply.result import GpuStatus, OnBusy
+from migd.apply.result import GpuStatus, OnBusy, busy_timeout_for
 from migd.errors import ValidationError
 from migd.exits import Exit
 from migd.report import dump
@@ -51,7 +51,8 @@ def apply_via_daemon(args: argparse.Namespace, text: str,
         print("cancelling: migd stops at the next step and puts every GPU it changed back (Ctrl-C again to stop "
               "waiting for it)", file=sys.stderr)
     req = ApplyRequest(path, text, args.config, ManualApply(
-        on_busy=OnBusy(args.on_busy), dry_run=args.dry_run, busy_timeout_s=args.busy_timeout,
+        on_busy=OnBusy(args.on_busy), dry_run=args.dry_run, busy_timeout_s=busy_timeout_for(args.on_busy,
+                                                                                              args.busy_timeout),
         lock_timeout_s=args.lock_timeout, parallel=not args.sequential, mode_only=args.mode_only),
         withdraw_on_hangup=True).to_json()
     try:

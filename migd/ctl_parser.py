@@ -98,7 +98,9 @@ def _apply_options(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--on-busy", choices=[b.value for b in OnBusy], default=OnBusy.REFUSE.value,
                     help="instances with running processes that would be destroyed: refuse (default), "
                     "wait for them to end, or force (SIGTERM, then SIGKILL)")
-    sp.add_argument("--busy-timeout", type=cliargs.duration, default="5m", help="with --on-busy wait (default 5m)")
+    sp.add_argument("--busy-timeout", type=cliargs.duration, default=None,
+                    help="how long busy instances are waited for before wait refuses or force stops them "
+                    "(default 5m with wait, 0 with force)")
     sp.add_argument("--hooks", "-k", "--hooks-file", metavar="FILE",
                     help="YAML file with a hooks: mapping (phases as in mig-parted; its -k/--hooks-file)")
     sp.add_argument("--lock-timeout", type=cliargs.seconds, default=0.0, help="seconds to wait for another apply")

@@ -17,7 +17,7 @@ from migd.api import plan as wp
 from migd.api import status as ws
 from migd.api.audit import DoctorDoc
 from migd.api.wire import from_json, to_json
-from migd.apply.result import ApplyResult
+from migd.apply.result import ApplyResult, Signalled
 from migd.catalog.models import Placement
 from migd.doctor import Finding, Verdict
 from migd.hardware.inventory import Unreadable, read_all
@@ -98,7 +98,13 @@ def apply_doc(result: ApplyResult, dry_run: bool) -> wp.ApplyDoc:
     return wp.ApplyDoc(
         result.profile, tuple(_gpu_plan(p) for p in result.plans), unreadable(result.unreadable), dry_run,
         result.ok, round(result.seconds, 3),
-        tuple(wp.GpuResult(r.index, r.uuid, r.status, r.ops, r.error, round(r.seconds, 3)) for r in result.results))
+        tuple(wp.GpuResult(r.index, r.uuid, r.status, r.ops, r.error, round(r.seconds, 3)) for r in result.results),
+        signalled=signals(result.signalled))
+
+
+def signals(sent: Sequence[Signalled]) -> tuple[wp.SignalSent, ...] | None:
+    """What the busy policy force signalled (None: nothing, and the field is left out)."""
+    return tuple(wp.SignalSent(s.pid, s.signal, round(s.at, 3), s.gpu) for s in sent) or None
 
 
 def refused_doc(profile: str, plans: list[GpuPlan], lost: Sequence[Unreadable], dry_run: bool,

@@ -14,7 +14,7 @@ from migd.api.access import AccessView
 from migd.api.audit import DoctorDoc, IsolationDoc
 from migd.api.daemon import Active, DaemonDoc, Progress, Reason
 from migd.api.demand import DemandView
-from migd.api.plan import ApplyDoc, AssertDoc, GpuPlan, Operation, PlanDoc
+from migd.api.plan import ApplyDoc, AssertDoc, GpuPlan, Operation, PlanDoc, SignalSent
 from migd.api.status import Gpu, JournalLeft, Reading, StatusDoc, Unreadable
 from migd.apply.result import GpuStatus
 from migd.doctor import UNREADABLE_CHECK, Finding, Verdict
@@ -22,6 +22,7 @@ from migd.plan.planner import OpKind
 from migd.profiles.model import index_ranges
 
 RESUME_HINT = "`migctl resume` returns to the schedule now"
+When = Callable[[float | None], str]
 
 
 def groups(items: Iterable[tuple[int, str]]) -> list[tuple[str, str]]:
@@ -199,10 +200,25 @@ _PROBLEM_WORDS = {GpuStatus.ROLLED_BACK: "ROLLED BACK", GpuStatus.FAILED: "FAILE
                   GpuStatus.CANCELLED: "cancelled", GpuStatus.BLOCKED: "blocked"}
 
 
-def apply_table(doc: ApplyDoc, by: str | None = None, verbose: bool = False) -> str:
+def utc(epoch: float | None) -> str:
+    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if epoch else "-"
+
+
+def signal_lines(sent: Sequence[SignalSent] | None, when: When = utc) -> list[str]:
+    """Every process the busy policy force signalled: one line per PID, each signal with its time."""
+    by_pid: dict[int, list[SignalSent]] = {}
+    for s in sent or ():
+        by_pid.setdefault(s.pid, []).append(s)
+    return [f"on-busy force: PID {pid} " + (f"on GPU {ss[0].gpu}" if ss[0].gpu is not None else
+                                            "(holding a capability node)") + ": " +
+            ", then ".join(f"{s.signal} at {when(s.at)}" for s in ss) for pid, ss in by_pid.items()]
+
+
+def apply_table(doc: ApplyDoc, by: str | None = None, verbose: bool = False, when: When = utc) -> str:
     """An apply's outcome from its ``migd.apply/v1`` document, whichever process did it (``by``): the
     outcome first, then what went wrong (rolled back, failed, faulted, cancelled and blocked GPUs, those
-    with the same reason grouped), then the plan."""
+    with the same reason grouped), then the plan.  ``when``: times as the clock of whoever applied shows
+    them (a migd on a clock of its own)."""
     if doc.dry_run:
         outcome = f"dry run, nothing changed; {_plan_counts(doc.gpus)}"
     else:
@@ -216,7 +232,8 @@ def apply_table(doc: ApplyDoc, by: str | None = None, verbose: bool = False) -> 
     problems = grouped((r.index, f"{_PROBLEM_WORDS[r.status]}: {r.error}") for r in doc.results
                        if r.status in _PROBLEM_WORDS)
     head = f"{doc.profile}: {outcome}" + (f" (by {by})" if by else "")
-    return "\n".join([head, *unreadable_lines(doc.unreadable), *problems, *_plan_lines(doc.gpus, verbose)]) + "\n"
+    return "\n".join([head, *unreadable_lines(doc.unreadable), *signal_lines(doc.signalled, when), *problems,
+                      *_plan_lines(doc.gpus, verbose)]) + "\n"
 
 
 def daemon_table(doc: DaemonDoc) -> str:

@@ -291,7 +291,8 @@ def test_a_held_handle_keeps_its_instance_from_another_team(tree: tuple[Migctl, 
         with pytest.raises(BusyError, match=f"its owners change .* in use \\[busy: pids {holder}\\]"):
             applier.apply(load_profile(moved))
         assert set(applier.owners.load()[applier.backend.gpu(0).uuid].values()) == {"notebooks"}
-        result = applier.apply(load_profile(moved), ApplyOptions(on_busy=OnBusy.FORCE, kill_grace_s=5))
+        result = applier.apply(load_profile(moved), ApplyOptions(on_busy=OnBusy.FORCE, busy_timeout_s=0,
+                                                                 kill_grace_s=5))
         assert result.ok and set(applier.owners.load()[applier.backend.gpu(0).uuid].values()) == {"training"}
         assert os.waitpid(holder, os.WNOHANG)[0] == holder  # stopped (SIGTERM), and only then relabelled
     finally:

@@ -267,7 +267,7 @@ def test_force_never_signals_a_reused_pid(tmp_path: Path) -> None:
     control.start_process(store, 0, gis[1], 0, pid=polite.pid)
     backend = sim_backend(m.state, "single-a100")
     outcome: list[object] = []
-    opts = ApplyOptions(on_busy=OnBusy.FORCE, busy_timeout_s=30, kill_grace_s=2.0)
+    opts = ApplyOptions(on_busy=OnBusy.FORCE, busy_timeout_s=0, kill_grace_s=2.0)  # force at once
     worker = th.Thread(target=lambda: outcome.append(Applier(backend, m.state_dir).apply(
         load_profile(PROFILES / "night.yaml"), opts)))
     bystander = None

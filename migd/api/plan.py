@@ -90,6 +90,18 @@ class GpuResult:
 
 
 @dataclass(frozen=True)
+class SignalSent:
+    """One signal the busy policy ``force`` sent: to which process, which signal (``SIGTERM``, then
+    ``SIGKILL`` if it had not exited), when (Unix time), and the GPU it ran on (None: it only held one of
+    the GPU's capability nodes open)."""
+
+    pid: int
+    signal: str
+    at: float
+    gpu: int | None
+
+
+@dataclass(frozen=True)
 class ApplyDoc:
     """``error``: why the apply was refused before any GPU was touched (busy instances under ``--on-busy
     refuse`` or after ``--busy-timeout``), the line migctl says on stderr; then ``results`` is empty and
@@ -104,3 +116,5 @@ class ApplyDoc:
     seconds: float
     results: tuple[GpuResult, ...]
     error: str | None = field(default=None, metadata=OMIT_NONE)  # added 2026-11-27
+    # every signal the busy policy force sent, in order (added in v1; left out when none was sent)
+    signalled: tuple[SignalSent, ...] | None = field(default=None, metadata=OMIT_NONE)

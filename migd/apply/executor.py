@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
-from migd.apply.busy import blocked_text, settle_busy
+from migd.apply.busy import blocked_text, cancelled, settle_busy
 from migd.apply.force import stop_processes
 from migd.apply.journal import Journal, Step, layout_to_json
 from migd.apply.lock import ApplyLock
@@ -37,6 +37,7 @@ from migd.apply.result import (
     GpuResult,
     GpuStatus,
     GpuUnhealthy,
+    Signalled,
 )
 from migd.apply.steps import guarded, verify
 from migd.hardware.inventory import Unreadable, survey
@@ -109,9 +110,12 @@ class Applier:
         bad = [f"GPU {p.gpu.index}: {unhealthy[p.gpu.uuid]}" for p in faulted]
         if bad and not opts.partial:
             raise GpuUnhealthy("reconfiguration refused on unhealthy GPUs: " + "; ".join(bad))
-        skip = {p.gpu.uuid for p in faulted}
-        plans, blocked = settle_busy(self.backend, [p for p in plans if p.gpu.uuid not in skip], opts, lambda: [
-            p for p in self.plan(profile, opts.mode_only) if p.gpu.uuid not in skip], self._holding)
+        skip, sent = {p.gpu.uuid for p in faulted}, list[Signalled]()  # sent: what force signalled, and when
+        try:
+            plans, blocked = settle_busy(self.backend, [p for p in plans if p.gpu.uuid not in skip], opts, lambda: [
+                p for p in self.plan(profile, opts.mode_only) if p.gpu.uuid not in skip], self._holding, sent)
+        except Cancelled as e:  # withdrawn while it waited: nothing touched
+            return cancelled(profile.name, plans, str(e), time.monotonic() - t0)
         changing = [p for p in plans if p.changes]
         results = [GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.UNCHANGED) for p in plans
                    if not p.changes and p not in moved]
@@ -126,7 +130,7 @@ class Applier:
         if moved:
             moved, waiting = settle_handover(moved, self.owners.load, opts, partial(self._replan, profile, opts),
                                              lambda pids: stop_processes(self.backend, pids, opts.kill_grace_s,
-                                                                         self._holding))
+                                                                         self._holding, sent))
             results += [GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.BLOCKED, 0, waiting[p.gpu.uuid])
                         for p in plans if p.gpu.uuid in waiting]
             results += self._relabel(profile, moved)
@@ -135,7 +139,7 @@ class Applier:
                 self.access.open_gpu(p.gpu.index)
         results.sort(key=lambda r: r.index)
         every = sorted(plans + blocked + faulted, key=lambda p: p.gpu.index)
-        return ApplyResult(profile.name, every, results, time.monotonic() - t0)
+        return ApplyResult(profile.name, every, results, time.monotonic() - t0, signalled=sent)
 
     def restore(self, plans: list[GpuPlan], owners: Mapping[str, dict[int, str]], opts: ApplyOptions,
                 name: str) -> ApplyResult:

@@ -64,10 +64,10 @@ def settle_handover(plans: list[GpuPlan], owners: Callable[[], Mapping[str, Mapp
         why = {p.gpu.uuid: f"GPU {p.gpu.index}: its owners change ({moves(labels.get(p.gpu.uuid, {}), labels_of(p))}) "
                f"but instances are in use [busy: pids {','.join(map(str, busy[p.gpu.uuid]))}]"
                for p in plans if p.gpu.uuid in busy}
-        if opts.on_busy is OnBusy.FORCE and not stopped:
+        if opts.on_busy is OnBusy.FORCE and not stopped and time.monotonic() >= deadline:  # (busy.py: one meaning)
             stop(sorted({pid for pids in busy.values() for pid in pids}))
             stopped = True
-        elif opts.on_busy is OnBusy.WAIT and time.monotonic() < deadline and not opts.stopping():
+        elif opts.on_busy is not OnBusy.REFUSE and time.monotonic() < deadline and not opts.stopping():
             time.sleep(opts.poll_s)
         elif opts.partial:
             return [p for p in plans if p.gpu.uuid not in busy], why

@@ -15,11 +15,33 @@ from migd.plan.planner import GpuPlan, Op
 
 
 class OnBusy(Word):
-    """What an apply does about instances with running processes that it would destroy."""
+    """What an apply does about instances with running processes that it would destroy (docs/apply.md):
+    refuse at once; wait up to ``busy_timeout`` for them to end, then refuse; or wait up to
+    ``busy_timeout``, then stop them (SIGTERM, then SIGKILL): one meaning in migd.yaml and on migctl's
+    command line, where ``--busy-timeout`` defaults to 5m with wait and to 0 (at once) with force."""
 
     REFUSE = "refuse"
-    WAIT = "wait"  # until busy_timeout
-    FORCE = "force"  # SIGTERM, then SIGKILL: never the default
+    WAIT = "wait"  # until busy_timeout, then refuse
+    FORCE = "force"  # after busy_timeout, SIGTERM, then SIGKILL: never the default
+
+
+CLI_BUSY_TIMEOUT_S = {OnBusy.REFUSE: 0.0, OnBusy.WAIT: 300.0, OnBusy.FORCE: 0.0}  # migctl's --busy-timeout default
+
+
+def busy_timeout_for(on_busy: OnBusy | str, given: float | None) -> float:
+    """migctl's ``--busy-timeout``: as given, else its default for the policy (5m to wait, 0 to force)."""
+    return CLI_BUSY_TIMEOUT_S[OnBusy(on_busy)] if given is None else given
+
+
+@dataclass(frozen=True)
+class Signalled:
+    """A signal the busy policy ``force`` sent: to ``pid`` (on GPU ``gpu``; None: it held a capability node
+    of one), which (``SIGTERM``, ``SIGKILL``) and when (Unix time)."""
+
+    pid: int
+    signal: str
+    at: float
+    gpu: int | None
 
 
 class BusyError(Exception):
@@ -103,6 +125,8 @@ class ApplyOptions:
     cancel: Flag | None = None  # set (SIGTERM): stop waiting; roll back the GPU being changed
     abort: Flag | None = None  # set (the requester's Ctrl-C): stop, and put every GPU back as it was
     progress: Callable[[], None] | None = None  # called at each step and busy poll (feeds the watchdog)
+    # while busy instances are waited for: GPU index -> the PIDs in the way, and when the wait ends (Unix time)
+    on_wait: Callable[[dict[int, tuple[int, ...]], float], None] | None = None
     mode_only: bool = False  # only the MIG mode (mig-parted's --mode-only): existing instances are kept
 
     def stopping(self) -> bool:
@@ -132,6 +156,7 @@ class ApplyResult:
     results: list[GpuResult]
     seconds: float = 0.0
     unreadable: list[Unreadable] = field(default_factory=list)  # GPUs the profile may select, left alone
+    signalled: list[Signalled] = field(default_factory=list)  # what the busy policy force sent, in order
 
     @property
     def ok(self) -> bool:

@@ -228,6 +228,7 @@ class Daemon:
 
     def _hold(self, profile: Profile) -> None:
         self.status.override = hold(self.overrides, profile, self._next_transition, self.clock.now())
+        self.status.desired_profile = profile.name  # active now: the next pass has no news to log
 
     def _reschedule_hold(self) -> None:
         """All that is derived from the schedule, derived again (start, reload) before anyone is told."""
@@ -259,7 +260,8 @@ class Daemon:
             log.info("profile %s (%s): every GPU already as asked, nothing to change", profile.name, reason)
         changed = {r.index for r in result.results if r.status is GpuStatus.APPLIED}
         self._audit(list(result.readings().values()), [p for p in result.plans if p.gpu.index not in changed])
-        self._check_settled(profile.name)
+        if profile.name == self.status.desired_profile:  # (a manual apply that did not take is not the applied one)
+            self._check_settled(profile.name)
 
     def _audit(self, readings: list[GpuState], plans: list[GpuPlan]) -> None:
         findings = audit_readings(readings, {p.gpu.index: p for p in plans})
