@@ -11,7 +11,7 @@ from typing import Any
 
 from migd import paths
 from migd.api.control import ApplyRequest, ManualApply, listening, request
-from migd.api.daemon import DaemonDoc
+from migd.api.daemon import DaemonDoc, SimClock
 from migd.api.override import HeldView
 from migd.api.plan import ApplyDoc
 from migd.api.status import StatusDoc
@@ -20,6 +20,7 @@ from migd.apply.result import GpuStatus, OnBusy, busy_timeout_for
 from migd.errors import ValidationError
 from migd.exits import Exit
 from migd.report import dump
+from migd.report_daemon import clock_of
 from migd.report_text import RESUME_HINT, apply_table, daemon_table
 
 
@@ -67,7 +68,8 @@ def apply_via_daemon(args: argparse.Namespace, text: str,
         print(f"warning: {w}", file=sys.stderr)
     if not _error(reply):
         result = from_json(ApplyDoc, reply["result"], "result")
-        out(args, result, apply_table(result, by="migd"))
+        clock = from_json(SimClock, reply["clock"], "clock") if reply.get("clock") else None
+        out(args, result, apply_table(result, by="migd", when=clock_of(clock)))
     elif refused is not None and reply.get("exit") == Exit.BUSY and "result" not in reply:
         refused(str(reply["error"]))
     if withdrawn:

@@ -7,22 +7,18 @@ Each table leads with a one-line summary, shows problems first and groups GPUs t
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime, timezone
+from collections.abc import Iterable, Sequence
 
-from migd.api.access import AccessView
 from migd.api.audit import DoctorDoc, IsolationDoc
-from migd.api.daemon import Active, DaemonDoc, Progress, Reason
-from migd.api.demand import DemandView
-from migd.api.plan import ApplyDoc, AssertDoc, GpuPlan, Operation, PlanDoc, SignalSent
+from migd.api.plan import ApplyDoc, AssertDoc, GpuPlan, Operation, PlanDoc
 from migd.api.status import Gpu, JournalLeft, Reading, StatusDoc, Unreadable
 from migd.apply.result import GpuStatus
 from migd.doctor import UNREADABLE_CHECK, Finding, Verdict
 from migd.plan.planner import OpKind
 from migd.profiles.model import index_ranges
-
-RESUME_HINT = "`migctl resume` returns to the schedule now"
-When = Callable[[float | None], str]
+from migd.report_daemon import RESUME_HINT as RESUME_HINT  # (re-exported: migctl's tables are all here)
+from migd.report_daemon import When, signal_lines, utc
+from migd.report_daemon import daemon_table as daemon_table
 
 
 def groups(items: Iterable[tuple[int, str]]) -> list[tuple[str, str]]:
@@ -200,20 +196,6 @@ _PROBLEM_WORDS = {GpuStatus.ROLLED_BACK: "ROLLED BACK", GpuStatus.FAILED: "FAILE
                   GpuStatus.CANCELLED: "cancelled", GpuStatus.BLOCKED: "blocked"}
 
 
-def utc(epoch: float | None) -> str:
-    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if epoch else "-"
-
-
-def signal_lines(sent: Sequence[SignalSent] | None, when: When = utc) -> list[str]:
-    """Every process the busy policy force signalled: one line per PID, each signal with its time."""
-    by_pid: dict[int, list[SignalSent]] = {}
-    for s in sent or ():
-        by_pid.setdefault(s.pid, []).append(s)
-    return [f"on-busy force: PID {pid} " + (f"on GPU {ss[0].gpu}" if ss[0].gpu is not None else
-                                            "(holding a capability node)") + ": " +
-            ", then ".join(f"{s.signal} at {when(s.at)}" for s in ss) for pid, ss in by_pid.items()]
-
-
 def apply_table(doc: ApplyDoc, by: str | None = None, verbose: bool = False, when: When = utc) -> str:
     """An apply's outcome from its ``migd.apply/v1`` document, whichever process did it (``by``): the
     outcome first, then what went wrong (rolled back, failed, faulted, cancelled and blocked GPUs, those
@@ -234,81 +216,6 @@ def apply_table(doc: ApplyDoc, by: str | None = None, verbose: bool = False, whe
     head = f"{doc.profile}: {outcome}" + (f" (by {by})" if by else "")
     return "\n".join([head, *unreadable_lines(doc.unreadable), *signal_lines(doc.signalled, when), *problems,
                       *_plan_lines(doc.gpus, verbose)]) + "\n"
-
-
-def daemon_table(doc: DaemonDoc) -> str:
-    """``migctl daemon``: which profile holds and why, what comes next, what is in the way."""
-    def when(epoch: float | None) -> str:
-        return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if epoch else "-"
-    lines = [f"migd running since {when(doc.started)} (config {doc.config_path}, timezone {doc.timezone})",
-             _active_line(doc.active, when)]
-    off = ", ".join(map(str, doc.drift_gpus)) or "none"  # drifted, waiting or failed: each GPU's line says which
-    lines.append(f"applied profile: {doc.applied_profile or '-'}; GPUs not as the active profile asks: {off}")
-    nxt = doc.next
-    lines.append(f"next transition: {nxt.profile} at {nxt.local} ({nxt.at})" if nxt else "next transition: none")
-    states = Counter(g.state.value for g in doc.gpus.values())
-    lines.append("GPUs: " + (", ".join(f"{n} {state}" for state, n in sorted(states.items())) or "none planned"))
-    for i, g in doc.gpus.items():
-        if g.state is Progress.FAILED and g.next_try is not None:  # waiting out its backoff
-            again = f"; {g.failures} attempts failed in a row since {when(g.since)}" if (g.failures or 0) > 1 else ""
-            lines.append(f"  GPU {i}: failed at {when(g.failed_at)} ({g.reason or 'no reason given'}); next try at "
-                         f"{when(g.next_try)}{again}")
-        elif g.state is not Progress.CONVERGED:
-            why = f": {g.reason}" if g.reason else ""
-            lines.append(f"  GPU {i}: {g.state.value} since {when(g.since)}{why}")
-    last = doc.last_apply
-    if last:
-        lines.append(f"last apply: {last.profile}: {last.result.value} in {last.seconds}s at {when(last.time)}")
-    lines += [f"unhealthy: {uuid}: {why}" for uuid, why in doc.unhealthy.items()]
-    if doc.last_reload_error:
-        lines.append(f"last reload rejected: {doc.last_reload_error}")
-    if doc.restart_needed:
-        lines.append(f"restart needed: {', '.join(doc.restart_needed)} changed since start")
-    sl = doc.slurm
-    if sl:
-        sync = {True: "in sync", False: "NOT in sync", None: "not checked yet"}[sl.gres_in_sync]
-        res = f"; reserved ({sl.reservation})" if sl.reservation else ""
-        lines.append(f"slurm node {sl.node}: {sl.phase.value} since {when(sl.since)}; GRES {sync}{res}"
-                     + (f": {sl.reason}" if sl.reason else ""))
-    return "\n".join(lines + _access_lines(doc.access) + _demand_lines(doc.demand, when)) + "\n"
-
-
-def _access_lines(ac: AccessView | None) -> list[str]:
-    """Access by owner: whose instances are open to whom, and what could not be set."""
-    if ac is None:
-        return []
-    owners = "; ".join(f"{o}: {who}" for o, who in ac.owners.items()) or "no owner listed"
-    lines = [f"access by owner ({ac.interface} interface): {owners}; unowned: {ac.unowned}; "
-             f"{ac.changed} capability node(s) set since start"]
-    return lines + [f"  access NOT set: {e}" for e in ac.errors]
-
-
-def _active_line(active: Active | None, when: Callable[[float | None], str]) -> str:
-    if active is None:
-        return "active profile: none yet (no schedule entry has fired)"
-    if active.reason is Reason.MANUAL:
-        until = active.until or "no further scheduled transition"
-        return (f"active profile: {active.profile} (manual apply of {active.source}, until {until}; "
-                f"{RESUME_HINT})")
-    if active.reason is Reason.DEMAND:
-        lease = active.until if isinstance(active.until, (int, float)) else None
-        return f"active profile: {active.profile} (demand: wanted by planner {active.source} until {when(lease)})"
-    return f"active profile: {active.profile} (schedule)"
-
-
-def _demand_lines(dm: DemandView | None, when: Callable[[float | None], str]) -> list[str]:
-    """The demand mode: what this node follows and why; on the planner, its last decision."""
-    if not dm:
-        return []
-    lines = [f"demand ({dm.mode}, planner {dm.planner}): {dm.source.value}: {dm.why}"]
-    plan = dm.plan
-    if plan:
-        wanted = ", ".join(f"{t} {v:g}" for t, v in plan.wanted_slice_h.items()) or "none"
-        lines.append(f"  last decision at {when(plan.at)}: wanted slice-hours {wanted}; {plan.writes} write(s)"
-                     + (f"; Slurm not read: {plan.error}" if plan.error else ""))
-        lines += [f"  change {c}" for c in plan.changes] + [f"  held {h}" for h in plan.held]
-        lines += [f"  skipped {s}" for s in plan.skipped]
-    return lines
 
 
 def doctor_table(doc: DoctorDoc, verbose: bool = False) -> str:

@@ -78,7 +78,7 @@ def test_doctor_outputs(mixed: Migctl) -> None:
     _check("doctor.json", _run(mixed, "doctor", "-o", "json"))
 
 
-_TIMES = re.compile(r'("(?:started|since|blocked_since|time|seconds|failed_at|next_try)": )[0-9.e+]+')
+_TIMES = re.compile(r'("(?:started|since|blocked_since|time|seconds|failed_at|next_try|real)": )[0-9.e+]+')
 
 
 def test_daemon_status_outputs(tmp_path: Path, mixed: Migctl) -> None:
@@ -125,6 +125,7 @@ def test_daemon_status_with_failed_gpus(tmp_path: Path, mixed: Migctl) -> None:
     doc = json.loads(text)
     doc["gpus"]["0"].update(since=1795000003.0, failed_at=1795000003.0, next_try=1795000013.0)
     doc["gpus"]["1"].update(since=1794999933.0, failed_at=1795000003.0, next_try=1795000043.0, failures=3)
+    doc["clock"]["real"] = 1795000000.0  # (its own clock: each time above shown on it, 3 s after it started)
     _check("daemon-failed.txt", daemon_table(from_json(DaemonDoc, doc)))
 
 
@@ -185,6 +186,7 @@ def test_daemon_status_with_demand(tmp_path: Path, mixed: Migctl) -> None:
     doc["demand"] = to_json(DemandView("on", "gpu1", Source.PLANNER, "night", "planner gpu1 wants night",
                                        1795007200.0, plan))
     doc["active"] = {"profile": "night", "reason": "demand", "source": "gpu1", "until": 1795007200.0}
+    del doc["clock"]  # (a planner node on the machine's clock: the times above are real ones)
     text = _TIMES.sub(lambda m: m.group(1) + "0", json.dumps(doc, indent=2) + "\n")
     _check("daemon-demand.txt", daemon_table(from_json(DaemonDoc, json.loads(text))))
 

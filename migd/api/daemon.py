@@ -9,12 +9,13 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone, tzinfo
+from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Any, ClassVar
 
 from migd.api.access import AccessView
 from migd.api.demand import DemandView, Source
 from migd.api.override import HeldView, Override
+from migd.api.plan import SignalSent
 from migd.api.slurm import SlurmSnapshot, SlurmView
 from migd.api.wire import OMIT_NONE, to_json
 from migd.apply.result import ApplyResult, GpuStatus
@@ -79,18 +80,57 @@ class GpuProgress:
     failures: int = 0  # failed: attempts in a row that failed (the backoff's count)
     failed_at: float | None = None  # failed: Unix time of the latest of them
     next_try: float | None = None  # failed: Unix time the change is tried again (the backoff's end)
+    pids: tuple[int, ...] = ()  # waiting: the processes it waits for
+    selected: bool = True  # False: the active profile does not select it (a manual profile for some GPUs)
 
     def view(self) -> GpuView:
         return GpuView(self.uuid, self.progress, self.since, self.reason or None, self.failures or None,
-                       self.failed_at, self.next_try)
+                       self.failed_at, self.next_try, self.pids or None, None if self.selected else False)
 
 
 @dataclass(frozen=True)
 class LastApply:
+    """``result`` is the apply's worst GPU's, as counted in ``migd_applies_total``; what it did per GPU is
+    in the fields added in v1 (left out when unknown): ``trigger`` (``start``, ``transition``, ``reconcile``,
+    ``retry``, ``manual``, ``resume``, ``reload``), ``changed`` (GPUs it changed), ``waiting`` (GPU -> the
+    PIDs it was left waiting for) and ``signalled`` (the signals ``force`` sent)."""
+
     time: float
     result: Outcome
     seconds: float
     profile: str | None
+    trigger: str | None = field(default=None, metadata=OMIT_NONE)
+    changed: int | None = field(default=None, metadata=OMIT_NONE)
+    waiting: dict[str, tuple[int, ...]] | None = field(default=None, metadata=OMIT_NONE)
+    signalled: tuple[SignalSent, ...] | None = field(default=None, metadata=OMIT_NONE)
+
+
+@dataclass(frozen=True)
+class Applying:
+    """A manual apply in progress (``migctl apply`` through migd), while it waits for busy instances:
+    what, from where, since when (Unix time), its busy policy, the GPUs it waits for (index -> PIDs) and
+    when that wait ends (Unix time: refused with ``wait``, the processes stopped with ``force``)."""
+
+    profile: str
+    source: str
+    since: float
+    on_busy: str
+    waiting: dict[str, tuple[int, ...]]
+    until: float | None
+
+
+@dataclass(frozen=True)
+class SimClock:
+    """A clock of migd's own (``--now``, ``--time-scale``: demo, tests): at Unix time ``real`` it read
+    ``at`` (ISO 8601), and it runs ``scale`` times as fast.  Every Unix time in the document is real; this
+    turns one into migd's clock (the schedule's, as ``next`` and ``active.until`` are)."""
+
+    at: str
+    real: float
+    scale: float
+
+    def of(self, epoch: float) -> datetime:
+        return datetime.fromisoformat(self.at) + timedelta(seconds=(epoch - self.real) * self.scale)
 
 
 @dataclass
@@ -140,6 +180,8 @@ class Status:
     profile_names: tuple[str, ...] = ()  # the configured profiles (their time series start at 0)
     busy_timeout_s: float = 0.0  # how long a transition may wait for busy instances (config)
     profile_time: ProfileTime = field(default_factory=ProfileTime)
+    applying: Applying | None = None  # a manual apply waiting for busy instances (replaced, never changed)
+    clock: SimClock | None = None  # migd's own clock (--now, --time-scale), None on the wall clock
 
     def settle(self, profile: str) -> None:
         """Every GPU holds ``profile``: it is the applied one from now on."""
@@ -182,7 +224,8 @@ class Status:
             {str(i): Blocked(g.since, g.reason) for i, g in waiting.items()},
             {str(i): g.view() for i, g in sorted(self.gpus.items())}, self.last_reload_error,
             tuple(self.restart_needed), {k.value: v for k, v in sorted(self.apply_count.items())},
-            self.unhealthy_reasons(), self.slurm.view() if self.slurm else None, self.demand, self.access)
+            self.unhealthy_reasons(), self.slurm.view() if self.slurm else None, self.demand, self.access,
+            self.applying, self.clock)
 
     def _active(self) -> Active | None:
         if self.override is not None:
@@ -238,7 +281,9 @@ class Blocked:
 @dataclass(frozen=True)
 class GpuView:
     """``failures``, ``failed_at`` and ``next_try`` only for a failed GPU waiting out its backoff (added in
-    v1 with the backoff; left out otherwise)."""
+    v1 with the backoff; left out otherwise); ``pids`` only for a GPU waiting for busy instances: the
+    processes it waits for; ``selected`` (false) only for a GPU the active profile does not select, left
+    as it is (both added in v1)."""
 
     uuid: str
     state: Progress
@@ -247,6 +292,8 @@ class GpuView:
     failures: int | None = field(default=None, metadata=OMIT_NONE)
     failed_at: float | None = field(default=None, metadata=OMIT_NONE)
     next_try: float | None = field(default=None, metadata=OMIT_NONE)
+    pids: tuple[int, ...] | None = field(default=None, metadata=OMIT_NONE)
+    selected: bool | None = field(default=None, metadata=OMIT_NONE)
 
 
 @dataclass(frozen=True)
@@ -278,3 +325,5 @@ class DaemonDoc:
     slurm: SlurmView | None
     demand: DemandView | None
     access: AccessView | None = None  # (added in v1 with access by owner; older migd leaves it out)
+    applying: Applying | None = field(default=None, metadata=OMIT_NONE)  # (added in v1: a manual apply waiting)
+    clock: SimClock | None = field(default=None, metadata=OMIT_NONE)  # (added in v1: only on a clock of migd's own)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from datetime import datetime, timedelta, timezone
 
+from migd.api.daemon import SimClock
+
 
 class Clock:
     """Wall clock, optionally started at ``start`` and running ``scale`` times faster."""
@@ -14,6 +16,7 @@ class Clock:
         self._virt0 = (start or datetime.now(timezone.utc)).astimezone(timezone.utc)
         self._start = self._virt0
         self.scale = scale
+        self.own = start is not None or scale != 1.0  # not the machine's: said wherever times are shown
 
     def restart(self) -> None:
         """Count from here: with a scaled clock, start-up time must not eat virtual time."""
@@ -25,3 +28,7 @@ class Clock:
 
     def real(self, virtual_s: float) -> float:
         return virtual_s / self.scale
+
+    def view(self) -> SimClock | None:
+        """How a Unix time turns into this clock (None: it is the machine's)."""
+        return SimClock(self._virt0.isoformat(), round(self._real0, 3), self.scale) if self.own else None

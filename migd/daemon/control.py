@@ -198,8 +198,11 @@ class ControlServer(CappedThreadingMixIn, socketserver.UnixStreamServer):
         result = self.handlers.apply(profile, opts, hangup)
         reply = {"ok": result.ok, "exit": for_result(result), "result": to_json(apply_doc(result, opts.dry_run)),
                  "warnings": list(profile.warnings)}
+        status = self.handlers.status()
         if result.ok and not opts.dry_run:
-            reply["override"] = to_json(self.handlers.status().override)  # how long it holds, said at once
+            reply["override"] = to_json(status.override)  # how long it holds, said at once
+        if status.clock is not None:  # a clock of migd's own (--now): the times to show on it
+            reply["clock"] = to_json(status.clock)
         return reply
 
     def _resume(self) -> dict[str, Any]:

@@ -271,6 +271,7 @@ def _prepare(args: argparse.Namespace, cfg: Config, backend: GpuBackend, daemon:
     if sim_state is not None:
         log.info("simulated node %s: state %s, migd's state dir %s (--fresh starts both anew)", args.sim, sim_state,
                  daemon.applier.state_dir)
+    daemon.progress.node = {g.index: g.uuid for g in inventory.gpus}  # each shown, selected or not
     for model in {g.model for g in inventory.gpus if g.model is not None}:  # before the first plan needs them
         build_tables(model)
     # What start-up built (catalog, profiles, pynvml, the simulated library) lives as long as migd:

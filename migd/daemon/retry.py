@@ -161,7 +161,9 @@ def choose(retries: Retries, status: Status, plans: list[GpuPlan], owners: Mappi
         return Choice(plans, [p for p in plans if p.gpu.uuid in pending], reason)
     retries.look(plans, pending)
     free = [p for p in plans if not retries.held(p)]
-    waiting = {g.uuid for g in status.with_progress(Progress.WAITING).values()} if correct else set()
+    # A GPU waiting for busy instances is migd's own change under way, not drift, in report mode too: it
+    # is looked at again (and switched once they end), never said or left as drifted.
+    waiting = {g.uuid for g in status.with_progress(Progress.WAITING).values()}
     ours = {p.gpu.uuid for p in free if retries.failure(p)} | waiting
     drift = [p for p in free if p.changes and p.gpu.uuid not in ours]
     if not correct:

@@ -29,6 +29,7 @@ from migd.apply.planning import touched
 from migd.apply.result import ApplyOptions, ApplyResult, BusyError, Flag, GpuStatus, OnBusy
 from migd.daemon.accesspass import access_control
 from migd.daemon.accesspass import view as access_view
+from migd.daemon.account import in_flight, last_apply, say
 from migd.daemon.clock import Clock
 from migd.daemon.config import Config, ReconcileMode, restart_only
 from migd.daemon.hwlock import HardwareLock
@@ -69,7 +70,8 @@ class Daemon:
         self._reload_config = reload_config
         self.overrides = OverrideStore(Path(state_dir) / "override.json")
         self.status = Status(config_path=config.path, timezone=config.timezone, override=self.overrides.load(),
-                             profile_names=tuple(sorted(config.profiles)), busy_timeout_s=config.busy_timeout_s)
+                             profile_names=tuple(sorted(config.profiles)), busy_timeout_s=config.busy_timeout_s,
+                             clock=clock.view())
         self.retries = Retries(clock.real)  # GPUs whose change failed: left alone until their next try
         self.progress = Tracker(self.status, lambda: self.clock.real(self.config.busy_timeout_s), self.retries.failure)
         self.heartbeat = Heartbeat()  # progress marks; the watchdog thread feeds systemd while they come
@@ -213,7 +215,8 @@ class Daemon:
         else:
             self.retries.refused(profile.name, choice.pending, str(e))
             self.progress.update(profile.name, planned[0], None, planned[1])
-        self._record(None, Outcome.BLOCKED if blocked else Outcome.ERROR, time.monotonic() - t0, profile.name)
+        self._record(last_apply(None, Outcome.BLOCKED if blocked else Outcome.ERROR, time.monotonic() - t0,
+                                profile.name, choice.reason, e), None)
 
     def _apply(self, profile: Profile, plans: list[GpuPlan], opts: ApplyOptions, manual: bool) -> ApplyResult:
         """The planned change, through Slurm's drain and GRES on a Slurm node (the apply lock is held)."""
@@ -248,16 +251,8 @@ class Daemon:
     def _finish(self, profile: Profile, result: ApplyResult, reason: str, t0: float) -> None:
         """Count, log and audit one apply, scheduled or manual alike, from what the apply read back."""
         outcome = outcome_of(result)  # (a GPU that failed was said by Retries.done, once)
-        self._record(result, outcome, time.monotonic() - t0, profile.name)
-        if outcome is Outcome.SUCCESS and reason == "reconcile":
-            log.info("drift corrected: profile %s restored in %.2fs", profile.name, result.seconds)
-        elif outcome is Outcome.SUCCESS:
-            log.info("applied profile %s (%s) in %.2fs", profile.name, reason, result.seconds)
-        elif outcome is Outcome.CANCELLED:
-            log.warning("%s of %s cancelled: every GPU it changed is back on its previous layout",
-                        "manual apply" if reason == "manual" else "apply", profile.name)
-        elif outcome is Outcome.UNCHANGED:
-            log.info("profile %s (%s): every GPU already as asked, nothing to change", profile.name, reason)
+        self._record(last_apply(result, outcome, time.monotonic() - t0, profile.name, reason), result)
+        say(profile.name, result, outcome, reason)
         changed = {r.index for r in result.results if r.status is GpuStatus.APPLIED}
         self._audit(list(result.readings().values()), [p for p in result.plans if p.gpu.index not in changed])
         if profile.name == self.status.desired_profile:  # (a manual apply that did not take is not the applied one)
@@ -276,11 +271,11 @@ class Daemon:
             self.status.settle(name)
             self.notifier.status(f"profile {name} applied")
 
-    def _record(self, result: ApplyResult | None, outcome: Outcome, seconds: float, profile: str) -> None:
-        self.status.apply_count[outcome] = self.status.apply_count.get(outcome, 0) + 1
-        self.status.last_apply = LastApply(time.time(), outcome, seconds, profile)
+    def _record(self, last: LastApply, result: ApplyResult | None) -> None:
+        self.status.apply_count[last.result] = self.status.apply_count.get(last.result, 0) + 1
+        self.status.last_apply = last
         for cb in self.on_apply:
-            cb(result, outcome, seconds)
+            cb(result, last.result, last.seconds)
 
     def drift_suspected(self) -> None:
         """NVML reported a MIG configuration change: check for drift now, not at the next interval."""
@@ -323,11 +318,14 @@ class Daemon:
         ``abort``: set when the requester withdraws (migctl's Ctrl-C): every GPU is put back, nothing held."""
         with self.lock:
             opts = self._options(req.on_busy)
-            opts.abort = abort
+            opts.abort, opts.on_wait = abort, in_flight(self.status, profile, req.on_busy.value)
             opts.dry_run, opts.parallel, opts.lock_timeout_s = req.dry_run, req.parallel, req.lock_timeout_s
             opts.mode_only = req.mode_only
             opts.busy_timeout_s = self.config.busy_timeout_s if req.busy_timeout_s is None else req.busy_timeout_s
-            return self._change(profile, "manual", opts, manual=True)
+            try:
+                return self._change(profile, "manual", opts, manual=True)
+            finally:
+                self.status.applying = None
 
     # -- lifecycle --------------------------------------------------------------------------------
     def reload(self) -> Reloaded:
@@ -374,6 +372,7 @@ class Daemon:
     def start(self) -> None:
         """What the loop does once before its first wait: recover, take up a kept hold, first pass."""
         self.clock.restart()
+        self.status.clock = self.clock.view()
         try:
             for r in self.applier.recover():
                 log.warning("GPU %d: %s after an interrupted apply", r.index, r.status.replace("_", " "))
