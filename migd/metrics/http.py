@@ -41,7 +41,6 @@ def start_metrics(listen: str, sources: Sources, interval_s: float) -> tuple[Met
     host, port = parse_host_port(listen)  # checked where it was given (config, --metrics-listen)
     sampler = Sampler(sources.backend, sources.lock, sources.owners, interval_s)
     sampler.sample_once()
-    sampler.start()
     collector = MigdCollector(sampler, sources.status, sources.errors or NvmlErrorCounter(), sources.events,
                               sources.audit, hostname=socket.gethostname())
     slow, live = CollectorRegistry(auto_describe=True), CollectorRegistry(auto_describe=True)
@@ -57,5 +56,6 @@ def start_metrics(listen: str, sources: Sources, interval_s: float) -> tuple[Met
     server = MetricsServer(host, port, Exposition(slow, collector.version, live), sampler,
                            stale_after_s=max(60.0, 4 * interval_s), page=page.body)
     sampler.on_snapshot.append(server.exposition.refresh)
+    sampler.start()  # once the address is bound: a refused one leaves no thread sampling as migd exits
     threading.Thread(target=server.serve_forever, name="migd-http", daemon=True).start()
     return server, collector
