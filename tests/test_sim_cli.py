@@ -57,7 +57,7 @@ def test_each_subcommand_acts_on_the_node(tmp_path: Path) -> None:
     other = int(on(m, "process", "start", "--device", mig, "--memory", "unknown").stdout)
     procs = {(p.pid, p.gi, p.ci, p.used_mib) for p in store.read().gpus[0].processes}
     assert procs == {(pid, gis[0].id, 0, 2048), (other, gis[1].id, 0, None)}
-    assert re.search(rf"@0:1 .* 2048/\d+ MiB  pids {pid}\n", m("status").out)
+    assert re.search(rf"@0:1 .* 2048/\d+ MiB  pids {pid}\n", m("status", "-v").out)
     assert on(m, "process", "stop", str(pid)).stdout == f"process {pid} stopped\n"
     assert [p.pid for p in store.read().gpus[0].processes] == [other]
 
@@ -169,11 +169,11 @@ def test_a_running_migd_sees_each(migd: MigdProcess) -> None:
     m = migd.migctl
     gi = StateStore(m.state).read().gpus[0].gis[0].id
     pid = on(m, "process", "start", "--gpu", "0", "--gi", str(gi)).stdout.strip()
-    assert f"pids {pid}\n" in m.process("status").stdout  # migctl, in a process of its own
+    assert f"pids {pid}\n" in m.process("status", "-v").stdout  # migctl, in a process of its own
     migd.wait_until(lambda: re.search(rf'migd_compute_instance_processes{{[^}}]*gi="{gi}"[^}}]*}} 1\.0',
                                       scrape(migd)) is not None)
     assert on(m, "process", "stop", pid).returncode == 0
-    assert "pids -" in m.process("status").stdout and pid not in m.process("status").stdout
+    assert "pids -" in m.process("status", "-v").stdout and pid not in m.process("status", "-v").stdout
 
     assert on(m, "slow", "0.2").returncode == 0  # day -> night: 7 CI and 7 GI destroyed, 1 GI and 1 CI made
     t0 = time.monotonic()
