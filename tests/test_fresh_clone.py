@@ -165,8 +165,9 @@ def _quote(command: str) -> str:
 
 def test_the_demo_and_what_watches_it_run_as_written(tmp_path: Path) -> None:
     """The README's demo (its first set-up command, the daemon on a simulated DGX A100 reaching night at the
-    19:00 transition), the three commands that watch it from another shell, and docs/simulator.md's
-    example, as written, in a fresh clone with a venv of its own; Ctrl-C stops the demo, exit 0."""
+    19:00 transition), the three commands that watch it from another shell, the rehearsal of day one's
+    trouble (migd-sim slow, process, xid, lose, return; each exits 0), and docs/simulator.md's example,
+    as written, in a fresh clone with a venv of its own; Ctrl-C stops the demo, exit 0."""
     _namespace("a mount namespace (the demo's /tmp paths)")
     if shutil.which("curl") is None:
         pytest.skip("needs curl")
@@ -185,7 +186,7 @@ def test_the_demo_and_what_watches_it_run_as_written(tmp_path: Path) -> None:
         f"setsid bash -c {_quote(demo)} >{tmp}/demo.log 2>&1 &", "demo=$!",
         "for i in $(seq 600); do [ \"$(curl -s 127.0.0.1:9835/metrics | grep -c '^migd_instance_info.*7g.80gb')\" "
         "= 8 ] && break; sleep 0.5; done",
-        "set +e", *(f"echo '>>> {i}'; {c}" for i, c in enumerate(watch)),
+        "set +e", *(f"echo '>>> {i}'; {c}; echo \"rc=$?\"" for i, c in enumerate(watch)),
         "kill -INT -- -$demo; wait $demo; echo \">>> demo exit $?\"",
         f"echo '<<< log'; cat {tmp}/demo.log"])  # (written under the overlay: gone with the namespace)
     r = _run_in_namespace(script, timeout=900)
@@ -196,6 +197,10 @@ def test_the_demo_and_what_watches_it_run_as_written(tmp_path: Path) -> None:
     assert status.startswith("0\nstatus: 8 GPU(s), MIG enabled on 8, 8 MIG device(s)") and "7g.80gb" in status, status
     assert metrics.count("migd_instance_info{") == 8 and 'profile="7g.80gb"' in metrics, metrics
     assert "MIG 7g.80gb" in smi or "7g.80gb" in smi, smi
+    rehearsal = [o for o, c in zip(out[1:1 + len(watch)], watch, strict=True)
+                 if c.startswith(("migd-sim ", "migctl --sim dgx-a100 apply"))]
+    assert len(rehearsal) == 7 and all(o.rstrip().endswith("rc=0") for o in rehearsal), rehearsal
+    assert re.search(r"^\d+$", rehearsal[3].split("\n")[1]), rehearsal[3]  # process start prints its pid
     simulated = ">>> ".join(out[4:])
     assert "day: applied in " in simulated and "81559" in simulated and "1g.10gb" in simulated, simulated
     assert out[-1].strip() == "demo exit 0", out[-1]
