@@ -186,7 +186,7 @@ def test_the_demo_and_what_watches_it_run_as_written(tmp_path: Path) -> None:
         f"setsid bash -c {_quote(demo)} >{tmp}/demo.log 2>&1 &", "demo=$!",
         "for i in $(seq 600); do [ \"$(curl -s 127.0.0.1:9835/metrics | grep -c '^migd_instance_info.*7g.80gb')\" "
         "= 8 ] && break; sleep 0.5; done",
-        "set +e", *(f"echo '>>> {i}'; {c}; echo \"rc=$?\"" for i, c in enumerate(watch)),
+        "set +e", *(f"echo '>>> {i}'\n{c}\necho \"rc=$?\"" for i, c in enumerate(watch)),  # (c may end in a comment)
         "kill -INT -- -$demo; wait $demo; echo \">>> demo exit $?\"",
         f"echo '<<< log'; cat {tmp}/demo.log"])  # (written under the overlay: gone with the namespace)
     r = _run_in_namespace(script, timeout=900)
@@ -197,7 +197,8 @@ def test_the_demo_and_what_watches_it_run_as_written(tmp_path: Path) -> None:
     assert status.startswith("0\nstatus: 8 GPU(s), MIG enabled on 8, 8 MIG device(s)") and "7g.80gb" in status, status
     assert metrics.count("migd_instance_info{") == 8 and 'profile="7g.80gb"' in metrics, metrics
     assert "MIG 7g.80gb" in smi or "7g.80gb" in smi, smi
-    rehearsal = [o for o, c in zip(out[1:1 + len(watch)], watch, strict=True)
+    readme = len(set_up) - 2  # the README's own commands come first in ``watch``, then docs/simulator.md's
+    rehearsal = [o for o, c in zip(out[1:1 + readme], watch[:readme], strict=True)
                  if c.startswith(("migd-sim ", "migctl --sim dgx-a100 apply"))]
     assert len(rehearsal) == 7 and all(o.rstrip().endswith("rc=0") for o in rehearsal), rehearsal
     assert re.search(r"^\d+$", rehearsal[3].split("\n")[1]), rehearsal[3]  # process start prints its pid
