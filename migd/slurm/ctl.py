@@ -36,14 +36,21 @@ def command_runner(env: Mapping[str, str] = MappingProxyType({})) -> Runner:
 
 def run_command(argv: Sequence[str], timeout_s: float, env: Mapping[str, str] | None = None) -> str:
     try:
-        p = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, check=False,
+        p = subprocess.run(list(argv), capture_output=True, timeout=timeout_s, check=False,
                            env=None if env is None else dict(env))
     except (OSError, subprocess.TimeoutExpired) as e:
         raise SlurmError(f"{' '.join(argv)}: {e}") from None
+    out, err = text_of(p.stdout), text_of(p.stderr)
     if p.returncode != 0:
-        detail = (p.stderr or p.stdout).strip().splitlines()
+        detail = (err or out).strip().splitlines()
         raise SlurmError(f"{' '.join(argv)} exited {p.returncode}: {detail[-1] if detail else 'no output'}")
-    return p.stdout
+    return out
+
+
+def text_of(raw: bytes) -> str:
+    """Slurm's output as text whatever its bytes: an operator's reason or comment may hold Latin-1 (or
+    any) bytes that are not UTF-8; each such byte becomes U+FFFD, and nothing Slurm prints stops migd."""
+    return raw.decode("utf-8", errors="replace")
 
 
 @dataclass(frozen=True)
