@@ -24,7 +24,17 @@ When = Callable[[float | None], str]
 
 
 def utc(epoch: float | None) -> str:
-    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if epoch else "-"
+    try:  # (a time out of the calendar's range, e.g. one read from Slurm in milliseconds, never stops a report)
+        return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if epoch else "-"
+    except (OverflowError, OSError, ValueError):
+        return f"{epoch:.0f} (epoch seconds, out of range)"
+
+
+def _on(clock: SimClock, epoch: float | None) -> str:
+    try:
+        return utc_of(clock.of(epoch).isoformat()) if epoch else "-"
+    except (OverflowError, OSError, ValueError):
+        return f"{epoch:.0f} (epoch seconds, out of range)"
 
 
 def utc_of(iso: str) -> str:
@@ -35,7 +45,7 @@ def clock_of(clock: SimClock | None) -> When:
     """Unix times as the document's clock shows them (on a clock of migd's own: turned into it)."""
     if clock is None:
         return utc
-    return lambda epoch: utc_of(clock.of(epoch).isoformat()) if epoch else "-"
+    return lambda epoch: _on(clock, epoch)
 
 
 def signal_lines(sent: Sequence[SignalSent] | None, when: When = utc) -> list[str]:

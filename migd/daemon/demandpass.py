@@ -20,7 +20,7 @@ from migd.slurm.ctl import SlurmCtl, SlurmError
 from migd.slurm.demandconf import DemandMode, DemandSettings
 from migd.slurm.planner import Planner
 from migd.slurm.settings import SlurmSettings
-from migd.slurm.want import Want
+from migd.slurm.want import Want, stamp
 
 log = logging.getLogger("migd")
 
@@ -77,9 +77,11 @@ class DemandPass:
             why = f"no wanted layout from planner {self.s.planner} in this node's Extra: following the schedule"
         elif want.planner != self.s.planner:
             why = f"Extra names planner {want.planner}, this node follows {self.s.planner}: following the schedule"
-        elif not want.holds(self.s.planner, now):
-            why = f"the planner's lease ended at {time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(want.until))}: " \
-                  "following the schedule"
+        elif want.beyond(now, self.s.lease_s):
+            why = f"the planner's lease runs to {stamp(want.until)} (until={want.until:.0f}), beyond this node's " \
+                  f"lease ({self.s.lease_s:g}s) from now: not followed; following the schedule"
+        elif not want.holds(self.s.planner, now, self.s.lease_s):
+            why = f"the planner's lease ended at {stamp(want.until)}: following the schedule"
         elif want.layout not in self.s.candidates:
             why = f"the planner wants {want.layout!r}, not a candidate here: following the schedule"
         else:

@@ -25,7 +25,7 @@ from migd.slurm.ctl import NodeInfo, SlurmCtl, SlurmError
 from migd.slurm.demandconf import DemandMode, DemandSettings
 from migd.slurm.queue import Queue, read_queue
 from migd.slurm.transition import DRAIN_REASON
-from migd.slurm.want import Want
+from migd.slurm.want import Want, stamp
 
 log = logging.getLogger(__name__)
 DAY_S = 86400.0
@@ -111,12 +111,12 @@ class Planner:
             if "FUTURE" in n.states:  # (a catalog node declaring MIG types so their jobs can queue)
                 continue
             want = Want.parse(n.extra)
-            ours = want is not None and want.holds(self.me, now)
+            ours = want is not None and want.holds(self.me, now, self.s.lease_s)
             if ours and want is not None:
                 self._current[n.name] = want
-            if want is not None and not ours and now < want.until:
-                skipped.append(f"{n.name}: follows planner {want.planner} until {int(want.until)}")
-                continue
+            if want is not None and not ours and now < want.until and want.planner != self.me:
+                skipped.append(f"{n.name}: follows planner {want.planner} until {stamp(want.until)}")
+                continue  # (a want of its own beyond its lease, e.g. until= in milliseconds, is rewritten)
             if n.drained and not n.reason.startswith(DRAIN_REASON):
                 skipped.append(f"{n.name}: drained by an operator ({n.reason})")
                 continue

@@ -11,9 +11,11 @@ at each pass anyway: no coordinator of migd's own, no extra channel.  Slurm 22.0
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 
 PREFIX = "migd:want="
+SKEW_S = 300.0  # how far the planner's clock may run ahead of a node's before its lease looks too long
 _FORM = re.compile(r"^migd:want=([\w.+-]+),by=([\w.-]+),at=(\d+),until=(\d+)$")
 
 
@@ -33,6 +35,19 @@ class Want:
         m = _FORM.match(extra.strip())
         return cls(m.group(1), m.group(2), float(m.group(3)), float(m.group(4))) if m else None
 
-    def holds(self, planner: str, now: float) -> bool:
-        """Said by the planner this node follows, and its lease not ended."""
-        return self.planner == planner and now < self.until
+    def holds(self, planner: str, now: float, lease_s: float) -> bool:
+        """Said by the planner this node follows, its lease not ended and not beyond the configured one."""
+        return self.planner == planner and now < self.until and not self.beyond(now, lease_s)
+
+    def beyond(self, now: float, lease_s: float) -> bool:
+        """Its lease runs further than a planner with this ``lease`` writes (beyond clock skew): not a
+        lease to follow (``until=`` in milliseconds would otherwise hold a node for 50,000 years)."""
+        return self.until - now > lease_s + SKEW_S
+
+
+def stamp(epoch: float) -> str:
+    """A time read from Slurm, in local time; one no calendar holds is shown as the number it is."""
+    try:
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(epoch))
+    except (OverflowError, OSError, ValueError):
+        return f"{epoch:.0f} (epoch seconds, out of range)"
