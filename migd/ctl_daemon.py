@@ -10,12 +10,23 @@ from pathlib import Path
 from typing import Any
 
 from migd import paths
-from migd.api.control import ApplyRequest, ManualApply, listening, request
-from migd.api.daemon import DaemonDoc, SimClock
-from migd.api.override import HeldView
-from migd.api.plan import ApplyDoc
+from migd.api.control import (
+    ApplyReply,
+    ApplyRequest,
+    ClearedReply,
+    DaemonReply,
+    LayoutReply,
+    ManualApply,
+    ReloadReply,
+    Reply,
+    ResumeReply,
+    listening,
+    reply_as,
+    request,
+)
+from migd.api.daemon import DaemonDoc
 from migd.api.status import StatusDoc
-from migd.api.wire import WireError, from_json
+from migd.api.wire import WireError
 from migd.apply.result import GpuStatus, OnBusy, busy_timeout_for
 from migd.errors import ValidationError
 from migd.exits import Exit
@@ -64,22 +75,23 @@ def apply_via_daemon(args: argparse.Namespace, text: str,
         return 130
     if reply is None:
         return None
-    for w in reply.get("warnings", []):
+    done = reply_as(ApplyReply, reply)
+    if done.error is None and done.result is None:
+        raise WireError("reply.result", "missing")
+    for w in done.warnings:
         print(f"warning: {w}", file=sys.stderr)
-    if not _error(reply):
-        result = from_json(ApplyDoc, reply["result"], "result")
-        clock = from_json(SimClock, reply["clock"], "clock") if reply.get("clock") else None
-        out(args, result, apply_table(result, by="migd", when=clock_of(clock)))
-    elif refused is not None and reply.get("exit") == Exit.BUSY and "result" not in reply:
-        refused(str(reply["error"]))
+    if not _error(done) and done.result is not None:
+        out(args, done.result, apply_table(done.result, by="migd", when=clock_of(done.clock)))
+    elif refused is not None and done.exit == Exit.BUSY and "result" not in reply:
+        refused(str(done.error))
     if withdrawn:
         print("interrupted: the apply was cancelled; no GPU was left changed and nothing is held", file=sys.stderr)
         return 130
-    held = None if reply.get("override") is None else from_json(HeldView, reply["override"], "override")
+    held = done.override
     if held and args.output == "table":
         print(f"{held.profile} holds until {held.until or 'the schedule has no further transition'}; "
               f"{RESUME_HINT}")
-    return int(reply.get("exit", 1))
+    return done.exit
 
 
 def refuse_local(args: argparse.Namespace) -> None:
@@ -95,11 +107,11 @@ def refuse_local(args: argparse.Namespace) -> None:
           "to its active profile at its next pass (migctl daemon shows it)", file=sys.stderr)
 
 
-def _error(reply: dict[str, Any]) -> bool:
+def _error(reply: Reply | ApplyReply) -> bool:
     """Whether migd refused the request; if so its reason is said, once, as migd's."""
-    if "error" not in reply:
+    if reply.error is None:
         return False
-    print(f"error (from migd): {reply['error']}", file=sys.stderr)
+    print(f"error (from migd): {reply.error}", file=sys.stderr)
     return True
 
 
@@ -122,14 +134,14 @@ def layout_from_daemon(args: argparse.Namespace) -> StatusDoc | None:
         reply = request(paths.status_socket(control_socket(args)), {"cmd": "layout"}, timeout_s=30.0)
     except PermissionError:
         return None
-    if reply is None or not reply.get("ok"):
+    if reply is None or not reply_as(Reply, reply).ok:
         return None
-    return from_json(StatusDoc, reply["status"], "status")
+    return reply_as(LayoutReply, reply).status
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:
     """The running daemon's state (migd.daemon/v1), from its control socket."""
-    doc = from_json(DaemonDoc, daemon_request(args, {"cmd": "status"})["daemon"], "daemon")
+    doc = _daemon_doc(args, 30.0)
     out(args, doc, daemon_table(doc))
     return Exit.OK
 
@@ -137,10 +149,11 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 def cmd_reload(args: argparse.Namespace) -> int:
     """Ask migd to reload its configuration and profiles (like SIGHUP), and say whether it took."""
     reply = daemon_request(args, {"cmd": "reload"}, timeout_s=120.0)
-    if not reply.get("ok"):
-        print(f"error: reload rejected, migd keeps its running configuration: {reply.get('error')}", file=sys.stderr)
-        return int(reply.get("exit", Exit.INVALID))
-    print(f"reloaded: {reply.get('detail') or 'configuration accepted'}")
+    head = reply_as(Reply, reply)
+    if not head.ok:
+        print(f"error: reload rejected, migd keeps its running configuration: {head.error}", file=sys.stderr)
+        return head.exit or Exit.INVALID
+    print(f"reloaded: {reply_as(ReloadReply, reply).detail or 'configuration accepted'}")
     return Exit.OK
 
 
@@ -150,10 +163,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
     reply = request(control_socket(args), {"cmd": "resume"}, timeout_s=3600.0)
     if reply is None:
         return _resume_offline(args)
-    if _error(reply):
-        return int(reply["exit"])
-    lifted, profile = reply.get("lifted"), reply.get("profile")
-    result = None if reply.get("result") is None else from_json(ApplyDoc, reply["result"], "result")
+    head = reply_as(Reply, reply)
+    if _error(head):
+        return head.exit
+    done = reply_as(ResumeReply, reply)
+    lifted, profile, result = done.lifted, done.profile, done.result
     print(f"lifted the manual apply of {lifted}" if lifted else "no manual apply was held")
     if profile is None:
         print("no schedule entry has fired yet: GPUs are left as they are")
@@ -164,7 +178,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         if r.status is GpuStatus.BLOCKED:
             print(f"GPU {r.index} waits for busy instances ({r.error}): migd switches it when they end")
     print(f"back on the schedule: {profile}")
-    return int(reply["exit"])
+    return head.exit
 
 
 def _resume_offline(args: argparse.Namespace) -> int:
@@ -183,17 +197,27 @@ def cmd_clear_fault(args: argparse.Namespace) -> int:
     if reply is None:
         print("not applied: migd is not running (fault marks live in the daemon)", file=sys.stderr)
         return Exit.NOT_APPLIED
-    if _error(reply):
-        return int(reply["exit"])
-    print(f"cleared: {', '.join(reply['cleared']) or 'nothing (no fault mark on that GPU)'}")
-    return int(reply["exit"])
+    head = reply_as(Reply, reply)
+    if _error(head):
+        return head.exit
+    print(f"cleared: {', '.join(reply_as(ClearedReply, reply).cleared) or 'nothing (no fault mark on that GPU)'}")
+    return head.exit
 
 
 def caps_root(args: argparse.Namespace) -> str:
     """Where the driver's /dev and /proc are, as the running migd's access by owner says ("/" on a
     node; a simulated node's own tree), else "/"."""
     try:
-        doc = from_json(DaemonDoc, daemon_request(args, {"cmd": "status"}, timeout_s=10).get("daemon"), "daemon")
+        doc = _daemon_doc(args, 10.0)
     except (OSError, WireError):
         return "/"
     return doc.access.root if doc.access is not None else "/"
+
+
+def _daemon_doc(args: argparse.Namespace, timeout_s: float) -> DaemonDoc:
+    """The running migd's state (``migd.daemon/v1``); a refusal is said as migd's (ConnectionError)."""
+    reply = daemon_request(args, {"cmd": "status"}, timeout_s=timeout_s)
+    head = reply_as(Reply, reply)
+    if not head.ok:
+        raise ConnectionError(f"migd did not answer with its state: {head.error}")
+    return reply_as(DaemonReply, reply).daemon

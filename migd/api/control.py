@@ -12,12 +12,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from migd.api.daemon import DaemonDoc, SimClock
+from migd.api.override import HeldView
+from migd.api.plan import ApplyDoc
+from migd.api.status import StatusDoc
+from migd.api.wire import WireError, from_json
 from migd.apply.result import OnBusy
 from migd.errors import ValidationError
 
 MAX_REQUEST = 1 << 20  # bytes of one request line
+MAX_REPLY = 16 << 20  # bytes of one reply line (a 64-GPU node's status is well under 1 MiB)
+MAX_DEPTH = 32  # nesting of JSON arrays and objects, either way (migd's documents nest less than 10 deep)
+T = TypeVar("T")
 DAEMON_LOCK_TIMEOUT_S = 30.0  # how long migd's own applies wait for the apply lock (a migctl --local)
 
 
@@ -116,32 +124,145 @@ class ControlError(ConnectionError):
     """Talking to migd failed (it died, or closed the socket): not the caller's own stdout."""
 
 
+class BadJson(ValueError):
+    """A line that is not JSON, nests deeper than MAX_DEPTH, or is not one JSON object."""
+
+
+def _depth(doc: Any) -> int:
+    """How deep ``doc``'s arrays and objects nest (without recursion: the limit is what it guards)."""
+    deepest, todo = 0, [(doc, 1)]
+    while todo:
+        value, level = todo.pop()
+        if isinstance(value, (dict, list)):
+            deepest = max(deepest, level)
+            if level > MAX_DEPTH:
+                break
+            todo.extend((v, level + 1) for v in (value.values() if isinstance(value, dict) else value))
+    return deepest
+
+
+def parse_object(line: bytes) -> dict[str, Any]:
+    """One JSON object from a socket line, its nesting at most MAX_DEPTH; BadJson says what is wrong."""
+    try:
+        doc = json.loads(line)
+    except RecursionError:
+        raise BadJson(f"JSON nested deeper than {MAX_DEPTH}") from None
+    except (ValueError, UnicodeDecodeError) as e:  # (json's JSONDecodeError is a ValueError)
+        raise BadJson(f"not JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise BadJson(f"expected a JSON object, not {type(doc).__name__}")
+    if _depth(doc) > MAX_DEPTH:
+        raise BadJson(f"JSON nested deeper than {MAX_DEPTH}")
+    return doc
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What every reply carries: whether migd did it, the exit code migctl ends with, and why not."""
+
+    ok: bool
+    exit: int
+    error: str | None = None
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ApplyReply:
+    """migd's answer to an apply: the result (also beside a refusal that had one), how long it holds,
+    and migd's own clock when it runs on one."""
+
+    ok: bool
+    exit: int
+    error: str | None = None
+    warnings: tuple[str, ...] = ()
+    result: ApplyDoc | None = None
+    override: HeldView | None = None
+    clock: SimClock | None = None
+
+
+@dataclass(frozen=True)
+class ResumeReply:
+    """``resume`` done: whose hold was lifted (None: none was held), the scheduled profile (None: no entry
+    has fired yet) and the apply back to it."""
+
+    lifted: str | None
+    profile: str | None
+    result: ApplyDoc | None
+
+
+@dataclass(frozen=True)
+class ReloadReply:
+    detail: str | None
+
+
+@dataclass(frozen=True)
+class ClearedReply:
+    cleared: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DaemonReply:
+    daemon: DaemonDoc
+
+
+@dataclass(frozen=True)
+class LayoutReply:
+    status: StatusDoc
+
+
+def reply_as(cls: type[T], reply: dict[str, Any], where: str = "reply") -> T:
+    """``reply`` (or a part of it) read through its wire type: a misfit is a WireError naming the field."""
+    return from_json(cls, reply, where)
+
+
 def request(path: str | Path, req: dict[str, Any], timeout_s: float = 3600.0,
             on_interrupt: Callable[[], None] | None = None) -> dict[str, Any] | None:
     """Send one request; None if no daemon is listening there.
 
+    The reply is bounded: at most MAX_REPLY bytes, within ``timeout_s`` from the connect, one JSON
+    object nested at most MAX_DEPTH deep, whose ``ok``, ``exit`` and ``error`` fit :class:`Reply`;
+    anything else (a server that is not migd, a migd of another version, a reply cut off) is a
+    ControlError or a WireError, said in one line.
+
     ``on_interrupt``: a first Ctrl-C while waiting closes this end for writing, which tells migd the
     request is withdrawn (an apply is then cancelled and its GPUs put back), calls ``on_interrupt``
     and goes on waiting for migd's account of it; a second Ctrl-C raises KeyboardInterrupt."""
+    deadline = time.monotonic() + timeout_s
     s = _connect(Path(path), timeout_s)
     if s is None:
         return None
     with s:
         try:
             s.sendall(json.dumps(req).encode() + b"\n")
-            line = _read_line(s, on_interrupt)
+            line = _read_line(s, on_interrupt, deadline)
+        except TimeoutError:
+            raise ControlError(f"migd's control socket {path}: no complete reply within {timeout_s:g}s") from None
         except OSError as e:
             raise ControlError(f"migd's control socket {path}: {e.strerror or e}") from None
     if not line:
         raise ControlError(f"migd closed the control socket {path} without answering; see its log")
-    reply: dict[str, Any] = json.loads(line)
+    if not line.endswith(b"\n"):
+        raise ControlError(f"migd's reply on {path} was cut off after {len(line)} bytes (migd stopped?); see its log")
+    try:
+        reply = parse_object(line)
+    except BadJson as e:
+        raise WireError("reply", str(e)) from None
+    head = reply_as(Reply, reply)
+    if not (1 if head.error is not None else 0) <= head.exit <= 255:
+        raise WireError("reply.exit", f"{head.exit} is not an exit status{' for a refusal' if head.exit == 0 else ''}")
     return reply
 
 
-def _read_line(s: socket.socket, on_interrupt: Callable[[], None] | None) -> bytes:
-    buf = b""
+def _read_line(s: socket.socket, on_interrupt: Callable[[], None] | None, deadline: float) -> bytes:
+    """The reply line, or what came before end-of-file; TimeoutError at ``deadline``, ControlError past
+    MAX_REPLY bytes."""
+    buf = bytearray()
     withdrawn = False
     while not buf.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        s.settimeout(left)
         try:
             chunk = s.recv(65536)
         except KeyboardInterrupt:
@@ -154,4 +275,6 @@ def _read_line(s: socket.socket, on_interrupt: Callable[[], None] | None) -> byt
         if not chunk:
             break
         buf += chunk
-    return buf
+        if len(buf) > MAX_REPLY:
+            raise ControlError(f"migd's reply is over {MAX_REPLY >> 20} MiB without ending (not migd?)")
+    return bytes(buf)

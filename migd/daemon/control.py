@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from migd.api.audit import DaemonAudit
-from migd.api.control import MAX_REQUEST, ApplyRequest, ManualApply, listening
+from migd.api.control import MAX_REQUEST, ApplyRequest, BadJson, ManualApply, listening, parse_object
 from migd.api.daemon import DaemonDoc
 from migd.api.status import StatusDoc
 from migd.api.wire import to_json
@@ -75,22 +75,27 @@ class _Handler(socketserver.StreamRequestHandler):
     timeout = 10.0  # for the request line; the apply it asks for may take as long as it takes
 
     def handle(self) -> None:
-        line = self.rfile.readline(MAX_REQUEST)
-        try:
-            req = json.loads(line)
-            if not isinstance(req, dict):
-                raise ValueError("request must be a JSON object")
-            reply = self.server.dispatch(req, self.connection)
-        except (ValueError, json.JSONDecodeError) as e:
-            reply = {"ok": False, "exit": 2, "error": f"bad request: {e}"}
-        except Exception as e:  # noqa: BLE001 - the client must always get an answer, never an empty line
-            log.exception("control request failed")
-            reply = {"ok": False, "exit": 1, "error": f"migd failed on this request: {type(e).__name__}: {e}"}
+        reply = self._reply(self.rfile.readline(MAX_REQUEST))
         try:
             self.wfile.write(json.dumps(reply, default=str).encode() + b"\n")
             self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):  # the client is gone (Ctrl-C, a probe): nothing to
             log.debug("control client left before the reply")  # tell it, and nothing wrong with migd
+
+    def _reply(self, line: bytes) -> dict[str, Any]:
+        """The reply to one request line.  Bad input (not JSON, nested too deep, no ``cmd`` word, a bad
+        field) is the client's mistake: one line "bad request: ...", logged below WARNING, no traceback."""
+        try:
+            req = parse_object(line)
+            if not isinstance(req.get("cmd"), str):
+                raise BadJson(f"cmd must be a word, not {type(req.get('cmd')).__name__}")
+            return self.server.dispatch(req, self.connection)
+        except ValueError as e:  # (BadJson; a bad field of a request)
+            log.info("control: bad request from a client: %s", e)
+            return {"ok": False, "exit": Exit.INVALID, "error": f"bad request: {e}"}
+        except Exception as e:  # noqa: BLE001 - the client must always get an answer, never an empty line
+            log.exception("control request failed")
+            return {"ok": False, "exit": 1, "error": f"migd failed on this request: {type(e).__name__}: {e}"}
 
     def finish(self) -> None:
         try:
