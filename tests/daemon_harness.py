@@ -11,6 +11,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -135,6 +137,24 @@ class MigdProcess:
         reply = request(self.socket_path, req, timeout_s=60)
         assert reply is not None, "migd control socket not listening"
         return reply
+
+    def daemon_doc(self) -> dict[str, Any]:
+        """The running migd's migd.daemon/v1 document, as the control socket answers it."""
+        doc: dict[str, Any] = self.control({"cmd": "status"})["daemon"]
+        return doc
+
+    def healthz(self) -> tuple[int, str]:
+        """``/healthz``'s status and body (0 and the error where nothing answers)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+        except OSError as e:
+            return 0, str(e)
+
+    def assert_no_traceback(self) -> None:
+        assert "Traceback" not in self.log.read_text(), self.log.read_text()[-3000:]
 
     def assert_profile(self, name: str) -> bool:
         return self.migctl("assert", str(PROFILES / f"{name}.yaml")).code == 0

@@ -8,11 +8,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -31,25 +28,6 @@ def dgx(tmp_path: Path) -> Iterator[MigdProcess]:
     m = MigdProcess(tmp_path, fleet="dgx-a100", reconcile_interval="1s", busy_timeout="30m")
     yield m
     m.close()
-
-
-def _healthz(m: MigdProcess) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{m.port}/healthz", timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-    except OSError as e:
-        return 0, str(e)
-
-
-def _doc(m: MigdProcess) -> dict[str, Any]:
-    doc: dict[str, Any] = m.control({"cmd": "status"})["daemon"]
-    return doc
-
-
-def _no_traceback(m: MigdProcess) -> None:
-    assert "Traceback" not in m.log.read_text(), m.log.read_text()[-3000:]
 
 
 # -- 10b: mig-parted's hooks file in migd.yaml ------------------------------------------------------------

@@ -12,11 +12,8 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -40,25 +37,6 @@ def dgx(tmp_path: Path) -> Iterator[MigdProcess]:
     m.close()
 
 
-def _healthz(m: MigdProcess) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{m.port}/healthz", timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-    except OSError as e:
-        return 0, str(e)
-
-
-def _doc(m: MigdProcess) -> dict[str, Any]:
-    doc: dict[str, Any] = m.control({"cmd": "status"})["daemon"]
-    return doc
-
-
-def _no_traceback(m: MigdProcess) -> None:
-    assert "Traceback" not in m.log.read_text(), m.log.read_text()[-3000:]
-
-
 # -- 2: a busy wait is a wait, not drift ------------------------------------------------------------------
 @pytest.mark.parametrize("mode", ["correct", "report"])
 def test_a_busy_wait_is_waiting_never_drift(dgx: MigdProcess, mode: str) -> None:
@@ -71,12 +49,12 @@ def test_a_busy_wait_is_waiting_never_drift(dgx: MigdProcess, mode: str) -> None
     pid = control.start_process(store, 2, store.read().gpus[2].gis[0].id, 0)
     dgx.start(now="2026-11-23T18:59:58")
     dgx.wait_ready()
-    dgx.wait_until(lambda: _doc(dgx)["gpus"].get("2", {}).get("state") == "waiting"
-                   and _doc(dgx)["last_apply"] is not None, timeout=30)
+    dgx.wait_until(lambda: dgx.daemon_doc()["gpus"].get("2", {}).get("state") == "waiting"
+                   and dgx.daemon_doc()["last_apply"] is not None, timeout=30)
     time.sleep(5)  # five reconcile passes and the wait's retries
     log = dgx.log.read_text()
     assert "drift" not in log, [ln for ln in log.splitlines() if "drift" in ln]
-    doc = _doc(dgx)
+    doc = dgx.daemon_doc()
     assert doc["gpus"]["2"]["state"] == "waiting" and doc["gpus"]["2"]["pids"] == [pid], doc["gpus"]["2"]
     assert [g["state"] for i, g in doc["gpus"].items() if i != "2"] == ["converged"] * 7
     last = doc["last_apply"]
@@ -86,7 +64,7 @@ def test_a_busy_wait_is_waiting_never_drift(dgx: MigdProcess, mode: str) -> None
     assert f"last apply: night: 7 GPU(s) changed, GPU 2 waiting for PIDs {pid}" in table, table
     assert "drifted" not in table and "last apply: night: blocked" not in table, table
     control.stop_process(store, pid)
-    dgx.wait_until(lambda: _doc(dgx)["gpus"]["2"]["state"] == "converged", timeout=30)
+    dgx.wait_until(lambda: dgx.daemon_doc()["gpus"]["2"]["state"] == "converged", timeout=30)
     assert "drift" not in dgx.log.read_text()
 
 
@@ -108,18 +86,18 @@ def test_on_busy_force_in_the_config_forces_after_busy_timeout_and_migctl_daemon
     try:
         migd.start(now="2026-11-23T18:59:59")
         migd.wait_ready()
-        migd.wait_until(lambda: _doc(migd)["gpus"].get("0", {}).get("state") == "waiting", timeout=30)
+        migd.wait_until(lambda: migd.daemon_doc()["gpus"].get("0", {}).get("state") == "waiting", timeout=30)
         t0 = time.monotonic()
         assert proc.wait(timeout=30) == -signal.SIGTERM
         assert time.monotonic() - t0 >= 1.0  # not at once: after busy_timeout (3 s from the wait's start)
         migd.wait_until(lambda: migd.assert_profile("night"), timeout=30)
-        last = _doc(migd)["last_apply"]
+        last = migd.daemon_doc()["last_apply"]
         assert [(s["pid"], s["signal"]) for s in last["signalled"]] == [(proc.pid, "SIGTERM")], last
         table = migd.migctl.process("daemon").stdout
         assert f"  on-busy force: PID {proc.pid} on GPU 0: SIGTERM at 2026-11-23 " in table, table
     finally:
         proc.kill()
-    _no_traceback(migd)
+    migd.assert_no_traceback()
 
 
 # -- 7: a manual apply waiting inside migd ---------------------------------------------------------------
@@ -133,8 +111,8 @@ def test_a_manual_apply_waiting_inside_migd_is_shown_and_its_ctrl_c_is_a_cancel(
             "--busy-timeout", "10m"]
     apply = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        dgx.wait_until(lambda: _doc(dgx).get("applying") is not None, timeout=30)
-        doc = _doc(dgx)
+        dgx.wait_until(lambda: dgx.daemon_doc().get("applying") is not None, timeout=30)
+        doc = dgx.daemon_doc()
         assert doc["applying"]["profile"] == "night" and doc["applying"]["waiting"] == {"2": [pid]}, doc["applying"]
         assert doc["applying"]["on_busy"] == "wait" and doc["applying"]["until"] > time.time() + 500
         table = dgx.migctl.process("daemon").stdout
@@ -149,12 +127,12 @@ def test_a_manual_apply_waiting_inside_migd_is_shown_and_its_ctrl_c_is_a_cancel(
     assert "--busy-timeout" not in err and "blocked" not in err + out, (out, err)
     assert out.startswith("night: cancelled in ") and "GPU 0-7 cancelled: cancelled while waiting for busy " \
         f"instances (GPU 2: PIDs {pid}); nothing was changed" in out, out
-    doc = _doc(dgx)
+    doc = dgx.daemon_doc()
     assert doc.get("applying") is None and doc["last_apply"]["result"] == "cancelled", doc["last_apply"]
     assert doc["applied_profile"] == "day" and doc["active"]["reason"] == "schedule", doc
     assert "cancelled" in dgx.migctl.process("daemon").stdout
     assert " blocked" not in dgx.log.read_text()
-    _no_traceback(dgx)
+    dgx.assert_no_traceback()
 
 
 def test_a_manual_profile_for_one_gpu_keeps_the_other_seven_in_view(dgx: MigdProcess) -> None:
@@ -165,7 +143,7 @@ def test_a_manual_profile_for_one_gpu_keeps_the_other_seven_in_view(dgx: MigdPro
     dgx.wait_ready()
     r = dgx.migctl.process("apply", str(one))
     assert r.returncode == 0, r
-    doc = _doc(dgx)
+    doc = dgx.daemon_doc()
     assert sorted(doc["gpus"], key=int) == [str(i) for i in range(8)], doc["gpus"]
     assert [g.get("selected") for _, g in sorted(doc["gpus"].items())] == [None] + [False] * 7
     table = dgx.migctl.process("daemon").stdout
@@ -173,7 +151,7 @@ def test_a_manual_profile_for_one_gpu_keeps_the_other_seven_in_view(dgx: MigdPro
     time.sleep(2)  # the passes after it
     log = dgx.log.read_text()
     assert "applied profile one (manual)" in log and "(reconcile)" not in log, log
-    assert len(_doc(dgx)["gpus"]) == 8
+    assert len(dgx.daemon_doc()["gpus"]) == 8
 
 
 def test_one_clock_on_one_screen(dgx: MigdProcess) -> None:

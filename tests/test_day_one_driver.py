@@ -6,11 +6,8 @@ whose nvmlInit fails with NVML_ERROR_DRIVER_NOT_LOADED until the test loads the 
 from __future__ import annotations
 
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -33,25 +30,6 @@ def dgx(tmp_path: Path) -> Iterator[MigdProcess]:
     m.close()
 
 
-def _healthz(m: MigdProcess) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{m.port}/healthz", timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-    except OSError as e:
-        return 0, str(e)
-
-
-def _doc(m: MigdProcess) -> dict[str, Any]:
-    doc: dict[str, Any] = m.control({"cmd": "status"})["daemon"]
-    return doc
-
-
-def _no_traceback(m: MigdProcess) -> None:
-    assert "Traceback" not in m.log.read_text(), m.log.read_text()[-3000:]
-
-
 # -- 1: a driver that is not loaded yet ----------------------------------------------------------------
 def test_a_driver_not_loaded_yet_is_waited_for_not_a_configuration_error(migd: MigdProcess) -> None:
     """It exited 2 (which the unit does not restart) and stayed down.  Now it waits, says so in the log,
@@ -62,8 +40,8 @@ def test_a_driver_not_loaded_yet_is_waited_for_not_a_configuration_error(migd: M
     migd.start(now="2026-11-23T10:00:00", time_scale=4.0)  # tries at 0.25 s, 0.5 s, 1 s, ... real
     status = migd.wait_for(lambda s: "STATUS=waiting for the NVIDIA driver" in s, timeout=30)
     assert "NVML_ERROR_DRIVER_NOT_LOADED" in status and "READY=1" not in status
-    migd.wait_until(lambda: _healthz(migd)[0] == 503, timeout=20)
-    code, body = _healthz(migd)
+    migd.wait_until(lambda: migd.healthz()[0] == 503, timeout=20)
+    code, body = migd.healthz()
     assert body.startswith("waiting for the NVIDIA driver: ") and "DRIVER_NOT_LOADED" in body, (code, body)
     time.sleep(2)  # several more tries: still waiting, said once
     assert migd.proc is not None and migd.proc.poll() is None, migd.log.read_text()
@@ -73,10 +51,10 @@ def test_a_driver_not_loaded_yet_is_waited_for_not_a_configuration_error(migd: M
     control.driver_not_loaded(store, 0)  # the module is loaded
     migd.wait_ready(timeout=60)
     assert migd.assert_profile("day")
-    migd.wait_until(lambda: _healthz(migd)[0] == 200, timeout=30)
+    migd.wait_until(lambda: migd.healthz()[0] == 200, timeout=30)
     assert "NVML opened after waiting" in migd.log.read_text()
     assert migd.stop() == 0
-    _no_traceback(migd)
+    migd.assert_no_traceback()
 
 
 def test_sigterm_while_waiting_for_the_driver_stops_cleanly(migd: MigdProcess) -> None:
@@ -87,6 +65,6 @@ def test_sigterm_while_waiting_for_the_driver_stops_cleanly(migd: MigdProcess) -
     assert migd.stop() == 0
     log = migd.log.read_text()
     assert "stopped while waiting for the NVIDIA driver" in log and "not starting" not in log, log
-    _no_traceback(migd)
+    migd.assert_no_traceback()
 
 

@@ -10,11 +10,8 @@ import re
 import signal
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -36,25 +33,6 @@ def dgx(tmp_path: Path) -> Iterator[MigdProcess]:
     m = MigdProcess(tmp_path, fleet="dgx-a100", reconcile_interval="1s", busy_timeout="30m")
     yield m
     m.close()
-
-
-def _healthz(m: MigdProcess) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{m.port}/healthz", timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-    except OSError as e:
-        return 0, str(e)
-
-
-def _doc(m: MigdProcess) -> dict[str, Any]:
-    doc: dict[str, Any] = m.control({"cmd": "status"})["daemon"]
-    return doc
-
-
-def _no_traceback(m: MigdProcess) -> None:
-    assert "Traceback" not in m.log.read_text(), m.log.read_text()[-3000:]
 
 
 # -- 3: force says whom it stopped, and when; one meaning of force ---------------------------------------------
@@ -100,6 +78,6 @@ def test_on_busy_force_through_migd_says_every_pid_it_signalled(migd: MigdProces
     finally:
         proc.kill()
     assert "on-busy force: waiting up to 2s for busy instances to end" in migd.log.read_text()
-    _no_traceback(migd)
+    migd.assert_no_traceback()
 
 
