@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -95,31 +95,36 @@ class AccessControl:
                 out[ci_cap(gpu_minor, gi.id, ci.id)] = mode
         return out
 
-    def held(self, index: int) -> dict[int, dict[int, tuple[int, ...]]]:
-        """The GPU's instances whose capability nodes a process other than root holds open
-        (``holders.py``): GI id -> CI id (-1: the GI's own capability) -> pids.  Such an instance is
-        busy even when NVML lists no process on it: destroying it for one that may reuse its ids, or
-        giving it to another owner, would leave that process a working handle on another team's
-        instance.  Unreadable: none."""
-        return {gi: {ci: tuple(h.pid for h in hs) for ci, hs in by_ci.items()}
-                for gi, by_ci in self._holders(index).items()}
-
-    def _holders(self, index: int) -> dict[int, dict[int, tuple[Holder, ...]]]:
+    def held(self, indices: Collection[int]) -> dict[int, dict[int, dict[int, tuple[int, ...]]]]:
+        """These GPUs' instances whose capability nodes a process other than root holds open
+        (``holders.py``): GPU index -> GI id -> CI id (-1: the GI's own capability) -> pids, from one
+        read of /proc for all of them.  Such an instance is busy even when NVML lists no process on
+        it: destroying it for one that may reuse its ids, or giving it to another owner, would leave
+        that process a working handle on another team's instance.  Unreadable: none."""
         try:
             driver, minors = self._driver()
-            gpu_minor = self.reader.minor_number(index)
-            instances = self.reader.list_gpu_instances(index)
-        except (AccessError, HardwareError):
+        except AccessError:
             return {}
+        return {i: {gi: {ci: tuple(h.pid for h in hs) for ci, hs in by_ci.items()} for gi, by_ci in by_gi.items()}
+                for i, by_gi in self._holders(driver, minors, indices).items()}
+
+    def _holders(self, driver: Driver, minors: dict[str, int],
+                 indices: Collection[int]) -> dict[int, dict[int, dict[int, tuple[Holder, ...]]]]:
         dev = {}
-        for gi in instances:
-            dev[os.makedev(driver.major, minors[gi_cap(gpu_minor, gi.id)])] = (gi.id, -1)
-            for ci in gi.compute_instances:
-                dev[os.makedev(driver.major, minors[ci_cap(gpu_minor, gi.id, ci.id)])] = (gi.id, ci.id)
-        out: dict[int, dict[int, tuple[Holder, ...]]] = {}
+        for index in indices:
+            try:
+                gpu_minor = self.reader.minor_number(index)
+                instances = self.reader.list_gpu_instances(index)
+            except HardwareError:
+                continue
+            for gi in instances:
+                dev[os.makedev(driver.major, minors[gi_cap(gpu_minor, gi.id)])] = (index, gi.id, -1)
+                for ci in gi.compute_instances:
+                    dev[os.makedev(driver.major, minors[ci_cap(gpu_minor, gi.id, ci.id)])] = (index, gi.id, ci.id)
+        out: dict[int, dict[int, dict[int, tuple[Holder, ...]]]] = {}
         for rdev, found in holders(dev).items():
-            gi_id, ci_id = dev[rdev]
-            out.setdefault(gi_id, {})[ci_id] = found
+            index, gi_id, ci_id = dev[rdev]
+            out.setdefault(index, {}).setdefault(gi_id, {})[ci_id] = found
         return out
 
     def close_gpu(self, index: int) -> None:
@@ -185,7 +190,7 @@ class AccessControl:
         if not opening:
             return []
         out = []
-        for gi, by_ci in self._holders(index).items():
+        for gi, by_ci in self._holders(driver, minors, [index]).get(index, {}).items():
             names = {n for n in wanted if n.startswith(f"gpu{gpu_minor}/gi{gi}/")}
             want = wanted.get(gi_cap(gpu_minor, gi), CLOSED)
             strangers = sorted({h.pid for hs in by_ci.values() for h in hs if not h.admitted(want.uid, want.gid,

@@ -163,8 +163,7 @@ class Applier:
         env = {"MIGD_PROFILE": profile.name, "MIGD_GPUS": ",".join(str(p.gpu.index) for p in plans),
                "MIG_PARTED_SELECTED_CONFIG": profile.name}  # what mig-parted's hooks.sh reads
         if self.journal.exists():  # unresolved (the daemon recovers, it does not refuse): never written over
-            return [GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.FAILED, 0, f"not changed: an interrupted apply's "
-                              f"journal {self.journal.path} is unresolved (see migctl recover)") for p in plans]
+            return self._unresolved(plans, "not changed")
         owners = self.owners.load()
         befores = [(before_of(p), owners.get(p.gpu.uuid, {})) for p in plans]  # what a rollback restores
         self.journal.begin(profile.name, {p.gpu.uuid: {
@@ -198,12 +197,17 @@ class Applier:
             opts.hooks.run("apply-exit", {**env, "MIGD_RESULT": "success" if ok else "failure"})
         return results
 
+    def _unresolved(self, plans: list[GpuPlan], what: str) -> list[GpuResult]:
+        """Each GPU refused: a journal recovery could not resolve is the only record it keeps."""
+        return [GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.FAILED, 0, f"{what}: an interrupted apply's journal "
+                          f"{self.journal.path} is unresolved (see migctl recover)") for p in plans]
+
     def _holding(self) -> set[int]:
         """Every process holding a capability node of this node's GPUs (none without access by owner)."""
         if self.access is None:
             return set()
-        return {pid for g in survey(self.backend).gpus for by_ci in self.access.held(g.index).values()
-                for pids in by_ci.values() for pid in pids}
+        held = self.access.held([g.index for g in survey(self.backend).gpus])
+        return {pid for by_gi in held.values() for by_ci in by_gi.values() for pids in by_ci.values() for pid in pids}
 
     def _replan(self, profile: Profile, opts: ApplyOptions, plans: list[GpuPlan]) -> list[GpuPlan]:
         """``plans``' GPUs read and planned again, those still only relabelled (a wait's next look)."""
@@ -214,8 +218,7 @@ class Applier:
         """Owner-only changes, journalled (``relabel.py``): close, write the labels, then (the caller)
         open; a GPU that cannot be closed keeps its owners."""
         if self.journal.exists():  # an unsettled apply kept its record: nothing goes on top of it
-            return [GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.FAILED, 0, "owners not changed: an interrupted "
-                              "apply's journal is unresolved") for p in plans]
+            return self._unresolved(plans, "owners not changed")
         owners = self.owners.load()
         self.journal.begin(profile.name, {p.gpu.uuid: {
             "index": p.gpu.index, "status": Step.RELABELING, "done": 0, "ops": 0,
@@ -287,7 +290,7 @@ class Applier:
             done, seen = self._execute_ops(plan, uuid)
             # The new owners before the journal says done: a crash in between rolls the layout back
             # and puts the old labels back with it; after it, the labels already match the layout.
-            self._set_owners(uuid, {t.placement.start: t.owner for t in plan.targets if t.owner})
+            self._set_owners(uuid, labels_of(plan))
             # The GPU's one journal write (<= 2 per GPU): what cannot be recorded as done is undone,
             # so the record on disk (this GPU's before-layout) stays the truth.
             self.journal.update(uuid, status=Step.DONE)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -88,7 +88,7 @@ class AccessGate(Protocol):
 
     def seal(self, index: int) -> None: ...
 
-    def held(self, index: int) -> dict[int, dict[int, tuple[int, ...]]]: ...
+    def held(self, indices: Collection[int]) -> dict[int, dict[int, dict[int, tuple[int, ...]]]]: ...
 
     def open_gpu(self, index: int) -> list[str]: ...
 
