@@ -95,15 +95,15 @@ class Driver:
 def _apply(path: str, st: os.stat_result, want: NodeMode) -> bool:
     """Owner and group before the mode when widening, the mode first when narrowing: at no moment
     is the node open to more accounts than either its old or its new setting allows."""
-    changed = False
-    narrow = stat.S_IMODE(st.st_mode) & ~want.mode
-    if narrow and stat.S_IMODE(st.st_mode) != want.mode:
-        os.chmod(path, stat.S_IMODE(st.st_mode) & want.mode)  # (a character device: chmod follows nothing)
+    changed, mode = False, stat.S_IMODE(st.st_mode)
+    if mode & ~want.mode:  # bits to take away: first (a character device: chmod follows nothing)
+        mode &= want.mode
+        os.chmod(path, mode)
         changed = True
     if (st.st_uid, st.st_gid) != (want.uid, want.gid):
         os.chown(path, want.uid, want.gid, follow_symlinks=False)
         changed = True
-    if stat.S_IMODE(os.lstat(path).st_mode) != want.mode:
+    if mode != want.mode:
         os.chmod(path, want.mode)
         changed = True
     return changed
