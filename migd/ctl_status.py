@@ -26,7 +26,6 @@ import argparse
 import grp
 import os
 import pwd
-import re
 import stat
 import sys
 from collections.abc import Callable
@@ -38,7 +37,7 @@ from typing import TypeVar
 from migd.api.status import Gpu, Instance, StatusDoc
 from migd.ctl_daemon import caps_root, out
 from migd.exits import Exit, partly
-from migd.hardware.caps import CapsPaths, caps_major, ci_cap, gi_cap, read_minors, uses_devfs
+from migd.hardware.caps import CapsPaths, caps_major, ci_cap, gi_cap, modprobe_fields, read_minors, uses_devfs
 from migd.report_text import mine_table, status_table
 
 NV_MAJOR = 195  # nvidia-modprobe-utils.h NV_MAJOR_DEVICE_NUMBER: /dev/nvidia<N> is 195:N
@@ -119,25 +118,11 @@ class Recipe:
 
 DEFAULTS = Owner(0, 0, 0o666)  # NV_DEVICE_FILE_UID/GID/MODE: what nvidia-modprobe uses with no file
 AS_IS = Recipe(DEFAULTS, False, "the /proc interface: no node")
-_FIELD = re.compile(r"([^:]{1,31}):\s*([+-]?\d+)\s*")
-
-
-def fields(text: str) -> list[tuple[str, int]]:
-    """The ``name: number`` lines nvidia-modprobe's ``fscanf(fp, "%31[^:]: %u\\n", ...)`` loop reads: from
-    the top, stopping at the first that is not one (in the recorded H100's registry, the 33-character
-    ``InitializeSystemMemoryAllocations``, right after the four fields it uses)."""
-    got, pos = [], 0
-    while m := _FIELD.match(text, pos):
-        got.append((m.group(1), int(m.group(2))))
-        pos = m.end()
-    return got
-
-
 def recipe(text: str | None, where: str) -> Recipe:
     """``init_device_file_parameters``: DeviceFileUID/GID/Mode and ModifyDeviceFiles (or DeviceFileModify;
     the last read wins) over the defaults; ``text`` None: no file to read (fopen fails), the defaults."""
     uid, gid, mode, modify, key = DEFAULTS.uid, DEFAULTS.gid, DEFAULTS.mode, 1, ""
-    for name, value in fields(text or ""):
+    for name, value in modprobe_fields(text or ""):
         if name == "DeviceFileUID":
             uid = value
         elif name == "DeviceFileGID":
@@ -157,7 +142,7 @@ def cap_recipe(text: str, real_may_read: bool) -> Recipe:
     UID/GID: root's)."""
     if not real_may_read:
         return Recipe(DEFAULTS, False, "your real uid may not read its /proc file", anyone=False)
-    if next((value for name, value in fields(text) if name == "DeviceFileMinor"), -1) < 0:
+    if next((value for name, value in modprobe_fields(text) if name == "DeviceFileMinor"), -1) < 0:
         return Recipe(DEFAULTS, False, "its /proc file names no DeviceFileMinor, so nvidia-modprobe leaves it")
     return recipe(text, "its /proc file")
 

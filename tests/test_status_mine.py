@@ -34,13 +34,13 @@ from migd.ctl_status import (
     Recipe,
     Who,
     cap_recipe,
-    fields,
     mine_out,
     permits,
     predict,
     recipe,
 )
 from migd.hardware.caps import CapsPaths, read_minors
+from migd.hardware.caps import modprobe_fields as fields
 from tests.helpers import GOLDEN, Migctl, need_root
 
 FIXTURES = Path(__file__).parent / "fixtures"

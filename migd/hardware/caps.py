@@ -27,6 +27,7 @@ device until someone restricts the nodes).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,18 +126,32 @@ def uses_devfs(paths: CapsPaths) -> bool:
         return True
 
 
+_FIELD = re.compile(r"([^:]{1,31}):\s*([+-]?\d+)\s*")
+
+
+def modprobe_fields(text: str) -> list[tuple[str, int]]:
+    """The ``name: number`` pairs nvidia-modprobe reads from a driver file (nvidia-modprobe-utils.c
+    ``while (fscanf(fp, "%31[^:]: %u\\n", name, &value) == 2)``): from the top, up to the first line
+    that is not one (a string value such as ``CoherentGPUMemoryMode: ""``, or a name over 31
+    characters: in the recorded H100's registry ``InitializeSystemMemoryAllocations``, right after
+    the four fields it uses)."""
+    out, pos = [], 0
+    while (m := _FIELD.match(text, pos)) is not None:
+        out.append((m.group(1), int(m.group(2))))
+        pos = m.end()
+    return out
+
+
 def registry_modify(paths: CapsPaths) -> int:
     """The registry's ``ModifyDeviceFiles`` (``NVreg_ModifyDeviceFiles``: 1 unless the module was loaded
-    with it; what every new capability's ``DeviceFileModify`` starts as, nv-caps.c ``nv_cap_alloc``).
-    A registry that cannot be read is taken as the default, as nvidia-modprobe takes it."""
+    with it; what every new capability's ``DeviceFileModify`` starts as, nv-caps.c ``nv_cap_alloc``),
+    read as nvidia-modprobe reads it.  A registry that cannot be read is taken as the default, as
+    nvidia-modprobe takes it."""
     try:
-        for line in paths.params.read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key == "ModifyDeviceFiles" and value.strip().isdigit():
-                return int(value)
+        text = paths.params.read_text()
     except OSError:
-        pass
-    return 1
+        return 1
+    return next((v for name, v in reversed(modprobe_fields(text)) if name == "ModifyDeviceFiles"), 1)
 
 
 def gpu_caps(minors: dict[str, int], gpu_minor: int) -> dict[str, int]:

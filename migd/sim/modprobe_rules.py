@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from migd.hardware.caps import CapsPaths
+from migd.hardware.caps import CapsPaths, modprobe_fields
 from migd.sim.caps_tree import proc_read
 from migd.sim.devnodes import CTL_MINOR, NVIDIA_MAJOR
 
@@ -67,19 +67,6 @@ def nv_make_device(major: int, minor: int) -> int:
     return (minor & 0xFF) | (major << 8) | ((minor & ~0xFF) << 12)
 
 
-_FIELD = re.compile(r"([^:]{1,31}):\s*([+-]?\d+)\s*")
-
-
-def scan_fields(text: str) -> list[tuple[str, int]]:
-    """``while (fscanf(fp, "%31[^:]: %u\\n", name, &value) == 2)``: the pairs from the top of the text,
-    up to the first that is not ``name: number`` (a string value, ``CoherentGPUMemoryMode: ""``, ends it)."""
-    out, pos = [], 0
-    while (m := _FIELD.match(text, pos)) is not None:
-        out.append((m.group(1), int(m.group(2))))
-        pos = m.end()
-    return out
-
-
 def _read(paths: CapsPaths, path: Path) -> str:
     """A file as nvidia-modprobe reads it (a capability's /proc file: as the driver serves it)."""
     return proc_read(paths, path) if path.is_relative_to(paths.proc_caps) else path.read_text()
@@ -93,7 +80,7 @@ def init_device_file_parameters(paths: CapsPaths, proc_path: Path | None) -> Fil
         text = _read(paths, proc_path)
     except OSError:
         return FileParams(uid, gid, mode, modify)
-    for name, raw in scan_fields(text):
+    for name, raw in modprobe_fields(text):
         value = raw % 2**32  # %u
         if name == "DeviceFileUID":
             uid = value
@@ -231,7 +218,7 @@ def nvidia_cap_get_device_file_attrs(paths: CapsPaths, cap_file_path: Path) -> t
     except OSError:
         return None
     minor = -1
-    for name, value in scan_fields(text):
+    for name, value in modprobe_fields(text):
         if name == "DeviceFileMinor":
             minor = value
             break
