@@ -23,18 +23,23 @@ RESUME_HINT = "`migctl resume` returns to the schedule now"
 When = Callable[[float | None], str]
 
 
-def utc(epoch: float | None) -> str:
-    try:  # (a time out of the calendar's range, e.g. one read from Slurm in milliseconds, never stops a report)
-        return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if epoch else "-"
+def _shown(render: Callable[[float], str], epoch: float | None) -> str:
+    """``render(epoch)``, "-" for none; a time out of the calendar's range (one read from Slurm in
+    milliseconds, say) is shown as its number: it never stops a report."""
+    if not epoch:
+        return "-"
+    try:
+        return render(epoch)
     except (OverflowError, OSError, ValueError):
         return f"{epoch:.0f} (epoch seconds, out of range)"
+
+
+def utc(epoch: float | None) -> str:
+    return _shown(lambda e: datetime.fromtimestamp(e, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"), epoch)
 
 
 def _on(clock: SimClock, epoch: float | None) -> str:
-    try:
-        return utc_of(clock.of(epoch).isoformat()) if epoch else "-"
-    except (OverflowError, OSError, ValueError):
-        return f"{epoch:.0f} (epoch seconds, out of range)"
+    return _shown(lambda e: utc_of(clock.of(e).isoformat()), epoch)
 
 
 def utc_of(iso: str) -> str:
