@@ -14,6 +14,7 @@ from migd.api.control import (
     ApplyReply,
     ApplyRequest,
     ClearedReply,
+    ControlError,
     DaemonReply,
     LayoutReply,
     ManualApply,
@@ -134,8 +135,11 @@ def layout_from_daemon(args: argparse.Namespace) -> StatusDoc | None:
         reply = request(paths.status_socket(control_socket(args)), {"cmd": "layout"}, timeout_s=30.0)
     except PermissionError:
         return None
-    if reply is None or not reply_as(Reply, reply).ok:
+    if reply is None:
         return None
+    head = reply_as(Reply, reply)
+    if not head.ok:  # (a busy socket: said, never taken for "no migd")
+        raise ControlError(f"migd's read-only socket {paths.status_socket(control_socket(args))}: {head.error}")
     return reply_as(LayoutReply, reply).status
 
 

@@ -22,7 +22,7 @@ from migd.catalog.models import Placement
 from migd.doctor import Finding, Verdict
 from migd.hardware.inventory import Unreadable, read_all
 from migd.hardware.ports import GpuReader
-from migd.hardware.types import GpuInfo, GpuInstance, MigDevice
+from migd.hardware.types import GpuInfo, GpuInstance, MigDevice, ProcessInfo
 from migd.plan.planner import GpuPlan
 
 
@@ -38,22 +38,29 @@ def status_doc(backend: GpuReader, owners: dict[str, dict[int, str]],
                journal: dict[str, Any] | None = None) -> ws.StatusDoc:
     """``migd.status/v1``; ``journal``: what an unfinished apply left (``apply.journal.left_behind``);
     ``unreadable``: GPUs NVML cannot read (lost), each with its state and NVML's error."""
-    gpus, lost = read_all(backend, lambda g: _gpu_doc(backend, g, owners))
-    left = None if journal is None else from_json(ws.JournalLeft, journal, "journal")
-    return ws.StatusDoc(tuple(gpus), left, unreadable(lost))
+    def read(g: GpuInfo) -> ws.Gpu:
+        if not g.mig_current:
+            return gpu_doc(g, (), (), backend.gpu_processes(g.index), {})
+        return gpu_doc(g, backend.list_gpu_instances(g.index), backend.list_mig_devices(g.index), (),
+                       owners.get(g.uuid, {}))
+    gpus, lost = read_all(backend, read)
+    return ws.StatusDoc(tuple(gpus), journal_doc(journal), unreadable(lost))
 
 
-def _gpu_doc(backend: GpuReader, g: GpuInfo, owners: dict[str, dict[int, str]]) -> ws.Gpu:
-    instances: list[ws.Instance] = []
-    processes = None
-    if g.mig_current:
-        devs = {(d.gi_id, d.ci_id): d for d in backend.list_mig_devices(g.index)}
-        instances = [_instance_doc(g, gi, devs, owners.get(g.uuid, {})) for gi in backend.list_gpu_instances(g.index)]
-    else:
-        processes = tuple(ws.Process(p.pid, p.used_memory_bytes) for p in backend.gpu_processes(g.index))
+def journal_doc(journal: dict[str, Any] | None) -> ws.JournalLeft | None:
+    return None if journal is None else from_json(ws.JournalLeft, journal, "journal")
+
+
+def gpu_doc(g: GpuInfo, gis: Sequence[GpuInstance], devices: Sequence[MigDevice], processes: Sequence[ProcessInfo],
+            owners: dict[int, str]) -> ws.Gpu:
+    """One GPU of ``migd.status/v1`` from what was read of it, by migctl now or by migd's sampler:
+    its GPU instances and MIG devices (MIG on), or its processes (MIG off); ``owners`` by GI start."""
+    devs = {(d.gi_id, d.ci_id): d for d in devices}
+    instances = tuple(_instance_doc(g, gi, devs, owners) for gi in gis) if g.mig_current else ()
+    procs = None if g.mig_current else tuple(ws.Process(p.pid, p.used_memory_bytes) for p in processes)
     # after_reset names what NVML calls the pending mode; pending is kept for v1 readers
     return ws.Gpu(g.index, g.uuid, g.name, g.model_key, g.pci_bus_id,
-                  ws.MigMode(g.mig_current, g.mig_pending, g.mig_pending), tuple(instances), processes)
+                  ws.MigMode(g.mig_current, g.mig_pending, g.mig_pending), instances, procs)
 
 
 def _instance_doc(g: GpuInfo, gi: GpuInstance, devs: dict[tuple[int, int], MigDevice],

@@ -6,6 +6,7 @@ Each table leads with a one-line summary, shows problems first and groups GPUs t
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
@@ -98,6 +99,8 @@ def _status_head(doc: StatusDoc, verbose: bool) -> str:
             f"{devices} MIG device(s); " + (f"processes on GPU {index_ranges(busy)}" if busy else "no processes"))
     if doc.unreadable:
         head += f"; GPU {index_ranges([u.index for u in doc.unreadable])} cannot be read"
+    if doc.sampled_at is not None:  # from migd's read-only socket: its sampler's last reading
+        head += f"; as migd read it at {time.strftime('%H:%M:%S', time.localtime(doc.sampled_at))}"
     return head + ("" if verbose else "; -v lists every MIG device with its UUID")
 
 

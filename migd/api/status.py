@@ -97,3 +97,5 @@ class StatusDoc:
     gpus: tuple[Gpu, ...]
     journal: JournalLeft | None
     unreadable: tuple[Unreadable, ...]
+    # migd's read-only socket: when its sampler read this (Unix time); absent when read just now
+    sampled_at: float | None = field(default=None, metadata=OMIT_NONE)

@@ -26,8 +26,8 @@ from migd.api.status import StatusDoc
 from migd.api.wire import to_json
 from migd.apply.result import ApplyResult, Flag
 from migd.daemon.requests import Reloaded, Resumed
+from migd.daemon.slots import Late, Limits, Slots, SlottedThreadingMixIn, read_request
 from migd.exits import EXPECTED, Exit, failure, for_result
-from migd.netcap import CappedThreadingMixIn
 from migd.profiles.loader import load_profile
 from migd.profiles.model import Profile
 from migd.report import apply_doc
@@ -71,11 +71,21 @@ class HangUp:
 
 
 class _Handler(socketserver.StreamRequestHandler):
+    """One connection: its request line within the server's ``request_s``, then the reply (the apply it
+    asks for may take as long as it takes).  ``client_address`` is the peer's uid (slots.py)."""
+
     server: ControlServer
-    timeout = 10.0  # for the request line; the apply it asks for may take as long as it takes
+    timeout = 10.0  # for writing the reply
 
     def handle(self) -> None:
-        reply = self._reply(self.rfile.readline(MAX_REQUEST))
+        try:
+            line = read_request(self.connection, MAX_REQUEST, self.server.slots.limits.request_s)
+        except Late as e:  # a slow or silent client: its slot is given back, and it is told if it listens
+            log.debug("control: uid %s: %s", self.client_address, e)
+            reply: dict[str, Any] = {"ok": False, "exit": Exit.INVALID, "error": f"bad request: {e}"}
+        else:
+            self.connection.settimeout(self.timeout)
+            reply = self._reply(line)
         try:
             self.wfile.write(json.dumps(reply, default=str).encode() + b"\n")
             self.wfile.flush()
@@ -136,14 +146,15 @@ class Handlers:
 READ_ONLY = frozenset({"status", "isolation", "layout"})  # all the read-only socket answers
 
 
-class ControlServer(CappedThreadingMixIn, socketserver.UnixStreamServer):
+class ControlServer(SlottedThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     request_queue_size = 128  # socketserver's 5 turned concurrent migctl clients away (EAGAIN)
-    max_connections = 64
 
-    def __init__(self, path: Path, handlers: Handlers, mode: int = 0o600, read_only: bool = False) -> None:
-        """``read_only``: the socket every local user may reach (mode 0666): it answers READ_ONLY only."""
-        self.cap = threading.BoundedSemaphore(self.max_connections)
+    def __init__(self, path: Path, handlers: Handlers, mode: int = 0o600, read_only: bool = False,
+                 limits: Limits | None = None) -> None:
+        """``read_only``: the socket every local user may reach (mode 0666): it answers READ_ONLY only, and
+        holds each user to a share of its connections (root's own socket has no share: only root reaches it)."""
+        self.slots = Slots(limits or (Limits() if read_only else Limits(per_user=None)))
         self.path = path
         self.handlers = handlers
         self.read_only = read_only

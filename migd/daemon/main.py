@@ -33,12 +33,13 @@ from migd.errors import ValidationError
 from migd.exits import EXPECTED, Exit, failure
 from migd.hardware.inventory import survey
 from migd.hardware.ports import GpuBackend
+from migd.hardware.types import HardwareError
 from migd.isolation.events import EventCounters
 from migd.isolation.watch import FaultWatch
-from migd.metrics.sampler import NvmlErrorCounter
+from migd.metrics.sampler import NvmlErrorCounter, Sampler
 from migd.paths import DEFAULT_CONFIG, DEFAULT_SOCKET
 from migd.plan.planner import build_tables
-from migd.report import status_doc
+from migd.report import journal_doc
 from migd.sim.fleets import FLEETS
 from migd.trust import ensure_private_dir
 
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from migd.metrics.aserver import MetricsServer
 
 log = logging.getLogger("migd")
+LAYOUT_WAIT_S = 5.0  # a read-only `layout` right after an apply waits this long at most for its reading
 
 
 class JournalFormatter(logging.Formatter):
@@ -173,18 +175,19 @@ def _serve(args: argparse.Namespace, cfg: Config, backend: GpuBackend, sim_state
     """Metrics, fault watch and control socket around the daemon's loop, until it stops."""
     events = EventCounters()
     listen = args.metrics_listen or cfg.metrics_listen
+    sampler = _sampler(cfg, backend, daemon)
     try:
-        metrics = _metrics(listen, cfg, backend, daemon, errors, events) if listen else None
+        metrics = _metrics(listen, sampler, daemon, errors, events) if listen else None
     except OSError as e:
         log.critical("cannot serve metrics on %s: %s; not starting", listen, e.strerror or e)
         return Exit.INVALID
+    sampler.start()  # once the address is bound: a refused one leaves no thread sampling as migd exits
 
     def config_changed() -> None:
         daemon.drift_suspected()
-        if metrics is not None:
-            metrics.sampler.invalidate()
+        sampler.invalidate()
     watch = FaultWatch(backend, daemon.hw_lock, events, daemon.status.unhealthy, on_config_change=config_changed)
-    handlers = _handlers(daemon, watch)
+    handlers = _handlers(daemon, watch, sampler)
     control = ControlServer(socket_path, handlers)
     control.start()
     viewer = _viewer(paths.status_socket(socket_path), handlers)
@@ -204,19 +207,27 @@ def _serve(args: argparse.Namespace, cfg: Config, backend: GpuBackend, sim_state
             viewer.close()
         if metrics is not None:
             metrics.stop()
+        sampler.stop()
     log.info("migd stopped")
     return Exit.OK
 
 
-def _metrics(listen: str, cfg: Config, backend: GpuBackend, daemon: Daemon, errors: NvmlErrorCounter,
+def _sampler(cfg: Config, backend: GpuBackend, daemon: Daemon) -> Sampler:
+    """The one reader of NVML for everyone who only looks: /metrics, the page and the read-only
+    socket's `layout`, each answered from its last snapshot; read afresh after every apply."""
+    sampler = Sampler(backend, daemon.hw_lock, daemon.applier.owners.load, cfg.sample_interval_s)
+    sampler.sample_once()
+    daemon.on_apply.append(sampler.invalidate)
+    return sampler
+
+
+def _metrics(listen: str, sampler: Sampler, daemon: Daemon, errors: NvmlErrorCounter,
              events: EventCounters) -> MetricsServer:
-    """The sampler and /metrics, fed by every apply (OSError: the address cannot be bound)."""
+    """/metrics and the page, fed by every apply (OSError: the address cannot be bound)."""
     from migd.metrics.http import Sources, start_metrics
     server, collector = start_metrics(listen, Sources(
-        backend, daemon.hw_lock, daemon.applier.owners.load, lambda: daemon.status,
-        lambda: daemon.audit_findings, errors, events), cfg.sample_interval_s)
+        lambda: daemon.status, lambda: daemon.audit_findings, errors, events), sampler)
     daemon.on_apply.append(collector.observe_apply)
-    daemon.on_apply.append(collector.sampler.invalidate)  # the sampler reads changed layouts afresh
     return server
 
 
@@ -239,10 +250,14 @@ def _viewer(path: Path, handlers: Handlers) -> ControlServer | None:
     return viewer
 
 
-def _handlers(daemon: Daemon, watch: FaultWatch) -> Handlers:
-    """What the control socket answers (all of it) and the read-only socket (control.READ_ONLY)."""
+def _handlers(daemon: Daemon, watch: FaultWatch, sampler: Sampler) -> Handlers:
+    """What the control socket answers (all of it) and the read-only socket (control.READ_ONLY): nothing
+    the read-only socket answers calls NVML (any local user may ask, as often as they like)."""
     def layout() -> StatusDoc:  # `migctl status` for a user who cannot read the GPUs (or the sim) itself
-        return status_doc(daemon.backend, daemon.applier.owners.load(), left_behind(daemon.applier.journal.path))
+        snap = sampler.current(LAYOUT_WAIT_S)
+        if snap is None:
+            raise HardwareError("migd has not read the GPUs yet")
+        return snap.status(journal_doc(left_behind(daemon.applier.journal.path)))
     return Handlers(
         status=daemon.status.view, reload=daemon.reload_now, apply=daemon.manual_apply,
         isolation=lambda: DaemonAudit(daemon.status.unhealthy_reasons(), tuple(watch.breaches),

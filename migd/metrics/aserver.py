@@ -133,7 +133,6 @@ class MetricsServer:
             self._loop.stop()
         if self._loop.is_running():
             self._loop.call_soon_threadsafe(close)
-        self.sampler.stop()
 
 
 class _Connection(asyncio.Protocol):

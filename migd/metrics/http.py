@@ -1,4 +1,4 @@
-"""Start the metrics side: the sampler thread and the /metrics server (aserver.py) over it, with the
+"""Start the metrics side: the /metrics server (aserver.py) over the sampler's snapshots, with the
 page at / (page.py)."""
 
 from __future__ import annotations
@@ -6,13 +6,11 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
-from migd.hardware.ports import ViewSource
 from migd.isolation.events import EventCounters
 from migd.metrics.aserver import MetricsServer
 from migd.metrics.collector import MigdCollector, Part
@@ -27,20 +25,17 @@ from migd.yamlsrc import parse_host_port
 class Sources:
     """What the metrics side reads, each passed as the narrow thing it needs (never the daemon)."""
 
-    backend: ViewSource
-    lock: AbstractContextManager[Any]  # the reconfiguration lock: no NVML sample during an apply
-    owners: Callable[[], dict[str, dict[int, str]]]
     status: Callable[[], Any]  # the daemon's Status
     audit: Callable[[], list[Any]] | None = None
     errors: NvmlErrorCounter | None = None
     events: EventCounters | None = None
 
 
-def start_metrics(listen: str, sources: Sources, interval_s: float) -> tuple[MetricsServer, MigdCollector]:
-    """Start the sampler thread and the HTTP server; the collector's observe_apply takes apply durations."""
+def start_metrics(listen: str, sources: Sources, sampler: Sampler) -> tuple[MetricsServer, MigdCollector]:
+    """Start the HTTP server over ``sampler`` (which has sampled once and whose thread its owner starts);
+    the collector's observe_apply takes apply durations."""
     host, port = parse_host_port(listen)  # checked where it was given (config, --metrics-listen)
-    sampler = Sampler(sources.backend, sources.lock, sources.owners, interval_s)
-    sampler.sample_once()
+    interval_s = sampler.interval_s
     collector = MigdCollector(sampler, sources.status, sources.errors or NvmlErrorCounter(), sources.events,
                               sources.audit, hostname=socket.gethostname())
     slow, live = CollectorRegistry(auto_describe=True), CollectorRegistry(auto_describe=True)
@@ -56,6 +51,5 @@ def start_metrics(listen: str, sources: Sources, interval_s: float) -> tuple[Met
     server = MetricsServer(host, port, Exposition(slow, collector.version, live), sampler,
                            stale_after_s=max(60.0, 4 * interval_s), page=page.body)
     sampler.on_snapshot.append(server.exposition.refresh)
-    sampler.start()  # once the address is bound: a refused one leaves no thread sampling as migd exits
     threading.Thread(target=server.serve_forever, name="migd-http", daemon=True).start()
     return server, collector

@@ -17,10 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from migd.hardware.inventory import Unreadable
 from migd.hardware.ports import GpuView, ViewSource
 from migd.hardware.types import GpmMetrics, GpuInfo, GpuInstance, HardwareError, MigDevice
 from migd.loop import BackgroundLoop
-from migd.metrics.snapshot import CiSample, GiSample, GpuSample, Snapshot, Unread
+from migd.metrics.snapshot import CiSample, GiSample, GpuSample, Snapshot
+from migd.report import gpu_doc
 
 log = logging.getLogger("migd.sampler")
 
@@ -64,14 +66,27 @@ class Sampler(BackgroundLoop):
         self.cycles = 0
         self.cpu_seconds_last = 0.0
         self._views: dict[int, GpuView] = {}
-        self._stale = threading.Event()
+        self._stale = False  # read afresh: a layout may have changed (under _cycle)
+        self._cycle = threading.Condition()  # a snapshot taken; guards the two counts below
+        self._asked = 0  # invalidations asked for
+        self._covered = 0  # of those, the ones the last snapshot began after
         self.on_snapshot: list[Callable[[Snapshot], None]] = []  # called in this thread after each cycle
 
     def invalidate(self, *_: object) -> None:
         """The layout may have changed: every GPU is read afresh, now rather than after the sampling
         interval, so the instance series (and owners' shares) follow an apply within a cycle's time."""
-        self._stale.set()
+        with self._cycle:
+            self._asked += 1
+            self._stale = True
         self.wake()
+
+    def current(self, wait_s: float) -> Snapshot | None:
+        """The last snapshot, once it was taken after every invalidation asked for so far (a reader
+        right after an apply sees its layout), waiting at most ``wait_s`` for that: never an NVML
+        call of its own, so any number of readers cost NVML nothing."""
+        with self._cycle:
+            self._cycle.wait_for(lambda: self._covered >= self._asked and self.snapshot is not None, wait_s)
+            return self.snapshot
 
     def close(self) -> None:
         with self.lock:
@@ -95,8 +110,9 @@ class Sampler(BackgroundLoop):
         t0, c0 = time.monotonic(), time.process_time()
         with self.lock:
             owners = self.owners()  # under the lock: an apply writes a new layout's owners before it lets go
-            if self._stale.is_set():
-                self._stale.clear()
+            with self._cycle:  # every invalidation so far: this cycle reads afresh after it
+                asked, stale, self._stale = self._asked, self._stale, False
+            if stale:
                 self._drop_all()
             n = self.backend.gpu_count()
             for index in [i for i in self._views if i >= n]:
@@ -104,9 +120,12 @@ class Sampler(BackgroundLoop):
             opened = {i: self._open(i) for i in range(n) if i not in self._views}
             results = [self._try_gpu(i, owners, opened) for i in range(n)]
         samples = tuple(r for r in results if isinstance(r, GpuSample))
-        unread = tuple(r for r in results if isinstance(r, Unread))
+        unread = tuple(r for r in results if isinstance(r, Unreadable))
         snap = Snapshot(time.time(), time.monotonic() - t0, samples, unread)
-        self.snapshot, self.last_success = snap, snap.taken_at
+        with self._cycle:
+            self.snapshot, self.last_success = snap, snap.taken_at
+            self._covered = max(self._covered, asked)
+            self._cycle.notify_all()
         self.cycles += 1
         self.cpu_seconds_last = time.process_time() - c0
         return snap
@@ -119,25 +138,25 @@ class Sampler(BackgroundLoop):
             return e
 
     def _try_gpu(self, index: int, owners: dict[str, dict[int, str]],
-                 opened: dict[int, HardwareError | None]) -> GpuSample | Unread:
+                 opened: dict[int, HardwareError | None]) -> GpuSample | Unreadable:
         """One GPU's sample; a GPU that cannot be read (lost) leaves the others' series untouched.
         An error with a view of an earlier cycle (a handle the layout invalidated) is retried once
         afresh; ``opened``: the views this cycle opened, or why one could not be."""
         error = opened.get(index)
         if error is not None:
-            return Unread(index, error.lost, str(error))
+            return Unreadable.of(index, error)
         cached = index not in opened
         try:
             return self._gpu(self._view(index, fresh=False), owners)
         except HardwareError as e:
             self._drop(index)
             if not cached or e.lost:
-                return Unread(index, e.lost, str(e))
+                return Unreadable.of(index, e)
         try:
             return self._gpu(self._view(index, fresh=True), owners)
         except HardwareError as e:
             self._drop(index)
-            return Unread(index, e.lost, str(e))
+            return Unreadable.of(index, e)
 
     def _view(self, index: int, fresh: bool) -> GpuView:
         view = self._views.get(index)
@@ -152,10 +171,12 @@ class Sampler(BackgroundLoop):
     def _gpu(self, view: GpuView, owners_by_uuid: dict[str, dict[int, str]]) -> GpuSample:
         g = view.info
         if not g.mig_current:
-            return GpuSample(g, (), len(self.backend.view_processes(view)))  # MIG off: the view's handle
+            procs = self.backend.view_processes(view)  # MIG off: the view's handle
+            return GpuSample(g, (), len(procs), gpu_doc(g, (), (), procs, {}))
         owners = owners_by_uuid.get(g.uuid, {})
+        found = self.backend.view_devices(view)
         devices: dict[int, list[MigDevice]] = {}
-        for d in self.backend.view_devices(view):
+        for d in found:
             devices.setdefault(d.gi_id, []).append(d)
         activity: dict[int, GpmMetrics] = {}
         if view.gpm:
@@ -165,7 +186,8 @@ class Sampler(BackgroundLoop):
                 log.warning("GPU %d: GPM sample failed: %s", g.index, e)
                 self._drop(g.index)  # its buffers or handle may be stale: this GPU is read afresh next cycle
         return GpuSample(g, tuple(_gi_sample(g, gi, devices.get(gi.id, []), owners.get(gi.placement.start, ""),
-                                             activity.get(gi.id)) for gi in view.instances), 0)
+                                             activity.get(gi.id)) for gi in view.instances), 0,
+                         gpu_doc(g, view.instances, found, (), owners))
 
     def step(self) -> float:
         snap = self.sample_once()

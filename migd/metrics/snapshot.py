@@ -11,8 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from migd.api import status as ws
+from migd.hardware.inventory import Unreadable
 from migd.hardware.types import GpmMetrics, GpuInfo
 from migd.kinds import Word
+from migd.report import unreadable
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ class GpuSample:
     info: GpuInfo
     instances: tuple[GiSample, ...]
     processes: int  # on a non-MIG GPU
+    status: ws.Gpu  # the GPU as `migctl status` shows it, from the same reading: what migd's read-only socket answers
 
     @property
     def compute_slices(self) -> int:
@@ -70,17 +74,13 @@ class GpuSample:
 
 
 @dataclass(frozen=True)
-class Unread:
-    """A GPU this cycle could not read; the others were sampled as usual."""
-
-    index: int
-    lost: bool  # NVML said GPU_IS_LOST (fallen off the bus)
-    error: str
-
-
-@dataclass(frozen=True)
 class Snapshot:
     taken_at: float
     duration_s: float
     gpus: tuple[GpuSample, ...]
-    unread: tuple[Unread, ...] = ()
+    unread: tuple[Unreadable, ...] = ()  # GPUs this cycle could not read; the others were sampled as usual
+
+    def status(self, journal: ws.JournalLeft | None) -> ws.StatusDoc:
+        """``migd.status/v1`` as this cycle read it, with what an unfinished apply left (``journal``)."""
+        return ws.StatusDoc(tuple(g.status for g in self.gpus), journal, unreadable(self.unread),
+                            sampled_at=self.taken_at)

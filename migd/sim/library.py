@@ -173,6 +173,9 @@ class SimLibrary:
         self._callbacks: list[Any] = []  # keep the C trampolines alive
         self.calls: Counter[str] = Counter()  # entry point -> calls made (tests count what an action costs)
         self._calls_lock = threading.Lock()  # GPU workers call in parallel
+        # MIGD_SIM_CALL_LOG: a file each call is appended to as "<thread name>\t<entry point>", so a test
+        # can tell which of a daemon's threads reach NVML (docs/simulator.md)
+        self._call_log = os.environ.get("MIGD_SIM_CALL_LOG")
 
     # -- what pynvml sees ---------------------------------------------------------------------------
     def __getattr__(self, name: str) -> Any:
@@ -206,6 +209,8 @@ class SimLibrary:
         """Run one entry point; every failure becomes a return code, as C has no exceptions."""
         with self._calls_lock:
             self.calls[export.name] += 1
+        if self._call_log:
+            _log_call(self._call_log, export.name)
         try:
             if export.returns_string:
                 return int(export.impl(self, *raw))
@@ -340,3 +345,12 @@ def load(store: StateStore, clock: Callable[[], float] | None = None) -> SimLibr
 
 def loaded() -> SimLibrary | None:
     return _LIBRARY
+
+
+def _log_call(path: str, name: str) -> None:
+    """One line per call, in one append (lines from parallel threads never interleave)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, f"{threading.current_thread().name}\t{name}\n".encode())
+    finally:
+        os.close(fd)
