@@ -228,3 +228,22 @@ def test_a_switch_left_open_by_a_stopped_migd_is_finished_at_restart(node: Node)
     assert show["Gres"] == "gpu:7g.80gb:1" and "DRAIN" not in show["State"]
     assert d.slurm is not None and d.slurm.gate.state.phase is Phase.SERVING
     assert "finished after a restart" in d.slurm.gate.state.reason
+
+
+def test_slurm_files_with_bytes_that_are_not_utf8_switch_and_keep_them(node: Node) -> None:
+    """An operator's Latin-1 comment in slurm.conf and gres.conf (Slurm never decodes its files): the
+    switch goes through and both files keep those bytes exactly; only the node's GRES change."""
+    c = node.cluster
+    comment = b"# Rechenknoten f\xfcr M\xfcller (Latin-1)\n"
+    for path in (c.conf, c.gres_conf):
+        path.write_bytes(comment + path.read_bytes())
+    conf_before = c.conf.read_bytes()
+    d = node.daemon(Clock(NIGHT))
+    d.reconcile("transition")
+    assert node.layout() == NIGHT_LAYOUT and c.show()["Gres"] == "gpu:7g.80gb:1"
+    assert d.slurm is not None and d.slurm.gate.state.phase is not Phase.FAILED
+    for path in (c.conf, c.gres_conf):
+        assert path.read_bytes().startswith(comment), path
+    before, after = conf_before.splitlines(), c.conf.read_bytes().splitlines()
+    changed = [(a, b) for a, b in zip(before, after, strict=True) if a != b]
+    assert len(changed) == 1 and changed[0][1].startswith(b"NodeName=gpu1 ") and b"Gres=gpu:7g.80gb:1" in changed[0][1]

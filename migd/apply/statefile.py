@@ -27,15 +27,17 @@ def atomic_write_json(path: Path, data: Any, mode: int = 0o600, *, sync_dir: boo
     atomic_write_text(path, json.dumps(data, separators=(",", ":")), mode, sync_dir=sync_dir)
 
 
-def atomic_write_text(path: Path, text: str, mode: int = 0o600, *, sync_dir: bool = True) -> None:
+def atomic_write_text(path: Path, text: str, mode: int = 0o600, *, sync_dir: bool = True,
+                      errors: str = "strict") -> None:
     """``sync_dir=False`` leaves the rename itself to the filesystem's own ordering: after a power
     loss the name then holds the new file or the previous one, each complete (the content was
-    fsync'd before the rename).  Only for a file whose previous version is as safe to find."""
+    fsync'd before the rename).  Only for a file whose previous version is as safe to find.
+    ``errors``: how ``text`` is encoded to UTF-8 (``surrogateescape`` gives back bytes read so)."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with os.fdopen(fd, "w", encoding="utf-8", errors=errors) as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

@@ -204,8 +204,8 @@ class SlurmGate:
         """Write the layout's GRES and make Slurm take it; on failure the old files are back (raises)."""
         recs = self._records(states)
         gres = node_gres(recs)
-        old_gres = self.s.gres_conf.read_text() if self.s.gres_conf.exists() else None
-        old_conf = self.s.slurm_conf.read_text()
+        old_gres = _read_conf(self.s.gres_conf) if self.s.gres_conf.exists() else None
+        old_conf = _read_conf(self.s.slurm_conf)
         try:
             self._write(self.s.gres_conf, gres_conf(self.s.node, recs, profile, old_gres))
             self._write(self.s.slurm_conf, set_node_gres(old_conf, self.s.node, gres))
@@ -250,7 +250,7 @@ class SlurmGate:
     @staticmethod
     def _write(path: Path, text: str) -> None:
         mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
-        atomic_write_text(path, text, mode)
+        atomic_write_text(path, text, mode, errors=_SLURM_BYTES)
 
     def _take(self) -> None:
         """Make Slurm read the files, the way this node's Slurm supports (settings.GresUpdate)."""
@@ -386,3 +386,12 @@ def _same_gres(a: str, b: str) -> bool:
     def norm(s: str) -> list[str]:
         return sorted(part.split("(")[0] for part in s.split(",") if part)
     return norm(a) == norm(b)
+
+
+# slurm.conf and gres.conf are bytes to Slurm (its parser never decodes them), so an operator's
+# Latin-1 comment must neither stop a switch nor be "fixed": any byte is read and written back as is.
+_SLURM_BYTES = "surrogateescape"
+
+
+def _read_conf(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors=_SLURM_BYTES)
