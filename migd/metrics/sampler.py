@@ -34,10 +34,9 @@ class NvmlErrorCounter:
     counts: Counter[tuple[str, str]] = field(default_factory=Counter)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def __call__(self, fn: str, code: int) -> None:
-        from migd.hardware.nvml.call import error_name
+    def __call__(self, fn: str, error: str) -> None:
         with self._lock:
-            self.counts[(fn, error_name(code))] += 1
+            self.counts[(fn, error)] += 1
 
     def snapshot(self) -> dict[tuple[str, str], int]:
         with self._lock:

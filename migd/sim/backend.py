@@ -30,7 +30,7 @@ def load_library(state_path: str | os.PathLike[str], fleet: str = DEFAULT_FLEET,
 
 
 def sim_backend(state_path: str | os.PathLike[str], fleet: str = DEFAULT_FLEET, mig_enabled: bool = False,
-                on_nvml_error: Callable[[str, int], None] | None = None) -> NvmlBackend:
+                on_nvml_error: Callable[[str, str], None] | None = None) -> NvmlBackend:
     """The production backend over the simulated node; a state file that cannot be read is what a
     broken libnvidia-ml is on a real node: NVML cannot be opened (HardwareError)."""
     try:

@@ -55,7 +55,7 @@ class NvmlBackend:
     """:class:`migd.hardware.ports.GpuBackend` over NVML."""
 
     def __init__(self, smi_argv: Sequence[str] = ("nvidia-smi",), smi_timeout_s: float = 300.0,
-                 on_nvml_error: Callable[[str, int], None] | None = None) -> None:
+                 on_nvml_error: Callable[[str, str], None] | None = None) -> None:
         self._smi_argv = list(smi_argv)
         self._smi_timeout_s = smi_timeout_s
         self.nvml = Nvml(on_nvml_error)

@@ -32,7 +32,9 @@ def error_name(code: int | None) -> str:
 class Nvml:
     """One process's NVML session: init/shutdown, and every call made inside the shared session."""
 
-    def __init__(self, on_error: Callable[[str, int], None] | None = None) -> None:
+    def __init__(self, on_error: Callable[[str, str], None] | None = None) -> None:
+        """``on_error(function, error)``: each NVML error as it happens, by pynvml's function name and
+        NVML's error name (``INVALID_ARGUMENT``), so a counter needs nothing of NVML's."""
         self._on_error = on_error
         self.session = SessionLock()
 
@@ -57,7 +59,7 @@ class Nvml:
             if code in absent:
                 return None
             if self._on_error is not None:
-                self._on_error(name, code)
+                self._on_error(name, error_name(code))
             raise HardwareError(f"{where}{name} failed: NVML_ERROR_{error_name(code)}", code=code, gpu=gpu) from e
         except pynvml.NVMLLibraryMismatchError as e:
             # pynvml raises this (not an NVMLError) when the driver's library lacks the versioned
@@ -65,7 +67,7 @@ class Nvml:
             code = int(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
             where = f"GPU {gpu}: " if gpu is not None else ""
             if self._on_error is not None:
-                self._on_error(name, code)
+                self._on_error(name, error_name(code))
             raise HardwareError(f"{where}{name}: the NVIDIA driver's NVML library is older than nvidia-ml-py "
                                 f"{getattr(pynvml, '__version__', '')} expects (a versioned entry point is "
                                 f"missing); upgrade the driver or pin an older nvidia-ml-py", code=code,
