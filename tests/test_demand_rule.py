@@ -8,12 +8,14 @@ import random
 from migd.catalog.models import MODELS
 from migd.demand.capacity import node_layout
 from migd.demand.fair import fair_weights
+from migd.demand.mix import Candidates
 from migd.demand.model import Layout, NodeView, Pending, Running, Snapshot, slices_of
 from migd.demand.rule import Params, decide
 from migd.profiles.loader import load_profile
 from tests.helpers import PROFILES
 
 H100x8 = [MODELS["H100-SXM5-80GB"]] * 8
+NAMES = ("day", "night", "night-two", "balanced")
 LAYOUTS = {n: node_layout(load_profile(PROFILES / f"{n}.yaml"), H100x8) for n in ("day", "night", "night-two")}
 OLD = 6 * 3600.0  # submitted long ago: no forecast from it
 
@@ -128,3 +130,85 @@ def test_recent_arrivals_are_expected_to_go_on() -> None:
     flowing = decide(Snapshot(notebooks(10, age_s=600), nodes(1)), LAYOUTS)
     assert calm.changes == () or calm.changes[0].benefit_slice_h < flowing.changes[0].benefit_slice_h
     assert dict(flowing.demand)["1g.10gb"] == 10 * 2 * (1 + 4)
+
+
+MIXES = Candidates.resolve({n: load_profile(PROFILES / f"{n}.yaml") for n in NAMES}, NAMES, H100x8).layouts()
+
+
+def training(n: int, busy_h: float = 2.0, k: int = 5) -> tuple[tuple[NodeView, ...], tuple[Pending, ...]]:
+    """``k`` night nodes whose eight 7g jobs end in ``busy_h`` hours (node i: ``busy_h + i``), and 40 7g jobs
+    queued behind them, as on a training-heavy partition."""
+    fleet = tuple(NodeView(f"gpu{i}", "night", OLD, tuple(Running(f"r{i}{g}", "7g.80gb", 1, (busy_h + i) * 3600, "nlp",
+                                                                  OLD, 10 * 3600) for g in range(8)))
+                  for i in range(k))
+    return fleet, tuple(Pending(f"t{i}", "nlp", "7g.80gb", 1, 8 * 3600, age_s=OLD) for i in range(n))
+
+
+def test_a_minority_type_gets_a_place_carved_from_one_gpu_of_the_soonest_free_node() -> None:
+    """Three 2g and two 3g jobs behind a 7g queue that would fill every GPU: carving a place never pays in
+    slice-hours, yet without one they wait for ever.  The node free soonest keeps seven whole GPUs and
+    carves one; the decision says which types it gives a place."""
+    fleet, queue = training(40)
+    minority = tuple(Pending(f"s{i}", "serving", "2g.20gb", 1, 2 * 3600, age_s=OLD) for i in range(3)) + \
+        tuple(Pending(f"v{i}", "vision", "3g.40gb", 1, 3 * 3600, age_s=OLD) for i in range(2))
+    d = decide(Snapshot(queue + minority, fleet), MIXES)
+    assert [(c.node, c.new) for c in d.changes] == [("gpu0", "night*7/balanced")]
+    assert d.changes[0].reason.endswith("gives 2g.20gb, 3g.40gb a place to run")
+    assert decide(Snapshot(queue, fleet), MIXES).changes == ()  # no minority waiting: nothing carved
+
+
+def test_the_last_place_of_a_type_with_pending_work_is_never_taken() -> None:
+    """One balanced node serves a queued 2g job; a thousand notebooks want every node as day: the balanced
+    node may change only to a layout that still offers 2g."""
+    serving = NodeView("gpu9", "balanced", OLD)
+    pending = notebooks(1000) + (Pending("s0", "serving", "2g.20gb", 1, 3600, age_s=OLD),)
+    d = decide(Snapshot(pending, (*nodes(2), serving)), MIXES)
+    after = {n.name: n.layout for n in (*nodes(2), serving)} | {c.node: c.new for c in d.changes}
+    assert d.changes and any(MIXES[lay].count("2g.20gb") >= 1 for lay in after.values())
+
+
+def test_a_small_minority_waits_when_its_place_costs_more_than_its_work() -> None:
+    """Every node busy for 6 more hours: draining one idles far more than the one 2g job's work."""
+    fleet, queue = training(0, busy_h=6.0, k=2)
+    d = decide(Snapshot((Pending("s0", "serving", "2g.20gb", 1, 3600, age_s=OLD),), fleet), MIXES)
+    assert d.changes == ()
+
+
+def test_time_limits_are_upper_bounds_learned_per_account() -> None:
+    """A 7g job with an 8 h limit, started an hour ago: by its limit the node is busy 7 more hours and a
+    drain for 60 notebooks costs more than it gains.  Its account's jobs run a quarter of their limits:
+    it ends in about an hour, and the switch pays."""
+    busy = NodeView("gpu0", "night", OLD, (Running("t1", "7g.80gb", 1, ends_in_s=7 * 3600, account="nlp",
+                                                   limit_s=8 * 3600),))
+    assert decide(Snapshot(notebooks(60), (busy,)), LAYOUTS).changes == ()
+    d = decide(Snapshot(notebooks(60), (busy,), run_ratio=(("nlp", 0.25),)), LAYOUTS)
+    assert [c.new for c in d.changes] == ["day"] and 60 < d.changes[0].ready_in_s / 60 < 65
+    short = decide(Snapshot(notebooks(60), nodes(1), run_ratio=(("teaching", 0.5),)), LAYOUTS)
+    assert dict(short.demand)["1g.10gb"] == 60 * 1 * 1.0  # each notebook valued at half its 2 h limit
+
+
+def test_demand_that_turns_around_within_six_hours_is_held() -> None:
+    """A node switched night -> day two hours ago; now only training waits: going back is held, saying
+    why; seven hours on it is a new turn of demand and the node follows."""
+    training_jobs = tuple(Pending(f"t{i}", "nlp", "7g.80gb", 2, 4 * 3600, age_s=OLD) for i in range(8))
+    recent = NodeView("gpu0", "day", 2 * 3600.0, left="night")
+    d = decide(Snapshot(training_jobs, (recent,)), LAYOUTS)
+    assert d.changes == ()
+    assert "held: it would undo its change from night 2.0 h ago: demand that turns around within 6 h is held" \
+        in dict(d.held)["gpu0"]
+    later = NodeView("gpu0", "day", 7 * 3600.0, left="night")
+    assert [c.new for c in decide(Snapshot(training_jobs, (later,)), LAYOUTS).changes] == ["night"]
+
+
+def test_mixes_decide_the_same_whatever_the_input_order() -> None:
+    fleet, queue = training(20)
+    pending = list(queue + notebooks(200) + tuple(Pending(f"v{i}", "vision", "3g.40gb", 2, 3 * 3600, age_s=OLD)
+                                                  for i in range(6)))
+    views = list(fleet) + [NodeView("gpu8", "day", OLD), NodeView("gpu9", "day", OLD)]
+    first = decide(Snapshot(tuple(pending), tuple(views)), MIXES)
+    rng = random.Random(5)
+    for _ in range(3):
+        rng.shuffle(pending)
+        rng.shuffle(views)
+        assert decide(Snapshot(tuple(pending), tuple(views)), MIXES) == first
+    assert first.changes

@@ -2,7 +2,8 @@
 
 A node follows its planner's want while the want's lease runs, its schedule otherwise; when Slurm
 cannot be read it keeps the layout it has (no change, not a guess).  A manual apply still wins
-over both, as over the schedule.
+over both, as over the schedule.  A want may name a per-GPU mix of the candidates (``night*7/balanced``,
+migd/demand/mix.py): the node applies the profile built from the candidates' own sections.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from migd.api.demand import DemandView, PlanSummary, Source
-from migd.demand.capacity import node_layout
+from migd.demand.mix import Candidates, MixError, mix_profile, parse_mix
 from migd.hardware.inventory import GpuLister, survey
 from migd.profiles.model import Profile
 from migd.slurm.ctl import SlurmCtl, SlurmError
@@ -49,7 +50,7 @@ class DemandPass:
             return
         if self.planner is None:  # (candidates resolved on this node's GPUs: the partition is taken as alike)
             models = [g.model for g in survey(gpus).gpus if g.model is not None]
-            layouts = {n: node_layout(profiles[n], models) for n in self.s.candidates}
+            layouts = Candidates.resolve(profiles, self.s.candidates, models).layouts()
             self.planner = Planner(self.s, self.partition, self.node, self.ctl, layouts,
                                    self._state_dir / "demand.json", self._clock)
         if self.planner.due():
@@ -82,11 +83,29 @@ class DemandPass:
                   f"lease ({self.s.lease_s:g}s) from now: not followed; following the schedule"
         elif not want.holds(self.s.planner, now, self.s.lease_s):
             why = f"the planner's lease ended at {stamp(want.until)}: following the schedule"
-        elif want.layout not in self.s.candidates:
-            why = f"the planner wants {want.layout!r}, not a candidate here: following the schedule"
+        elif (bad := self._unknown(want.layout)) is not None:
+            why = f"the planner wants {want.layout!r}, {bad}: following the schedule"
         else:
             return self._view(Source.PLANNER, want.layout, f"planner {want.planner} wants {want.layout}", want.until)
         return self._view(Source.SCHEDULE, None, why)
+
+    def _unknown(self, layout: str) -> str | None:
+        """Why ``layout`` is neither a candidate here nor a per-GPU mix of them (None: it is one)."""
+        try:
+            parse_mix(layout, self.s.candidates)
+        except MixError as e:
+            return f"not a candidate here nor a mix of them ({e})"
+        return None
+
+    def profile(self, name: str, profiles: dict[str, Profile]) -> Profile | None:
+        """The profile to apply for a wanted layout: a profile of the configuration, or the one built for
+        a per-GPU mix of the candidates (None: neither; the GPUs are left as they are)."""
+        if name in profiles:
+            return profiles[name]
+        try:
+            return mix_profile(name, profiles, self.s.candidates)
+        except (MixError, KeyError):
+            return None
 
     def _view(self, source: Source, profile: str | None, why: str, until: float | None = None) -> DemandView:
         return DemandView(self.s.mode.value, self.s.planner, source, profile, why, until, self.last_plan)

@@ -103,7 +103,7 @@ class Daemon:
         if demand is not None:  # the planner's want while its lease runs; Slurm unreadable: no change
             self.status.demand = view = demand.follow(self.status.desired_profile)
             if view.profile is not None or view.source is Source.HELD:
-                return self.config.profiles.get(view.profile) if view.profile else None
+                return demand.profile(view.profile, self.config.profiles) if view.profile else None
         entry = self.config.schedule.active(now)
         return self.config.profiles[entry.profile] if entry else None
 

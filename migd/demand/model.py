@@ -55,6 +55,7 @@ class NodeView:
     running: tuple[Running, ...] = ()
     draining: bool = False  # drained for a switch already: counts against the maintenance limit
     changes_today: int = 0  # switches in the last 24 hours
+    left: str | None = None  # the layout it held before its last switch (a change undoing that one is held)
 
 
 @dataclass(frozen=True)
@@ -80,3 +81,6 @@ class Layout:
 class Snapshot:
     pending: tuple[Pending, ...]
     nodes: tuple[NodeView, ...]
+    # per account, how much of its time limit a job actually runs (learned, migd/demand/runtime.py):
+    # time limits are upper bounds; an account absent here is taken to run to its limits
+    run_ratio: tuple[tuple[str, float], ...] = ()

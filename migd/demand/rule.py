@@ -1,11 +1,23 @@
-"""The demand rule: which nodes should change to which candidate layout, and why (docs/demand.md).
+"""The demand rule: which nodes should change to which layout (a candidate, or a per-GPU mix of the
+candidates: migd/demand/mix.py), and why (docs/demand.md).
 
 Benefit and cost are both in GPU-slice-hours.  The benefit of a change is the pending work (fair-
-weighted, valued up to ``horizon_s``) that the fleet's supply could then start and cannot now, each
-node's supply counted from when it will be ready (after its running jobs end: nothing is killed);
-the cost is the slices the node leaves idle while it drains and switches.  Changes are taken best
-first, one node at a time, while one pays enough (``min_gain_slice_h`` and ``gain_ratio``), the node
-has held its layout ``min_dwell_s`` and has switches left today, and the maintenance limit allows.
+weighted, valued up to ``horizon_s``, each job at its account's learned share of its time limit) that
+the fleet's supply could then start and cannot now, each node's supply counted from when it will be
+ready (after its running jobs end: nothing is killed); the cost is the slices the node leaves idle
+while it drains and switches.  Changes are taken best first, one node at a time:
+
+1. a MIG type with pending work keeps at least one node whose layout can start its smallest job: a
+   change that gives one a place is made when the slices it idles while draining are no more than
+   that type's pending work (not the thresholds below: a minority's work is small, and the majority's
+   queue would fill the GPU it takes, so in slice-hours alone carving a place never pays, and the
+   minority waits for ever); none that takes the last place away is made;
+2. then the change that best lifts the worst-served account, then the largest net gain, while one
+   pays enough (``min_gain_slice_h`` and ``gain_ratio``);
+3. held: a node that has not held its layout ``min_dwell_s`` or has no switches left today, and a
+   change that would undo the node's previous one within ``reverse_s`` (demand that turned around);
+4. never more nodes in maintenance than the limit.
+
 Ties break by node then layout name: the same snapshot always gives the same decision.
 """
 
@@ -16,9 +28,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from migd.demand.fair import fair_weights
-from migd.demand.model import Layout, NodeView, Snapshot, slices_of
-
-Supply = dict[str, float]  # MIG type -> slice-hours a node offers within the horizon
+from migd.demand.mix import moved_back
+from migd.demand.model import Layout, NodeView, Pending, Snapshot, slices_of
+from migd.demand.supply import Horizon, Supply, drain_cost, from_ready, ready_in_s, supply
 
 
 @dataclass(frozen=True)
@@ -32,6 +44,10 @@ class Params:
     switch_s: float = 180.0  # one switch's own time: apply, GRES, Slurm restart, registration
     max_changes_per_day: int = 4
     max_in_maintenance: int | None = None  # nodes draining or switching at once (fleet waves)
+    reverse_s: float = 6 * 3600.0  # a change undoing the node's previous one this soon is held
+
+    def horizon(self, run_ratio: Mapping[str, float]) -> Horizon:
+        return Horizon(self.horizon_s, self.switch_s, run_ratio)
 
 
 @dataclass(frozen=True)
@@ -42,11 +58,14 @@ class Change:
     benefit_slice_h: float
     cost_slice_h: float
     ready_in_s: float  # when its new layout can serve (its running jobs' end, then the switch)
+    places: tuple[str, ...] = ()  # MIG types with pending work that had no place to run and get one
 
     @property
     def reason(self) -> str:
+        place = f"; gives {', '.join(self.places)} a place to run" if self.places else ""
         return (f"{self.node}: {self.old} -> {self.new}: gains {self.benefit_slice_h:.1f} slice-hours of pending "
-                f"work for {self.cost_slice_h:.1f} idled while it drains (ready in {self.ready_in_s / 60:.0f} min)")
+                f"work for {self.cost_slice_h:.1f} idled while it drains (ready in {self.ready_in_s / 60:.0f} min)"
+                + place)
 
 
 @dataclass(frozen=True)
@@ -57,42 +76,72 @@ class Decision:
     held: tuple[tuple[str, str], ...]  # (node, why a paying change was not made)
 
 
-class _Fleet:
-    """Supply per type over the nodes against the demand per type and account, with one node's part
-    swappable (a trial costs O(types x accounts), not O(nodes))."""
+@dataclass(frozen=True)
+class Score:
+    unplaced: tuple[str, ...]  # MIG types with pending work that no node's layout can start
+    worst: float  # the worst-served account's fraction of its work that can run
+    served: float  # slice-hours of work that can run
 
-    def __init__(self, demand: Mapping[str, Mapping[str, float]]) -> None:
+
+class _Fleet:
+    """Supply per type over the nodes against the demand per type and account, and the places each
+    type with pending work has, with one node's part swappable (a trial costs O(types x accounts))."""
+
+    def __init__(self, demand: Mapping[str, Mapping[str, float]], need: Mapping[str, int]) -> None:
         self.demand = demand  # type -> account -> slice-hours
+        self.need = dict(sorted(need.items()))  # type -> instances its smallest pending job asks on one node
         self.by_type = {t: sum(a.values()) for t, a in demand.items()}
         self.asked: dict[str, float] = defaultdict(float)
         for per in demand.values():
             for account, work in per.items():
                 self.asked[account] += work
         self.total: Supply = defaultdict(float)
-        self.part: dict[str, Supply] = {}
+        self.places: dict[str, int] = defaultdict(int)
+        self.part: dict[str, tuple[Supply, Layout]] = {}
 
-    def put(self, node: str, supply: Supply) -> None:
-        for t, n in self.part.get(node, {}).items():
-            self.total[t] -= n
-        self.part[node] = supply
+    def put(self, node: str, supply: Supply, layout: Layout) -> None:
+        old = self.part.get(node)
+        if old is not None:
+            for t, n in old[0].items():
+                self.total[t] -= n
+            for t in self._placed(old[1]):
+                self.places[t] -= 1
+        self.part[node] = (supply, layout)
         for t, n in supply.items():
             self.total[t] += n
+        for t in self._placed(layout):
+            self.places[t] += 1
 
-    def score(self, node: str | None = None, supply: Supply | None = None) -> tuple[float, float]:
-        """(the worst-served account's fraction of its work that can run, slice-hours of work that can
-        run), with ``node``'s part replaced by ``supply``.  An account's share of a type's supply is
-        its share of that type's demand."""
-        old = self.part.get(node, {}) if node is not None else {}
+    def _placed(self, layout: Layout) -> list[str]:
+        return [t for t, k in self.need.items() if layout.count(t) >= k]
+
+    def score(self, node: str | None = None, supply: Supply | None = None, layout: Layout | None = None) -> Score:
+        """The fleet's score with ``node``'s part replaced by ``supply`` in ``layout``.  An account's share
+        of a type's supply is its share of that type's demand."""
+        old_supply, old_layout = self.part[node] if node is not None else ({}, None)
         new = supply or {}
-        got: dict[str, float] = defaultdict(float)
+        got = dict.fromkeys(self.asked, 0.0)
         total = 0.0
         for t, d in self.by_type.items():
-            run = min(d, self.total[t] - old.get(t, 0.0) + new.get(t, 0.0))
+            offered = self.total[t] - old_supply.get(t, 0.0) + new.get(t, 0.0)
+            run = d if offered >= d else offered
             total += run
+            share = run / d
             for account, work in self.demand[t].items():
-                got[account] += run * work / d
+                got[account] += share * work
         worst = min((got[a] / w for a, w in self.asked.items() if w > 0), default=1.0)
-        return worst, total
+        unplaced = []
+        for t, k in self.need.items():
+            places = self.places[t]
+            if layout is not None and old_layout is not None:
+                places += (layout.count(t) >= k) - (old_layout.count(t) >= k)
+            if places <= 0:
+                unplaced.append(t)
+        return Score(tuple(unplaced), worst, total)
+
+
+def _work(p: Pending, params: Params, ratio: Mapping[str, float]) -> float:
+    return slices_of(p.mig_type) * p.count * min(p.time_limit_s * ratio.get(p.account, 1.0), params.horizon_s) / 3600
 
 
 def _demand(snap: Snapshot, offered: set[str], capacity: float, params: Params) -> tuple[
@@ -101,13 +150,15 @@ def _demand(snap: Snapshot, offered: set[str], capacity: float, params: Params) 
     jobs submitted in the last ``recent_s`` (pending or started), as much again for every ``recent_s``
     of ``lookahead_s`` (a persistence forecast: demand that just appeared is assumed to go on)."""
     again = params.lookahead_s / params.recent_s
+    ratio = dict(snap.run_ratio)
     wants: list[tuple[str, str, float]] = []  # (account, type, slice-hours)
     for p in snap.pending:
-        work = slices_of(p.mig_type) * p.count * min(p.time_limit_s, params.horizon_s) / 3600
-        wants.append((p.account, p.mig_type, work * (1 + again if p.age_s <= params.recent_s else 1)))
+        wants.append((p.account, p.mig_type, _work(p, params, ratio) * (1 + again if p.age_s <= params.recent_s
+                                                                          else 1)))
     for n in snap.nodes:
-        wants += [(r.account, r.mig_type, again * slices_of(r.mig_type) * r.count * min(r.limit_s, params.horizon_s)
-                   / 3600) for r in n.running if r.submitted_s_ago <= params.recent_s]
+        wants += [(r.account, r.mig_type, again * slices_of(r.mig_type) * r.count
+                   * min(r.limit_s * ratio.get(r.account, 1.0), params.horizon_s) / 3600)
+                  for r in n.running if r.submitted_s_ago <= params.recent_s]
     asks: dict[str, float] = defaultdict(float)
     for account, _, work in wants:
         asks[account] += work
@@ -120,51 +171,35 @@ def _demand(snap: Snapshot, offered: set[str], capacity: float, params: Params) 
     return {t: dict(a) for t, a in demand.items()}, unservable
 
 
-def ready_in_s(node: NodeView, params: Params) -> float:
-    return max((r.ends_in_s for r in node.running), default=0.0) + params.switch_s
-
-
-def supply(node: NodeView, layout: Layout, params: Params, staying: bool) -> Supply:
-    """Slice-hours ``node`` in ``layout`` offers within the horizon: each instance's time not taken by the
-    running job on it (to its expected end), if it stays; all of ``layout`` from when it is ready, if
-    it changes (or is changing) to it."""
-    h = params.horizon_s
-    if not staying:
-        left = max(0.0, h - ready_in_s(node, params))
-        return {t: slices_of(t) * n * left / 3600 for t, n in layout.capacity}
-    out: Supply = {t: slices_of(t) * n * h / 3600 for t, n in layout.capacity}
-    for r in node.running:
-        if r.mig_type in out:
-            out[r.mig_type] -= slices_of(r.mig_type) * r.count * min(r.ends_in_s, h) / 3600
-    return out
-
-
-def drain_cost(node: NodeView, slices: int, params: Params) -> float:
-    """Slice-hours idled by a change: every slice from now until the node is ready, less the slices
-    its running jobs keep busy meanwhile."""
-    busy = sum(slices_of(r.mig_type) * r.count * r.ends_in_s for r in node.running)
-    return max(0.0, slices * ready_in_s(node, params) - busy) / 3600
+def _need(pending: tuple[Pending, ...], layouts: Mapping[str, Layout]) -> dict[str, int]:
+    """Per MIG type with pending work, the instances its smallest job asks (types no layout can start
+    on one node are left out: no change gives them a place)."""
+    need: dict[str, int] = {}
+    for p in pending:
+        need[p.mig_type] = min(need.get(p.mig_type, p.count), p.count)
+    return {t: k for t, k in need.items() if any(lay.count(t) >= k for lay in layouts.values())}
 
 
 def decide(snap: Snapshot, layouts: Mapping[str, Layout], params: Params = Params()) -> Decision:
     """Which nodes change to which layout now (``Decision.changes``), and why the others do not."""
     snap = Snapshot(tuple(sorted(snap.pending, key=lambda p: (p.account, p.mig_type, p.job))),  # one order:
                     tuple(replace(n, running=tuple(sorted(n.running, key=lambda r: r.job)))  # the same sums
-                          for n in sorted(snap.nodes, key=lambda n: n.name)))
+                          for n in sorted(snap.nodes, key=lambda n: n.name)), tuple(sorted(snap.run_ratio)))
     if not snap.nodes:
         return Decision((), (), (), ())
+    h = params.horizon(dict(snap.run_ratio))
     offered = {t for lay in layouts.values() for t, _ in lay.capacity}
     slices = max(lay.slices for lay in layouts.values())  # a node's slices (the fullest layout's)
     demand, unservable = _demand(snap, offered, slices * len(snap.nodes), params)
-    fleet = _Fleet(demand)
-    for n in sorted(snap.nodes, key=lambda n: n.name):
-        fleet.put(n.name, supply(n, layouts[n.layout], params, staying=not n.draining))
+    fleet = _Fleet(demand, _need(snap.pending, layouts))
+    for n in snap.nodes:
+        fleet.put(n.name, supply(n, layouts[n.layout], h, staying=not n.draining), layouts[n.layout])
     busy = sum(1 for n in snap.nodes if n.draining)
     changes: list[Change] = []
     held: dict[str, str] = {}
-    free = [n for n in sorted(snap.nodes, key=lambda n: n.name) if not n.draining]
-    while demand:
-        best = _best(free, layouts, fleet, slices, params, held)
+    free = [n for n in snap.nodes if not n.draining]
+    while demand or fleet.need:
+        best = _Search(layouts, fleet, slices, params, h, held).best(free)
         if best is None:
             break
         node, change, new_supply = best
@@ -173,40 +208,79 @@ def decide(snap: Snapshot, layouts: Mapping[str, Layout], params: Params = Param
                                f"max_in_maintenance is {params.max_in_maintenance}")
             break
         changes.append(change)
-        fleet.put(node.name, new_supply)
+        fleet.put(node.name, new_supply, layouts[change.new])
         free.remove(node)
         busy += 1
     return Decision(tuple(changes), tuple(sorted((t, sum(a.values())) for t, a in demand.items())), unservable,
                     tuple(sorted(held.items())))
 
 
-def _best(nodes: list[NodeView], layouts: Mapping[str, Layout], fleet: _Fleet, slices: int, params: Params,
-          held: dict[str, str]) -> tuple[NodeView, Change, Supply] | None:
-    """The paying change that best lifts the worst-served account, then gains the most net (ties: node,
-    then layout name); none that leaves the worst-served account worse off.  Nodes whose paying
-    change hysteresis forbids are noted in ``held``."""
-    worst, now = fleet.score()
-    found: tuple[float, float, str, str] | None = None
-    pick: tuple[NodeView, Change, Supply] | None = None
-    for node in nodes:
-        cost = drain_cost(node, slices, params)
-        for name in sorted(layouts):
+_Key = tuple[int, float, float, float, str, str]  # unplaced types, (a place's) readiness, worst, -net, node, layout
+
+
+@dataclass(frozen=True)
+class _Search:
+    layouts: Mapping[str, Layout]
+    fleet: _Fleet
+    slices: int
+    params: Params
+    h: Horizon
+    held: dict[str, str]
+
+    def best(self, nodes: list[NodeView]) -> tuple[NodeView, Change, Supply] | None:
+        """The change that gives the most unplaced types a place (soonest), then best lifts the worst-served
+        account, then gains the most net (ties: node, then layout name).  Nodes alike (same layout,
+        same running jobs, same history) are tried once: the first by name stands for them all."""
+        now = self.fleet.score()
+        found: _Key | None = None
+        pick: tuple[NodeView, Change, Supply] | None = None
+        seen: set[object] = set()
+        for node in nodes:
+            alike = (node.layout, tuple((r.mig_type, r.count, r.ends_in_s, r.account, r.limit_s) for r in node.running),
+                     node.left, _hysteresis(node, self.params))
+            if alike in seen:
+                continue
+            seen.add(alike)
+            for key, change, new in self._trials(node, now):
+                if found is None or key < found:
+                    found, pick = key, (node, change, new)
+        return pick
+
+    def _trials(self, node: NodeView, now: Score) -> list[tuple[_Key, Change, Supply]]:
+        out = []
+        cost = drain_cost(node, self.slices, self.h)
+        ready = ready_in_s(node, self.h)
+        for name in sorted(self.layouts):
             if name == node.layout:
                 continue
-            new = supply(node, layouts[name], params, staying=False)
-            after, served = fleet.score(node.name, new)
-            benefit = served - now
-            if benefit - cost < params.min_gain_slice_h or benefit < params.gain_ratio * cost or after < worst - 1e-9:
+            layout = self.layouts[name]
+            new = from_ready(layout, ready, self.h)
+            after = self.fleet.score(node.name, new, layout)
+            if len(after.unplaced) > len(now.unplaced):
                 continue
-            change = Change(node.name, node.layout, name, benefit, cost, ready_in_s(node, params))
-            why = _hysteresis(node, params)
+            places = tuple(t for t in now.unplaced if t not in after.unplaced)
+            benefit = after.served - now.served
+            if cost > sum(self.fleet.by_type.get(t, 0.0) for t in places) if places else (
+                    benefit - cost < self.params.min_gain_slice_h or after.worst < now.worst - 1e-9
+                    or benefit < self.params.gain_ratio * cost):
+                continue
+            change = Change(node.name, node.layout, name, benefit, cost, ready, places)
+            why = _hysteresis(node, self.params) or self._reversal(node, layout)
             if why is not None:
-                held.setdefault(node.name, f"{change.reason}; held: {why}")
+                self.held.setdefault(node.name, f"{change.reason}; held: {why}")
                 continue
-            key = (-round(after, 6), -(benefit - cost), node.name, name)
-            if found is None or key < found:
-                found, pick = key, (node, change, new)
-    return pick
+            key = (len(after.unplaced), ready if places else 0.0, -round(after.worst, 6), -round(benefit - cost, 6))
+            out.append(((*key, node.name, name), change, new))
+        return out
+
+    def _reversal(self, node: NodeView, layout: Layout) -> str | None:
+        left = self.layouts.get(node.left) if node.left is not None else None
+        if left is None or node.in_layout_s >= self.params.reverse_s:
+            return None
+        if not moved_back(left, self.layouts[node.layout], layout):
+            return None
+        return (f"it would undo its change from {node.left} {node.in_layout_s / 3600:.1f} h ago: demand that turns "
+                f"around within {self.params.reverse_s / 3600:g} h is held")
 
 
 def _hysteresis(node: NodeView, params: Params) -> str | None:

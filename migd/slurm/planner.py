@@ -17,9 +17,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from migd.api.demand import PlanSummary
-from migd.apply.statefile import atomic_write_json, conform, mapping, of, one_of, read_json, record, sequence
-from migd.demand.model import Layout, NodeView, Snapshot
+from migd.apply.statefile import atomic_write_json, conform, mapping, of, one_of, optional, read_json, record, sequence
+from migd.demand.model import Layout, NodeView, Running, Snapshot
 from migd.demand.rule import Decision, decide
+from migd.demand.runtime import RunTimes
 from migd.errors import ValidationError
 from migd.slurm.ctl import NodeInfo, SlurmCtl, SlurmError
 from migd.slurm.demandconf import DemandMode, DemandSettings
@@ -30,7 +31,8 @@ from migd.slurm.want import Want, stamp
 log = logging.getLogger(__name__)
 DAY_S = 86400.0
 HISTORY_SCHEMA = "migd.demand/v1"
-_HISTORY = record(schema=one_of(HISTORY_SCHEMA), switches=mapping(sequence(of(int, float))))
+_HISTORY = record(schema=one_of(HISTORY_SCHEMA), switches=mapping(sequence(of(int, float))),
+                  left=optional(mapping(of(str))), runtimes=optional(mapping(sequence(of(int, float)))))
 
 
 def layout_of(gres: str, layouts: Mapping[str, Layout]) -> str | None:
@@ -46,8 +48,12 @@ def layout_of(gres: str, layouts: Mapping[str, Layout]) -> str | None:
 class Planner:
     def __init__(self, settings: DemandSettings, partition: str, me: str, ctl: SlurmCtl,
                  layouts: Mapping[str, Layout], history: Path, clock: Callable[[], float] = time.time) -> None:
+        """``layouts``: every layout a node may take (the candidates and their per-GPU mixes, by name)."""
         self.s, self.partition, self.me, self.ctl = settings, partition, me, ctl
         self.layouts = layouts
+        self.left: dict[str, str] = {}  # node -> the layout it held before its last switch
+        self.runtimes = RunTimes()  # per account: how much of its time limit a job runs
+        self._watched: dict[str, tuple[str, float, float]] = {}  # running job -> (account, started, limit)
         self._history_path = history
         self._clock = clock
         self._last = 0.0
@@ -65,6 +71,8 @@ class Planner:
         except (OSError, ValidationError) as e:
             log.error("demand: %s; starting without switch history", e)
             return {}
+        self.left = dict(doc.get("left") or {})
+        self.runtimes.load(doc.get("runtimes") or {})
         return {n: [float(t) for t in ts] for n, ts in doc["switches"].items()}
 
     def due(self) -> bool:
@@ -79,9 +87,9 @@ class Planner:
         except SlurmError as e:
             log.error("demand: cannot read Slurm, no decision: %s", e)
             return PlanSummary(now, self.s.mode.value, (), (), {}, (), 0, 0, str(e))
+        self._learn(queue.running, now)
         views, skipped = self._views(nodes, queue, now)
-        decision = decide(Snapshot(queue.pending, tuple(views)), {n: self.layouts[n] for n in self.s.candidates},
-                          self.s.params)
+        decision = decide(Snapshot(queue.pending, tuple(views), self.runtimes.ratios()), self.layouts, self.s.params)
         writes = self._write(decision, views, now) if self.s.mode is DemandMode.ON else 0
         for c in decision.changes:
             log.info("demand%s: %s", " (dry-run)" if self.s.mode is DemandMode.DRY_RUN else "", c.reason)
@@ -123,14 +131,15 @@ class Planner:
             current = layout_of(n.gres, self.layouts)
             self._served(n, current, now)
             wanted = want.layout if ours and want is not None else current
-            if wanted is None or wanted not in self.s.candidates:
-                skipped.append(f"{n.name}: Gres={n.gres or '(none)'} is none of the candidate layouts")
+            if wanted is None or wanted not in self.layouts:
+                skipped.append(f"{n.name}: Gres={n.gres or '(none)'} is none of the candidate layouts or their mixes")
                 continue
             switches = self.history.get(n.name, [])
             since = switches[-1] if switches else 0.0
             views.append(NodeView(n.name, wanted, now - since, queue.running.get(n.name, ()),
                                   draining=wanted != current or n.drained,
-                                  changes_today=sum(1 for t in switches if t > now - DAY_S)))
+                                  changes_today=sum(1 for t in switches if t > now - DAY_S),
+                                  left=self.left.get(n.name)))
         return views, skipped
 
     def _write(self, decision: Decision, views: list[NodeView], now: float) -> int:
@@ -153,6 +162,18 @@ class Planner:
             self._current[v.name] = want
             if v.name in changed:
                 self.history[v.name] = [t for t in self.history.get(v.name, []) if t > now - DAY_S] + [now]
+                self.left[v.name] = v.layout
         if changed:
-            atomic_write_json(self._history_path, {"schema": HISTORY_SCHEMA, "switches": self.history})
+            atomic_write_json(self._history_path, {"schema": HISTORY_SCHEMA, "switches": self.history,
+                                                   "left": self.left, "runtimes": self.runtimes.to_json()})
         return writes
+
+    def _learn(self, running: Mapping[str, tuple[Running, ...]], now: float) -> None:
+        """A job seen running at the last tick and gone now has ended: it ran from its start (its limit
+        less what was left of it) until at most now (one interval's error, on the long side)."""
+        seen = {r.job: (r.account, now - (r.limit_s - r.ends_in_s), r.limit_s)
+                for rs in running.values() for r in rs if r.limit_s < float("inf")}
+        for job, (account, started, limit) in self._watched.items():
+            if job not in seen:
+                self.runtimes.observe(account, now - started, limit)
+        self._watched = seen
