@@ -43,6 +43,7 @@ from migd.exits import EXPECTED, Exit, failure, for_result, partly
 from migd.hardware.inventory import Unreadable
 from migd.hardware.ports import GpuBackend
 from migd.plan.planner import GpuPlan
+from migd.printable import LineFormatter, shown
 from migd.profiles.export import export_mig_parted, export_profile
 from migd.profiles.loader import load_profile
 from migd.profiles.model import Profile, index_ranges
@@ -125,7 +126,7 @@ def _profile(args: argparse.Namespace, strict: bool = False) -> Profile:
     """FILE, or standard input for ``-``; what is read but worth a look is said on stderr."""
     profile = load_profile("<stdin>" if args.file == "-" else args.file, args.config, text=_text(args, strict))
     for w in profile.warnings:
-        print(f"warning: {w}", file=sys.stderr)
+        print(shown(f"warning: {w}"), file=sys.stderr)
     return profile
 
 
@@ -200,7 +201,7 @@ def cmd_recover(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) 
         print(f"finished the interrupted owner change of GPU {index_ranges(relabelled)} (its layout never changed)")
     for r in results:
         if r.status not in (GpuStatus.ROLLED_BACK, GpuStatus.APPLIED):
-            print(f"GPU {r.index}: NOT restored: {r.error}", file=sys.stderr)
+            print(shown(f"GPU {r.index}: NOT restored: {r.error}"), file=sys.stderr)
     if applier.journal.exists():
         print(f"the journal {applier.journal.path} is kept: `migctl recover` tries again; once the GPUs are "
               "checked by hand, `migctl recover --discard` sets it aside", file=sys.stderr)
@@ -241,16 +242,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
             code = Exit.INVALID
             continue
         if not check.configs:
-            print(f"{f}: no mig-configs: nothing to check (mig-parted reads it as a spec with nothing to apply)")
+            print(shown(f"{f}: no mig-configs: nothing to check (mig-parted reads it as a spec with nothing to "
+                        "apply)"))
         for name, sections in check.configs:
             if isinstance(sections, ValidationError):
                 print(f"error: {sections}", file=sys.stderr)
                 code = Exit.INVALID
                 continue
             valid, invalid = check.models[name]
-            print(f"{f}: {name}: ok ({_models(sorted(valid), args.verbose)})" + _not_on(invalid, args.verbose))
+            print(shown(f"{f}: {name}: ok ({_models(sorted(valid), args.verbose)})") + _not_on(invalid, args.verbose))
         for w in check.warnings:
-            print(f"warning: {w}", file=sys.stderr)
+            print(shown(f"warning: {w}"), file=sys.stderr)
         for key, notes in check.caveats.items():
             caveats.setdefault(key, []).extend(n for n in notes if n not in caveats.get(key, []))
     _note_caveats(caveats, args.verbose)
@@ -298,7 +300,7 @@ def cmd_export(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -
     sys.stdout.write(json.dumps(doc, indent=2) + "\n" if args.output == "json" else
                      yaml.safe_dump(doc, sort_keys=False, default_flow_style=None))
     for line in unreadable_lines(report_unreadable(unreadable)):
-        print(f"warning: not exported: {line}", file=sys.stderr)
+        print(shown(f"warning: not exported: {line}"), file=sys.stderr)
     return partly(Exit.OK, unreadable, True)
 
 
@@ -319,8 +321,9 @@ NO_GPU: dict[str, Callable[[argparse.Namespace], int]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="migctl: %(levelname)s: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(LineFormatter("migctl: %(levelname)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, handlers=[handler])
     try:
         return _run(args)
     except BrokenPipeError:  # our stdout was closed (`migctl ... | head -1`): stop quietly, as Unix tools do

@@ -15,6 +15,7 @@ from migd.apply.planning import touched
 from migd.apply.result import ApplyResult
 from migd.ctl_daemon import control_socket, out
 from migd.hardware.ports import GpuBackend
+from migd.printable import shown
 from migd.profiles.loader import load_profile
 from migd.profiles.model import Profile
 from migd.report import refused_doc
@@ -54,7 +55,7 @@ def kept_hold(args: argparse.Namespace, state_dir: Path, profile: Profile, resul
         line = (f"the kept manual apply of {kept.profile.name} ({store.path}) still holds: migd puts it back at its "
                 f"next start, until {_until(kept.until)}; `migctl resume` drops it")
     table = args.output == "table"  # (stdout holds the document otherwise)
-    print(line if table else f"note: {line}", file=sys.stdout if table else sys.stderr)
+    print(shown(line if table else f"note: {line}"), file=sys.stdout if table else sys.stderr)
 
 
 def _until(when: datetime | None) -> str:

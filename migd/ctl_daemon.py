@@ -31,6 +31,7 @@ from migd.api.wire import WireError
 from migd.apply.result import GpuStatus, OnBusy, busy_timeout_for
 from migd.errors import ValidationError
 from migd.exits import Exit
+from migd.printable import shown
 from migd.report import dump
 from migd.report_daemon import clock_of
 from migd.report_text import RESUME_HINT, apply_table, daemon_table
@@ -80,7 +81,7 @@ def apply_via_daemon(args: argparse.Namespace, text: str,
     if done.error is None and done.result is None:
         raise WireError("reply.result", "missing")
     for w in done.warnings:
-        print(f"warning: {w}", file=sys.stderr)
+        print(shown(f"warning: {w}"), file=sys.stderr)
     if not _error(done) and done.result is not None:
         out(args, done.result, apply_table(done.result, by="migd", when=clock_of(done.clock)))
     elif refused is not None and done.exit == Exit.BUSY and "result" not in reply:
@@ -90,8 +91,8 @@ def apply_via_daemon(args: argparse.Namespace, text: str,
         return 130
     held = done.override
     if held and args.output == "table":
-        print(f"{held.profile} holds until {held.until or 'the schedule has no further transition'}; "
-              f"{RESUME_HINT}")
+        print(shown(f"{held.profile} holds until {held.until or 'the schedule has no further transition'}; "
+                    f"{RESUME_HINT}"))
     return done.exit
 
 
@@ -112,7 +113,7 @@ def _error(reply: Reply | ApplyReply) -> bool:
     """Whether migd refused the request; if so its reason is said, once, as migd's."""
     if reply.error is None:
         return False
-    print(f"error (from migd): {reply.error}", file=sys.stderr)
+    print(shown(f"error (from migd): {reply.error}"), file=sys.stderr)
     return True
 
 
@@ -155,9 +156,9 @@ def cmd_reload(args: argparse.Namespace) -> int:
     reply = daemon_request(args, {"cmd": "reload"}, timeout_s=120.0)
     head = reply_as(Reply, reply)
     if not head.ok:
-        print(f"error: reload rejected, migd keeps its running configuration: {head.error}", file=sys.stderr)
+        print(shown(f"error: reload rejected, migd keeps its running configuration: {head.error}"), file=sys.stderr)
         return head.exit or Exit.INVALID
-    print(f"reloaded: {reply_as(ReloadReply, reply).detail or 'configuration accepted'}")
+    print(shown(f"reloaded: {reply_as(ReloadReply, reply).detail or 'configuration accepted'}"))
     return Exit.OK
 
 
@@ -172,7 +173,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         return head.exit
     done = reply_as(ResumeReply, reply)
     lifted, profile, result = done.lifted, done.profile, done.result
-    print(f"lifted the manual apply of {lifted}" if lifted else "no manual apply was held")
+    print(shown(f"lifted the manual apply of {lifted}") if lifted else "no manual apply was held")
     if profile is None:
         print("no schedule entry has fired yet: GPUs are left as they are")
         return Exit.OK
@@ -180,8 +181,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
         sys.stdout.write(apply_table(result, by="migd"))
     for r in result.results if result is not None else ():
         if r.status is GpuStatus.BLOCKED:
-            print(f"GPU {r.index} waits for busy instances ({r.error}): migd switches it when they end")
-    print(f"back on the schedule: {profile}")
+            print(shown(f"GPU {r.index} waits for busy instances ({r.error}): migd switches it when they end"))
+    print(shown(f"back on the schedule: {profile}"))
     return head.exit
 
 
@@ -204,7 +205,8 @@ def cmd_clear_fault(args: argparse.Namespace) -> int:
     head = reply_as(Reply, reply)
     if _error(head):
         return head.exit
-    print(f"cleared: {', '.join(reply_as(ClearedReply, reply).cleared) or 'nothing (no fault mark on that GPU)'}")
+    cleared = reply_as(ClearedReply, reply).cleared
+    print(shown(f"cleared: {', '.join(cleared) or 'nothing (no fault mark on that GPU)'}"))
     return head.exit
 
 

@@ -38,6 +38,7 @@ from migd.api.status import Gpu, Instance, StatusDoc
 from migd.ctl_daemon import caps_root, out
 from migd.exits import Exit, partly
 from migd.hardware.caps import CapsPaths, caps_major, ci_cap, gi_cap, modprobe_fields, read_minors, uses_devfs
+from migd.printable import shown
 from migd.report_text import mine_table, status_table
 
 NV_MAJOR = 195  # nvidia-modprobe-utils.h NV_MAJOR_DEVICE_NUMBER: /dev/nvidia<N> is 195:N
@@ -59,11 +60,11 @@ def mine_out(args: argparse.Namespace, doc: StatusDoc, paths: CapsPaths) -> int:
     try:
         mine = usable(doc, paths, Who.me())
     except DriverUnreadable as e:
-        print(f"{e}: which MIG devices are yours cannot be told", file=sys.stderr)
+        print(shown(f"{e}: which MIG devices are yours cannot be told"), file=sys.stderr)
         return Exit.HARDWARE
     out(args, mine.doc, mine_table(mine.doc, os.geteuid(), os.getgroups()))
     for n in mine.notes:
-        print(n.note(), file=sys.stderr)
+        print(shown(n.note()), file=sys.stderr)
     return Exit.OK if mine.doc.gpus else Exit.NOT_APPLIED
 
 

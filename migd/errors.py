@@ -2,11 +2,14 @@
 
 Parsing (``yamlsrc``), trust checks (``trust``), state files, profiles and the daemon's requests all
 raise it; ``migd.exits`` maps it to exit 2.  Nothing has been changed on any GPU when it is raised.
+Its line is printable (``migd.printable``) wherever it is printed; ``to_json`` keeps the exact values.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+
+from migd.printable import shown
 
 
 class ValidationError(Exception):
@@ -26,7 +29,7 @@ class ValidationError(Exception):
         text = f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
         if self.allowed:
             text += f" (allowed: {', '.join(self.allowed)})"
-        return text
+        return shown(text)  # (the file's name or a value quoted may hold an ESC: the line may reach a terminal)
 
     def to_json(self) -> dict[str, object]:
         return {"file": self.file, "line": self.line, "column": self.column, "field": self.field,

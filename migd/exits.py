@@ -19,6 +19,7 @@ from migd.apply.result import ApplyResult, BusyError, GpuStatus, GpuUnhealthy
 from migd.errors import ValidationError
 from migd.hardware.types import HardwareError
 from migd.plan.planner import PlanError
+from migd.printable import shown
 
 
 class Exit(IntEnum):
@@ -39,7 +40,7 @@ class Failure:
     message: str
 
     def __str__(self) -> str:
-        return f"{self.kind}: {self.message}"
+        return shown(f"{self.kind}: {self.message}")  # (it may quote Slurm, NVML or a file: one printable line)
 
 
 EXPECTED = (ValidationError, PlanError, BusyError, HardwareError, GpuUnhealthy, LockBusy, HookError, OSError,

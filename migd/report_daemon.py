@@ -17,6 +17,7 @@ from migd.api.access import AccessView
 from migd.api.daemon import Active, Applying, DaemonDoc, GpuView, LastApply, Outcome, Progress, Reason, SimClock
 from migd.api.demand import DemandView
 from migd.api.plan import SignalSent
+from migd.printable import text_lines
 from migd.profiles.model import index_ranges
 
 RESUME_HINT = "`migctl resume` returns to the schedule now"
@@ -170,7 +171,7 @@ def daemon_table(doc: DaemonDoc) -> str:
         res = f"; reserved ({sl.reservation})" if sl.reservation else ""
         lines.append(f"slurm node {sl.node}: {sl.phase.value} since {when(sl.since)}; GRES {sync}{res}"
                      + (f": {sl.reason}" if sl.reason else ""))
-    return "\n".join(lines + _access_lines(doc.access) + _demand_lines(doc.demand, when)) + "\n"
+    return text_lines(lines + _access_lines(doc.access) + _demand_lines(doc.demand, when))
 
 
 def _access_lines(ac: AccessView | None) -> list[str]:

@@ -16,6 +16,7 @@ from migd.api.status import Gpu, JournalLeft, Reading, StatusDoc, Unreadable
 from migd.apply.result import GpuStatus
 from migd.doctor import UNREADABLE_CHECK, Finding, Verdict
 from migd.plan.planner import OpKind
+from migd.printable import text_lines
 from migd.profiles.model import index_ranges
 from migd.report_daemon import RESUME_HINT as RESUME_HINT  # (re-exported: migctl's tables are all here)
 from migd.report_daemon import When, signal_lines, utc
@@ -63,7 +64,7 @@ def status_table(doc: StatusDoc, verbose: bool = False) -> str:
     lines += [_journal_line(doc.journal)] if doc.journal else []
     lines += unreadable_lines(doc.unreadable)
     if not verbose:
-        return "\n".join(lines + grouped((g.index, _gpu_reads(g)) for g in doc.gpus)) + "\n"
+        return text_lines(lines + grouped((g.index, _gpu_reads(g)) for g in doc.gpus))
     for g in doc.gpus:
         lines.append(f"GPU {g.index}  {g.model}  {g.pci_bus_id}  MIG {_mode(g)}")
         for gi in g.instances:
@@ -75,7 +76,7 @@ def status_table(doc: StatusDoc, verbose: bool = False) -> str:
                 pids = ",".join(str(p.pid) for p in ci.processes) or "-"
                 lines.append(f"  GI {gi.gi_id:>2} CI {ci.ci_id} {ci.profile:<14} {at}  owner {owner:<12} "
                              f"{ci.mig_uuid}  {mem}  pids {pids}")
-    return "\n".join(lines) + "\n"
+    return text_lines(lines)
 
 
 def _mode(g: Gpu) -> str:
@@ -169,8 +170,8 @@ def _plan_counts(gpus: Sequence[GpuPlan]) -> str:
 def plan_table(doc: PlanDoc, verbose: bool = False) -> str:
     """A ``migd.plan/v1`` document: the summary, then each group of GPUs (``verbose``: each GPU and its
     operations)."""
-    return "\n".join([f"{doc.profile}: {_plan_counts(doc.gpus)}", *unreadable_lines(doc.unreadable),
-                      *_plan_lines(doc.gpus, verbose)]) + "\n"
+    return text_lines([f"{doc.profile}: {_plan_counts(doc.gpus)}", *unreadable_lines(doc.unreadable),
+                       *_plan_lines(doc.gpus, verbose)])
 
 
 def assert_table(doc: AssertDoc, verbose: bool = False) -> str:
@@ -192,7 +193,7 @@ def assert_table(doc: AssertDoc, verbose: bool = False) -> str:
             (g.index, f"not as in {doc.profile} ({g.operations} operation(s) needed)") for g in pending)]
     lines += [f"GPU {i}: matched by no entry of {doc.profile} (a mig-parted assert covers every GPU)"
               for i in doc.unmatched]
-    return "\n".join(lines + lost) + "\n"
+    return text_lines(lines + lost)
 
 
 _PROBLEM_WORDS = {GpuStatus.ROLLED_BACK: "ROLLED BACK", GpuStatus.FAILED: "FAILED", GpuStatus.FAULTED: "FAULTED",
@@ -217,8 +218,8 @@ def apply_table(doc: ApplyDoc, by: str | None = None, verbose: bool = False, whe
     problems = grouped((r.index, f"{_PROBLEM_WORDS[r.status]}: {r.error}") for r in doc.results
                        if r.status in _PROBLEM_WORDS)
     head = f"{doc.profile}: {outcome}" + (f" (by {by})" if by else "")
-    return "\n".join([head, *unreadable_lines(doc.unreadable), *signal_lines(doc.signalled, when), *problems,
-                      *_plan_lines(doc.gpus, verbose)]) + "\n"
+    return text_lines([head, *unreadable_lines(doc.unreadable), *signal_lines(doc.signalled, when), *problems,
+                       *_plan_lines(doc.gpus, verbose)])
 
 
 def doctor_table(doc: DoctorDoc, verbose: bool = False) -> str:
@@ -242,7 +243,7 @@ def doctor_table(doc: DoctorDoc, verbose: bool = False) -> str:
         rows = [("node", _finding(f)) for v in order for f in findings if f.gpu is None and f.verdict is v]
         rows += groups((f.gpu, _finding(f)) for v in order for f in findings if f.gpu is not None and f.verdict is v)
     width = max([6, *(len(where) for where, _ in rows)])  # ("GPU 0-7" and "node" in one column)
-    return "\n".join([head, *(f"{where:<{width}} {text}" for where, text in rows)]) + "\n"
+    return text_lines([head, *(f"{where:<{width}} {text}" for where, text in rows)])
 
 
 def _finding(f: Finding) -> str:
@@ -276,7 +277,7 @@ def isolation_table(doc: IsolationDoc, verbose: bool = False) -> str:
         lines += [f"BREACH  {b}" for b in doc.daemon.breaches]
     if doc.probe is not None:
         lines.append(f"probe: {doc.probe.status.value}: {doc.probe.detail}")
-    return "\n".join(lines) + "\n"
+    return text_lines(lines)
 
 
 def mine_table(doc: StatusDoc, uid: int, groups: Sequence[int]) -> str:
@@ -287,4 +288,4 @@ def mine_table(doc: StatusDoc, uid: int, groups: Sequence[int]) -> str:
     if not lines:
         return (f"no MIG device of this node is open to you (uid {uid}, groups {','.join(map(str, groups)) or '-'}): "
                 "`migctl daemon` says which group owns what\n")
-    return "\n".join(lines) + "\n"
+    return text_lines(lines)

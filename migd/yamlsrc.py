@@ -17,6 +17,7 @@ from typing import Any, cast
 import yaml
 
 from migd.errors import ValidationError
+from migd.printable import code, unprintable
 from migd.trust import refuse_untrusted
 
 _TOKEN = re.compile(r"[A-Za-z0-9+=_-]{20,}")  # a long unbroken run: a key, a token, a password hash
@@ -98,6 +99,14 @@ class Node:
                 raise self.error(f"missing required key {key!r}")
         return out
 
+    def named(self, allowed: Iterable[str] | None = None, required: Iterable[str] = ()) -> dict[str, Node]:
+        """A mapping whose keys are names (mig-parted's configs, access owners): each key as :meth:`name`
+        checks a value, refused on its own line."""
+        out = self.mapping(allowed, required)
+        for k, _ in self.node.value:
+            Node(self.file, self.field, k).printable(str(k.value))
+        return out
+
     def items(self) -> Iterator[Node]:
         if not isinstance(self.node, yaml.SequenceNode):
             raise self.error(f"must be a list, not {self._kind()}")
@@ -112,6 +121,20 @@ class Node:
         return excerpt(self.node.value) if self.node.value != "" else "empty"
 
     # -- scalars ----------------------------------------------------------------------------------
+    def name(self, choices: Iterable[str] | None = None) -> str:
+        """A name the operator gives (a profile, an owner, a group, a Slurm node): tables, logs and the page
+        print it as it is, so it may hold no unprintable character (``migd.printable``)."""
+        value = self.str(choices)
+        self.printable(value)
+        return value
+
+    def printable(self, text: str) -> None:
+        """Refuse a name holding an unprintable character (an ESC, a BEL, a newline, a bidi override)."""
+        char = unprintable(text)
+        if char is not None:
+            raise self.error(f"{excerpt(text)} holds {code(char)}, an unprintable character: a name is printed to "
+                             "terminals and logs as it is, so it may hold none")
+
     def _scalar(self) -> tuple[str, str]:
         if not isinstance(self.node, yaml.ScalarNode):
             raise self.error(f"must be a single value, not {self._kind()}")

@@ -97,7 +97,7 @@ def test_journald_priorities_one_line_per_event() -> None:
     f = JournalFormatter("%(message)s")
     rec = logging.LogRecord("migd", logging.ERROR, __file__, 1, "GPU %d: apply of %s failed:\nline2", (3, "night"),
                             None)
-    assert f.format(rec) == "<3>GPU 3: apply of night failed: | line2"
+    assert f.format(rec) == "<3>GPU 3: apply of night failed:\\nline2"
     rec.levelno = logging.INFO
     assert f.format(rec).startswith("<6>")
 

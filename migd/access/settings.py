@@ -30,17 +30,17 @@ class AccessSettings:
 def parse_access(node: Node) -> AccessSettings:
     m = node.mapping(allowed=["owners", "unowned", "with_slurm", "root"], required=["owners"])
     owners = {}
-    for name, entry in m["owners"].mapping().items():
+    for name, entry in m["owners"].named().items():
         e = entry.mapping(allowed=["group", "user"])
         if not e:
             raise entry.error("names no group and no user: whose are this owner's instances?")
         for key, resolve in (("group", gid_of), ("user", uid_of)):
             if key in e:
                 try:
-                    resolve(e[key].str())  # checked now; resolved again at every pass (Grant.resolve)
+                    resolve(e[key].name())  # checked now; resolved again at every pass (Grant.resolve)
                 except KeyError:
                     raise e[key].error(f"no {key} named {e[key].str()!r} on this node") from None
-        owners[name] = Grant(e["group"].str() if "group" in e else None, e["user"].str() if "user" in e else None)
+        owners[name] = Grant(e["group"].name() if "group" in e else None, e["user"].name() if "user" in e else None)
     root = Path(m["root"].str()) if "root" in m else Path("/")
     if not root.is_absolute():
         raise m["root"].error("must be an absolute path")

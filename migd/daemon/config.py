@@ -18,6 +18,7 @@ from migd.apply.result import OnBusy
 from migd.daemon.schedule import Entry, Schedule, ScheduleError
 from migd.errors import ValidationError
 from migd.kinds import Word
+from migd.printable import code, unprintable
 from migd.profiles.loader import load_profile, mig_parted_configs
 from migd.profiles.model import Profile
 from migd.profiles.validate import check_profile
@@ -62,7 +63,7 @@ def _schedule(node: Node, tz: ZoneInfo, profiles: dict[str, Profile],
     entries = []
     for item in node.items():
         m = item.mapping(allowed=["profile", "at", "days", "cron"], required=["profile"])
-        name = m["profile"].str()
+        name = m["profile"].name()
         if name in unusable:
             raise m["profile"].error(f"{name!r} cannot be applied: {unusable[name]}")
         if name not in profiles:
@@ -99,6 +100,7 @@ def load_profiles(directory: Path, strict: bool) -> tuple[dict[str, Profile], di
         if "mig-configs" not in top:
             found.append((None, load_profile(f, strict=strict)))
         else:
+            _printable_file_name(f)  # (its name is in each of its profiles' names)
             for config in mig_parted_configs(f):
                 try:
                     found.append((f"{f.name}#{config}", load_profile(f, config=config, strict=strict)))
@@ -120,6 +122,13 @@ def load_profiles(directory: Path, strict: bool) -> tuple[dict[str, Profile], di
                                       f"{out[name].source}")
             out[name] = p
     return out, unusable
+
+
+def _printable_file_name(f: Path) -> None:
+    char = unprintable(f.name)
+    if char is not None:
+        raise ValidationError(str(f), None, None, "", f"the file's name holds {code(char)}, an unprintable "
+                              "character, and names its profiles (FILE#CONFIG): rename it")
 
 
 def load_config(path: str | Path, text: str | None = None) -> Config:

@@ -39,6 +39,7 @@ from migd.isolation.watch import FaultWatch
 from migd.metrics.sampler import NvmlErrorCounter, Sampler
 from migd.paths import DEFAULT_CONFIG, DEFAULT_SOCKET
 from migd.plan.planner import build_tables
+from migd.printable import LineFormatter
 from migd.report import journal_doc
 from migd.sim.fleets import FLEETS
 from migd.trust import ensure_private_dir
@@ -50,14 +51,14 @@ log = logging.getLogger("migd")
 LAYOUT_WAIT_S = 5.0  # a read-only `layout` right after an apply waits this long at most for its reading
 
 
-class JournalFormatter(logging.Formatter):
-    """``<N>`` syslog priority prefixes, which journald turns into priorities (SyslogLevelPrefix)."""
+class JournalFormatter(LineFormatter):
+    """``<N>`` syslog priority prefixes, which journald turns into priorities (SyslogLevelPrefix), on one
+    line per record whatever it holds (``LineFormatter``)."""
 
     LEVELS = {logging.CRITICAL: 2, logging.ERROR: 3, logging.WARNING: 4, logging.INFO: 6, logging.DEBUG: 7}
 
     def format(self, record: logging.LogRecord) -> str:
-        msg = super().format(record).replace("\n", " | ")  # one line per event
-        return f"<{self.LEVELS.get(record.levelno, 6)}>{msg}"
+        return f"<{self.LEVELS.get(record.levelno, 6)}>{super().format(record)}"
 
 
 def setup_logging(level: str) -> None:
@@ -65,7 +66,7 @@ def setup_logging(level: str) -> None:
     if os.environ.get("JOURNAL_STREAM"):
         handler.setFormatter(JournalFormatter("%(message)s"))
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(LineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler], force=True)
 
 

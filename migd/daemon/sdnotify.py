@@ -6,6 +6,8 @@ import os
 import socket
 import time
 
+from migd.printable import shown
+
 
 class Notifier:
     """Sends READY/STATUS/RELOADING/STOPPING/WATCHDOG to ``$NOTIFY_SOCKET`` when it is set."""
@@ -37,16 +39,17 @@ class Notifier:
                 pass
 
     def ready(self, status: str) -> None:
-        self.send("READY=1", f"STATUS={status}", f"MAINPID={os.getpid()}")
+        self.send("READY=1", f"STATUS={shown(status)}", f"MAINPID={os.getpid()}")
 
     def status(self, status: str) -> None:
-        self.send(f"STATUS={status}")
+        """``status`` may quote NVML or Slurm: a newline in it would end the field (and start another)."""
+        self.send(f"STATUS={shown(status)}")
 
     def reloading(self) -> None:
         self.send("RELOADING=1", f"MONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
 
     def stopping(self, status: str = "stopping") -> None:
-        self.send("STOPPING=1", f"STATUS={status}")
+        self.send("STOPPING=1", f"STATUS={shown(status)}")
 
     def watchdog(self) -> None:
         self.send("WATCHDOG=1")

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from migd.metrics.snapshot import GiSample, GpuSample, Snapshot
+from migd.printable import shown
 
 GPU_LABELS = ["gpu", "gpu_uuid"]
 GI_LABELS = GPU_LABELS + ["gi", "profile", "owner"]
@@ -53,7 +54,7 @@ def gpu_families(snap: Snapshot | None, hostname: str) -> Iterator[Metric]:
                     GPU_LABELS)
     for g in snap.gpus if snap else ():
         gl = [str(g.info.index), g.info.uuid]
-        info.add_metric(gl + [g.info.model_key, g.info.name, g.info.pci_bus_id,
+        info.add_metric(gl + [g.info.model_key, shown(g.info.name), g.info.pci_bus_id,  # (NVML's free text)
                               "enabled" if g.info.mig_current else "disabled",
                               "enabled" if g.info.mig_pending else "disabled", hostname], 1)
         mem.add_metric(gl, g.info.memory_total_bytes)

@@ -22,6 +22,7 @@ from typing import Any
 from migd.catalog.models import Placement
 from migd.metrics import share
 from migd.metrics.snapshot import GiSample, GpuSample, Snapshot
+from migd.printable import shown
 
 _STYLE = """
 body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}h1{font-size:1.3em}
@@ -33,6 +34,12 @@ body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}h1{font-size:1.3em}
 """
 
 
+def escape(text: object) -> str:
+    """Text on the page: HTML-escaped, and each unprintable character (an ESC or a newline in a Slurm or
+    NVML string) shown as its escape (``migd.printable``), as migctl shows it."""
+    return html.escape(shown(text))
+
+
 def owner_colour(owner: str) -> str:
     """A stable, light colour per owner (the same on every node and every render)."""
     hue = int(hashlib.sha256(owner.encode()).hexdigest()[:4], 16) % 360
@@ -41,7 +48,7 @@ def owner_colour(owner: str) -> str:
 
 def render_page(snap: Snapshot | None, status: Mapping[str, Any], refresh_s: float,
                 today: Mapping[str, float] | None = None) -> bytes:
-    e = html.escape
+    e = escape
     parts = ["<!DOCTYPE html><html><head><meta charset=\"utf-8\">",
              f"<meta http-equiv=\"refresh\" content=\"{max(1, round(refresh_s))}\">",
              f"<title>migd: MIG instances</title><style>{_STYLE}</style></head><body>",
@@ -56,7 +63,7 @@ def render_page(snap: Snapshot | None, status: Mapping[str, Any], refresh_s: flo
 
 
 def _summary(snap: Snapshot | None, status: Mapping[str, Any]) -> str:
-    e = html.escape
+    e = escape
     active = status.get("active")
     why = f" ({e(active['reason'])})" if active else ""
     lines = [f"<p id=\"active\">active profile: <b>{e(active['profile']) if active else 'none yet'}</b>{why}</p>"]
@@ -77,14 +84,14 @@ def _owners(snap: Snapshot | None) -> str:
     held = share.held(snap) if snap else Counter()
     held.pop(share.FREE, None)
     total = sum(g.compute_slices for g in snap.gpus) if snap else 0
-    shares = "".join(f"<span class=\"share\" data-owner=\"{html.escape(o)}\">{html.escape(o)}: {n}/{total} slices "
+    shares = "".join(f"<span class=\"share\" data-owner=\"{escape(o)}\">{escape(o)}: {n}/{total} slices "
                      f"({n / total:.0%})</span>" for o, n in sorted(held.items()) if total)
     return f"<p class=\"owners\">share of the slices now: {shares or 'no instances'}</p>"
 
 
 def _today(shares: Mapping[str, float], status: Mapping[str, Any]) -> str:
     """Each owner's share of the slices since local midnight (``metrics/share.py``)."""
-    e = html.escape
+    e = escape
     parts = "".join(f"<span class=\"share-today\" data-owner=\"{e(o)}\">{e(o)}: {f:.0%}</span>"
                     for o, f in shares.items())
     zone = e(str(status.get("timezone", "")))
@@ -92,7 +99,7 @@ def _today(shares: Mapping[str, float], status: Mapping[str, Any]) -> str:
 
 
 def _gpu(g: GpuSample, progress: Mapping[str, Any] | None) -> str:
-    e = html.escape
+    e = escape
     slots = max(g.memory_slices, 1)
     state = f" <span class=\"warn\">{e(progress['state'])}</span>" if progress and progress.get("state") not in (
         None, "converged") else ""
@@ -133,12 +140,12 @@ def _empty(g: GpuSample, taken: set[int]) -> list[str]:
         else:
             why = f"no instance fits on this memory slice beside the ones there now; it is part of " \
                   f"{', '.join(takers.get(s, [])) or 'no placement'}"
-            out.append(f"<div class=\"unusable\" {where} title=\"{html.escape(why)}\">unusable now</div>")
+            out.append(f"<div class=\"unusable\" {where} title=\"{escape(why)}\">unusable now</div>")
     return out
 
 
 def _block(gi: GiSample) -> str:
-    e = html.escape
+    e = escape
     owner = gi.owner or "-"
     sm = gi.activity.sm_active if gi.activity is not None else None
     act = f"SM {sm:.0%}" if sm is not None else ("SM -" if gi.activity is not None else "no activity source")

@@ -157,7 +157,7 @@ def mig_parted_configs(path: str | Path, text: str | None = None) -> list[str]:
     top["version"].str(choices=["v1"])
     if "mig-configs" not in top:
         return []
-    configs = top["mig-configs"].mapping()
+    configs = top["mig-configs"].named()  # (any YAML key to mig-parted; printed by migd: nothing unprintable)
     if not configs:
         raise top["mig-configs"].error("must name at least one config")
     return list(configs)
@@ -166,7 +166,7 @@ def mig_parted_configs(path: str | Path, text: str | None = None) -> list[str]:
 def _load_mig_parted(root: Node, config: str | None) -> Profile:
     top = root.mapping(allowed=["version", "mig-configs"], required=["version", "mig-configs"])
     top["version"].str(choices=["v1"])
-    configs = top["mig-configs"].mapping()
+    configs = top["mig-configs"].named()
     if config is None:
         raise root.error("this is a mig-parted file: choose a config with --config NAME", sorted(configs))
     if config not in configs:

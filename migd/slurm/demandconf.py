@@ -46,7 +46,7 @@ def parse_demand(n: Node, profiles: Collection[str], partition: str | None,
         raise n.error("needs slurm.partition: the planner reads that partition's queue and nodes")
     candidates = []
     for c in m["candidates"].items():
-        name = c.str()
+        name = c.name()
         if name not in profiles:
             raise c.error(f"no profile named {name!r}", allowed=sorted(profiles))
         candidates.append(name)
@@ -66,5 +66,5 @@ def parse_demand(n: Node, profiles: Collection[str], partition: str | None,
         raise m.get("lease", n).error(
             f"lease ({lease:g}s) must be at least three planner intervals ({interval:g}s): it is renewed "
             "at half its length, and one missed renewal must not hand the node back to the schedule")
-    return DemandSettings(DemandMode(m["mode"].str(choices=list(DemandMode))), m["planner"].str(), tuple(candidates),
+    return DemandSettings(DemandMode(m["mode"].str(choices=list(DemandMode))), m["planner"].name(), tuple(candidates),
                           interval, lease, Params(max_in_maintenance=max_in_maintenance, **kw))  # type: ignore[arg-type]

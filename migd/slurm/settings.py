@@ -86,14 +86,14 @@ def parse_slurm(n: Node, profiles: Collection[str] = ()) -> SlurmSettings:
                                    "after that long without progress, and a Slurm wait is one step")
     if "max_in_maintenance" in m:
         kw["max_in_maintenance"] = m["max_in_maintenance"].int(minimum=1)
-    partition = m["partition"].str() if "partition" in m else None
+    partition = m["partition"].name() if "partition" in m else None
     if "demand" in m:
         kw["demand"] = parse_demand(m["demand"], profiles, partition, kw.get("max_in_maintenance"))  # type: ignore[arg-type]
     for key in ("device_dir", "mig_minors"):
         if key in m:
             kw[key] = Path(m[key].str())
     return SlurmSettings(
-        node=m["node"].str() if "node" in m else socket.gethostname().split(".")[0],
+        node=m["node"].name() if "node" in m else socket.gethostname().split(".")[0],
         slurm_conf=conf,
         gres_conf=Path(m["gres_conf"].str()) if "gres_conf" in m else conf.parent / "gres.conf",
         update=GresUpdate(m["update"].str(choices=list(GresUpdate))) if "update" in m else GresUpdate.RESTART,
