@@ -43,6 +43,7 @@ class Node:
     target: Layout | None = None  # draining towards it
     ready_at: float | None = None  # switching: in service again then
     switches: list[float] = field(default_factory=list)
+    history: list[tuple[float, Layout, Layout]] = field(default_factory=list)  # (when, from, to), each switch
 
     def free(self, mig_type: str) -> int:
         if self.target is not None or self.ready_at is not None:
@@ -65,6 +66,7 @@ class Cluster:
     max_in_maintenance: int = 1
     pending: dict[str, list[Job]] = field(default_factory=lambda: defaultdict(list))
     done: list[Job] = field(default_factory=list)
+    ended: list[Job] = field(default_factory=list)  # ended since a policy last looked (it may learn from them)
     busy_slice_s: float = 0.0
     drain_slice_s: float = 0.0
     killed: int = 0
@@ -86,9 +88,11 @@ class Cluster:
             for j in [j for j in n.running if j.end <= now]:
                 n.running.remove(j)
                 self.done.append(j)
+                self.ended.append(j)
             if n.ready_at is not None and now >= n.ready_at:
                 n.ready_at = None
             if n.target is not None and not n.running:
+                n.history.append((now, n.layout, n.target))
                 n.layout, n.target, n.ready_at, n.since = n.target, None, now + self.switch_s, now
                 n.switches.append(now)
         self._schedule(now)

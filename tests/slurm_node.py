@@ -19,6 +19,7 @@ from migd.hardware.caps import read_minors
 from migd.hardware.nvml.backend import NvmlBackend
 from migd.hardware.ports import read_state
 from migd.sim.backend import sim_backend
+from migd.sim.fleets import FLEETS
 from migd.slurm.gres import gres_conf, node_gres, records
 from tests.helpers import PROFILES, Migctl
 from tests.slurm_cluster import SlurmCluster, skip_without_slurm
@@ -75,16 +76,17 @@ class Node:
 
 
 @contextmanager
-def _node(tmp_path: Path, layout: str, others: tuple[str, ...] = (), catalog: str | None = None) -> Iterator[Node]:
+def _node(tmp_path: Path, layout: str, others: tuple[str, ...] = (), catalog: str | None = None,
+          fleet: str = FLEET) -> Iterator[Node]:
     skip_without_slurm()
-    m = Migctl(tmp_path, FLEET)
+    m = Migctl(tmp_path, fleet)
     assert m("apply", str(PROFILES / f"{layout}.yaml")).code == 0
     (tmp_path / "profiles").mkdir()
     for f in PROFILES.glob("*.yaml"):
         shutil.copy(f, tmp_path / "profiles" / f.name)
         os.chmod(tmp_path / "profiles" / f.name, 0o644)
-    backend = sim_backend(m.state, FLEET)
-    cluster = SlurmCluster(gpus=1)
+    backend = sim_backend(m.state, fleet)
+    cluster = SlurmCluster(gpus=len(FLEETS[fleet]))
     try:
         recs = records([read_state(backend, g) for g in backend.list_gpus()], backend.minor_number,
                        read_minors(cluster.mig_minors), cluster.dev)
@@ -109,4 +111,15 @@ CATALOG = "gpu:1g.10gb:7,gpu:3g.40gb:2,gpu:7g.80gb:1"  # every candidate's MIG t
 def night_node(tmp_path: Path) -> Iterator[Node]:
     """The node in the night layout, with a FUTURE catalog node so day-type jobs can queue."""
     with _node(tmp_path, "night", catalog=CATALOG) as n:
+        yield n
+
+
+PAIR_CATALOG = "gpu:1g.12gb:14,gpu:2g.24gb:2,gpu:3g.47gb:2,gpu:7g.94gb:2"  # every candidate's types (H100 NVL)
+
+
+@pytest.fixture
+def pair_node(tmp_path: Path) -> Iterator[Node]:
+    """A node of two H100 NVL in the night layout (one 7g each), with a catalog node for every type, so a
+    per-GPU mix of the candidates can be wanted, applied and published."""
+    with _node(tmp_path, "night", catalog=PAIR_CATALOG, fleet="h100-nvl") as n:
         yield n

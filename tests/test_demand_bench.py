@@ -1,29 +1,37 @@
-"""bench/demand.py: its queue model behaves as the real-Slurm tests show Slurm does, its trace CSV is
-read or refused as documented, and its report has the promised shape."""
+"""bench/demand.py: its queue model behaves as the real-Slurm tests show Slurm does, its clock follows
+the calendar, its baselines are sized as documented, its trace CSV is read or refused as documented,
+and its report has the promised shape."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
-import demand  # noqa: E402
+import demand_policies as policies  # noqa: E402
+from demand_alibaba import mig_type  # noqa: E402
+from demand_gen import THURSDAY, clock_right, shifting, synthetic  # noqa: E402
+from demand_metrics import reversals  # noqa: E402
 from demand_model import Cluster, run  # noqa: E402
-from demand_trace import TraceJob, read_csv, synthetic, write_csv  # noqa: E402
+from demand_search import accounting, hindsight, spread  # noqa: E402
+from demand_trace import DAY, TraceJob, read_csv, write_csv  # noqa: E402
 
 from migd.demand.model import Layout  # noqa: E402
 
+CONFIG = REPO / "bench" / "demand.yaml"
+SETUP = policies.Setup.load(CONFIG, "dgx-h100", THURSDAY, 1)
+
 
 def one_node(layout: str = "day") -> Cluster:
-    c = demand.cluster(1, "dgx-h100", 1)
-    c.nodes[0].layout = c.layouts[layout]
-    return c
+    return policies.cluster(SETUP, 1, 1, [SETUP.layouts[layout]])
 
 
 def job(at: float, gres: str, run_s: float, count: int = 1) -> TraceJob:
@@ -53,25 +61,116 @@ def test_a_job_for_a_type_the_layout_lacks_waits_for_that_layout() -> None:
     assert c.done == [] and len(c.pending["1g.10gb"]) == 1
 
 
-def test_the_short_bench_reports_the_three_policies(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, str(REPO / "bench" / "demand.py"), "--short", "--json"],
-                       capture_output=True, text=True, timeout=300)
+def test_the_clock_follows_the_calendar_from_the_traces_start() -> None:
+    """Thursday 00:00 is second 0: Friday 10:00 is day, Saturday and Sunday night-two, and Monday 10:00
+    is day again (a trace longer than four days is not one long weekend)."""
+    at = {d: SETUP.scheduled(d * DAY + 10 * 3600).name for d in range(7)}
+    assert at == {0: "day", 1: "day", 2: "night-two", 3: "night-two", 4: "day", 5: "day", 6: "day"}
+    assert SETUP.scheduled(4 * DAY + 20 * 3600).name == "night"
+    monday = policies.Setup.load(CONFIG, "dgx-h100", datetime(2026, 11, 30), 1)
+    assert monday.scheduled(10 * 3600).name == "day" and monday.scheduled(5 * DAY + 10 * 3600).name == "night-two"
+
+
+def test_generated_traces_follow_the_calendar_and_are_seeded() -> None:
+    week = synthetic(1, 7)
+    busy = {d: sum(1 for j in week.jobs if d * DAY <= j.submit_s < (d + 1) * DAY) for d in range(7)}
+    assert busy[4] > 3 * busy[2] and busy[4] > 3 * busy[3]  # Monday is a working day again
+    assert synthetic(1, 7) == week and shifting(2, 3) == shifting(2, 3) and clock_right(1, 2).clock_right
+    night = [j for j in clock_right(2, 5).jobs if j.gres == "7g.80gb"]
+    assert night and all((j.submit_s % DAY) / 3600 >= 19 or (j.submit_s % DAY) / 3600 < 6 for j in night)
+
+
+def test_the_accounting_mix_is_sized_from_slice_hours_per_type() -> None:
+    """Only whole-GPU work: every GPU night.  Equal slice-hours of 1g and 7g work: GPUs split between
+    day and night, none to layouts that serve neither."""
+    assert accounting(SETUP, [job(0, "7g.80gb", 3600)], 2) == (0, 16, 0, 0)
+    half = accounting(SETUP, [job(0, "7g.80gb", 3600), job(0, "1g.10gb", 7 * 3600)], 2)
+    assert half == (8, 8, 0, 0)
+    assert spread(SETUP, (4, 11, 0, 1)) == ["day*4/night*4", "night*7/balanced"]
+
+
+def test_the_hindsight_search_climbs_to_the_best_split_it_can_reach() -> None:
+    """A replay whose objective is the distance to a known best split: the climb reaches it, from the
+    accounting mix, within its budget, and says how many replays it made."""
+    goal = (3, 10, 0, 3)
+
+    seen: list[tuple[int, ...]] = []
+
+    def replay_counts(mix: list[str]) -> dict[str, Any]:
+        line = [part.split("*")[0] for m in mix for part in m.split("/")
+                for _ in range(int(part.split("*")[1]) if "*" in part else (8 if "/" not in m else 1))]
+        counts = tuple(line.count(n) for n in SETUP.candidates.names)
+        seen.append(counts)
+        return {"distance": sum(abs(a - b) for a, b in zip(counts, goal, strict=True))}
+    best, figures, replays = hindsight(SETUP, (0, 16, 0, 0), replay_counts, lambda r: (r["distance"], 0), 200)
+    assert best == goal and figures["distance"] == 0 and replays == len(seen) <= 200
+    _, _, capped = hindsight(SETUP, (0, 16, 0, 0), replay_counts, lambda r: (r["distance"], 0), 5)
+    assert capped == 5
+
+
+def test_a_switch_undoing_the_previous_within_6_hours_is_a_reversal() -> None:
+    c = one_node("night")
+    day, night, mix = (c.layouts[n] for n in ("day", "night", "day*4/night*4"))
+    c.nodes[0].history = [(0.0, night, day), (3600.0, day, night)]
+    assert reversals(c) == 1
+    c.nodes[0].history = [(0.0, night, day), (7 * 3600.0, day, night)]  # after 7 hours: a new turn of demand
+    assert reversals(c) == 0
+    c.nodes[0].history = [(0.0, night, day), (3600.0, day, mix)]  # half of it undone
+    assert reversals(c) == 1
+
+
+@pytest.mark.parametrize("milli,gpus,asked", [(100, 1, ("1g.10gb", 1)), (250, 1, ("2g.20gb", 1)),
+                                              (429, 1, ("3g.40gb", 1)), (460, 1, ("7g.80gb", 1)),
+                                              (1000, 4, ("7g.80gb", 4)), (0, 0, None)])
+def test_a_gpu_sharing_pod_maps_to_the_smallest_mig_type_covering_its_share(milli: int, gpus: int,
+                                                                          asked: tuple[str, int] | None) -> None:
+    assert mig_type(gpus, milli) == asked
+
+
+def short(*extra: str) -> dict[str, Any]:
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "demand.py"), "--short", "--json", *extra],
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
-    doc = json.loads(r.stdout)
-    keys = {"utilization", "wait_p50_s", "wait_p95_s", "jobs_killed", "reconfigs_per_node_day", "drain_slice_hours"}
-    assert set(doc["policies"]) == {"static", "greedy", "migd"}
+    return dict(json.loads(r.stdout))
+
+
+def test_the_short_bench_reports_every_policy_and_target() -> None:
+    doc = short()
+    keys = {"wait_p50_s", "wait_p95_s", "worst_type", "worst_type_p95_s", "p95_by_type_s", "p95_by_account_s",
+            "never_started", "reversals_6h", "reconfigs_per_node_day", "drain_slice_hours", "jobs_killed"}
+    assert set(doc["policies"]) == {"clock", "greedy", "migd", "fixed-accounting", "fixed-hindsight"}
     for p in doc["policies"].values():
         assert keys <= set(p) and p["jobs_killed"] == 0 and 0 < p["utilization"] < 1
+        assert p["worst_type_p95_s"] == max(p["p95_by_type_s"].values())
+    assert doc["start"].startswith("2026-11-26T00:00") and doc["hindsight_replays"] <= 6
+    assert {t["target"].split(" (")[0] for t in doc["targets"]} >= {
+        "p95 <= fixed mix from accounting", "0 jobs killed", "under 10% of changes reversed within 6 h"}
+
+
+def test_the_candidates_come_from_the_configuration(tmp_path: Path) -> None:
+    """A site whose migd.yaml offers only day and night: the bench weighs those two, no other."""
+    cfg = tmp_path / "migd.yaml"
+    cfg.write_text(CONFIG.read_text().replace("candidates: [day, night, night-two, balanced]",
+                                              "candidates: [day, night]").replace(
+        "profiles_dir: ../profiles", f"profiles_dir: {REPO / 'profiles'}"))
+    doc = short("--config", str(cfg), "--search", "2")
+    assert set(doc["accounting_gpus"]) == {"day", "night"}
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "demand.py"), "--config", str(tmp_path / "none.yaml")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "none.yaml" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_a_trace_replays_from_csv(tmp_path: Path) -> None:
     path = tmp_path / "jobs.csv"
-    write_csv(path, synthetic(2, 1)[:50])
-    assert read_csv(path) == synthetic(2, 1)[:50]
+    jobs = list(synthetic(2, 1).jobs[:50])
+    write_csv(path, jobs)
+    assert read_csv(path) == jobs
     r = subprocess.run([sys.executable, str(REPO / "bench" / "demand.py"), "--trace", str(path), "--nodes", "2",
-                        "--days", "0.5", "--json"], capture_output=True, text=True, timeout=300)
+                        "--days", "0.5", "--search", "2", "--start", "2026-11-30T00:00", "--json"],
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["jobs"] == 50
+    doc = json.loads(r.stdout)
+    assert doc["jobs"] == 50 and doc["start"].startswith("2026-11-30")
 
 
 @pytest.mark.parametrize("row,said", [

@@ -14,11 +14,12 @@ from migd.daemon.clock import Clock
 from migd.metrics.daemonstate import demand_families
 from migd.report_text import daemon_table
 from migd.slurm.want import Want
-from tests.slurm_node import DAY_LAYOUT, NIGHT, NIGHT_LAYOUT, Node
+from tests.slurm_node import DAY_LAYOUT, NIGHT, NIGHT_LAYOUT, Node, pair_node  # noqa: F401  (a fixture)
 
 
-def demand(mode: str = "on", planner: str = "gpu1", interval: str = "1s", lease: str = "1h") -> str:
-    return (f"  demand:\n    mode: {mode}\n    planner: {planner}\n    candidates: [day, night]\n"
+def demand(mode: str = "on", planner: str = "gpu1", interval: str = "1s", lease: str = "1h",
+           candidates: str = "day, night") -> str:
+    return (f"  demand:\n    mode: {mode}\n    planner: {planner}\n    candidates: [{candidates}]\n"
             f"    interval: {interval}\n    lease: {lease}\n")
 
 
@@ -159,3 +160,33 @@ def test_demand_that_turns_around_does_not_flip_the_node_back(night_node: Node) 
     assert d.slurm is not None and d.slurm.demand is not None and d.slurm.demand.last_plan is not None
     plan = d.slurm.demand.last_plan
     assert plan.changes == () and any("held: in day for 0 min of the 60 min minimum" in h for h in plan.held), plan
+
+
+def test_a_per_gpu_mix_is_wanted_applied_published_and_served(pair_node: Node) -> None:  # noqa: F811
+    """Two H100 NVL, both whole (night); a 7g job runs and a 2g job queues.  No candidate serves both
+    on one node, a mix does: the planner wants night/balanced (GPU 0 whole, GPU 1 balanced), the node
+    drains until the 7g job ends, applies the candidates' own sections per GPU, Slurm gets the GRES of
+    both, and the 2g job runs."""
+    c = pair_node.cluster
+    train = c.submit("gpu:7g.94gb:1", "sleep 8", "-t", "60", "-A", "nlp")
+    c.wait(lambda: c.job_state(train) == "RUNNING", "the 7g job to start on the night layout", 60)
+    serve = c.submit("gpu:2g.24gb:1", "sleep 1", "-t", "60", "-A", "serving")
+    d = pair_node.daemon(Clock(NIGHT), settings=demand(candidates="day, night, balanced"))
+    d.reconcile("demand")
+    assert d.slurm is not None and d.slurm.demand is not None and d.slurm.demand.last_plan is not None
+    plan = d.slurm.demand.last_plan
+    assert len(plan.changes) == 1 and plan.changes[0].startswith("gpu1: night -> night/balanced"), plan
+    assert plan.changes[0].endswith("gives 2g.24gb a place to run")
+    want = Want.parse(c.show()["Extra"])
+    assert want is not None and want.layout == "night/balanced"
+
+    def switched() -> bool:
+        d.reconcile("reconcile")
+        return [sorted(g[0] for g in gpu) for gpu in pair_node.migctl.layout()] == [
+            ["7g.94gb"], ["1g.12gb", "1g.12gb", "2g.24gb", "3g.47gb"]]
+    c.wait(switched, "the node to drain, then take the mix", 90)
+    assert c.job_state(train) in ("GONE", "COMPLETING")  # (the 7g job ran to its end first)
+    gres = c.show()["Gres"]
+    assert all(f"gpu:{t}:1" in gres for t in ("7g.94gb", "2g.24gb", "3g.47gb")) and "gpu:1g.12gb:2" in gres, gres
+    assert d.status.to_json()["active"]["profile"] == "night/balanced"
+    c.wait(lambda: c.job_state(serve) in ("GONE", "COMPLETING"), "the 2g job to run on the carved GPU", 90)
