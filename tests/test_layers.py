@@ -6,6 +6,7 @@ not: a circle inside one package, and a module grown past 400 lines."""
 
 from __future__ import annotations
 
+import pkgutil
 import shutil
 import subprocess
 import sys
@@ -33,16 +34,38 @@ def test_no_module_imports_itself_round_a_circle() -> None:
     assert circles == []
 
 
-def test_the_layer_check_fails_on_an_import_running_back_up(tmp_path: Path) -> None:
-    """The contract can fail: a copy of the package where the planner imports the daemon is refused."""
+@pytest.mark.parametrize(("module", "line", "said"), [
+    ("plan/planner.py", "from migd.daemon import service", "migd.plan.planner -> migd.daemon.service"),
+    ("apply/executor.py", "from migd.sim import fleets", "migd.apply.executor -> migd.sim.fleets"),
+    ("metrics/sampler.py", "from migd.sim.backend import sim_backend", "migd.metrics.sampler -> migd.sim.backend"),
+    ("metrics/sampler.py", "from migd.hardware.nvml import call", "migd.metrics.sampler -> migd.hardware.nvml.call"),
+    ("hardware/inventory.py", "from migd.hardware.nvml import backend",
+     "migd.hardware.inventory -> migd.hardware.nvml"),
+], ids=["layer", "simulator", "simulator-backend", "nvml-adapter", "nvml-inside-hardware"])
+def test_each_contract_fails_when_broken(tmp_path: Path, module: str, line: str, said: str) -> None:
+    """The contracts can fail: a copy of the package with one forbidden import is refused, naming it."""
     shutil.copytree(REPO / "migd", tmp_path / "migd", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
-    planner = tmp_path / "migd" / "plan" / "planner.py"
-    planner.write_text(planner.read_text() + "\nfrom migd.daemon import service  # noqa\n")
+    target = tmp_path / "migd" / module
+    target.write_text(target.read_text() + f"\n{line}  # noqa\n")
     tool = shutil.which("lint-imports") or str(Path(sys.executable).with_name("lint-imports"))
     r = subprocess.run([tool, "--no-cache"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
-    assert r.returncode != 0 and "migd.plan.planner -> migd.daemon.service" in r.stdout, r.stdout[-2000:]
+    assert r.returncode != 0 and said in r.stdout, r.stdout[-2000:]
+
+
+def test_the_forbidden_contracts_name_every_module() -> None:
+    """A module added later is covered: every top-level module but the simulator is a source of the
+    simulator contract, and every module outside the adapter and the simulator one of the adapter's."""
+    tomllib = pytest.importorskip("tomllib")  # (Python 3.11 and newer)
+    contracts = {c["name"]: c for c in tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+                 ["contracts"]}
+    top = {f"migd.{m.name}" for m in pkgutil.iter_modules([str(REPO / "migd")])} - {"migd.sim"}
+    sim = next(c for n, c in contracts.items() if "simulator" in n)
+    assert set(sim["source_modules"]) == top
+    nvml = next(c for n, c in contracts.items() if "NVML adapter" in n)
+    hardware = {f"migd.hardware.{m.name}" for m in pkgutil.iter_modules([str(REPO / "migd" / "hardware")])}
+    assert set(nvml["source_modules"]) == (top - {"migd.hardware"}) | (hardware - {"migd.hardware.nvml"})
 
 
 def test_no_module_is_over_400_lines() -> None:
