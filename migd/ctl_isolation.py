@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from migd.api.audit import DaemonAudit, DaemonMarks, IsolationDoc
-from migd.api.control import request
+from migd.api.control import ControlError, Reply, reply_as, request
 from migd.api.wire import from_json
 from migd.apply.executor import Applier
 from migd.ctl_daemon import control_socket, daemon_request, out
@@ -50,6 +50,9 @@ def isolation_from_daemon(args: argparse.Namespace) -> int | None:
         reply = daemon_request(args, {"cmd": "isolation"}, timeout_s=10)
     except (PermissionError, ConnectionError):
         return None
+    head = reply_as(Reply, reply)
+    if not head.ok:  # (a busy socket: said, never taken for "no migd")
+        raise ControlError(f"migd's control socket: {head.error}")
     found = from_json(DaemonAudit, reply, "isolation")
     doc = IsolationDoc(found.findings, (), DaemonMarks(found.unhealthy, found.breaches))
     return _isolation_out(args, doc)

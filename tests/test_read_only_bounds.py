@@ -11,7 +11,9 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import socket
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,8 +22,9 @@ import pytest
 
 from migd.api.control import request
 from migd.daemon.slots import Limits
-from tests.helpers import PROFILES, migctl_as
+from tests.helpers import PROFILES, migctl_as, need_root
 from tests.test_read_only import NOBODY, args, viewed
+from tests.test_socket_input import FakeServer
 
 OTHER = 65533  # a second ordinary user
 SHARE = Limits().per_user
@@ -141,3 +144,28 @@ def test_no_unprivileged_request_reaches_nvml(tmp_path: Path, monkeypatch: pytes
         code, out, err = migctl_as(NOBODY, NOBODY, args(m, run, "status", "-v"))
         assert code == 0 and out.count(" GI ") == m.migctl("status", "-v").out.count(" GI "), (out, err)
         assert "owner notebooks" not in out
+
+
+@pytest.mark.parametrize("command", ["status", "isolation"])
+def test_a_busy_answer_is_said_as_such(tmp_path: Path, command: str) -> None:
+    """A user past their share is told migd is busy (one line, exit 1), not that migd is absent or
+    that they may not look."""
+    need_root("to become another user")
+    run = Path(tempfile.mkdtemp(prefix="migd-run-", dir="/tmp"))
+    try:
+        run.chmod(0o755)
+        (run / "migd").mkdir(mode=0o700)
+        (run / "migd-view").mkdir(mode=0o755)
+        fake = FakeServer(run / "migd-view" / "status.sock")
+        (run / "migd-view" / "status.sock").chmod(0o666)
+        busy = f"migd is busy: uid {NOBODY} already has {SHARE} connections open to this socket (each user's share)"
+        fake.reply = json.dumps({"ok": False, "exit": 1, "error": f"{busy}; try again"}).encode() + b"\n"
+        try:
+            code, out, err = migctl_as(NOBODY, NOBODY, ["--sim", "single-a100", "--sim-state", str(tmp_path / "s.json"),
+                                                        "--control-socket", str(run / "migd" / "control.sock"),
+                                                        command])
+        finally:
+            fake.close()
+        assert code == 1 and busy in err and len(err.strip().splitlines()) == 1 and out == "", (out, err)
+    finally:
+        shutil.rmtree(run, ignore_errors=True)
