@@ -23,7 +23,9 @@ class _Exposition:
 
 
 class _Sampler:
-    last_success = time.time()
+    @property
+    def last_success(self) -> float:  # always fresh: read when /healthz asks, not when this module loaded
+        return time.time()
 
     def stop(self) -> None:
         pass
