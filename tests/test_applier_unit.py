@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from migd.apply.executor import Applier
-from migd.apply.result import ApplyOptions, BusyError, GpuStatus, GpuUnhealthy
+from migd.apply.result import ApplyOptions, BusyError, GpuStatus, GpuUnhealthy, OnBusy
 from migd.exits import Exit, for_result
 from migd.hardware.ports import ApplyPort
 from migd.isolation.marks import FaultMarks
@@ -89,6 +89,41 @@ def test_a_fault_mark_set_before_a_change_stops_it(tmp_path: Path) -> None:
     result = applier.apply(NIGHT, ApplyOptions(faults=_LateMark()))
     assert [r.status for r in result.results] == [GpuStatus.FAULTED] and "Xid 79" in (result.results[0].error or "")
     assert node.changes == before and for_result(result) == Exit.HARDWARE
+
+
+class _MarkedWhileWaiting(FaultMarks):
+    """The fault watch reads Xid 79 on GPU 0 while the apply waits for its busy instance (the Xid ends
+    that instance's process, which ends the wait): the marks read once the watch caught up carry it."""
+
+    def caught_up(self) -> dict[str, str]:
+        self.mark("GPU-fake-0", FaultMark(79, 0.0))
+        return super().caught_up()
+
+
+def test_a_fault_mark_set_while_the_apply_waited_leaves_that_gpu_alone(tmp_path: Path) -> None:
+    """Read again after the wait, with the hardware lock let go while waiting: GPU 0 is set aside before
+    the journal and the first change (faulted, exit 4, the Xid named); GPU 1 goes ahead as planned."""
+    from contextlib import contextmanager
+
+    node, applier = _applier(tmp_path, "A100-SXM4-80GB", "A100-SXM4-80GB")
+    applier.apply(DAY)
+    node.run(0, gi_id=min(node.gpus[0].gis))
+    let_go: list[str] = []
+
+    @contextmanager
+    def unheld() -> Any:
+        let_go.append("wait")
+        yield
+
+    def waiting(pids: dict[int, tuple[int, ...]], until: float) -> None:
+        node.gpus[0].pids.clear()  # (Xid 79 took the process)
+    before = node.layout(0)
+    result = applier.apply(NIGHT, ApplyOptions(on_busy=OnBusy.WAIT, busy_timeout_s=60, poll_s=0.01,
+                                               faults=_MarkedWhileWaiting(), on_wait=waiting, unheld=unheld))
+    assert [r.status for r in result.results] == [GpuStatus.FAULTED, GpuStatus.APPLIED], result.results
+    assert "Xid 79" in (result.results[0].error or "") and for_result(result) == Exit.HARDWARE
+    assert node.layout(0) == before and node.layout(1) == [("7g.80gb", 0)] and not applier.journal.exists()
+    assert let_go == ["wait", "wait"]  # the busy wait, then the catch-up
 
 
 def test_the_daemon_serves_the_readable_gpus_and_says_which_is_lost(tmp_path: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -161,38 +163,84 @@ def test_a_lost_gpu_among_eight_blinds_nothing_else(tmp_path: Path) -> None:
         m.close()
 
 
-def test_a_fatal_fault_wins_over_an_apply_waiting_for_busy_work(migd: MigdProcess) -> None:
-    """A manual apply waited for a busy instance; a GPU-wide Xid 79 came while it waited, and it went
-    on to reconfigure the GPU once the instance was free.  The mark is checked at the last moment
-    before each change, under the lock the watch takes to set it."""
-    import subprocess
-    import sys
+def _sim(m: MigdProcess, *args: str) -> str:
+    """``migd-sim ARGS`` on the node migd runs over, as an operator types it: its output line."""
+    r = subprocess.run([sys.executable, "-m", "migd.sim.cli", *args, "--sim-state", str(m.migctl.state)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r
+    return r.stdout.strip()
 
-    import pynvml
+
+def test_a_fatal_fault_wins_over_a_manual_apply_waiting_for_busy_work(migd: MigdProcess) -> None:
+    """A manual apply waited inside migd for a busy instance; an application's Xid on another instance
+    of the GPU, then Xid 79 (fallen off the bus, which ends every process on it, the awaited one too).
+    The apply held the hardware lock through its wait, so the fault watch sat behind it (checking the
+    neighbours of the first Xid) and read Xid 79 only after the apply had reconfigured the GPU.  The wait
+    lets go of the lock, and the apply reads the marks once the watch has caught up, before its first
+    change: GPU 0 is refused (exit 4, the Xid named) and left as it was."""
     store = StateStore(migd.migctl.state)
-    gi = store.read().gpus[0].gis[0].id
-    pid = control.start_process(store, 0, gi=gi)
+    busy, other = (g.id for g in store.read().gpus[0].gis[:2])
+    pid = int(_sim(migd, "process", "start", "--gpu", "0", "--gi", str(busy)))
     before = store.read().mutations
     apply = subprocess.Popen([sys.executable, "-m", "migd.cli", "--sim", migd.fleet, "--sim-state",
                               str(migd.migctl.state), "--state-dir", str(migd.migctl.state_dir), "apply",
-                              str(PROFILES / "night.yaml"), "--on-busy", "wait", "--busy-timeout", "2m"],
+                              str(PROFILES / "night.yaml"), "--on-busy", "wait", "--busy-timeout", "10m"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        migd.wait_until(lambda: "waiting up to 120s for busy instances" in migd.log.read_text()
-                        or apply.poll() is not None)
+        migd.wait_until(lambda: (migd.daemon_doc().get("applying") or {}).get("waiting") == {"0": [pid]}
+                        or apply.poll() is not None, timeout=60)
         assert apply.poll() is None, apply.communicate()
-        with store.transaction() as s:  # Xid 79 on the GPU; the stuck process is still listed
-            s.add_event(0, pynvml.nvmlEventTypeXidCriticalError, 79, control.GPU_WIDE, control.GPU_WIDE)
-        migd.wait_until(lambda: bool(migd.control({"cmd": "isolation"})["unhealthy"]))
-        control.stop_process(store, pid)  # the instance is free: the waiting apply goes on
-        out, err = apply.communicate(timeout=60)
+        _sim(migd, "xid", "43", "--gpu", "0", "--gi", str(other))
+        migd.wait_until(lambda: (str(other), "43") in _xids(migd), timeout=60)  # the watch is on it
+        assert "Xid 79 on GPU 0 (GPU-wide)" in _sim(migd, "xid", "79", "--gpu", "0")
+        assert not any(p.pid == pid for p in store.read().gpus[0].processes)  # the awaited process is gone
+        out, err = apply.communicate(timeout=120)
     finally:
         if apply.poll() is None:
             apply.kill()
+            apply.communicate()
     assert apply.returncode == 4, (out, err)
-    assert "GPU-wide fault Xid 79" in out + err, (out, err)
+    line = next((ln for ln in (out + err).splitlines() if "GPU 0" in ln and "Xid 79" in ln), None)
+    assert line is not None and "FAULTED" in line, (out, err)
     assert store.read().mutations == before and migd.assert_profile("day")  # GPU 0 was not touched
-    assert "Traceback" not in migd.log.read_text()
+    assert len(migd.migctl.layout()[0]) == 7
+    assert list(migd.control({"cmd": "isolation"})["unhealthy"]) == [store.read().gpus[0].uuid]
+    migd.assert_no_traceback()
+
+
+def test_the_fault_watch_never_waits_for_the_hardware_lock(make_backend: Any) -> None:
+    """An apply holds the hardware lock through its changes, and the watch waited for it (its process
+    listing every 5 s, a neighbour check after an instance's Xid): a fatal Xid meanwhile was read only
+    after the apply.  The watch now takes the lock only when it is free, puts the neighbour check off
+    until then, and answers an apply's catch-up (every event delivered before it read) while the
+    lock is held."""
+    from migd.catalog.models import Placement
+    from migd.daemon.hwlock import HardwareLock
+    from migd.isolation.events import EventCounters
+    from migd.isolation.marks import FaultMarks
+    from migd.isolation.watch import FaultWatch
+
+    backend, store, _ = make_backend("single-a100", mig_enabled=True)
+    gi = backend.create_gpu_instance(0, 19, Placement(0, 1))
+    backend.create_compute_instance(0, gi, 0)
+    uuid, lock, marks = store.read().gpus[0].uuid, HardwareLock(), FaultMarks()
+    watch = FaultWatch(backend, lock, EventCounters(), marks)
+    watch.start()
+    try:
+        with lock:  # an apply's changes
+            watch._last_remember = 0.0  # the process listing is due
+            control.raise_xid(store, 0, 43, gi=gi, ci=0)
+            control.raise_xid(store, 0, 79)
+            reasons = marks.caught_up()
+            assert list(reasons) == [uuid] and reasons[uuid].startswith("Xid 79 (GPU-wide)"), reasons
+            assert [ev.xid for ev, _ in watch._deferred] == [43]  # its check waits for the lock
+        deadline = time.monotonic() + 60
+        while watch._deferred and time.monotonic() < deadline:  # checked once the lock is free
+            time.sleep(0.05)
+        assert not watch._deferred and watch.breaches == []
+    finally:
+        watch.stop()
+    assert marks.caught_up() == marks.reasons()  # no watch runs: the marks as they are, at once
 
 
 def test_fault_marks_are_read_whole_while_the_watch_writes_them() -> None:

@@ -6,6 +6,8 @@ end, then refuses; ``force`` waits up to ``busy_timeout`` too, then stops them: 
 ``--busy-timeout`` is 0 with force unless given, so ``--on-busy force`` alone stops them at once.
 With ``ApplyOptions.partial`` only the busy GPU waits and the others are applied now.  A request
 withdrawn (Ctrl-C) or a stop (SIGTERM) while waiting cancels the apply: nothing was changed yet.
+The wait lets go of the daemon's hardware lock (``ApplyOptions.unheld``): a fault watch queued behind
+it read a fatal Xid that came meanwhile only after the apply had changed that GPU.
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ def settle_busy(backend: GpuReader, plans: list[GpuPlan], opts: ApplyOptions, re
         else:
             if opts.on_wait is not None:
                 opts.on_wait(busy_pids(plans), until)
-            time.sleep(min(opts.poll_s, max(0.01, deadline - time.monotonic())))
+            with opts.unheld():  # (the fault watch reads a fatal Xid meanwhile, the sampler samples)
+                time.sleep(min(opts.poll_s, max(0.01, deadline - time.monotonic())))
         if opts.progress is not None:
             opts.progress()
         plans = replan()

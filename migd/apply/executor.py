@@ -6,8 +6,9 @@ journal the previous layout; change GPUs in parallel; verify; on any failure put
 back to its previous layout.  A journal left by a crash is resolved before the next apply.
 
 This module runs the transaction; each job it composes has a module of its own: ``planning``
-(which GPUs, each read once and planned), ``busy`` (the busy policy), ``steps`` (one operation,
-checked against fault marks, and the read-back), ``recovery`` (what a crash left).
+(which GPUs, each read once and planned), ``busy`` (the busy policy), ``faults`` (the fault marks
+when planned and right before the first change), ``steps`` (one operation, checked against fault
+marks, and the read-back), ``recovery`` (what a crash left).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from functools import partial
 from pathlib import Path
 
 from migd.apply.busy import blocked_text, cancelled, settle_busy
+from migd.apply.faults import marked_before_change, refused_when_planned
 from migd.apply.force import stop_processes
 from migd.apply.journal import Journal, Step, layout_to_json
 from migd.apply.lock import ApplyLock
@@ -36,7 +38,6 @@ from migd.apply.result import (
     GpuFaulted,
     GpuResult,
     GpuStatus,
-    GpuUnhealthy,
     Signalled,
 )
 from migd.apply.steps import guarded, verify
@@ -105,25 +106,22 @@ class Applier:
             return ApplyResult(profile.name, plans, [
                 GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.WOULD_CHANGE if p.changes or p in moved
                           else GpuStatus.UNCHANGED, len(p.ops)) for p in plans])
-        unhealthy = opts.faults.reasons() if opts.faults else {}
-        faulted = [p for p in plans if p.changes and p.gpu.uuid in unhealthy]
-        bad = [f"GPU {p.gpu.index}: {unhealthy[p.gpu.uuid]}" for p in faulted]
-        if bad and not opts.partial:
-            raise GpuUnhealthy("reconfiguration refused on unhealthy GPUs: " + "; ".join(bad))
-        skip, sent = {p.gpu.uuid for p in faulted}, list[Signalled]()  # sent: what force signalled, and when
+        faulted = refused_when_planned(plans, opts)  # (GpuUnhealthy without opts.partial)
+        skip, sent = {f.plan.gpu.uuid for f in faulted}, list[Signalled]()  # sent: what force signalled, and when
         try:
             plans, blocked = settle_busy(self.backend, [p for p in plans if p.gpu.uuid not in skip], opts, lambda: [
                 p for p in self.plan(profile, opts.mode_only) if p.gpu.uuid not in skip], self._holding, sent)
         except Cancelled as e:  # withdrawn while it waited: nothing touched
             return cancelled(profile.name, plans, str(e), time.monotonic() - t0)
+        late = marked_before_change(plans, opts)  # a fatal Xid while it waited: that GPU is left as it is
+        faulted += late
+        plans = [p for p in plans if p.gpu.uuid not in {f.plan.gpu.uuid for f in late}]
         changing = [p for p in plans if p.changes]
         results = [GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.UNCHANGED) for p in plans
                    if not p.changes and p not in moved]
         results += [GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.BLOCKED, len(p.ops), blocked_text(p.blocked))
                     for p in blocked]
-        results += [GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.FAULTED, len(p.ops),
-                              f"GPU-wide fault: {unhealthy[p.gpu.uuid]} (migctl clear-fault after checking it)")
-                    for p in faulted]
+        results += [f.result() for f in faulted]
         if changing:
             results += self._run(profile, changing, opts)
         moved = [p for p in moved if p in plans]  # (not one the busy policy set aside)
@@ -138,7 +136,7 @@ class Applier:
             for p in plans:
                 self.access.open_gpu(p.gpu.index)
         results.sort(key=lambda r: r.index)
-        every = sorted(plans + blocked + faulted, key=lambda p: p.gpu.index)
+        every = sorted(plans + blocked + [f.plan for f in faulted], key=lambda p: p.gpu.index)
         return ApplyResult(profile.name, every, results, time.monotonic() - t0, signalled=sent)
 
     def restore(self, plans: list[GpuPlan], owners: Mapping[str, dict[int, str]], opts: ApplyOptions,

@@ -68,7 +68,8 @@ def settle_handover(plans: list[GpuPlan], owners: Callable[[], Mapping[str, Mapp
             stop(sorted({pid for pids in busy.values() for pid in pids}))
             stopped = True
         elif opts.on_busy is not OnBusy.REFUSE and time.monotonic() < deadline and not opts.stopping():
-            time.sleep(opts.poll_s)
+            with opts.unheld():
+                time.sleep(opts.poll_s)
         elif opts.partial:
             return [p for p in plans if p.gpu.uuid not in busy], why
         else:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -72,9 +72,12 @@ class GpuFaulted(HardwareError):
 
 class FaultGate(Protocol):
     """What an apply asks of the GPU-wide fault marks (``migd.isolation.marks.FaultMarks``): which GPUs
-    carry one when it plans, and again before each change."""
+    carry one when it plans, once the fault watch has read every event delivered so far (right before
+    the first change, after any busy wait), and again before each change."""
 
     def reasons(self) -> dict[str, str]: ...
+
+    def caught_up(self) -> dict[str, str]: ...
 
     def guard(self, uuid: str) -> AbstractContextManager[str | None]: ...
 
@@ -128,6 +131,9 @@ class ApplyOptions:
     # while busy instances are waited for: GPU index -> the PIDs in the way, and when the wait ends (Unix time)
     on_wait: Callable[[dict[int, tuple[int, ...]], float], None] | None = None
     mode_only: bool = False  # only the MIG mode (mig-parted's --mode-only): existing instances are kept
+    # lets go of the daemon's hardware lock while the apply waits on something else (busy work, the
+    # fault watch): the sampler and the fault watch read NVML meanwhile (migd.daemon.hwlock)
+    unheld: Callable[[], AbstractContextManager[object]] = nullcontext
 
     def stopping(self) -> bool:
         """Whether the apply should stop at its next step (SIGTERM, or the requester withdrew)."""

@@ -34,7 +34,8 @@ def say(profile: str, result: ApplyResult, outcome: Outcome, trigger: str) -> No
         log.info("profile %s (%s): every GPU already as asked, nothing to change", profile, trigger)
     elif outcome is Outcome.BLOCKED and manual:
         log.warning("manual apply of %s: %d GPU(s) changed; %s", profile, _changed(result), "; ".join(
-            f"GPU {i} waits for PIDs {', '.join(map(str, p))}" for i, p in blocked_pids(result).items()))
+            [f"GPU {i} waits for PIDs {', '.join(map(str, p))}" for i, p in blocked_pids(result).items()]
+            + [f"GPU {r.index} not changed: {r.error}" for r in result.results if r.status is GpuStatus.FAULTED]))
 
 
 def _changed(result: ApplyResult) -> int:

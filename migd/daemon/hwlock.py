@@ -4,8 +4,11 @@ The sampler and the fault watch read NVML under it; an apply holds it while it c
 sample sees a layout half made.  A Slurm switch waits on slurmctld for minutes at worst (a hung or
 restarting controller): holding this lock through that wait stopped the sampler for a minute and
 delayed a fatal Xid's handling by 50 s.  So the daemon lends ``unheld`` to the Slurm step, which
-waits with the lock let go and takes it back before touching a GPU again.  The daemon's decision lock
-(one pass, one manual apply at a time) stays held throughout: nothing else decides meanwhile.
+waits with the lock let go and takes it back before touching a GPU again; an apply's wait for busy
+instances (up to its ``busy_timeout``) lets go the same way (``ApplyOptions.unheld``).  The fault
+watch never waits for it (``acquire(blocking=False)``): its reading of the next Xid must not queue
+behind an apply's changes.  The daemon's decision lock (one pass, one manual apply at a time) stays
+held throughout: nothing else decides meanwhile.
 """
 
 from __future__ import annotations
@@ -24,17 +27,26 @@ class HardwareLock:
         self._owner: int | None = None
         self._depth = 0
 
-    def __enter__(self) -> HardwareLock:
-        self._lock.acquire()
+    def acquire(self, blocking: bool = True) -> bool:
+        """As ``threading.RLock.acquire``: the fault watch takes it only when free (it never waits)."""
+        if not self._lock.acquire(blocking):
+            return False
         self._owner = threading.get_ident()
         self._depth += 1
-        return self
+        return True
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def release(self) -> None:
         self._depth -= 1
         if not self._depth:
             self._owner = None
         self._lock.release()
+
+    def __enter__(self) -> HardwareLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.release()
 
     @contextmanager
     def unheld(self) -> Iterator[None]:

@@ -110,7 +110,7 @@ class Daemon:
     def _options(self, on_busy: OnBusy) -> ApplyOptions:
         return ApplyOptions(on_busy=on_busy, busy_timeout_s=0.0, hooks=self.config.hooks,
                             lock_timeout_s=DAEMON_LOCK_TIMEOUT_S, cancel=self.cancel, progress=self.heartbeat.beat,
-                            faults=self.status.unhealthy)
+                            faults=self.status.unhealthy, unheld=self.hw_lock.unheld)
 
     def _scheduled_options(self) -> ApplyOptions:
         """Busy GPUs wait (the others go ahead); force only after busy_timeout gave running work its chance."""
