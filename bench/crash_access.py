@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from migd.access.control import AccessControl
+from migd.access.enforce import AccessControl
 from migd.access.policy import AccessPolicy, Grant, Unowned
 from migd.apply.executor import Applier
 from migd.hardware.caps import CapsPaths, ci_cap, gi_cap, read_minors

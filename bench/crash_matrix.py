@@ -32,7 +32,7 @@ from migd.apply.executor import Applier  # noqa: E402
 from migd.apply.relabel import labels_of  # noqa: E402
 from migd.apply.result import ApplyOptions  # noqa: E402
 from migd.profiles.loader import load_profile  # noqa: E402
-from migd.sim import control  # noqa: E402
+from migd.sim import world  # noqa: E402
 from migd.sim.backend import sim_backend  # noqa: E402
 from migd.sim.state import StateStore  # noqa: E402
 
@@ -57,7 +57,7 @@ def run_transition(fleet: str, old: str, new: str, sample: int, workdir: Path) -
     keeper = None
     if (old, new) == ("balanced", "day"):  # a busy instance that both layouts keep (a 1g of balanced)
         gi = next(g for g in store.read().gpus[0].gis if g.size == 1)
-        keeper = control.start_process(store, 0, gi.id, 0)
+        keeper = world.start_process(store, 0, gi.id, 0)
     snapshot, owners = state.read_bytes(), (sdir / "owners.json").read_bytes()
     before = store.read().mutations
     applier.apply(load_profile(PROFILES / f"{new}.yaml"))
@@ -68,7 +68,7 @@ def run_transition(fleet: str, old: str, new: str, sample: int, workdir: Path) -
     for k in steps:
         state.write_bytes(snapshot)
         (sdir / "owners.json").write_bytes(owners)
-        control.crash_after_mutations(store, k)
+        world.crash_after_mutations(store, k)
         pid = os.fork()
         if pid == 0:  # the applying process
             try:
@@ -80,7 +80,7 @@ def run_transition(fleet: str, old: str, new: str, sample: int, workdir: Path) -
         if not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == 9):
             failures.append(f"k={k}: the apply was not killed (status {status})")
             continue
-        control.crash_after_mutations(store, None)
+        world.crash_after_mutations(store, None)
         fresh = sim_backend(state, fleet)  # the next start
         recovering = Applier(fresh, sdir)
         recovering.recover()

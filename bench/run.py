@@ -44,7 +44,7 @@ from migd.plan.offline import fake_gpu  # noqa: E402
 from migd.plan.planner import _solve, build_tables, forget, plan_gpu  # noqa: E402
 from migd.plan.requests import DesiredInstance, DesiredLayout  # noqa: E402
 from migd.profiles.loader import load_profile  # noqa: E402
-from migd.sim import control  # noqa: E402
+from migd.sim import world  # noqa: E402
 from migd.sim.backend import sim_backend  # noqa: E402
 from migd.sim.state import StateStore  # noqa: E402
 
@@ -161,7 +161,7 @@ def _apply_round(driver_ms: float, tmp: Path) -> dict[str, float]:
             b = sim_backend(state, "dgx-a100")
             a = Applier(b, tmp / f"apply-{mode}.d")
             a.apply(load_profile(PROFILES / "day.yaml"))
-            control.set_mutation_delay(StateStore(state), driver_ms / 1000)
+            world.set_mutation_delay(StateStore(state), driver_ms / 1000)
             writes.clear()
             t0 = time.perf_counter()
             if mode == "mig-parted":

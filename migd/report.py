@@ -1,5 +1,5 @@
 """migctl's documents (``-o json``/``yaml``) built from what migd read and decided: the wire types of
-``migd.api`` (status, plan, assert, apply, doctor); their tables are in ``migd.report_text``.
+``migd.api`` (status, plan, assert, apply, doctor); their tables are in ``migd.ctl.tables``.
 
 Schemas (docs/migctl.md "Output formats"): fields are only ever added, never renamed or removed,
 within a schema version.
@@ -19,7 +19,7 @@ from migd.api.audit import DoctorDoc
 from migd.api.wire import from_json, to_json
 from migd.apply.result import ApplyResult, Signalled
 from migd.catalog.models import Placement
-from migd.doctor import Finding, Verdict
+from migd.hardware.doctor import Finding, Verdict
 from migd.hardware.inventory import Unreadable, read_all
 from migd.hardware.ports import GpuReader
 from migd.hardware.types import GpuInfo, GpuInstance, MigDevice, ProcessInfo

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from migd.api.control import request
+from migd.api.commands import request
 from tests.helpers import PROFILES, Migctl
 
 CONFIG = """\

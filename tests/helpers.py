@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from migd.cli import main
+from migd.ctl.main import main
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILES = REPO / "profiles"
@@ -56,6 +56,9 @@ class Run:
         return json.loads(self.out)
 
 
+MIGCTL = [sys.executable, "-m", "migd.ctl.main"]  # migctl as the console script runs it
+
+
 class Migctl:
     """migctl bound to one simulator state file and state dir."""
 
@@ -73,7 +76,7 @@ class Migctl:
 
     def process(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """migctl as the user runs it: its own process, bound to the same node and state dir."""
-        return subprocess.run([sys.executable, "-m", "migd.cli", "--sim", self.fleet, "--sim-state", str(self.state),
+        return subprocess.run([*MIGCTL, "--sim", self.fleet, "--sim-state", str(self.state),
                                "--state-dir", str(self.state_dir), *args], capture_output=True, text=True,
                               timeout=timeout)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from migd.access.control import AccessControl
+from migd.access.enforce import AccessControl
 from migd.access.policy import AccessPolicy, Grant, Unowned
 from migd.access.settings import parse_access
 from migd.apply.executor import Applier

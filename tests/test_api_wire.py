@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from migd.api.control import DAEMON_LOCK_TIMEOUT_S, ApplyRequest, ManualApply
+from migd.api.commands import DAEMON_LOCK_TIMEOUT_S, ApplyRequest, ManualApply
 from migd.api.wire import to_json
 from migd.apply.result import OnBusy
 from migd.errors import ValidationError

@@ -30,7 +30,7 @@ from migd.daemon.retry import Retries
 from migd.daemon.service import Daemon
 from migd.plan.planner import GpuPlan
 from migd.profiles.loader import load_profile
-from migd.sim import control
+from migd.sim import world
 from migd.sim.backend import sim_backend
 from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
@@ -146,7 +146,7 @@ def test_a_full_state_directory_backs_off(migd: MigdProcess, small_fs: Path) -> 
     destroys the GPU's instances, cannot write, and puts them back."""
     migd.migctl.state_dir = small_fs / "state"
     assert migd.migctl("apply", str(PROFILES / "day.yaml")).code == 0
-    control.fill_disk_after_mutations(StateStore(migd.migctl.state), 3, small_fs / "filler")
+    world.fill_disk_after_mutations(StateStore(migd.migctl.state), 3, small_fs / "filler")
     store = _start_failing(migd)
     samples = _watch(migd, store)
     _check_window(samples)
@@ -168,7 +168,7 @@ def test_an_nvml_error_that_persists_backs_off(migd: MigdProcess) -> None:
     assert migd.migctl("apply", str(PROFILES / "day.yaml")).code == 0
     store = StateStore(migd.migctl.state)
     for _ in range(300):
-        control.fail_call(store, "nvmlGpuInstanceDestroy", E_UNKNOWN)
+        world.fail_call(store, "nvmlGpuInstanceDestroy", E_UNKNOWN)
     store = _start_failing(migd)
     samples = _watch(migd, store)
     _check_window(samples)
@@ -202,7 +202,7 @@ def test_a_manual_apply_does_not_wait_for_the_backoff(migd: MigdProcess) -> None
     at real speed here: the next scheduled try is 10 s away)."""
     assert migd.migctl("apply", str(PROFILES / "day.yaml")).code == 0
     store = StateStore(migd.migctl.state)
-    control.fail_call(store, "nvmlGpuInstanceDestroy", E_UNKNOWN)
+    world.fail_call(store, "nvmlGpuInstanceDestroy", E_UNKNOWN)
     migd.start(now=NIGHT_NOW)
     migd.wait_ready()
     migd.wait_until(lambda: _daemon(migd)["gpus"].get("0", {}).get("state") == "failed", timeout=60)
@@ -267,7 +267,7 @@ def test_a_changed_layout_is_tried_at_once(tmp_path: Path) -> None:
     d, store, backend = _in_process(tmp_path)
     try:
         for _ in range(50):
-            control.fail_call(store, "nvmlGpuInstanceDestroy", E_UNKNOWN)
+            world.fail_call(store, "nvmlGpuInstanceDestroy", E_UNKNOWN)
         d.reconcile("start")
         n = store.read().mutations
         for _ in range(3):
@@ -295,7 +295,7 @@ def test_report_mode_tries_a_failed_gpu_again_and_never_calls_it_drift(tmp_path:
     and tried again when its backoff ends."""
     d, store, backend = _in_process(tmp_path, reconcile="report")
     try:
-        control.fail_call(store, "nvmlGpuInstanceDestroy", E_UNKNOWN)
+        world.fail_call(store, "nvmlGpuInstanceDestroy", E_UNKNOWN)
         with caplog.at_level(logging.INFO, logger="migd"):
             d.reconcile("start")
             d.reconcile("reconcile")
@@ -314,7 +314,7 @@ def test_a_busy_wait_is_not_called_drift(tmp_path: Path, caplog: pytest.LogCaptu
     none of them calls it drift."""
     d, store, backend = _in_process(tmp_path)
     try:
-        control.start_process(store, 0, store.read().gpus[0].gis[0].id, 0)
+        world.start_process(store, 0, store.read().gpus[0].gis[0].id, 0)
         with caplog.at_level(logging.INFO, logger="migd"):
             d.reconcile("start")
             for _ in range(3):

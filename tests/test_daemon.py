@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 
 from migd import __version__
-from migd.sim import control
+from migd.sim import world
 from migd.sim.backend import sim_backend
 from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
-from tests.helpers import PROFILES, migctl_as
+from tests.helpers import MIGCTL, PROFILES, migctl_as
 
 
 @pytest.fixture
@@ -91,7 +91,7 @@ def test_drift_is_corrected(migd: MigdProcess) -> None:
     # and after a GPU reset behind migd's back (an admin's forced reset: all instances lost)
     r = migd.migctl("status", "-o", "json").json()
     assert r["gpus"][0]["mig"]["current"]
-    control.reset_gpu(StateStore(migd.migctl.state), 0, despite_clients=True)
+    world.reset_gpu(StateStore(migd.migctl.state), 0, despite_clients=True)
     migd.wait_until(lambda: migd.assert_profile("day"), timeout=15)
 
 
@@ -147,7 +147,7 @@ def _slow_transition(migd: MigdProcess) -> StateStore:
     migd.start(now="2026-11-23T18:59:58")
     migd.wait_ready()
     store = StateStore(migd.migctl.state)
-    control.set_mutation_delay(store, 0.25)
+    world.set_mutation_delay(store, 0.25)
     base = store.read().mutations
     migd.wait_until(lambda: store.read().mutations > base + 3, timeout=20)
     return store
@@ -156,7 +156,7 @@ def _slow_transition(migd: MigdProcess) -> StateStore:
 def test_sigterm_mid_apply_leaves_a_consistent_gpu(migd: MigdProcess) -> None:
     store = _slow_transition(migd)
     assert migd.stop() == 0
-    control.set_mutation_delay(store, 0)
+    world.set_mutation_delay(store, 0)
     assert migd.assert_profile("day") or migd.assert_profile("night")
     assert not (migd.migctl.state_dir / "journal.json").exists()
     assert "cancelled" in migd.log.read_text() or "applied profile night" in migd.log.read_text()
@@ -166,7 +166,7 @@ def test_sigkill_mid_apply_is_recovered_at_next_start(migd: MigdProcess) -> None
     store = _slow_transition(migd)
     migd.signal(signal.SIGKILL)
     assert migd.proc is not None and migd.proc.wait(timeout=10) == -9
-    control.set_mutation_delay(store, 0)
+    world.set_mutation_delay(store, 0)
     journal = migd.migctl.state_dir / "journal.json"
     assert journal.exists() and json.loads(journal.read_text())["profile"] == "night"
     assert not migd.assert_profile("day") and not migd.assert_profile("night")
@@ -246,13 +246,13 @@ def test_busy_transition_waits_then_applies(migd: MigdProcess) -> None:
     migd.wait_until(lambda: migd.assert_profile("night"), timeout=15)
     store = StateStore(migd.migctl.state)
     gi = store.read().gpus[0].gis[0].id
-    pid = control.start_process(store, 0, gi, 0)
+    pid = world.start_process(store, 0, gi, 0)
     migd.stop()
     migd.start(now="2026-11-24T08:29:58")  # Tuesday: day fires in 2 s, but the 7g instance is busy
     migd.wait_ready()
     migd.wait_until(lambda: "still blocked after busy_timeout" in migd.log.read_text(), timeout=20)
     assert migd.assert_profile("night")
-    control.stop_process(store, pid)
+    world.stop_process(store, pid)
     migd.wait_until(lambda: migd.assert_profile("day"), timeout=15)
 
 
@@ -262,8 +262,8 @@ def _explode(*args: object) -> Any:
 
 def test_control_server_always_answers(tmp_path: Path) -> None:
     """A failure inside the daemon reaches migctl as an error reply, never as a silent hang-up."""
-    from migd.api.control import request
-    from migd.daemon.control import ControlServer, Handlers
+    from migd.api.commands import request
+    from migd.daemon.server import ControlServer, Handlers
     server = ControlServer(tmp_path / "ctl.sock", Handlers(_explode, _explode, _explode, _explode, _explode, _explode))
     server.start()
     try:
@@ -336,13 +336,13 @@ def test_start_up_errors_are_one_line(migd: MigdProcess, extra: tuple[str, ...],
 
 
 def test_version_flags() -> None:
-    for prog in ("migd.daemon.main", "migd.cli"):
+    for prog in ("migd.daemon.main", "migd.ctl.main"):
         p = subprocess.run([sys.executable, "-m", prog, "--version"], capture_output=True, text=True, timeout=60)
         assert p.returncode == 0 and p.stdout.strip().endswith(__version__), p
 
 
 def _migctl(migd: MigdProcess, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "migd.cli", "--sim", migd.fleet, "--sim-state", str(migd.migctl.state),
+    return subprocess.run([*MIGCTL, "--sim", migd.fleet, "--sim-state", str(migd.migctl.state),
                            "--state-dir", str(migd.migctl.state_dir), *args], capture_output=True, text=True,
                           timeout=timeout)
 
@@ -363,7 +363,7 @@ def test_apply_options_through_the_daemon(migd: MigdProcess) -> None:
     assert r.returncode == 2 and "--hooks" in r.stderr and "--force-local" in r.stderr
     # --busy-timeout reaches the daemon (its own is 30m): a busy instance blocks for one second, not half an hour
     gi = next(g for g in StateStore(migd.migctl.state).read().gpus[0].gis)
-    control.start_process(StateStore(migd.migctl.state), 0, gi.id, 0)
+    world.start_process(StateStore(migd.migctl.state), 0, gi.id, 0)
     t0 = time.monotonic()
     r = _migctl(migd, "apply", balanced, "--on-busy", "wait", "--busy-timeout", "1s", "--sequential",
                 "--lock-timeout", "5")
@@ -433,7 +433,7 @@ def busy_at_night(tmp_path: Path) -> Iterator[tuple[MigdProcess, StateStore, int
     try:
         assert migd.migctl("apply", str(PROFILES / "day.yaml")).code == 0
         store = StateStore(migd.migctl.state)
-        pid = control.start_process(store, 0, store.read().gpus[0].gis[0].id, 0)
+        pid = world.start_process(store, 0, store.read().gpus[0].gis[0].id, 0)
         migd.start(now="2026-11-23T18:59:57")  # Monday, KST
         migd.wait_ready()
         yield migd, store, pid
@@ -458,7 +458,7 @@ def test_one_busy_gpu_does_not_hold_back_the_others(busy_at_night: tuple[MigdPro
     time.sleep(4)  # several retries: the wait is logged once, not once per retry
     waits = [ln for ln in migd.log.read_text().splitlines() if "waits for busy instances" in ln]
     assert len(waits) == 1, waits
-    control.stop_process(store, pid)
+    world.stop_process(store, pid)
     migd.wait_until(lambda: [len(g) for g in migd.migctl.layout()] == [1, 1, 1, 1], 60)
     migd.wait_until(lambda: migd.control({"cmd": "status"})["daemon"]["blocked_gpus"] == {}, 30)
 
@@ -562,8 +562,8 @@ def test_the_watchdog_is_fed_while_a_manual_apply_waits(migd: MigdProcess) -> No
     migd.start(now="2026-11-23T10:00:00", watchdog_usec=1_000_000)
     migd.wait_ready()
     store = StateStore(migd.migctl.state)
-    control.start_process(store, 0, store.read().gpus[0].gis[0].id, 0)
-    apply = subprocess.Popen([sys.executable, "-m", "migd.cli", "--sim", migd.fleet, "--sim-state",
+    world.start_process(store, 0, store.read().gpus[0].gis[0].id, 0)
+    apply = subprocess.Popen([*MIGCTL, "--sim", migd.fleet, "--sim-state",
                               str(migd.migctl.state), "--state-dir", str(migd.migctl.state_dir), "apply",
                               str(PROFILES / "night.yaml"), "--on-busy", "wait", "--busy-timeout", "5s"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

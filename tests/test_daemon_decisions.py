@@ -147,7 +147,7 @@ def test_a_faulted_gpu_does_not_hold_back_the_others(daemon: Daemon) -> None:
 
 def test_a_lost_gpu_does_not_hold_back_the_others(daemon: Daemon) -> None:
     """NVML answers GPU_IS_LOST for one GPU: the other seven switch, status says which is lost."""
-    from migd.sim import control
+    from migd.sim import world
     from migd.sim.state import StateStore
 
     lib = loaded()
@@ -158,7 +158,7 @@ def test_a_lost_gpu_does_not_hold_back_the_others(daemon: Daemon) -> None:
     daemon.reconcile("start")  # day holds: every GPU converged, UUIDs known
     assert daemon.status.applied_profile == "day"
     daemon.clock = Clock(NIGHT)
-    control.set_lost(store, 5)
+    world.set_lost(store, 5)
     daemon.reconcile("transition")
     st = daemon.status
     assert st.gpus[5].progress is Progress.LOST and "GPU_IS_LOST" in st.gpus[5].reason.upper().replace(" ", "_")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from migd.sim import control
+from migd.sim import world
 from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
 from tests.helpers import PROFILES, REFERENCE, Migctl, migctl_as, need_root
@@ -92,7 +92,7 @@ def test_resume_as_an_ordinary_user_says_who_may(tmp_path: Path) -> None:
     try:
         run.chmod(0o755)
         (run / "migd").mkdir(mode=0o700)  # as /run/migd
-        sock = run / "migd" / "control.sock"
+        sock = run / "migd" / "world.sock"
         for cmd in (["resume"], ["clear-fault", "0"]):
             code, out, err = migctl_as(65534, 65534, ["--control-socket", str(sock), *cmd])
             assert (code, out) == (1, ""), (cmd, code, out, err)
@@ -152,7 +152,7 @@ def test_a_busy_refusal_through_migd_writes_its_apply_document(migd: MigdProcess
     migd.start(now="2026-11-23T10:00:00")  # Monday 10:00 KST: day
     migd.wait_ready()
     store = StateStore(migd.migctl.state)
-    control.start_process(store, 0, store.read().gpus[0].gis[0].id, 0)
+    world.start_process(store, 0, store.read().gpus[0].gis[0].id, 0)
     r = migd.migctl.process("apply", str(PROFILES / "night.yaml"), "-o", "json")
     assert r.returncode == 3, r
     assert _one_line(r.stderr).startswith("error (from migd): instances with running processes"), r.stderr

@@ -10,17 +10,16 @@ from __future__ import annotations
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from migd.sim import control
+from migd.sim import world
 from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
-from tests.helpers import PROFILES
+from tests.helpers import MIGCTL, PROFILES
 
 
 @pytest.fixture
@@ -46,7 +45,7 @@ def test_a_busy_wait_is_waiting_never_drift(dgx: MigdProcess, mode: str) -> None
     dgx.write_config(reconcile_interval="1s", reconcile=mode)
     assert dgx.migctl("apply", str(PROFILES / "day.yaml")).code == 0
     store = StateStore(dgx.migctl.state)
-    pid = control.start_process(store, 2, store.read().gpus[2].gis[0].id, 0)
+    pid = world.start_process(store, 2, store.read().gpus[2].gis[0].id, 0)
     dgx.start(now="2026-11-23T18:59:58")
     dgx.wait_ready()
     dgx.wait_until(lambda: dgx.daemon_doc()["gpus"].get("2", {}).get("state") == "waiting"
@@ -63,7 +62,7 @@ def test_a_busy_wait_is_waiting_never_drift(dgx: MigdProcess, mode: str) -> None
     assert f"GPU 2 waiting for PIDs {pid}" in table and f"GPU 2: waiting for PIDs {pid} since" in table, table
     assert f"last apply: night: 7 GPU(s) changed, GPU 2 waiting for PIDs {pid}" in table, table
     assert "drifted" not in table and "last apply: night: blocked" not in table, table
-    control.stop_process(store, pid)
+    world.stop_process(store, pid)
     dgx.wait_until(lambda: dgx.daemon_doc()["gpus"]["2"]["state"] == "converged", timeout=30)
     assert "drift" not in dgx.log.read_text()
 
@@ -72,7 +71,7 @@ def _sleeper(m: MigdProcess, gpu: int = 0) -> subprocess.Popen[bytes]:
     """A real process on GPU ``gpu``'s first instance (the simulated driver lists it until it exits)."""
     proc = subprocess.Popen(["sleep", "300"])
     store = StateStore(m.migctl.state)
-    control.start_process(store, gpu, store.read().gpus[gpu].gis[0].id, 0, pid=proc.pid)
+    world.start_process(store, gpu, store.read().gpus[gpu].gis[0].id, 0, pid=proc.pid)
     return proc
 
 
@@ -105,8 +104,8 @@ def test_a_manual_apply_waiting_inside_migd_is_shown_and_its_ctrl_c_is_a_cancel(
     dgx.start(now="2026-11-23T10:00:00")
     dgx.wait_ready()
     store = StateStore(dgx.migctl.state)
-    pid = control.start_process(store, 2, store.read().gpus[2].gis[0].id, 0)
-    argv = [sys.executable, "-m", "migd.cli", "--sim", dgx.fleet, "--sim-state", str(dgx.migctl.state),
+    pid = world.start_process(store, 2, store.read().gpus[2].gis[0].id, 0)
+    argv = [*MIGCTL, "--sim", dgx.fleet, "--sim-state", str(dgx.migctl.state),
             "--state-dir", str(dgx.migctl.state_dir), "apply", str(PROFILES / "night.yaml"), "--on-busy", "wait",
             "--busy-timeout", "10m"]
     apply = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

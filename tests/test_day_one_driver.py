@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from migd.sim import control
+from migd.sim import world
 from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
 
@@ -36,7 +36,7 @@ def test_a_driver_not_loaded_yet_is_waited_for_not_a_configuration_error(migd: M
     in STATUS= and on /healthz, and serves the GPUs once NVML opens, without a restart."""
     assert migd.migctl("status").code == 0  # the node exists; then its driver goes away
     store = StateStore(migd.migctl.state)
-    control.driver_not_loaded(store, 10_000)
+    world.driver_not_loaded(store, 10_000)
     migd.start(now="2026-11-23T10:00:00", time_scale=4.0)  # tries at 0.25 s, 0.5 s, 1 s, ... real
     status = migd.wait_for(lambda s: "STATUS=waiting for the NVIDIA driver" in s, timeout=30)
     assert "NVML_ERROR_DRIVER_NOT_LOADED" in status and "READY=1" not in status
@@ -48,7 +48,7 @@ def test_a_driver_not_loaded_yet_is_waited_for_not_a_configuration_error(migd: M
     assert not any("READY=1" in m for m in migd.messages)
     waits = [ln for ln in migd.log.read_text().splitlines() if "waiting for the NVIDIA driver" in ln]
     assert len(waits) == 1 and "WARNING" in waits[0], waits
-    control.driver_not_loaded(store, 0)  # the module is loaded
+    world.driver_not_loaded(store, 0)  # the module is loaded
     migd.wait_ready(timeout=60)
     assert migd.assert_profile("day")
     migd.wait_until(lambda: migd.healthz()[0] == 200, timeout=30)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from migd.sim import control
+from migd.sim import world
 from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
 from tests.helpers import PROFILES
@@ -40,7 +40,7 @@ def _sleeper(m: MigdProcess, gpu: int = 0) -> subprocess.Popen[bytes]:
     """A real process on GPU ``gpu``'s first instance (the simulated driver lists it until it exits)."""
     proc = subprocess.Popen(["sleep", "300"])
     store = StateStore(m.migctl.state)
-    control.start_process(store, gpu, store.read().gpus[gpu].gis[0].id, 0, pid=proc.pid)
+    world.start_process(store, gpu, store.read().gpus[gpu].gis[0].id, 0, pid=proc.pid)
     return proc
 
 

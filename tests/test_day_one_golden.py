@@ -19,18 +19,18 @@ from typing import Any
 
 import pytest
 
-from migd.api.control import ManualApply
+from migd.api.commands import ManualApply
 from migd.api.daemon import DaemonDoc
 from migd.api.plan import ApplyDoc
 from migd.api.wire import from_json, to_json
 from migd.apply.result import ApplyResult, OnBusy
+from migd.ctl.tables import apply_table, daemon_table
 from migd.daemon.clock import Clock
 from migd.daemon.config import load_config
 from migd.daemon.service import Daemon
 from migd.profiles.loader import load_profile
 from migd.report import apply_doc
-from migd.report_text import apply_table, daemon_table
-from migd.sim import control
+from migd.sim import world
 from migd.sim.backend import sim_backend
 from migd.sim.state import StateStore
 from tests.helpers import PROFILES, Migctl, check_golden
@@ -62,7 +62,7 @@ def test_an_apply_that_force_made(tmp_path: Path, sleeper: subprocess.Popen[byte
     m = Migctl(tmp_path, "mixed")
     assert m("apply", str(PROFILES / "day.yaml"), "--sequential").code == 0
     store = StateStore(m.state)
-    control.start_process(store, 3, store.read().gpus[3].gis[0].id, 0, pid=sleeper.pid)
+    world.start_process(store, 3, store.read().gpus[3].gis[0].id, 0, pid=sleeper.pid)
     r = m("apply", str(PROFILES / "night.yaml"), "--sequential", "--on-busy", "force", "-o", "json")
     assert r.code == 0, r.err
     assert sleeper.wait(timeout=10) == -signal.SIGTERM
@@ -103,7 +103,7 @@ def test_migctl_daemon_while_a_manual_apply_waits_and_that_apply_cancelled(tmp_p
     m = Migctl(tmp_path, "mixed")
     assert m("apply", str(PROFILES / "day.yaml")).code == 0
     store = StateStore(m.state)
-    control.start_process(store, 3, store.read().gpus[3].gis[0].id, 0, used_mib=1000)
+    world.start_process(store, 3, store.read().gpus[3].gis[0].id, 0, used_mib=1000)
     d, backend = _daemon(tmp_path, m, "2026-11-23T10:00:05+09:00")
     abort = threading.Event()
     done: list[ApplyResult] = []

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from migd.catalog.models import GpuModel, model_for
-from migd.doctor import Verdict, diagnose
+from migd.hardware.doctor import Verdict, diagnose
 from migd.report import doctor_doc
-from migd.sim import control
+from migd.sim import world
 from migd.sim.backend import sim_backend
 from migd.sim.state import CATALOG_FLEETS, FLEETS, StateStore
 from tests.helpers import PROFILES, Migctl
@@ -83,7 +83,7 @@ def test_doctor_reports_an_unknown_gpu_and_a_lost_one(tmp_path: Path) -> None:
     assert ident.verdict is Verdict.MISMATCH and "not in migd's catalog" in ident.detail
     m = Migctl(tmp_path, "dgx-a100")
     m("status")
-    control.set_lost(StateStore(m.state), 3)
+    world.set_lost(StateStore(m.state), 3)
     r = m("doctor")  # the other seven are checked; the lost one is a finding, and the exit says "partly"
     assert r.code == 5 and r.out.startswith("doctor: no differences from the catalog; GPU 3 cannot be read"), r
     assert any(line.startswith("GPU 3 ") and " readable       error    lost (fallen off the bus" in line

@@ -25,13 +25,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from migd.api.daemon import DaemonDoc, LastApply, Outcome, Status
 from migd.api.wire import from_json
 from migd.apply.executor import Applier
+from migd.ctl.tables import daemon_table
 from migd.daemon.clock import Clock
 from migd.daemon.config import load_config
 from migd.daemon.service import Daemon
 from migd.metrics.collector import MigdCollector
 from migd.metrics.sampler import NvmlErrorCounter, Sampler
-from migd.report_text import daemon_table
-from migd.sim import control
+from migd.sim import world
 from migd.sim.backend import sim_backend
 from migd.sim.state import StateStore
 from tests.helpers import PROFILES, Migctl, check_golden
@@ -94,7 +94,7 @@ def _daemon_doc(tmp_path: Path, m: Migctl, arm: Callable[[StateStore], None] = l
     """``arm``: what else the node does to the transition (after day is applied)."""
     assert m("apply", str(PROFILES / "day.yaml")).code == 0
     store = StateStore(m.state)
-    control.start_process(store, 3, store.read().gpus[3].gis[0].id, 0, used_mib=1000)
+    world.start_process(store, 3, store.read().gpus[3].gis[0].id, 0, used_mib=1000)
     arm(store)
     (tmp_path / "migd.yaml").write_text("timezone: Asia/Seoul\nprofiles_dir: " + str(PROFILES) + "\nschedule:\n"
                                         "  - {profile: day, at: '08:30', days: mon-fri}\n"
@@ -118,7 +118,7 @@ def test_daemon_status_with_failed_gpus(tmp_path: Path, mixed: Migctl) -> None:
     next try; GPU 1 as if it had failed three times in a row.  Times set, or masked in the JSON."""
     def arm(store: StateStore) -> None:
         for gpu in (0, 1):
-            control.fail_call(store, "nvmlGpuInstanceDestroy", 999, gpu=gpu)
+            world.fail_call(store, "nvmlGpuInstanceDestroy", 999, gpu=gpu)
     doc = _daemon_doc(tmp_path, mixed, arm)
     text = _TIMES.sub(lambda m: m.group(1) + "0", json.dumps(doc, indent=2) + "\n")
     _check("daemon-failed.json", text)
@@ -200,7 +200,7 @@ def test_plain_nvidia_smi_output(mixed: Migctl) -> None:
 
 
 def test_status_mine_output() -> None:
-    """`migctl status --mine`'s lines (ctl_status filters the document; the rendering is pinned here); on
+    """`migctl status --mine`'s lines (ctl.status filters the document; the rendering is pinned here); on
     stderr, a note for each node whose answer is a prediction or a refusal, and the one line when the
     driver's files cannot be read (exit 4)."""
     import argparse
@@ -208,9 +208,9 @@ def test_status_mine_output() -> None:
     from contextlib import redirect_stderr
 
     from migd.api.status import StatusDoc
-    from migd.ctl_status import Found, Node, Owner, cap_recipe, mine_out, predict, recipe
+    from migd.ctl.status import Found, Node, Owner, cap_recipe, mine_out, predict, recipe
+    from migd.ctl.tables import mine_table
     from migd.hardware.caps import CapsPaths
-    from migd.report_text import mine_table
     doc = from_json(StatusDoc, json.loads((GOLDEN / "status-balanced.json").read_text()))
     _check("status-mine.txt", mine_table(doc, 61001, [29]) + mine_table(replace(doc, gpus=()), 61001, [29, 44]))
     reg = {m: recipe(f"ModifyDeviceFiles: {m}\nDeviceFileUID: 0\nDeviceFileGID: 0\nDeviceFileMode: 438\n",
@@ -267,8 +267,8 @@ def test_tables_of_a_dgx_by_verbosity(tmp_path: Path) -> None:
     m = Migctl(tmp_path, "dgx-a100")
     assert m("apply", str(PROFILES / "day.yaml"), "--sequential").code == 0  # MIG UUIDs in order
     store = StateStore(m.state)
-    control.start_process(store, 0, store.read().gpus[0].gis[0].id, 0, used_mib=1000)
-    control.set_lost(store, 5)
+    world.start_process(store, 0, store.read().gpus[0].gis[0].id, 0, used_mib=1000)
+    world.set_lost(store, 5)
     night = str(PROFILES / "night.yaml")
     for name, args, code in (("status-dgx", ("status",), 5), ("assert-dgx-night", ("assert", night), 1),
                              ("isolation-dgx-night", ("isolation", "--profile", night), 5)):
@@ -285,7 +285,7 @@ def test_a_busy_refusal_writes_its_apply_document(tmp_path: Path) -> None:
     m = Migctl(tmp_path, "mixed")
     assert m("apply", str(PROFILES / "balanced.yaml"), "--sequential").code == 0
     store = StateStore(m.state)
-    control.start_process(store, 1, store.read().gpus[1].gis[0].id, 0, used_mib=1000)
+    world.start_process(store, 1, store.read().gpus[1].gis[0].id, 0, used_mib=1000)
     r = m.process("apply", str(PROFILES / "night.yaml"), "-o", "json")
     assert r.returncode == 3 and r.stderr.startswith("blocked: ") and r.stderr.count("\n") == 1, r
     doc = json.loads(r.stdout)

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from migd.sim import control
+from migd.sim import world
 from migd.sim.state import SimCi, SimGi, StateStore
 from tests.daemon_harness import MigdProcess
-from tests.helpers import PROFILES, Migctl
+from tests.helpers import MIGCTL, PROFILES, Migctl
 
 
 def scrape(m: MigdProcess) -> str:
@@ -74,10 +74,10 @@ def test_instance_scoped_xid_counts_only_that_instance(migd: MigdProcess) -> Non
     store = StateStore(migd.migctl.state)
     gis = store.read().gpus[0].gis
     for gi in gis:
-        control.start_process(store, 0, gi.id, 0)
+        world.start_process(store, 0, gi.id, 0)
     migd.wait_until(lambda: "migd_compute_instance_processes" in scrape(migd))
     time.sleep(1.5)  # let the watch record who runs where
-    control.raise_xid(store, 0, 43, gi=gis[0].id, ci=0)
+    world.raise_xid(store, 0, 43, gi=gis[0].id, ci=0)
     migd.wait_until(lambda: bool(_xids(migd)))
     assert _xids(migd) == {(str(gis[0].id), "43"): 1.0}
     assert _gpu_xids(migd) == {("0", "43"): 1.0}  # the GPU's count includes it, once
@@ -103,7 +103,7 @@ def _gpu_xids(m: MigdProcess) -> dict[tuple[str, str], float]:
 
 def test_gpu_wide_xid_blocks_reconfiguration_until_cleared(migd: MigdProcess) -> None:
     store = StateStore(migd.migctl.state)
-    control.raise_xid(store, 0, 79)
+    world.raise_xid(store, 0, 79)
     migd.wait_until(lambda: bool(migd.control({"cmd": "isolation"})["unhealthy"]))
     assert ("0", "79") in _gpu_xids(migd) and not _xids(migd)  # GPU-wide: no instance is blamed
     assert 'migd_gpu_unhealthy{gpu="0"' in scrape(migd)
@@ -121,9 +121,9 @@ def test_fault_leaking_into_a_neighbour_is_a_breach(migd: MigdProcess) -> None:
     store = StateStore(migd.migctl.state)
     gis = store.read().gpus[0].gis
     for gi in gis:
-        control.start_process(store, 0, gi.id, 0)
+        world.start_process(store, 0, gi.id, 0)
     time.sleep(1.5)
-    control.raise_xid(store, 0, 43, gi=gis[0].id, ci=0, leak_to=(gis[1].id,))
+    world.raise_xid(store, 0, 43, gi=gis[0].id, ci=0, leak_to=(gis[1].id,))
     migd.wait_until(lambda: bool(migd.control({"cmd": "isolation"})["breaches"]))
     (breach,) = migd.control({"cmd": "isolation"})["breaches"]
     assert f"GI {gis[1].id}" in breach and "Xid 43" in breach
@@ -144,13 +144,13 @@ def test_a_lost_gpu_among_eight_blinds_nothing_else(tmp_path: Path) -> None:
         time.sleep(1.5)  # the watch has read every GPU once
         store = StateStore(m.migctl.state)
         uuid = store.read().gpus[3].uuid
-        control.raise_xid(store, 3, 79)
-        control.set_lost(store, 3)
+        world.raise_xid(store, 3, 79)
+        world.set_lost(store, 3)
         m.wait_until(lambda: uuid in m.control({"cmd": "isolation"})["unhealthy"])
         assert ("3", "79") in _gpu_xids(m)
         t0 = time.monotonic()
         gi = store.read().gpus[1].gis[0].id
-        control.raise_xid(store, 1, 43, gi=gi, ci=0)
+        world.raise_xid(store, 1, 43, gi=gi, ci=0)
         m.wait_until(lambda: (str(gi), "43") in _xids(m), timeout=10)
         assert time.monotonic() - t0 < 5  # not 44 s late
         m.wait_until(lambda: 'migd_gpu_lost{gpu="3"} 1.0' in scrape(m))
@@ -182,7 +182,7 @@ def test_a_fatal_fault_wins_over_a_manual_apply_waiting_for_busy_work(migd: Migd
     busy, other = (g.id for g in store.read().gpus[0].gis[:2])
     pid = int(_sim(migd, "process", "start", "--gpu", "0", "--gi", str(busy)))
     before = store.read().mutations
-    apply = subprocess.Popen([sys.executable, "-m", "migd.cli", "--sim", migd.fleet, "--sim-state",
+    apply = subprocess.Popen([*MIGCTL, "--sim", migd.fleet, "--sim-state",
                               str(migd.migctl.state), "--state-dir", str(migd.migctl.state_dir), "apply",
                               str(PROFILES / "night.yaml"), "--on-busy", "wait", "--busy-timeout", "10m"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -229,8 +229,8 @@ def test_the_fault_watch_never_waits_for_the_hardware_lock(make_backend: Any) ->
     try:
         with lock:  # an apply's changes
             watch._last_remember = 0.0  # the process listing is due
-            control.raise_xid(store, 0, 43, gi=gi, ci=0)
-            control.raise_xid(store, 0, 79)
+            world.raise_xid(store, 0, 43, gi=gi, ci=0)
+            world.raise_xid(store, 0, 79)
             reasons = marks.caught_up()
             assert list(reasons) == [uuid] and reasons[uuid].startswith("Xid 79 (GPU-wide)"), reasons
             assert [ev.xid for ev, _ in watch._deferred] == [43]  # its check waits for the lock

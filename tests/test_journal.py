@@ -12,7 +12,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -20,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from migd.sim import control
+from migd.sim import world
 from migd.sim.state import StateStore
-from tests.helpers import PROFILES, REPO, Migctl
+from tests.helpers import MIGCTL, PROFILES, REPO, Migctl
 
 NIGHT = str(PROFILES / "night.yaml")
 
@@ -34,7 +33,7 @@ def _day(tmp: Path, fleet: str = "single-a100") -> tuple[Migctl, StateStore, obj
 
 
 def _spawn(m: Migctl, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "migd.cli", "--sim", m.fleet, "--sim-state", str(m.state),
+    return subprocess.Popen([*MIGCTL, "--sim", m.fleet, "--sim-state", str(m.state),
                              "--state-dir", str(m.state_dir), *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
 
@@ -50,14 +49,14 @@ def _under_way(store: StateStore, steps: int = 3, timeout: float = 30.0) -> None
 def _interrupted(tmp: Path, times: int) -> tuple[Migctl, object, subprocess.Popen[str], str, str]:
     """migctl apply day -> night on a slow driver, Ctrl-C'd ``times`` times once under way."""
     m, store, before = _day(tmp)
-    control.set_mutation_delay(store, 0.3)
+    world.set_mutation_delay(store, 0.3)
     p = _spawn(m, "apply", NIGHT)
     _under_way(store)
     for _ in range(times):
         p.send_signal(signal.SIGINT)
         time.sleep(0.1)
     out, err = p.communicate(timeout=60)
-    control.set_mutation_delay(store, 0)
+    world.set_mutation_delay(store, 0)
     return m, before, p, out, err
 
 
@@ -106,7 +105,7 @@ def test_disk_full_mid_apply_rolls_back_without_a_traceback(tmp_path: Path, smal
     m.state_dir = small_fs / "state"
     assert m("apply", str(PROFILES / "day.yaml")).code == 0
     before, store = m.layout(), StateStore(m.state)
-    control.fill_disk_after_mutations(store, 3, small_fs / "filler")
+    world.fill_disk_after_mutations(store, 3, small_fs / "filler")
     r = m("apply", NIGHT)
     assert r.code == 1 and "Traceback" not in r.err, r.out + r.err
     # the first write after the GPU's change is its owner labels (before the journal says done)
@@ -122,7 +121,7 @@ def test_disk_full_before_the_first_step_changes_nothing(tmp_path: Path, small_f
     m.state_dir = small_fs / "state"
     assert m("apply", str(PROFILES / "day.yaml")).code == 0
     before = m.layout()
-    control.fill_disk_after_mutations(StateStore(m.state), 0, small_fs / "filler")  # fill now, via any write
+    world.fill_disk_after_mutations(StateStore(m.state), 0, small_fs / "filler")  # fill now, via any write
     with open(small_fs / "filler", "ab") as f:  # (the simulator fills on a mutation; none comes first here)
         try:
             while True:
@@ -139,12 +138,12 @@ def test_an_apply_never_runs_over_an_unresolved_journal(tmp_path: Path) -> None:
     """The apply fails, its rollback fails, and so does the next start's: the next apply must not
     overwrite the only record of the previous layout (it used to, and exit 0)."""
     m, store, before = _day(tmp_path)
-    control.fail_call(store, "*mutation*", 999, nth=3)  # the apply fails ...
-    control.fail_call(store, "*mutation*", 999, nth=4)  # ... and so does its rollback
+    world.fail_call(store, "*mutation*", 999, nth=3)  # the apply fails ...
+    world.fail_call(store, "*mutation*", 999, nth=4)  # ... and so does its rollback
     r = m("apply", NIGHT)
     assert r.code == 4 and "ROLLBACK FAILED" in r.out
     journal = (m.state_dir / "journal.json").read_text()
-    control.fail_call(store, "*mutation*", 999, nth=1)  # the next apply's recovery fails too
+    world.fail_call(store, "*mutation*", 999, nth=1)  # the next apply's recovery fails too
     r = m("apply", NIGHT)
     assert r.code == 4 and "interrupted apply is not resolved" in r.err and "Traceback" not in r.err, r.err
     assert json.loads((m.state_dir / "journal.json").read_text())["started"] == json.loads(journal)["started"]
@@ -153,15 +152,15 @@ def test_an_apply_never_runs_over_an_unresolved_journal(tmp_path: Path) -> None:
 
 def test_recover_keeps_the_journal_of_a_missing_gpu(tmp_path: Path) -> None:
     m, store, before = _day(tmp_path, "dgx-a100")
-    control.crash_after_mutations(store, 20)
+    world.crash_after_mutations(store, 20)
     p = _spawn(m, "apply", NIGHT)
     p.communicate(timeout=60)
     assert p.returncode == -9 and m.layout() != before
-    control.set_lost(store, 1)
+    world.set_lost(store, 1)
     r = m("recover")
     assert r.code == 4 and "is not present" in r.err and "Traceback" not in r.err, r.out + r.err
     assert (m.state_dir / "journal.json").exists()
-    control.set_lost(store, 1, False)
+    world.set_lost(store, 1, False)
     r = m("recover")
     assert r.code == 0 and m.layout() == before and not (m.state_dir / "journal.json").exists(), r.out
 

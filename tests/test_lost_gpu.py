@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from migd.sim import control
+from migd.sim import world
 from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
 from tests.helpers import PROFILES, Migctl
@@ -49,7 +49,7 @@ def run(m: Migctl, *args: str) -> subprocess.CompletedProcess[str]:
 def node(tmp_path: Path) -> Migctl:
     m = Migctl(tmp_path, "dgx-a100")
     assert m("status").code == 0  # the node exists
-    control.set_lost(StateStore(m.state), LOST)
+    world.set_lost(StateStore(m.state), LOST)
     return m
 
 
@@ -110,7 +110,7 @@ def test_a_gpu_lost_between_listing_and_reading_is_reported_too(tmp_path: Path) 
     """NVML answered for the GPU's name, then lost it while its instances were read."""
     m = Migctl(tmp_path, "dgx-a100")
     assert run(m, "apply", "--local", str(PROFILES / "day.yaml")).returncode == 0
-    control.fail_call(StateStore(m.state), "nvmlDeviceGetGpuInstances", 15, gpu=2)  # 15: GPU_IS_LOST
+    world.fail_call(StateStore(m.state), "nvmlDeviceGetGpuInstances", 15, gpu=2)  # 15: GPU_IS_LOST
     r = run(m, "status", "-o", "json")
     assert r.returncode == 5, r
     doc = json.loads(r.stdout)
@@ -121,7 +121,7 @@ def test_a_gpu_lost_between_listing_and_reading_is_reported_too(tmp_path: Path) 
 def migd(tmp_path: Path) -> Iterator[MigdProcess]:
     m = MigdProcess(tmp_path, fleet="dgx-a100")
     assert m.migctl("status").code == 0
-    control.set_lost(StateStore(m.migctl.state), LOST)
+    world.set_lost(StateStore(m.migctl.state), LOST)
     yield m
     m.close()
 

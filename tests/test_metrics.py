@@ -18,7 +18,7 @@ from migd.apply.executor import Applier
 from migd.metrics.collector import MigdCollector
 from migd.metrics.sampler import NvmlErrorCounter, Sampler
 from migd.profiles.loader import load_profile
-from migd.sim import control
+from migd.sim import world
 from migd.sim.backend import sim_backend
 from migd.sim.state import StateStore
 from tests.helpers import PROFILES
@@ -58,7 +58,7 @@ def fleet(tmp_path: Path) -> Any:
 def test_gpm_on_hopper_and_honest_absence_on_ampere(fleet: Any) -> None:
     backend, store, sampler, registry, _, _ = fleet
     h100_gi = store.read().gpus[2].gis[0]
-    control.start_process(store, 2, h100_gi.id, 0, used_mib=3000)
+    world.start_process(store, 2, h100_gi.id, 0, used_mib=3000)
     sampler.sample_once()
     s = samples(registry)
     info = {(x.labels["gpu"], x.labels["gi"]): x.labels for x in s["migd_instance_info"]}
@@ -97,7 +97,7 @@ def test_series_vanish_with_their_instance(fleet: Any) -> None:
 def test_scrape_never_calls_nvml_nor_waits_for_an_apply(fleet: Any) -> None:
     backend, store, sampler, registry, lock, errors = fleet
     sampler.sample_once()
-    control.set_lost(store, 2)  # any NVML call on GPU 2 would fail now
+    world.set_lost(store, 2)  # any NVML call on GPU 2 would fail now
     held = threading.Event()
     release = threading.Event()
 
@@ -114,12 +114,12 @@ def test_scrape_never_calls_nvml_nor_waits_for_an_apply(fleet: Any) -> None:
     assert "migd_instance_info" in s and not errors.snapshot()
     release.set()
     t.join()
-    control.set_lost(store, 2, False)
+    world.set_lost(store, 2, False)
 
 
 def test_nvml_errors_are_counted(fleet: Any) -> None:
     backend, store, sampler, registry, _, errors = fleet
-    control.fail_call(store, "nvmlGpmMigSampleGet", 999)
+    world.fail_call(store, "nvmlGpmMigSampleGet", 999)
     sampler.sample_once()
     s = samples(registry)
     errs = {(x.labels["function"], x.labels["error"]): x.value for x in s["migd_nvml_errors_total"]}

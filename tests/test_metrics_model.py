@@ -19,7 +19,7 @@ from migd.isolation.xids import INSTANCE_XIDS, KNOWN_XIDS, FaultMark
 from migd.metrics.collector import MigdCollector
 from migd.metrics.sampler import NvmlErrorCounter, Sampler
 from migd.profiles.loader import load_profile
-from migd.sim import control
+from migd.sim import world
 from migd.sim.backend import sim_backend
 from migd.sim.state import StateStore
 from tests.test_metrics import samples
@@ -60,7 +60,7 @@ def test_a_gpu_instance_split_into_compute_instances_is_counted_once(node: Any) 
     the number of CIs (it did: every CI series carried the whole GI's memory and activity)."""
     backend, store, sampler, registry, *_ = node
     research = next(g for g in store.read().gpus[0].gis if len(g.cis) == 3)
-    control.start_process(store, 0, research.id, research.cis[0].id, used_mib=3000)
+    world.start_process(store, 0, research.id, research.cis[0].id, used_mib=3000)
     sampler.sample_once()
     s = samples(registry)
     used = [x for x in s["migd_instance_memory_used_bytes"] if x.labels["owner"] == "research"]

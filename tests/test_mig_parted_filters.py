@@ -8,13 +8,13 @@ value matches no GPU) and the config is still used.  The cases below are helpers
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from migd.hardware.types import GpuInfo
 from migd.profiles.loader import load_profile
+from tests.helpers import MIGCTL
 
 # helpers_test.go: h100 := types.NewDeviceIDWithSubsystem(0x2330, 0x10DE, 0x16C0, 0x10DE)
 H100 = GpuInfo(index=0, uuid="GPU-x", name="NVIDIA H100 80GB HBM3", pci_bus_id="", pci_device_id=0x233010DE,
@@ -57,7 +57,7 @@ def test_spec_test_well_formed_filters_parse_and_match_nothing(filt: str) -> Non
 
 
 def _migctl(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "migd.cli", "--sim", "dgx-h100", "--sim-state", str(tmp / "s.json"),
+    return subprocess.run([*MIGCTL, "--sim", "dgx-h100", "--sim-state", str(tmp / "s.json"),
                            "--state-dir", str(tmp / "state"), *args], capture_output=True, text=True, timeout=60)
 
 

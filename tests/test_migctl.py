@@ -16,9 +16,9 @@ import yaml
 
 from migd.apply.journal import Journal
 from migd.apply.lock import ApplyLock
-from migd.sim import control
+from migd.sim import world
 from migd.sim.state import CATALOG_FLEETS, StateStore
-from tests.helpers import PROFILES, REFERENCE, Migctl
+from tests.helpers import MIGCTL, PROFILES, REFERENCE, Migctl
 
 EXAMPLES = ["day", "night", "night-two", "balanced"]
 
@@ -113,7 +113,7 @@ def _busy(m: Migctl, real_pid: int | None = None) -> tuple[StateStore, int]:
     m("apply", str(PROFILES / "day.yaml"))
     store = StateStore(m.state)
     gi = store.read().gpus[0].gis[0].id
-    return store, control.start_process(store, 0, gi, 0, pid=real_pid)
+    return store, world.start_process(store, 0, gi, 0, pid=real_pid)
 
 
 def test_busy_instance_blocks_apply_by_default(tmp_path: Path) -> None:
@@ -137,7 +137,7 @@ def test_busy_instance_blocks_apply_by_default(tmp_path: Path) -> None:
 def test_on_busy_wait_proceeds_when_work_ends(tmp_path: Path) -> None:
     m = Migctl(tmp_path, "single-a100")
     store, pid = _busy(m)
-    threading.Timer(1.0, control.stop_process, (store, pid)).start()
+    threading.Timer(1.0, world.stop_process, (store, pid)).start()
     t0 = time.monotonic()
     r = m("apply", str(PROFILES / "night.yaml"), "--on-busy", "wait", "--busy-timeout", "30s")
     assert r.code == 0, r.err
@@ -160,7 +160,7 @@ def test_on_busy_force_stops_the_processes(tmp_path: Path) -> None:
 def test_hardware_error_exit_code(tmp_path: Path) -> None:
     m = Migctl(tmp_path, "single-a100")
     m("apply", str(PROFILES / "day.yaml"))
-    control.set_lost(StateStore(m.state), 0)
+    world.set_lost(StateStore(m.state), 0)
     r = m("apply", str(PROFILES / "night.yaml"))  # its only GPU is lost: nothing to serve
     assert r.code == 4 and "GPU 0: LOST" in r.out and "GPU_IS_LOST" in r.out
 
@@ -206,7 +206,7 @@ def test_rollback_after_nvml_failure_at_every_step(tmp_path: Path, transition: t
     assert steps > 2
     store = StateStore(m.state)
     for k in range(1, steps + 1):
-        control.fail_call(store, "*mutation*", 999, nth=k)  # NVML_ERROR_UNKNOWN on the k-th mutation
+        world.fail_call(store, "*mutation*", 999, nth=k)  # NVML_ERROR_UNKNOWN on the k-th mutation
         r = m("apply", str(PROFILES / f"{new}.yaml"), "-o", "json")
         assert r.code == 1, (k, r.err)
         (res,) = r.json()["results"]
@@ -222,8 +222,8 @@ def test_failed_rollback_is_reported_and_recovered(tmp_path: Path) -> None:
     m("apply", str(PROFILES / "day.yaml"))
     before = m.layout()
     store = StateStore(m.state)
-    control.fail_call(store, "*mutation*", 999, nth=3)   # the apply fails ...
-    control.fail_call(store, "*mutation*", 999, nth=4)   # ... and so does the rollback's second step
+    world.fail_call(store, "*mutation*", 999, nth=3)   # the apply fails ...
+    world.fail_call(store, "*mutation*", 999, nth=4)   # ... and so does the rollback's second step
     r = m("apply", str(PROFILES / "night.yaml"))
     assert r.code == 4 and "ROLLBACK FAILED" in r.out
     journal = json.loads((m.state_dir / "journal.json").read_text())
@@ -257,9 +257,9 @@ def test_crash_mid_apply_is_recovered(tmp_path: Path) -> None:
     m = Migctl(tmp_path, "single-a100")
     m("apply", str(PROFILES / "day.yaml"))
     before = m.layout()
-    control.crash_after_mutations(StateStore(m.state), 5)
+    world.crash_after_mutations(StateStore(m.state), 5)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    p = subprocess.run([sys.executable, "-m", "migd.cli", "--sim", "single-a100", "--sim-state", str(m.state),
+    p = subprocess.run([*MIGCTL, "--sim", "single-a100", "--sim-state", str(m.state),
                         "--state-dir", str(m.state_dir), "apply", str(PROFILES / "night.yaml")],
                        capture_output=True, text=True, env=env, timeout=60)
     assert p.returncode == -9
@@ -301,7 +301,7 @@ def test_hooks_apply_locally_beside_a_stale_control_socket(tmp_path: Path) -> No
     m("status")
     m.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    stale.bind(str(m.state_dir / "control.sock"))
+    stale.bind(str(m.state_dir / "world.sock"))
     stale.close()  # the file stays, nobody listens
     hooks = tmp_path / "hooks.yaml"
     hooks.write_text("hooks:\n  apply-start:\n    - {command: [/bin/true], timeout: 10s}\n")
@@ -327,7 +327,7 @@ def test_assert_on_a_mig_parted_file_covers_the_whole_node(tmp_path: Path) -> No
 def test_a_profile_from_standard_input(tmp_path: Path) -> None:
     """``-`` reads the profile from stdin (as mig-parted's ``-f -``); errors name <stdin> and the line."""
     m = Migctl(tmp_path, "single-a100")
-    argv = [sys.executable, "-m", "migd.cli", "--sim", "single-a100", "--sim-state", str(m.state), "--state-dir",
+    argv = [*MIGCTL, "--sim", "single-a100", "--sim-state", str(m.state), "--state-dir",
             str(m.state_dir)]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     p = subprocess.run([*argv, "apply", "-"], input=(PROFILES / "day.yaml").read_text(), capture_output=True,

@@ -23,16 +23,16 @@ from pathlib import Path
 
 import pytest
 
-from migd.api.control import request
+from migd.api.commands import request
 from migd.api.daemon import DaemonDoc
 from migd.api.wire import from_json
 from migd.apply.executor import Applier
+from migd.ctl.tables import daemon_table
 from migd.daemon.main import setup_logging
 from migd.metrics.gpus import gpu_families
 from migd.metrics.page import render_page
 from migd.metrics.sampler import Sampler
 from migd.printable import shown
-from migd.report_text import daemon_table
 from migd.sim.backend import sim_backend
 from tests.daemon_harness import MigdProcess
 from tests.helpers import GOLDEN, PROFILES, Migctl, migctl_as, need_root

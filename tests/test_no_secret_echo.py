@@ -6,12 +6,12 @@ and nothing that looks like a key, a token or a password hash."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from migd.yamlsrc import excerpt
+from tests.helpers import MIGCTL
 
 KEY_BODY = "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW"
 NOT_PROFILES = {
@@ -25,7 +25,7 @@ SECRETS = (KEY_BODY[:16], "4fG7hJ2kL9mN3pQ5", "ghp_16C7e42F292c", "wJalrXUtnFEMI
 
 
 def _migctl(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "migd.cli", "--sim", "single-a100", "--sim-state",
+    return subprocess.run([*MIGCTL, "--sim", "single-a100", "--sim-state",
                            str(tmp / "sim.json"), "--state-dir", str(tmp / "state"), *args],
                           capture_output=True, text=True, timeout=60)
 

@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 
 from migd.apply.journal import Journal
-from migd.cli import main
-from migd.sim import control
+from migd.ctl.main import main
+from migd.sim import world
 from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
-from tests.helpers import PROFILES, Migctl
+from tests.helpers import MIGCTL, PROFILES, Migctl
 
 TYPOS = {
     "index": "select: {index: [9]}",
@@ -105,7 +105,7 @@ def test_validate_catches_an_index_beyond_the_node(tmp_path: Path) -> None:
 
 def test_validate_notes_unconfirmed_facts_once_for_all_files() -> None:
     files = [str(p) for p in sorted(PROFILES.glob("*.yaml"))]
-    r = subprocess.run([sys.executable, "-m", "migd.cli", "validate", *files], capture_output=True, text=True,
+    r = subprocess.run([*MIGCTL, "validate", *files], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr
     assert len(r.stdout.splitlines()) == len(files)
@@ -113,7 +113,7 @@ def test_validate_notes_unconfirmed_facts_once_for_all_files() -> None:
         assert line.endswith("more catalog models; -v lists them)") and len(line) < 160, line
     notes = r.stderr.splitlines()
     assert len(notes) == 1 and notes[0].startswith("note: ") and "-v" in notes[0], notes
-    v = subprocess.run([sys.executable, "-m", "migd.cli", "validate", "-v", files[0]], capture_output=True, text=True,
+    v = subprocess.run([*MIGCTL, "validate", "-v", files[0]], capture_output=True, text=True,
                        timeout=120)
     assert v.returncode == 0 and "RTX-PRO-6000-Blackwell-Server" in v.stdout and "more catalog" not in v.stdout
 
@@ -173,15 +173,15 @@ def test_ctrl_c_on_an_apply_through_migd_cancels_it(migd: MigdProcess) -> None:
     """It said "interrupted ... migctl recover restores it" while migd finished the apply and held it."""
     before = _day(migd)
     store = StateStore(migd.migctl.state)
-    control.set_mutation_delay(store, 0.3)
-    p = subprocess.Popen([sys.executable, "-m", "migd.cli", "--sim", migd.fleet, "--sim-state", str(migd.migctl.state),
+    world.set_mutation_delay(store, 0.3)
+    p = subprocess.Popen([*MIGCTL, "--sim", migd.fleet, "--sim-state", str(migd.migctl.state),
                           "--state-dir", str(migd.migctl.state_dir), "apply", str(PROFILES / "night.yaml")],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     base = store.read().mutations
     migd.wait_until(lambda: store.read().mutations >= base + 3, timeout=60)  # under way
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=120)
-    control.set_mutation_delay(store, 0)
+    world.set_mutation_delay(store, 0)
     assert p.returncode == 130, (out, err)
     assert err.startswith("cancelling: migd stops at the next step") and \
         err.splitlines()[-1] == "interrupted: the apply was cancelled; no GPU was left changed and nothing is held", err
@@ -215,7 +215,7 @@ def test_local_apply_is_refused_beside_a_running_daemon(migd: MigdProcess) -> No
 def test_a_busy_refusal_is_blocked_not_an_error(migd: MigdProcess) -> None:
     _day(migd)
     store = StateStore(migd.migctl.state)
-    control.start_process(store, 0, store.read().gpus[0].gis[0].id, 0)
+    world.start_process(store, 0, store.read().gpus[0].gis[0].id, 0)
     r = migctl(migd, "apply", str(PROFILES / "night.yaml"))
     assert r.returncode == 3, r
     assert r.stderr.rstrip().endswith("(--on-busy wait waits for them; --on-busy force stops them)"), r.stderr
@@ -247,7 +247,7 @@ def test_clients_that_hang_up_leave_no_traceback_in_migds_log(migd: MigdProcess)
 def test_a_closed_stdout_is_not_a_daemon_error(tmp_path: Path) -> None:
     """`migctl validate FILES | head -1` printed "error talking to migd: Broken pipe" and exited 1."""
     files = [str(p) for p in sorted(PROFILES.glob("*.yaml"))]
-    p = subprocess.Popen([sys.executable, "-m", "migd.cli", "validate", *files], stdout=subprocess.PIPE,
+    p = subprocess.Popen([*MIGCTL, "validate", *files], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE)
     assert p.stdout is not None and p.stderr is not None
     p.stdout.close()  # the reader is gone before migctl writes its first line
@@ -258,10 +258,10 @@ def test_a_closed_stdout_is_not_a_daemon_error(tmp_path: Path) -> None:
 
 def test_an_unknown_fleet_is_invalid_input(tmp_path: Path) -> None:
     m = Migctl(tmp_path, "dgx-a100")
-    r = subprocess.run([sys.executable, "-m", "migd.cli", "--sim", "dgx-a1000", "--sim-state", str(m.state), "status"],
+    r = subprocess.run([*MIGCTL, "--sim", "dgx-a1000", "--sim-state", str(m.state), "status"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "invalid choice: 'dgx-a1000'" in r.stderr, r
-    r = subprocess.run([sys.executable, "-m", "migd.cli", "status", "--sim", "dgx-a100", "--sim-state", str(m.state)],
+    r = subprocess.run([*MIGCTL, "status", "--sim", "dgx-a100", "--sim-state", str(m.state)],
                        capture_output=True, text=True, timeout=60)  # global options after the command work too
     assert r.returncode == 0 and r.stdout.startswith("status: 8 GPU(s)"), r
 
@@ -270,7 +270,7 @@ def test_no_driver_says_so_and_mentions_the_simulator() -> None:
     import ctypes.util
     if ctypes.util.find_library("nvidia-ml"):
         pytest.skip("this machine has an NVIDIA driver")
-    r = subprocess.run([sys.executable, "-m", "migd.cli", "status"], capture_output=True, text=True, timeout=60,
+    r = subprocess.run([*MIGCTL, "status"], capture_output=True, text=True, timeout=60,
                        env={k: v for k, v in os.environ.items() if not k.startswith("MIGD_")})
     assert r.returncode == 4, r
     assert r.stderr.startswith("hardware error: no NVIDIA driver found") and "--sim dgx-a100" in r.stderr, r.stderr
@@ -300,8 +300,8 @@ def test_status_tells_of_an_interrupted_apply_and_recover_settles_it(tmp_path: P
     m = Migctl(tmp_path, "single-a100")
     assert m("apply", str(PROFILES / "day.yaml")).code == 0
     before = m.layout()
-    control.crash_after_mutations(StateStore(m.state), 5)
-    p = subprocess.run([sys.executable, "-m", "migd.cli", "--sim", m.fleet, "--sim-state", str(m.state),
+    world.crash_after_mutations(StateStore(m.state), 5)
+    p = subprocess.run([*MIGCTL, "--sim", m.fleet, "--sim-state", str(m.state),
                         "--state-dir", str(m.state_dir), "apply", str(PROFILES / "night.yaml")],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == -9
@@ -323,7 +323,7 @@ def test_recover_of_a_journal_whose_gpus_all_settled_says_one_thing(tmp_path: Pa
     journal = Journal(m.state_dir / "journal.json")
     journal.begin("night", {"GPU-x": {"index": 0, "status": "rolled_back", "done": 3, "ops": 9,
                                       "before": {"mig": True, "instances": []}, "owners_before": {}}})
-    r = subprocess.run([sys.executable, "-m", "migd.cli", "--sim", m.fleet, "--sim-state", str(m.state),
+    r = subprocess.run([*MIGCTL, "--sim", m.fleet, "--sim-state", str(m.state),
                         "--state-dir", str(m.state_dir), "recover"], capture_output=True, text=True, timeout=60)
     assert (r.returncode, r.stdout, r.stderr) == (0, "no interrupted apply to recover\n", ""), r
     assert not journal.exists()

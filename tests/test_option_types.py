@@ -18,11 +18,11 @@ BAD = [
     (("migd.daemon.main", "--time-scale", "inf"), "--time-scale"),
     (("migd.daemon.main", "--time-scale", "nan"), "--time-scale"),
     (("migd.daemon.main", "--now", "tomorrow"), "--now"),
-    (("migd.cli", "apply", "--busy-timeout", "5x", str(PROFILES / "day.yaml")), "--busy-timeout"),
-    (("migd.cli", "apply", "--lock-timeout", "nan", str(PROFILES / "day.yaml")), "--lock-timeout"),
-    (("migd.cli", "apply", "--lock-timeout", "-3", str(PROFILES / "day.yaml")), "--lock-timeout"),
-    (("migd.cli", "validate", "--gpus", "0", str(PROFILES / "day.yaml")), "--gpus"),
-    (("migd.cli", "validate", "--gpus", "eight", str(PROFILES / "day.yaml")), "--gpus"),
+    (("migd.ctl.main", "apply", "--busy-timeout", "5x", str(PROFILES / "day.yaml")), "--busy-timeout"),
+    (("migd.ctl.main", "apply", "--lock-timeout", "nan", str(PROFILES / "day.yaml")), "--lock-timeout"),
+    (("migd.ctl.main", "apply", "--lock-timeout", "-3", str(PROFILES / "day.yaml")), "--lock-timeout"),
+    (("migd.ctl.main", "validate", "--gpus", "0", str(PROFILES / "day.yaml")), "--gpus"),
+    (("migd.ctl.main", "validate", "--gpus", "eight", str(PROFILES / "day.yaml")), "--gpus"),
 ]
 
 

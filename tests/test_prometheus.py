@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from migd.sim import control
+from migd.sim import world
 from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
 from tests.helpers import REPO
@@ -49,7 +49,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MigdProces
         store = StateStore(m.migctl.state)
         st = store.read()
         for g in (0, 2):  # a busy instance on an A100 and on an H100
-            control.start_process(store, g, st.gpus[g].gis[0].id, 0, used_mib=2048)
+            world.start_process(store, g, st.gpus[g].gis[0].id, 0, used_mib=2048)
         with served(DCGM) as dport, prometheus(tmp, {"migd": m.port, "dcgm": dport}) as pport:
             time.sleep(2)
             # events after scraping began: an apply (apply counters, histogram), Xids, an NVML error
@@ -59,9 +59,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MigdProces
                             "{profile: 3g, owner: training}]\n")
             r = m.migctl("apply", str(keep))
             assert r.code == 0, r.err
-            control.raise_xid(store, 3, 31, gi=store.read().gpus[3].gis[0].id, ci=0)
-            control.raise_xid(store, 1, 79)
-            control.fail_call(store, "nvmlGpmMigSampleGet", 999)
+            world.raise_xid(store, 3, 31, gi=store.read().gpus[3].gis[0].id, ci=0)
+            world.raise_xid(store, 1, 79)
+            world.fail_call(store, "nvmlGpmMigSampleGet", 999)
             time.sleep(8)
             yield m, pport
     finally:

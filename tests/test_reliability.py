@@ -20,7 +20,7 @@ from migd.apply.executor import Applier
 from migd.apply.result import ApplyOptions
 from migd.metrics.sampler import NvmlErrorCounter
 from migd.profiles.loader import load_profile
-from migd.sim import control
+from migd.sim import world
 from migd.sim.backend import sim_backend
 from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
@@ -66,7 +66,7 @@ def test_every_nvml_error_on_every_mutating_call(tmp_path: Path, fn: str, err: s
     before = applier.plan(load_profile(old_path))
     assert not any(p.changes for p in before)
     store = StateStore(state)
-    control.fail_call(store, fn, ERRORS[err])
+    world.fail_call(store, fn, ERRORS[err])
     result = applier.apply(load_profile(PROFILES / f"{new}.yaml"), ApplyOptions())
     (r,) = result.results
     assert r.status == "rolled_back", r
@@ -81,7 +81,7 @@ def test_every_nvml_error_on_every_mutating_call(tmp_path: Path, fn: str, err: s
 def test_reset_failure_rolls_back(tmp_path: Path) -> None:
     # A pass-through VM: the Ampere mode change waits for `nvidia-smi -r` (bare metal needs none).
     m = Migctl(tmp_path, "a100-vm")
-    control.fail_call(StateStore(m.state) if m.state.exists() else _init(m), "nvidia-smi -r", E_UNKNOWN)
+    world.fail_call(StateStore(m.state) if m.state.exists() else _init(m), "nvidia-smi -r", E_UNKNOWN)
     r = m("apply", str(PROFILES / "day.yaml"), "-o", "json")
     failed = [x for x in r.json()["results"] if "nvidia-smi -r exited" in (x["error"] or "")]
     assert r.code == 1 and len(failed) == 1, r.out
@@ -100,7 +100,7 @@ def test_1000_scrapes_from_50_clients_during_an_apply(tmp_path: Path) -> None:
     try:
         migd.start(now="2026-11-23T10:00:00")
         migd.wait_ready()
-        control.set_mutation_delay(StateStore(migd.migctl.state), 0.01)
+        world.set_mutation_delay(StateStore(migd.migctl.state), 0.01)
         url = f"http://127.0.0.1:{migd.port}/metrics"
         failures: list[str] = []
         latencies: list[float] = []
@@ -215,8 +215,8 @@ def test_a_config_cannot_switch_off_the_check_of_itself(tmp_path: Path) -> None:
 def test_forty_concurrent_migctl_clients_all_get_an_answer(tmp_path: Path) -> None:
     import threading as th
 
-    from migd.api.control import request
-    from migd.daemon.control import ControlServer, Handlers
+    from migd.api.commands import request
+    from migd.daemon.server import ControlServer, Handlers
 
     def slow_status() -> dict[str, object]:
         time.sleep(0.2)
@@ -263,8 +263,8 @@ def test_force_never_signals_a_reused_pid(tmp_path: Path) -> None:
     polite = subprocess.Popen(["sleep", "300"])
     gis = [g.id for g in store.read().gpus[0].gis]
     time.sleep(0.2)  # let sh set its trap before it execs sleep
-    control.start_process(store, 0, gis[0], 0, pid=stubborn.pid)
-    control.start_process(store, 0, gis[1], 0, pid=polite.pid)
+    world.start_process(store, 0, gis[0], 0, pid=stubborn.pid)
+    world.start_process(store, 0, gis[1], 0, pid=polite.pid)
     backend = sim_backend(m.state, "single-a100")
     outcome: list[object] = []
     opts = ApplyOptions(on_busy=OnBusy.FORCE, busy_timeout_s=0, kill_grace_s=2.0)  # force at once

@@ -15,7 +15,7 @@ import pytest
 from migd.catalog.models import MODELS, Placement
 from migd.hardware.nvml.backend import NvmlBackend
 from migd.hardware.types import HardwareError
-from migd.sim import control
+from migd.sim import world
 from migd.sim.backend import smi_argv
 from migd.sim.library import load
 from migd.sim.state import StateStore, new_state
@@ -142,7 +142,7 @@ def test_in_use_rules_and_reset(make_backend: Any) -> None:
     with pytest.raises(HardwareError) as e:
         backend.destroy_gpu_instance(0, gi)  # a CI exists
     assert e.value.code == E.NVML_ERROR_IN_USE
-    pid = control.start_process(store, 0, gi, ci, used_mib=2048)
+    pid = world.start_process(store, 0, gi, ci, used_mib=2048)
     dev = backend.list_mig_devices(0)[0]
     assert [p.pid for p in dev.processes] == [pid]
     assert dev.memory_used_bytes == 2048 * 1024 * 1024
@@ -156,7 +156,7 @@ def test_in_use_rules_and_reset(make_backend: Any) -> None:
     with pytest.raises(HardwareError) as e:
         backend.set_mig_mode(0, False)  # instances exist
     assert e.value.code == E.NVML_ERROR_IN_USE
-    control.stop_process(store, pid)
+    world.stop_process(store, pid)
     backend.reset_gpu(0)  # reset loses every GI and CI
     assert backend.list_gpu_instances(0) == []
     assert backend.gpu(0).mig_current
@@ -200,7 +200,7 @@ def test_gpm_only_on_hopper_and_deterministic(make_backend: Any) -> None:
     busy = h100.create_gpu_instance(0, 19, Placement(0, 1))
     idle = h100.create_gpu_instance(0, 19, Placement(1, 1))
     h100.create_compute_instance(0, busy, 0)
-    control.start_process(store, 0, busy, 0)
+    world.start_process(store, 0, busy, 0)
     assert h100.gpm_supported(0)
     m = h100.gpm_sample(0, [busy, idle])
     assert m[idle].sm_active == 0.0  # a real idle instance, not a placeholder
@@ -213,8 +213,8 @@ def test_xid_events_attributed_to_instances(make_backend: Any) -> None:
     backend, store, _ = make_backend("single-h100", mig_enabled=True)
     gi = backend.create_gpu_instance(0, 9, Placement(0, 4))
     assert backend.wait_event(50) is None  # registration happens now; earlier changes are not replayed
-    control.raise_xid(store, 0, 31, gi=gi, ci=0)
-    control.raise_xid(store, 0, 79)
+    world.raise_xid(store, 0, 31, gi=gi, ci=0)
+    world.raise_xid(store, 0, 79)
     ev = backend.wait_event(1000)
     assert ev is not None and (ev.kind, ev.xid, ev.gi_id, ev.ci_id) == ("xid", 31, gi, 0)
     ev = backend.wait_event(1000)
@@ -226,7 +226,7 @@ def test_xid_events_attributed_to_instances(make_backend: Any) -> None:
 
 def test_fault_injection_nth_call(make_backend: Any) -> None:
     backend, store, _ = make_backend("single-a100", mig_enabled=True)
-    control.fail_call(store, "nvmlDeviceCreateGpuInstanceWithPlacement", E.NVML_ERROR_UNKNOWN, nth=2)
+    world.fail_call(store, "nvmlDeviceCreateGpuInstanceWithPlacement", E.NVML_ERROR_UNKNOWN, nth=2)
     backend.create_gpu_instance(0, 19, Placement(0, 1))
     with pytest.raises(HardwareError) as e:
         backend.create_gpu_instance(0, 19, Placement(1, 1))
@@ -237,7 +237,7 @@ def test_fault_injection_nth_call(make_backend: Any) -> None:
 
 def test_gpu_lost(make_backend: Any) -> None:
     backend, store, _ = make_backend("single-a100", mig_enabled=True)
-    control.set_lost(store, 0)
+    world.set_lost(store, 0)
     with pytest.raises(HardwareError) as e:
         backend.list_gpu_instances(0)
     assert e.value.code == E.NVML_ERROR_GPU_IS_LOST
@@ -245,7 +245,7 @@ def test_gpu_lost(make_backend: Any) -> None:
 
 def test_crash_mid_apply_keeps_landed_changes(make_backend: Any) -> None:
     _, store, path = make_backend("single-a100", mig_enabled=True)
-    control.crash_after_mutations(store, 2)
+    world.crash_after_mutations(store, 2)
     script = textwrap.dedent(f"""
         from migd.sim.backend import sim_backend
         from migd.catalog.models import Placement

@@ -22,7 +22,7 @@ import pytest
 from migd.catalog.models import Placement
 from migd.hardware.nvml.backend import NvmlBackend
 from migd.hardware.types import HardwareError
-from migd.sim import control
+from migd.sim import world
 from migd.sim.library import SimLibrary, load
 from migd.sim.state import StateStore, new_state
 
@@ -163,7 +163,7 @@ def test_events_and_gpm_survive_a_reset(node: Any) -> None:
     assert not lib.eventsets  # released before the reset ...
     while backend.wait_event(10) is not None:  # ... and registered anew (the reset's own event may come first)
         pass
-    control.raise_xid(store, 0, 79)
+    world.raise_xid(store, 0, 79)
     ev = backend.wait_event(1000)
     assert ev is not None and (ev.kind, ev.xid) == ("xid", 79)
 
@@ -179,7 +179,7 @@ def test_driver_assigned_ids_and_mig_memory(node: Any) -> None:
         backend.create_compute_instance(0, gi, 2)
     mem = {d.gi_id: d.memory_total_bytes // 2**20 for d in backend.list_mig_devices(0)}
     assert mem == {low: 40192 + 128, high: 40192 + 256}  # not the profile's memorySizeMB
-    control.start_process(store, 0, high, 0, used_mib=None)
+    world.start_process(store, 0, high, 0, used_mib=None)
     (p,) = [p for d in backend.list_mig_devices(0) for p in d.processes]
     assert p.used_memory_bytes is None  # NVML_VALUE_NOT_AVAILABLE reaches migd as "unknown"
 
@@ -190,11 +190,11 @@ def test_gpm_samples_freed_on_every_path(node: Any) -> None:
     for _ in range(5):
         backend.gpm_sample(0, gis, interval_s=0.0)
     assert lib.samples == {}
-    control.fail_call(store, "nvmlGpmSampleAlloc", N.NVML_ERROR_MEMORY, nth=4)
+    world.fail_call(store, "nvmlGpmSampleAlloc", N.NVML_ERROR_MEMORY, nth=4)
     with pytest.raises(HardwareError):
         backend.gpm_sample(0, gis, interval_s=0.0)
     assert lib.samples == {}  # the three allocated before the failure were freed
-    control.fail_call(store, "nvmlGpmMigSampleGet", N.NVML_ERROR_UNKNOWN, nth=2)
+    world.fail_call(store, "nvmlGpmMigSampleGet", N.NVML_ERROR_UNKNOWN, nth=2)
     with pytest.raises(HardwareError):
         backend.gpm_sample(0, gis, interval_s=0.0)
     assert lib.samples == {}
@@ -206,14 +206,14 @@ def test_gpm_samples_freed_on_every_path(node: Any) -> None:
 
 def test_event_setup_skips_unsupported_gpus_and_frees_failed_sets(node: Any) -> None:
     backend, store, lib = node("mixed")
-    control.fail_call(store, "nvmlDeviceRegisterEvents", N.NVML_ERROR_UNKNOWN, gpu=2)
+    world.fail_call(store, "nvmlDeviceRegisterEvents", N.NVML_ERROR_UNKNOWN, gpu=2)
     with pytest.raises(HardwareError):
         backend.wait_event(10)
     assert lib.eventsets == {}  # the half-registered set was freed, not leaked
-    control.fail_call(store, "nvmlDeviceRegisterEvents", N.NVML_ERROR_NOT_SUPPORTED, gpu=1)
+    world.fail_call(store, "nvmlDeviceRegisterEvents", N.NVML_ERROR_NOT_SUPPORTED, gpu=1)
     assert backend.wait_event(10) is None
     assert backend.unwatched_gpus == {1: "NVML_ERROR_NOT_SUPPORTED"} and len(lib.eventsets) == 1
-    control.raise_xid(store, 3, 31, gi=None)
+    world.raise_xid(store, 3, 31, gi=None)
     ev = backend.wait_event(1000)
     assert ev is not None and (ev.gpu_index, ev.xid) == (3, 31)  # the other GPUs stay watched
 
@@ -312,13 +312,13 @@ def test_ctrl_c_during_a_slow_call_is_raised_as_the_call_returns(node: Any, requ
     backend, store, _ = node("single-a100")
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
-    control.set_mutation_delay(store, 0.2)
+    world.set_mutation_delay(store, 0.2)
     created = []
     threading.Timer(0.1, os.kill, args=(os.getpid(), signal.SIGINT)).start()  # lands in the first call
     with pytest.raises(KeyboardInterrupt):
         for start in range(7):
             created.append(backend.create_gpu_instance(0, 19, Placement(start, 1)))
-    control.set_mutation_delay(store, 0)
+    world.set_mutation_delay(store, 0)
     # The first creation took effect (the driver had done it) and the interrupt came as it returned:
     # before create_gpu_instance read the new GI's id, and before any second creation.
     assert created == [] and len(store.read().gpus[0].gis) == 1
@@ -347,10 +347,10 @@ def test_listing_survives_an_instance_vanishing_underneath(node: Any) -> None:
     backend, store, _ = node("single-a100")
     for s in range(3):
         backend.create_compute_instance(0, backend.create_gpu_instance(0, 19, Placement(s, 1)), 0)
-    control.fail_call(store, "nvmlDeviceGetMemoryInfo", N.NVML_ERROR_INVALID_ARGUMENT)
+    world.fail_call(store, "nvmlDeviceGetMemoryInfo", N.NVML_ERROR_INVALID_ARGUMENT)
     assert len(backend.list_mig_devices(0)) == 3
     for _ in range(60):
-        control.fail_call(store, "nvmlDeviceGetMemoryInfo", N.NVML_ERROR_INVALID_ARGUMENT)
+        world.fail_call(store, "nvmlDeviceGetMemoryInfo", N.NVML_ERROR_INVALID_ARGUMENT)
     t0 = time.monotonic()
     with pytest.raises(HardwareError, match="kept changing"):
         backend.list_mig_devices(0)  # bounded in time: a handle that stays invalid is an error

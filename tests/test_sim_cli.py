@@ -19,7 +19,7 @@ import pytest
 
 from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
-from tests.helpers import PROFILES, REPO, Migctl
+from tests.helpers import MIGCTL, PROFILES, REPO, Migctl
 
 
 def sim(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -80,7 +80,7 @@ def test_each_subcommand_acts_on_the_node(tmp_path: Path) -> None:
 def test_sim_fleet_finds_the_node_migctl_made(tmp_path: Path) -> None:
     """``--sim FLEET`` is the node migd and migctl call by that name (under $TMPDIR/migd-sim-UID/)."""
     env = {"TMPDIR": str(tmp_path)}
-    made = subprocess.run([sys.executable, "-m", "migd.cli", "--sim", "single-h100", "status"], capture_output=True,
+    made = subprocess.run([*MIGCTL, "--sim", "single-h100", "status"], capture_output=True,
                           text=True, cwd=REPO, timeout=60, env={**os.environ, **env})
     assert made.returncode == 0, made.stderr
     assert sim("lose", "--sim", "single-h100", "--gpu", "0", env=env).returncode == 0

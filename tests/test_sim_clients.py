@@ -14,7 +14,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from migd.sim import control
+from migd.sim import world
 from migd.sim.entry_board import pynvml_names
 from migd.sim.state import StateStore
 from tests.helpers import PROFILES, Migctl
@@ -36,7 +36,7 @@ def test_every_function_pynvml_wraps_resolves(tmp_path: Path) -> None:
 
 def test_an_unmodelled_function_answers_as_a_driver_does(tmp_path: Path) -> None:
     """NOT_SUPPORTED after the checks every entry point makes: a lost GPU is lost, a bad handle invalid."""
-    from migd.sim import control
+    from migd.sim import world
     from migd.sim.backend import load_library
     load_library(tmp_path / "s.json", "dgx-h100")
     pynvml.nvmlInit()
@@ -44,7 +44,7 @@ def test_an_unmodelled_function_answers_as_a_driver_does(tmp_path: Path) -> None
         h = pynvml.nvmlDeviceGetHandleByIndex(1)
         with pytest.raises(pynvml.NVMLError_NotSupported):
             pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)
-        control.set_lost(StateStore(tmp_path / "s.json"), 1)
+        world.set_lost(StateStore(tmp_path / "s.json"), 1)
         with pytest.raises(pynvml.NVMLError_GpuIsLost):
             pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)
         assert pynvml.nvmlSystemGetCudaDriverVersion() == 13000  # driver 580: CUDA 13.0
@@ -142,8 +142,8 @@ def test_plain_nvidia_smi_prints_the_gpu_mig_and_process_tables(tmp_path: Path) 
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
         store = StateStore(m.state)
-        control.start_process(store, 0, status["gpus"][0]["instances"][1]["gi_id"], 0, 1536, pid=sleeper.pid)
-        control.start_process(store, 3, None, 0, 512)  # a made-up pid on the GPU in whole-GPU mode
+        world.start_process(store, 0, status["gpus"][0]["instances"][1]["gi_id"], 0, 1536, pid=sleeper.pid)
+        world.start_process(store, 3, None, 0, 512)  # a made-up pid on the GPU in whole-GPU mode
         r = _smi(m.state)
     finally:
         sleeper.kill()

@@ -24,7 +24,7 @@ from migd.isolation.events import EventCounters
 from migd.isolation.marks import FaultMarks
 from migd.isolation.watch import FaultWatch
 from migd.metrics.sampler import Sampler
-from migd.sim import control
+from migd.sim import world
 from migd.sim.backend import sim_backend
 from migd.sim.entry_telemetry import activity
 from migd.sim.library import SimLibrary, loaded
@@ -46,7 +46,7 @@ def spent(before: Counter[str]) -> Counter[str]:
 
 def in_another_process(code: str) -> None:
     """Run ``code`` (with ``store`` bound to the state file) in a separate Python process."""
-    subprocess.run([sys.executable, "-c", f"from migd.sim import control\nfrom migd.sim.state import StateStore\n"
+    subprocess.run([sys.executable, "-c", f"from migd.sim import world\nfrom migd.sim.state import StateStore\n"
                     f"store = StateStore({str(lib().store.path)!r})\n{code}"], check=True, cwd=REPO, timeout=60)
 
 
@@ -70,7 +70,7 @@ def test_the_state_is_read_again_only_after_a_write(h100: NvmlBackend, monkeypat
     monkeypatch.setattr("migd.sim.state.open", counting_open, raising=False)
     h100.list_gpus()
     assert h100.gpu_processes(3) == [] and not reads  # 100+ calls, no write: the file is not read
-    in_another_process("control.start_process(store, 3, gi=7, ci=0)")  # another process writes
+    in_another_process("world.start_process(store, 3, gi=7, ci=0)")  # another process writes
     assert [p.gi_id for p in h100.gpu_processes(3)] == [7] and len(reads) == 1  # seen at once, read once
     h100.list_gpus()
     assert len(reads) == 1
@@ -112,7 +112,7 @@ def test_an_idle_event_wait_sleeps_until_another_process_writes(h100: NvmlBacken
     t0 = time.monotonic()
     assert h100.wait_event(1000) is None
     assert time.monotonic() - t0 >= 0.95 and len(looks) <= 3  # polling every 20 ms looked ~50 times
-    threading.Timer(0.3, in_another_process, args=("control.raise_xid(store, 5, 31, gi=7, ci=0)",)).start()
+    threading.Timer(0.3, in_another_process, args=("world.raise_xid(store, 5, 31, gi=7, ci=0)",)).start()
     t0 = time.monotonic()
     ev = h100.wait_event(10_000)
     assert ev is not None and (ev.gpu_index, ev.xid, ev.gi_id) == (5, 31, 7)
@@ -163,7 +163,7 @@ def test_gpm_activity_spans_the_whole_interval_between_cycles(tmp_path: Path) ->
     assert m("apply", str(PROFILES / "night.yaml")).code == 0
     backend = sim_backend(m.state, "single-h100")
     store = StateStore(m.state)
-    control.start_process(store, 0, gi=0, ci=0)  # a busy 7g: its GPM activity follows activity()
+    world.start_process(store, 0, gi=0, ci=0)  # a busy 7g: its GPM activity follows activity()
     gpu_uuid, start = store.read().gpus[0].uuid, store.read().gpus[0].gis[0].start
     ticks = iter(range(1000, 100_000, 100))  # the GPU's clock: each GPM sample reads it once
     lib().clock = lambda: float(next(ticks))
@@ -185,7 +185,7 @@ def test_gpm_activity_spans_the_whole_interval_between_cycles(tmp_path: Path) ->
 
 
 def test_the_fault_watch_remembers_processes_with_one_listing_per_gpu(h100: NvmlBackend) -> None:
-    control.start_process(lib().store, 2, gi=9, ci=0)
+    world.start_process(lib().store, 2, gi=9, ci=0)
     watch = FaultWatch(h100, threading.RLock(), EventCounters(), FaultMarks())
     watch.remember()  # first: learns the UUIDs
     before = Counter(lib().calls)

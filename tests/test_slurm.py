@@ -15,11 +15,11 @@ import pytest
 
 from migd.api.slurm import Phase
 from migd.apply.result import GpuStatus, OnBusy
+from migd.ctl.tables import daemon_table
 from migd.daemon.clock import Clock
 from migd.daemon.service import ManualApply
 from migd.metrics.daemonstate import slurm_families as _slurm
-from migd.report_text import daemon_table
-from migd.sim import control
+from migd.sim import world
 from migd.sim.state import StateStore
 from tests.helpers import PROFILES
 from tests.slurm_node import DAY_LAYOUT, NIGHT, NIGHT_LAYOUT, Node
@@ -105,7 +105,7 @@ def test_slurm_refusing_the_new_gres_leaves_the_node_serving_the_old_layout(node
 
 def test_an_nvml_failure_mid_apply_resumes_the_node_on_its_old_layout(node: Node) -> None:
     c = node.cluster
-    control.fail_call(StateStore(node.migctl.state), "nvmlDeviceCreateGpuInstanceWithPlacement",
+    world.fail_call(StateStore(node.migctl.state), "nvmlDeviceCreateGpuInstanceWithPlacement",
                       pynvml.NVML_ERROR_UNKNOWN, nth=1)
     d = node.daemon(Clock(NIGHT))
     d.reconcile("transition")

@@ -10,9 +10,9 @@ import time
 from datetime import timedelta
 
 from migd.api.demand import Source
+from migd.ctl.tables import daemon_table
 from migd.daemon.clock import Clock
 from migd.metrics.daemonstate import demand_families
-from migd.report_text import daemon_table
 from migd.slurm.want import Want
 from tests.slurm_node import DAY_LAYOUT, NIGHT, NIGHT_LAYOUT, Node, pair_node  # noqa: F401  (a fixture)
 

@@ -25,7 +25,7 @@ from migd.errors import ValidationError
 from migd.isolation.events import EventCounters
 from migd.isolation.watch import FaultWatch
 from migd.metrics.sampler import Sampler
-from migd.sim import control
+from migd.sim import world
 from migd.sim.state import StateStore
 from tests.helpers import PROFILES
 from tests.slurm_node import CONFIG, DAY_LAYOUT, NIGHT, NIGHT_LAYOUT, Node
@@ -119,7 +119,7 @@ def test_a_node_whose_gres_and_gpus_disagree_stays_drained(node: Node) -> None:
     failing = c.pid_script("start-slurmd-failing", "exit 1\n")
     d = node.daemon(Clock(NIGHT), start_slurmd=failing)
     ops = len(node.migctl("plan", str(PROFILES / "night.yaml"), "-o", "json").json()["gpus"][0]["operations"])
-    control.fail_call(StateStore(node.migctl.state), "*mutation*", 999, nth=ops + 1)  # the restore's first step
+    world.fail_call(StateStore(node.migctl.state), "*mutation*", 999, nth=ops + 1)  # the restore's first step
     d.reconcile("transition")
     assert node.layout() != DAY_LAYOUT  # the old layout could not be put back
     show = c.show()
@@ -235,7 +235,7 @@ def test_a_hung_controller_does_not_stop_the_sampler_or_the_fault_watch(node: No
         sampled.start()
         sampled.join(10)
         assert not sampled.is_alive(), "the sampler waited on the Slurm switch"
-        control.raise_xid(StateStore(node.migctl.state), 0, 79)
+        world.raise_xid(StateStore(node.migctl.state), 0, 79)
         node.cluster.wait(lambda: d.status.unhealthy.snapshot() != {}, "the fault watch to mark the GPU", 10)
         assert switch.is_alive()  # (the wait goes on: slurmctld is still stopped)
     finally:

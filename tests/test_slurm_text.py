@@ -15,8 +15,8 @@ import pytest
 
 from migd.api.daemon import Active, Reason, SimClock
 from migd.api.demand import Source
+from migd.ctl.daemon_table import _active_line, clock_of, utc
 from migd.daemon.demandpass import DemandPass
-from migd.report_daemon import _active_line, clock_of, utc
 from migd.slurm import want as want_text
 from migd.slurm.ctl import SlurmCtl, SlurmError, command_runner
 from migd.slurm.demandconf import DemandMode, DemandSettings

@@ -7,19 +7,18 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import PROFILES
+from tests.helpers import MIGCTL, PROFILES
 
 
 def _migctl(env_tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "TMPDIR": str(env_tmp)}
     for k in ("MIGD_SIM_STATE", "MIGD_STATE_DIR", "MIGD_SIM"):
         env.pop(k, None)
-    return subprocess.run([sys.executable, "-m", "migd.cli", *args], capture_output=True, text=True, timeout=60,
+    return subprocess.run([*MIGCTL, *args], capture_output=True, text=True, timeout=60,
                           env=env)
 
 

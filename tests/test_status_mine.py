@@ -1,4 +1,4 @@
-"""``migctl status --mine`` (migd/ctl_status.py): the four files a CUDA process opens, what nvidia-modprobe
+"""``migctl status --mine`` (migd/ctl/status.py): the four files a CUDA process opens, what nvidia-modprobe
 will make of them (the pure model, against nvidia-modprobe-utils.c), and what an ordinary user is told,
 over small fake driver trees: the recorded H100's registry and mig-minors table, real character
 devices (mknod: root) and real other users (a forked child that changed its ids), as the kernel checks
@@ -22,7 +22,7 @@ import pytest
 
 from migd.api.status import StatusDoc
 from migd.api.wire import from_json
-from migd.ctl_status import (
+from migd.ctl.status import (
     CTL_MINOR,
     DEFAULTS,
     NV_MAJOR,

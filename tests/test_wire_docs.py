@@ -21,12 +21,12 @@ from migd.api.slurm import Phase, SlurmSnapshot, SlurmState
 from migd.api.status import Gpu, MigMode, Process, Reading, StatusDoc, Unreadable
 from migd.api.wire import WireError, from_json, to_json
 from migd.apply.result import GpuStatus
+from migd.ctl.tables import daemon_table
 from migd.exits import Exit, failure
 from migd.isolation.audit import Check, Finding, Severity
 from migd.isolation.probe import Probe, ProbeRun, ProbeStatus
 from migd.plan.planner import OpKind
 from migd.profiles.model import Profile
-from migd.report_text import daemon_table
 from tests.helpers import PROFILES, Migctl
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from migd.api.status import Unreadable
 from migd.api.wire import OMIT_NONE
-from migd.doctor import Finding as DoctorFinding
+from migd.hardware.doctor import Finding as DoctorFinding
 from migd.isolation.audit import Finding
 from migd.isolation.probe import Probe
 

@@ -83,7 +83,7 @@ class FaultGate(Protocol):
 
 
 class AccessGate(Protocol):
-    """Who may use a GPU's instances (``migd.access.control.AccessControl``): closed before its layout
+    """Who may use a GPU's instances (``migd.access.enforce.AccessControl``): closed before its layout
     or owners change (HardwareError: then it is not changed), each new instance sealed as the driver
     makes it, opened as its owners' grants say once settled."""
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from migd.access.control import PROC_INTERFACE, AccessControl
+from migd.access.enforce import PROC_INTERFACE, AccessControl
 from migd.api.access import AccessView
 from migd.apply.executor import Applier
 from migd.daemon.config import Config, unmapped_owners

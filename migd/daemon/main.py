@@ -23,9 +23,9 @@ from migd.apply.journal import left_behind
 from migd.cliargs import Parser
 from migd.daemon import loop
 from migd.daemon.config import Config, load_config, unmapped_owners
-from migd.daemon.control import AlreadyRunning, ControlServer, Handlers, claim
 from migd.daemon.driverwait import open_nvml
 from migd.daemon.sdnotify import Notifier
+from migd.daemon.server import AlreadyRunning, ControlServer, Handlers, claim
 from migd.daemon.service import Clock, Daemon
 from migd.daemon.signals import SignalRelay
 from migd.daemon.watchdog import Watchdog

@@ -1,5 +1,5 @@
 """What the daemon answers the control socket, as typed values: a reload's verdict and what ``migctl
-resume`` did (what a client asks is ``migd.api.control``)."""
+resume`` did (what a client asks is ``migd.api.commands``)."""
 
 from __future__ import annotations
 

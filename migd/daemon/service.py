@@ -20,7 +20,7 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
-from migd.api.control import DAEMON_LOCK_TIMEOUT_S, ManualApply
+from migd.api.commands import DAEMON_LOCK_TIMEOUT_S, ManualApply
 from migd.api.daemon import LastApply, Outcome, Status, outcome_of
 from migd.api.demand import Source
 from migd.api.override import OverrideStore

@@ -24,12 +24,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from migd.background import BackgroundLoop
 from migd.hardware.ports import GpuBackend
 from migd.hardware.types import EventKind, GpuEvent, HardwareError
 from migd.isolation.events import EventCounters
 from migd.isolation.marks import FaultMarks
 from migd.isolation.xids import FATAL_GPU_XIDS, FaultMark
-from migd.loop import BackgroundLoop
 
 log = logging.getLogger("migd.faults")
 # One event wait when no apply waits for the watch to catch up: an apply's catch-up waits out the

@@ -17,10 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from migd.background import BackgroundLoop
 from migd.hardware.inventory import Unreadable
 from migd.hardware.ports import GpuView, ViewSource
 from migd.hardware.types import GpmMetrics, GpuInfo, GpuInstance, HardwareError, MigDevice
-from migd.loop import BackgroundLoop
 from migd.metrics.snapshot import CiSample, GiSample, GpuSample, Snapshot
 from migd.report import gpu_doc
 

@@ -3,7 +3,7 @@ serves it; and the MIG device table a CUDA program asks the driver for.
 
 Why a module of its own: everything else of the simulated driver's files stands on it.  The boot
 (``migd.sim.caps``) writes through it, nvidia-modprobe (``migd.sim.modprobe_rules``) reads capability
-files through :func:`proc_read`, the simulated NVML library and ``migd.sim.control`` call :func:`sync`
+files through :func:`proc_read`, the simulated NVML library and ``migd.sim.world`` call :func:`sync`
 after each change of instances, and the adoption of CUDA processes (``migd.sim.caps_claims``) looks
 devices up in :func:`mig_devices`.  It imports none of them.
 

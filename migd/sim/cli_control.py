@@ -1,6 +1,6 @@
 """``migd-sim process|xid|lose|return|slow``: what the world does to a simulated node, from a shell.
 
-Each subcommand is one call of :mod:`migd.sim.control` on the node that ``migd`` and ``migctl`` run
+Each subcommand is one call of :mod:`migd.sim.world` on the node that ``migd`` and ``migctl`` run
 against (``--sim FLEET``, its state file under ``$TMPDIR/migd-sim-UID/``, or ``--sim-state PATH``), so
 an operator rehearsing day one can start a workload, raise an Xid, lose a GPU or slow the driver down
 while migd runs, without writing Python.  Bad input is one line on stderr and exit 2, and then nothing
@@ -19,7 +19,7 @@ from typing import Any
 
 from migd.errors import ValidationError
 from migd.paths import sim_root
-from migd.sim import control
+from migd.sim import world
 from migd.sim.state import FLEETS, StateStore
 from migd.trust import ensure_private_dir
 
@@ -106,36 +106,36 @@ def _seconds(text: str) -> float:
 
 def process_start(args: argparse.Namespace, store: StateStore) -> str:
     gpu, gi, ci = _target(args, store)
-    pid = control.start_process(store, gpu, gi, 0 if ci is None else ci, args.memory, args.pid, check=True)
+    pid = world.start_process(store, gpu, gi, 0 if ci is None else ci, args.memory, args.pid, check=True)
     return str(pid)
 
 
 def process_stop(args: argparse.Namespace, store: StateStore) -> str:
-    control.stop_process(store, args.pid, must_exist=True)
+    world.stop_process(store, args.pid, must_exist=True)
     return f"process {args.pid} stopped"
 
 
 def xid(args: argparse.Namespace, store: StateStore) -> str:
     gpu, gi, ci = _target(args, store)
     leak = tuple(args.leak_to or ())
-    control.raise_xid(store, gpu, args.xid, gi, ci, leak, check=True)
+    world.raise_xid(store, gpu, args.xid, gi, ci, leak, check=True)
     where = f"GPU {gpu}" + (" (GPU-wide)" if gi is None else f" GI {gi}" + (f" CI {ci}" if ci is not None else ""))
     return f"Xid {args.xid} on {where}" + (f"; it also broke GI {', '.join(map(str, leak))}" if leak else "")
 
 
 def lose(args: argparse.Namespace, store: StateStore) -> str:
-    was = control.set_lost(store, args.gpu, True)
+    was = world.set_lost(store, args.gpu, True)
     return f"GPU {args.gpu} " + ("was already lost" if was else
                                 "lost: every NVML call on it answers GPU_IS_LOST until `migd-sim return`")
 
 
 def give_back(args: argparse.Namespace, store: StateStore) -> str:
-    was = control.set_lost(store, args.gpu, False)
+    was = world.set_lost(store, args.gpu, False)
     return f"GPU {args.gpu} " + ("answers again, as it was when lost" if was else "was not lost")
 
 
 def slow(args: argparse.Namespace, store: StateStore) -> str:
-    control.set_mutation_delay(store, args.seconds)
+    world.set_mutation_delay(store, args.seconds)
     return f"every mutating NVML call now takes {args.seconds:g} s" if args.seconds else \
         "mutating NVML calls take no extra time"
 
@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
     handler: Handler = args.handler
     try:
         print(handler(args, _node(args)))
-    except (BadInput, control.SimError) as e:
+    except (BadInput, world.SimError) as e:
         name = " ".join(x for x in (args.command, getattr(args, "action", None)) if x)
         print(f"migd-sim {name}: {e}", file=sys.stderr)
         return 2

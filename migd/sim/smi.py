@@ -16,9 +16,9 @@ from typing import TypeVar
 import pynvml
 
 from migd.catalog.models import GiProfile
-from migd.sim.control import SimError, reset_gpu
 from migd.sim.gpu import mig_uuid, sim_model
 from migd.sim.state import SimGi, SimGpu, SimState, StateStore
+from migd.sim.world import SimError, reset_gpu
 
 GIB = 1024.0
 T = TypeVar("T")

@@ -136,7 +136,7 @@ class StateStore:
     it (issue 16): every write bumps a generation counter kept in the lock file, read with one
     ``pread`` under the lock.  (The file's inode and mtime cannot stand in for it: ``os.replace``
     frees inode numbers for reuse and mtimes tick coarsely.)  So every writer goes through a
-    StateStore: the simulated library, ``migd.sim.control``, the fake nvidia-smi and tests do."""
+    StateStore: the simulated library, ``migd.sim.world``, the fake nvidia-smi and tests do."""
 
     def __init__(self, path: str | os.PathLike[str] | None = None, state: SimState | None = None) -> None:
         self.path = Path(path) if path is not None else None

@@ -7,17 +7,17 @@ import argparse
 from pathlib import Path
 
 from migd.api.audit import DaemonAudit, DaemonMarks, IsolationDoc
-from migd.api.control import ControlError, Reply, reply_as, request
+from migd.api.commands import ControlError, Reply, reply_as, request
 from migd.api.wire import from_json
 from migd.apply.executor import Applier
-from migd.ctl_daemon import control_socket, daemon_request, out
+from migd.ctl.remote import control_socket, daemon_request, out
+from migd.ctl.tables import isolation_table
 from migd.exits import Exit, partly
 from migd.hardware.ports import GpuBackend
 from migd.isolation.audit import Severity, audit
 from migd.isolation.probe import run_probe
 from migd.profiles.loader import load_profile
 from migd.report import unreadable as report_unreadable
-from migd.report_text import isolation_table
 
 
 def cmd_isolation(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:

@@ -14,13 +14,13 @@ from migd.api.audit import DoctorDoc, IsolationDoc
 from migd.api.plan import ApplyDoc, AssertDoc, GpuPlan, Operation, PlanDoc
 from migd.api.status import Gpu, JournalLeft, Reading, StatusDoc, Unreadable
 from migd.apply.result import GpuStatus
-from migd.doctor import UNREADABLE_CHECK, Finding, Verdict
+from migd.ctl.daemon_table import RESUME_HINT as RESUME_HINT  # (re-exported: migctl's tables are all here)
+from migd.ctl.daemon_table import When, signal_lines, utc
+from migd.ctl.daemon_table import daemon_table as daemon_table
+from migd.hardware.doctor import UNREADABLE_CHECK, Finding, Verdict
 from migd.plan.planner import OpKind
 from migd.printable import text_lines
 from migd.profiles.model import index_ranges
-from migd.report_daemon import RESUME_HINT as RESUME_HINT  # (re-exported: migctl's tables are all here)
-from migd.report_daemon import When, signal_lines, utc
-from migd.report_daemon import daemon_table as daemon_table
 
 
 def groups(items: Iterable[tuple[int, str]]) -> list[tuple[str, str]]:

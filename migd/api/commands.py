@@ -1,6 +1,6 @@
 """The control socket as a client sees it: one JSON request line, one JSON reply line per connection.
 
-migctl talks to migd through this alone; the server (``migd.daemon.control``) imports the same limits,
+migctl talks to migd through this alone; the server (``migd.daemon.server``) imports the same limits,
 so neither side imports the other's machinery.
 """
 

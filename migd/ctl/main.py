@@ -21,8 +21,11 @@ from migd.apply.hooks import Hooks, parse_hooks
 from migd.apply.journal import left_behind
 from migd.apply.planning import touched
 from migd.apply.result import ApplyOptions, BusyError, GpuStatus, OnBusy, busy_timeout_for
-from migd.ctl_apply import kept_hold, refused_out
-from migd.ctl_daemon import (
+from migd.ctl.apply import kept_hold, refused_out
+from migd.ctl.isolation import cmd_isolation, isolation_from_daemon
+from migd.ctl.parser import parse
+from migd.ctl.parser import parser as parser  # (tests/test_help.py reads it here)
+from migd.ctl.remote import (
     apply_via_daemon,
     cmd_clear_fault,
     cmd_daemon,
@@ -33,13 +36,17 @@ from migd.ctl_daemon import (
     out,
     refuse_local,
 )
-from migd.ctl_isolation import cmd_isolation, isolation_from_daemon
-from migd.ctl_parser import parse
-from migd.ctl_parser import parser as parser  # (tests/test_help.py reads it here)
-from migd.ctl_status import status_out
-from migd.doctor import UNREADABLE_CHECK, Verdict, diagnose
+from migd.ctl.status import status_out
+from migd.ctl.tables import (
+    apply_table,
+    assert_table,
+    doctor_table,
+    plan_table,
+    unreadable_lines,
+)
 from migd.errors import ValidationError
 from migd.exits import EXPECTED, Exit, failure, for_result, partly
+from migd.hardware.doctor import UNREADABLE_CHECK, Verdict, diagnose
 from migd.hardware.inventory import Unreadable
 from migd.hardware.ports import GpuBackend
 from migd.plan.planner import GpuPlan
@@ -50,13 +57,6 @@ from migd.profiles.model import Profile, index_ranges
 from migd.profiles.validate import check_file
 from migd.report import apply_doc, assert_doc, doctor_doc, plan_doc, status_doc
 from migd.report import unreadable as report_unreadable
-from migd.report_text import (
-    apply_table,
-    assert_table,
-    doctor_table,
-    plan_table,
-    unreadable_lines,
-)
 from migd.sim.fleets import FLEETS
 from migd.yamlsrc import load, read
 

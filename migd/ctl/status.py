@@ -35,11 +35,11 @@ from pathlib import Path
 from typing import TypeVar
 
 from migd.api.status import Gpu, Instance, StatusDoc
-from migd.ctl_daemon import caps_root, out
+from migd.ctl.remote import caps_root, out
+from migd.ctl.tables import mine_table, status_table
 from migd.exits import Exit, partly
 from migd.hardware.caps import CapsPaths, caps_major, ci_cap, gi_cap, modprobe_fields, read_minors, uses_devfs
 from migd.printable import shown
-from migd.report_text import mine_table, status_table
 
 NV_MAJOR = 195  # nvidia-modprobe-utils.h NV_MAJOR_DEVICE_NUMBER: /dev/nvidia<N> is 195:N
 CTL_MINOR = 255  # /dev/nvidiactl is 195:255

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from migd.api.audit import DaemonAudit
-from migd.api.control import MAX_REQUEST, ApplyRequest, BadJson, ManualApply, listening, parse_object
+from migd.api.commands import MAX_REQUEST, ApplyRequest, BadJson, ManualApply, listening, parse_object
 from migd.api.daemon import DaemonDoc
 from migd.api.status import StatusDoc
 from migd.api.wire import to_json

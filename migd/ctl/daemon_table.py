@@ -2,7 +2,7 @@
 
 Every time on the screen is on one clock, the one the schedule runs on: the machine's, or on a clock
 of migd's own (``--now``, ``--time-scale``) that one, said on the second line.  A GPU that waits for busy
-instances says for which PIDs; it is neither drifted nor the apply's failure.  (``report_text`` has the
+instances says for which PIDs; it is neither drifted nor the apply's failure.  (``tables`` has the
 other tables and takes ``daemon_table`` from here.)
 """
 

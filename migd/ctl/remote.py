@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from migd import paths
-from migd.api.control import (
+from migd.api.commands import (
     ApplyReply,
     ApplyRequest,
     ClearedReply,
@@ -29,12 +29,12 @@ from migd.api.daemon import DaemonDoc
 from migd.api.status import StatusDoc
 from migd.api.wire import WireError
 from migd.apply.result import GpuStatus, OnBusy, busy_timeout_for
+from migd.ctl.daemon_table import clock_of
+from migd.ctl.tables import RESUME_HINT, apply_table, daemon_table
 from migd.errors import ValidationError
 from migd.exits import Exit
 from migd.printable import shown
 from migd.report import dump
-from migd.report_daemon import clock_of
-from migd.report_text import RESUME_HINT, apply_table, daemon_table
 
 
 def control_socket(args: argparse.Namespace) -> Path:
