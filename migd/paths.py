@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 from migd.trust import ensure_private_dir
@@ -51,3 +52,15 @@ def status_socket(control: Path) -> Path:
     so this one has a directory of its own beside it, open to look into and writable by root only:
     /run/migd/control.sock -> /run/migd-view/status.sock (the unit's second RuntimeDirectory)."""
     return control.parent.parent / f"{control.parent.name}-view" / "status.sock"
+
+
+def listening(path: Path) -> bool:
+    """Whether a daemon answers on ``path`` (a socket file nobody listens on is stale)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(str(path))
+    except (FileNotFoundError, ConnectionRefusedError):
+        return False
+    finally:
+        s.close()
+    return True

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from migd.api.commands import request
+from migd.ctl.client import request
 from tests.helpers import PROFILES, Migctl
 
 CONFIG = """\

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from migd.api.commands import request
+from migd.ctl.client import request
 from migd.hardware.caps import CapsPaths, read_minors
 from migd.sim import caps, caps_tree
 from migd.sim.cuda import main as cuda_main

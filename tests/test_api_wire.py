@@ -3,45 +3,71 @@ request migd cannot use is refused by name."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from migd.api.commands import DAEMON_LOCK_TIMEOUT_S, ApplyRequest, ManualApply
-from migd.api.wire import to_json
+from migd.api.commands import (
+    DAEMON_LOCK_TIMEOUT_S,
+    ApplyReply,
+    ApplyRequest,
+    Ask,
+    ClearedReply,
+    ManualApply,
+    Refusal,
+    ReloadReply,
+    ResumeReply,
+)
+from migd.api.wire import from_json, to_json
 from migd.apply.result import OnBusy
 from migd.errors import ValidationError
 
 
 def test_an_apply_request_survives_the_socket() -> None:
-    sent = ApplyRequest("/home/a/night.yaml", "apiVersion: migd/v1\n", "cfg", ManualApply(
+    sent = ApplyRequest.of("/home/a/night.yaml", "apiVersion: migd/v1\n", "cfg", ManualApply(
         on_busy=OnBusy.WAIT, dry_run=True, busy_timeout_s=90.0, lock_timeout_s=0.0, parallel=False, mode_only=True),
         withdraw_on_hangup=True)
-    wire = sent.to_json()
-    assert wire["cmd"] == "apply" and wire["on_busy"] == "wait"
-    assert ApplyRequest.from_json(wire) == sent
+    wire = to_json(sent)
+    assert wire["cmd"] == "apply" and wire["on_busy"] == "wait" and wire["busy_timeout_s"] == 90.0  # (flat)
+    assert from_json(ApplyRequest, wire) == sent and from_json(ApplyRequest, wire).options == sent.options
 
 
 def test_a_request_from_an_older_client_takes_the_daemons_defaults() -> None:
-    got = ApplyRequest.from_json({"cmd": "apply", "file": "p.yaml", "text": "x: 1\n"})
+    got = from_json(ApplyRequest, {"cmd": "apply", "file": "p.yaml", "text": "x: 1\n"})
     assert got.options == ManualApply() and got.options.lock_timeout_s == DAEMON_LOCK_TIMEOUT_S
     assert got.withdraw_on_hangup is False  # only a client that asks for it is withdrawn by a hang-up
 
 
+def test_a_request_without_the_profile_text_is_refused_by_name() -> None:
+    got = from_json(ApplyRequest, {"cmd": "apply", "file": "p.yaml"})
+    with pytest.raises(ValidationError, match="carries no profile text"):
+        got.profile_text()
+
+
 @pytest.mark.parametrize(("req", "error"), [
-    ({"cmd": "apply", "file": "p.yaml"}, "carries no profile text"),
-    ({"cmd": "apply", "file": 7, "text": ""}, "file: must be text"),
-    ({"cmd": "apply", "file": "p.yaml", "text": "", "config": ["a"]}, "config: must be text"),
+    ({"cmd": "apply", "file": 7, "text": ""}, "file: expected str"),
+    ({"cmd": "apply", "file": "p.yaml", "text": "", "config": ["a"]}, "config: expected str"),
+    ({"cmd": "apply", "file": "p.yaml", "text": "", "on_busy": "maybe"}, "on_busy: 'maybe' is not one of"),
+    ({"cmd": "apply", "file": "p.yaml", "text": "", "lock_timeout_s": True}, "lock_timeout_s: expected float"),
+    ({"cmd": "apply", "file": "p.yaml", "text": "", "busy_timeout_s": -1}, "busy_timeout_s -1: must not be negative"),
+    ({"cmd": "reboot"}, "cmd: 'reboot' is not one of status, layout"),
+    ({"cmd": ["status"]}, "cmd: \\['status'\\] is not one of"),
 ])
 def test_a_request_migd_cannot_use_is_refused_by_name(req: dict[str, object], error: str) -> None:
-    with pytest.raises(ValidationError, match=error):
-        ApplyRequest.from_json(req)
+    """Every field is read through its type: a misfit is a ValueError naming the field (said to the
+    client as `bad request: ...`)."""
+    kind = ApplyRequest if req.get("cmd") == "apply" else Ask
+    with pytest.raises(ValueError, match=error):
+        from_json(kind, req)
 
 
-@pytest.mark.parametrize("bad", [{"on_busy": "maybe"}, {"busy_timeout_s": -1}, {"lock_timeout_s": True}])
-def test_bad_options_are_value_errors(bad: dict[str, object]) -> None:
-    with pytest.raises(ValueError):
-        ApplyRequest.from_json({"cmd": "apply", "file": "p.yaml", "text": "", **bad})
+@pytest.mark.parametrize("reply", [
+    Refusal(False, 2, "bad request: x"), ReloadReply(True, 0, "ok"), ClearedReply(True, 0, ("GPU-1",)),
+    ResumeReply(True, 0, None, "day", None), ApplyReply(False, 3, "busy", ("w",)),
+])
+def test_each_reply_survives_the_socket(reply: object) -> None:
+    assert from_json(type(reply), json.loads(json.dumps(to_json(reply)))) == reply
 
 
 def test_the_slurm_state_survives_its_file(tmp_path: Path) -> None:

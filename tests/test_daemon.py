@@ -262,9 +262,10 @@ def _explode(*args: object) -> Any:
 
 def test_control_server_always_answers(tmp_path: Path) -> None:
     """A failure inside the daemon reaches migctl as an error reply, never as a silent hang-up."""
-    from migd.api.commands import request
+    from migd.ctl.client import request
     from migd.daemon.server import ControlServer, Handlers
-    server = ControlServer(tmp_path / "ctl.sock", Handlers(_explode, _explode, _explode, _explode, _explode, _explode))
+    server = ControlServer(tmp_path / "ctl.sock", Handlers(_explode, _explode, _explode, _explode, _explode, _explode,
+                                                                     _explode))
     server.start()
     try:
         reply = request(server.path, {"cmd": "status"}, timeout_s=10)

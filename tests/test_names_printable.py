@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from migd.api.commands import request
 from migd.api.daemon import DaemonDoc
 from migd.api.wire import from_json
 from migd.apply.executor import Applier
+from migd.ctl.client import request
 from migd.ctl.tables import daemon_table
 from migd.daemon.main import setup_logging
 from migd.metrics.gpus import gpu_families

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from migd.api.commands import request
+from migd.ctl.client import request
 from tests.daemon_harness import MigdProcess
 from tests.helpers import PROFILES, migctl_as, need_root
 

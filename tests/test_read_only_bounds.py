@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from migd.api.commands import request
+from migd.ctl.client import request
 from migd.daemon.slots import Limits
 from tests.helpers import PROFILES, migctl_as, need_root
 from tests.test_read_only import NOBODY, args, viewed

@@ -215,7 +215,7 @@ def test_a_config_cannot_switch_off_the_check_of_itself(tmp_path: Path) -> None:
 def test_forty_concurrent_migctl_clients_all_get_an_answer(tmp_path: Path) -> None:
     import threading as th
 
-    from migd.api.commands import request
+    from migd.ctl.client import request
     from migd.daemon.server import ControlServer, Handlers
 
     def slow_status() -> dict[str, object]:

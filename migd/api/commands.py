@@ -1,32 +1,58 @@
-"""The control socket as a client sees it: one JSON request line, one JSON reply line per connection.
+"""The control socket's documents: one JSON request line, one JSON reply line per connection.
 
-migctl talks to migd through this alone; the server (``migd.daemon.server``) imports the same limits,
-so neither side imports the other's machinery.
+Every request and every reply is a wire type here, read and written by ``wire.py`` alone, so the
+server (``migd.daemon.server``) and migctl (``migd.ctl.client``, ``migd.ctl.remote``) spell no field
+of their own.  Fields are only ever added; a reader ignores fields it does not know (an older migd
+takes a newer migctl's request).  The limits bound what either end reads.
 """
 
 from __future__ import annotations
 
 import json
-import socket
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
+from migd.api.audit import DaemonAudit
 from migd.api.daemon import DaemonDoc, SimClock
 from migd.api.override import HeldView
 from migd.api.plan import ApplyDoc
 from migd.api.status import StatusDoc
-from migd.api.wire import WireError, from_json
+from migd.api.wire import OMIT_NONE, from_json
 from migd.apply.result import OnBusy
 from migd.errors import ValidationError
+from migd.isolation.audit import Finding
+from migd.kinds import Word
 
 MAX_REQUEST = 1 << 20  # bytes of one request line
 MAX_REPLY = 16 << 20  # bytes of one reply line (a 64-GPU node's status is well under 1 MiB)
 MAX_DEPTH = 32  # nesting of JSON arrays and objects, either way (migd's documents nest less than 10 deep)
 T = TypeVar("T")
 DAEMON_LOCK_TIMEOUT_S = 30.0  # how long migd's own applies wait for the apply lock (a migctl --local)
+
+
+class Command(Word):
+    """What a client may ask; the read-only socket answers those that only look."""
+
+    STATUS = "status"  # the daemon's state: DaemonReply
+    LAYOUT = "layout"  # the GPUs as migd's sampler last read them: LayoutReply
+    ISOLATION = "isolation"  # migd's last audit and its fault marks: IsolationReply
+    RELOAD = "reload"  # ReloadReply
+    APPLY = "apply"  # ApplyRequest -> ApplyReply
+    RESUME = "resume"  # ResumeReply
+    CLEAR_FAULT = "clear-fault"  # ClearFault -> ClearedReply
+
+
+@dataclass(frozen=True)
+class Ask:
+    """A request that is its command alone (every request's head)."""
+
+    cmd: Command
+
+
+@dataclass(frozen=True)
+class ClearFault:
+    cmd: Command
+    gpu: str  # an index or a UUID
 
 
 @dataclass(frozen=True)
@@ -40,88 +66,154 @@ class ManualApply:
     parallel: bool = True
     mode_only: bool = False
 
-    def to_json(self) -> dict[str, Any]:
-        return {"on_busy": self.on_busy.value, "dry_run": self.dry_run, "busy_timeout_s": self.busy_timeout_s,
-                "lock_timeout_s": self.lock_timeout_s, "parallel": self.parallel, "mode_only": self.mode_only}
-
-    @classmethod
-    def from_json(cls, req: dict[str, Any]) -> ManualApply:
-        """Checked values from a control-socket request; ValueError names a bad one."""
-        on_busy = OnBusy(req.get("on_busy", "refuse"))
-        numbers = {k: req.get(k) for k in ("busy_timeout_s", "lock_timeout_s")}
-        for k, v in numbers.items():
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
-                raise ValueError(f"{k} {v!r}")
-        lock = numbers["lock_timeout_s"]
-        return cls(on_busy=on_busy, dry_run=bool(req.get("dry_run")), busy_timeout_s=numbers["busy_timeout_s"],
-                   lock_timeout_s=DAEMON_LOCK_TIMEOUT_S if lock is None else float(lock),
-                   parallel=bool(req.get("parallel", True)), mode_only=bool(req.get("mode_only")))
+    def __post_init__(self) -> None:
+        for name in ("busy_timeout_s", "lock_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} {value!r}: must not be negative")
 
 
 @dataclass(frozen=True)
 class ApplyRequest:
     """An apply handed to migd: the profile's text, read by the client as the user who runs it (migd,
-    sandboxed, opens no client's path), the path for messages, and the options.  With
-    ``withdraw_on_hangup`` (migctl's) the client closing its end cancels the apply."""
+    sandboxed, opens no client's path), the path for messages, and the options, flat on the wire.
+    With ``withdraw_on_hangup`` (migctl's) the client closing its end cancels the apply."""
 
+    cmd: Command
     file: str
-    text: str
+    text: str | None = None  # None: an older client that sent only the path
     config: str | None = None
-    options: ManualApply = field(default_factory=ManualApply)
+    on_busy: OnBusy = OnBusy.REFUSE
+    dry_run: bool = False
+    busy_timeout_s: float | None = None
+    lock_timeout_s: float = DAEMON_LOCK_TIMEOUT_S
+    parallel: bool = True
+    mode_only: bool = False
     withdraw_on_hangup: bool = False
 
-    def to_json(self) -> dict[str, Any]:
-        return {"cmd": "apply", "file": self.file, "text": self.text, "config": self.config,
-                **self.options.to_json(), "withdraw_on_hangup": self.withdraw_on_hangup}
+    def __post_init__(self) -> None:
+        self.options  # noqa: B018 - checks the numbers (ValueError), as they arrive
 
     @classmethod
-    def from_json(cls, req: dict[str, Any]) -> ApplyRequest:
-        """A checked request: ValidationError (no text, a bad field) or ValueError (a bad option)."""
-        file, text, config = req.get("file"), req.get("text"), req.get("config")
-        if not isinstance(text, str):
-            raise ValidationError(str(file), None, None, "", "the request carries no profile text; migd reads "
+    def of(cls, file: str, text: str, config: str | None, options: ManualApply,
+           withdraw_on_hangup: bool = False) -> ApplyRequest:
+        o = options
+        return cls(Command.APPLY, file, text, config, o.on_busy, o.dry_run, o.busy_timeout_s, o.lock_timeout_s,
+                   o.parallel, o.mode_only, withdraw_on_hangup)
+
+    @property
+    def options(self) -> ManualApply:
+        return ManualApply(self.on_busy, self.dry_run, self.busy_timeout_s, self.lock_timeout_s, self.parallel,
+                           self.mode_only)
+
+    def profile_text(self) -> str:
+        if self.text is None:
+            raise ValidationError(self.file, None, None, "", "the request carries no profile text; migd reads "
                                   "no client's files (a migctl of this version sends the text)")
-        if not isinstance(file, str) or not (config is None or isinstance(config, str)):
-            raise ValidationError("control request", None, None, "file" if not isinstance(file, str) else "config",
-                                  "must be text")
-        return cls(file, text, config, ManualApply.from_json(req), req.get("withdraw_on_hangup") is True)
+        return self.text
 
 
-def listening(path: Path) -> bool:
-    """Whether a daemon answers on ``path`` (a socket file nobody listens on is stale)."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        s.connect(str(path))
-    except (FileNotFoundError, ConnectionRefusedError):
-        return False
-    finally:
-        s.close()
-    return True
+# -- replies: each carries whether migd did it and the exit code migctl ends with ----------------------------
 
 
-def _connect(path: Path, timeout_s: float) -> socket.socket | None:
-    """Connected, or None if nobody listens; a full backlog (EAGAIN) is waited out for up to 10 s."""
-    deadline = time.monotonic() + min(timeout_s, 10.0)
-    delay = 0.01
-    while True:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(timeout_s)
-        try:
-            s.connect(str(path))
-            return s
-        except (FileNotFoundError, ConnectionRefusedError):
-            s.close()
-            return None
-        except BlockingIOError:
-            s.close()
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"migd's control socket {path} stays busy (too many clients at once)") from None
-            time.sleep(delay)
-            delay = min(0.2, delay * 2)
+@dataclass(frozen=True)
+class Reply:
+    """What every reply carries (read first, whatever the command): ``error`` says why not."""
+
+    ok: bool
+    exit: int
+    error: str | None = None
+    warnings: tuple[str, ...] = ()
 
 
-class ControlError(ConnectionError):
-    """Talking to migd failed (it died, or closed the socket): not the caller's own stdout."""
+@dataclass(frozen=True)
+class Refusal:
+    """Any request migd did not do: bad input, not permitted, an expected failure."""
+
+    ok: bool
+    exit: int
+    error: str
+
+
+@dataclass(frozen=True)
+class ApplyReply:
+    """migd's answer to an apply: the result (also beside a refusal that had one), how long it holds,
+    and migd's own clock when it runs on one."""
+
+    ok: bool
+    exit: int
+    error: str | None = field(default=None, metadata=OMIT_NONE)
+    warnings: tuple[str, ...] = ()
+    result: ApplyDoc | None = field(default=None, metadata=OMIT_NONE)
+    override: HeldView | None = field(default=None, metadata=OMIT_NONE)
+    clock: SimClock | None = field(default=None, metadata=OMIT_NONE)
+
+
+@dataclass(frozen=True)
+class ResumeReply:
+    """``resume`` done: whose hold was lifted (None: none was held), the scheduled profile (None: no entry
+    has fired yet) and the apply back to it."""
+
+    ok: bool
+    exit: int
+    lifted: str | None
+    profile: str | None
+    result: ApplyDoc | None
+
+
+@dataclass(frozen=True)
+class ReloadReply:
+    ok: bool
+    exit: int
+    detail: str | None
+
+
+@dataclass(frozen=True)
+class ClearedReply:
+    ok: bool
+    exit: int
+    cleared: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DaemonReply:
+    ok: bool
+    exit: int
+    daemon: DaemonDoc
+
+
+@dataclass(frozen=True)
+class LayoutReply:
+    ok: bool
+    exit: int
+    status: StatusDoc
+
+
+@dataclass(frozen=True)
+class IsolationReply:
+    """migd's last audit of the active profile and its fault marks (``DaemonAudit``'s fields, flat)."""
+
+    ok: bool
+    exit: int
+    unhealthy: dict[str, str]
+    breaches: tuple[str, ...]
+    findings: tuple[Finding, ...]
+
+    @classmethod
+    def of(cls, audit: DaemonAudit) -> IsolationReply:
+        return cls(True, 0, audit.unhealthy, audit.breaches, audit.findings)
+
+    @property
+    def audit(self) -> DaemonAudit:
+        return DaemonAudit(self.unhealthy, self.breaches, self.findings)
+
+
+def reply_as(cls: type[T], reply: dict[str, Any], where: str = "reply") -> T:
+    """``reply`` read through its wire type: a misfit is a WireError naming the field."""
+    return from_json(cls, reply, where)
+
+
+# -- reading a line ------------------------------------------------------------------------------------------
 
 
 class BadJson(ValueError):
@@ -154,127 +246,3 @@ def parse_object(line: bytes) -> dict[str, Any]:
     if _depth(doc) > MAX_DEPTH:
         raise BadJson(f"JSON nested deeper than {MAX_DEPTH}")
     return doc
-
-
-@dataclass(frozen=True)
-class Reply:
-    """What every reply carries: whether migd did it, the exit code migctl ends with, and why not."""
-
-    ok: bool
-    exit: int
-    error: str | None = None
-    warnings: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class ApplyReply:
-    """migd's answer to an apply: the result (also beside a refusal that had one), how long it holds,
-    and migd's own clock when it runs on one."""
-
-    ok: bool
-    exit: int
-    error: str | None = None
-    warnings: tuple[str, ...] = ()
-    result: ApplyDoc | None = None
-    override: HeldView | None = None
-    clock: SimClock | None = None
-
-
-@dataclass(frozen=True)
-class ResumeReply:
-    """``resume`` done: whose hold was lifted (None: none was held), the scheduled profile (None: no entry
-    has fired yet) and the apply back to it."""
-
-    lifted: str | None
-    profile: str | None
-    result: ApplyDoc | None
-
-
-@dataclass(frozen=True)
-class ReloadReply:
-    detail: str | None
-
-
-@dataclass(frozen=True)
-class ClearedReply:
-    cleared: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class DaemonReply:
-    daemon: DaemonDoc
-
-
-@dataclass(frozen=True)
-class LayoutReply:
-    status: StatusDoc
-
-
-def reply_as(cls: type[T], reply: dict[str, Any], where: str = "reply") -> T:
-    """``reply`` (or a part of it) read through its wire type: a misfit is a WireError naming the field."""
-    return from_json(cls, reply, where)
-
-
-def request(path: str | Path, req: dict[str, Any], timeout_s: float = 3600.0,
-            on_interrupt: Callable[[], None] | None = None) -> dict[str, Any] | None:
-    """Send one request; None if no daemon is listening there.
-
-    The reply is bounded: at most MAX_REPLY bytes, within ``timeout_s`` from the connect, one JSON
-    object nested at most MAX_DEPTH deep, whose ``ok``, ``exit`` and ``error`` fit :class:`Reply`;
-    anything else (a server that is not migd, a migd of another version, a reply cut off) is a
-    ControlError or a WireError, said in one line.
-
-    ``on_interrupt``: a first Ctrl-C while waiting closes this end for writing, which tells migd the
-    request is withdrawn (an apply is then cancelled and its GPUs put back), calls ``on_interrupt``
-    and goes on waiting for migd's account of it; a second Ctrl-C raises KeyboardInterrupt."""
-    deadline = time.monotonic() + timeout_s
-    s = _connect(Path(path), timeout_s)
-    if s is None:
-        return None
-    with s:
-        try:
-            s.sendall(json.dumps(req).encode() + b"\n")
-            line = _read_line(s, on_interrupt, deadline)
-        except TimeoutError:
-            raise ControlError(f"migd's control socket {path}: no complete reply within {timeout_s:g}s") from None
-        except OSError as e:
-            raise ControlError(f"migd's control socket {path}: {e.strerror or e}") from None
-    if not line:
-        raise ControlError(f"migd closed the control socket {path} without answering; see its log")
-    if not line.endswith(b"\n"):
-        raise ControlError(f"migd's reply on {path} was cut off after {len(line)} bytes (migd stopped?); see its log")
-    try:
-        reply = parse_object(line)
-    except BadJson as e:
-        raise WireError("reply", str(e)) from None
-    head = reply_as(Reply, reply)
-    if not (1 if head.error is not None else 0) <= head.exit <= 255:
-        raise WireError("reply.exit", f"{head.exit} is not an exit status{' for a refusal' if head.exit == 0 else ''}")
-    return reply
-
-
-def _read_line(s: socket.socket, on_interrupt: Callable[[], None] | None, deadline: float) -> bytes:
-    """The reply line, or what came before end-of-file; TimeoutError at ``deadline``, ControlError past
-    MAX_REPLY bytes."""
-    buf = bytearray()
-    withdrawn = False
-    while not buf.endswith(b"\n"):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError
-        s.settimeout(left)
-        try:
-            chunk = s.recv(65536)
-        except KeyboardInterrupt:
-            if on_interrupt is None or withdrawn:
-                raise
-            withdrawn = True
-            s.shutdown(socket.SHUT_WR)
-            on_interrupt()
-            continue
-        if not chunk:
-            break
-        buf += chunk
-        if len(buf) > MAX_REPLY:
-            raise ControlError(f"migd's reply is over {MAX_REPLY >> 20} MiB without ending (not migd?)")
-    return bytes(buf)

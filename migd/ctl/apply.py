@@ -8,13 +8,13 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from migd.api.commands import listening
 from migd.api.override import OverrideStore, supersede
 from migd.apply.executor import Applier
 from migd.apply.planning import touched
 from migd.apply.result import ApplyResult
 from migd.ctl.remote import control_socket, out
 from migd.hardware.ports import GpuBackend
+from migd.paths import listening
 from migd.printable import shown
 from migd.profiles.loader import load_profile
 from migd.profiles.model import Profile

@@ -6,10 +6,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from migd.api.audit import DaemonAudit, DaemonMarks, IsolationDoc
-from migd.api.commands import ControlError, Reply, reply_as, request
+from migd.api.audit import DaemonMarks, IsolationDoc
+from migd.api.commands import Ask, Command, IsolationReply, Reply, reply_as
 from migd.api.wire import from_json
 from migd.apply.executor import Applier
+from migd.ctl.client import ControlError, request
 from migd.ctl.remote import control_socket, daemon_request, out
 from migd.ctl.tables import isolation_table
 from migd.exits import Exit, partly
@@ -24,7 +25,7 @@ def cmd_isolation(args: argparse.Namespace, backend: GpuBackend, state_dir: Path
     profile = load_profile(args.profile) if args.profile else None
     plans = {p.gpu.index: p for p in Applier(backend, state_dir).plan(profile)} if profile else None
     findings, unreadable = audit(backend, plans, f"profile {profile.name}" if profile else "the active profile")
-    daemon = request(control_socket(args), {"cmd": "isolation"}, timeout_s=10)
+    daemon = request(control_socket(args), Ask(Command.ISOLATION), timeout_s=10)
     doc = IsolationDoc(tuple(findings), report_unreadable(unreadable),
                        None if daemon is None else from_json(DaemonMarks, daemon, "daemon"),
                        run_probe(backend) if args.probe else None)
@@ -47,12 +48,12 @@ def isolation_from_daemon(args: argparse.Namespace) -> int | None:
     if args.profile or args.probe:
         return None
     try:
-        reply = daemon_request(args, {"cmd": "isolation"}, timeout_s=10)
+        reply = daemon_request(args, Ask(Command.ISOLATION), timeout_s=10)
     except (PermissionError, ConnectionError):
         return None
     head = reply_as(Reply, reply)
     if not head.ok:  # (a busy socket: said, never taken for "no migd")
         raise ControlError(f"migd's control socket: {head.error}")
-    found = from_json(DaemonAudit, reply, "isolation")
+    found = reply_as(IsolationReply, reply).audit
     doc = IsolationDoc(found.findings, (), DaemonMarks(found.unhealthy, found.breaches))
     return _isolation_out(args, doc)

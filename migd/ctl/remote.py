@@ -13,26 +13,28 @@ from migd import paths
 from migd.api.commands import (
     ApplyReply,
     ApplyRequest,
+    Ask,
     ClearedReply,
-    ControlError,
+    ClearFault,
+    Command,
     DaemonReply,
     LayoutReply,
     ManualApply,
     ReloadReply,
     Reply,
     ResumeReply,
-    listening,
     reply_as,
-    request,
 )
 from migd.api.daemon import DaemonDoc
 from migd.api.status import StatusDoc
 from migd.api.wire import WireError
 from migd.apply.result import GpuStatus, OnBusy, busy_timeout_for
+from migd.ctl.client import ControlError, request
 from migd.ctl.daemon_table import clock_of
 from migd.ctl.tables import RESUME_HINT, apply_table, daemon_table
 from migd.errors import ValidationError
 from migd.exits import Exit
+from migd.paths import listening
 from migd.printable import shown
 from migd.report import dump
 
@@ -64,11 +66,11 @@ def apply_via_daemon(args: argparse.Namespace, text: str,
         withdrawn.append(True)
         print("cancelling: migd stops at the next step and puts every GPU it changed back (Ctrl-C again to stop "
               "waiting for it)", file=sys.stderr)
-    req = ApplyRequest(path, text, args.config, ManualApply(
+    req = ApplyRequest.of(path, text, args.config, ManualApply(
         on_busy=OnBusy(args.on_busy), dry_run=args.dry_run, busy_timeout_s=busy_timeout_for(args.on_busy,
                                                                                               args.busy_timeout),
         lock_timeout_s=args.lock_timeout, parallel=not args.sequential, mode_only=args.mode_only),
-        withdraw_on_hangup=True).to_json()
+        withdraw_on_hangup=True)
     try:
         reply = request(sock, req, on_interrupt=interrupted)
     except KeyboardInterrupt:
@@ -84,7 +86,7 @@ def apply_via_daemon(args: argparse.Namespace, text: str,
         print(shown(f"warning: {w}"), file=sys.stderr)
     if not _error(done) and done.result is not None:
         out(args, done.result, apply_table(done.result, by="migd", when=clock_of(done.clock)))
-    elif refused is not None and done.exit == Exit.BUSY and "result" not in reply:
+    elif refused is not None and done.exit == Exit.BUSY and done.result is None:
         refused(str(done.error))
     if withdrawn:
         print("interrupted: the apply was cancelled; no GPU was left changed and nothing is held", file=sys.stderr)
@@ -117,7 +119,7 @@ def _error(reply: Reply | ApplyReply) -> bool:
     return True
 
 
-def daemon_request(args: argparse.Namespace, req: dict[str, Any], timeout_s: float = 30.0) -> dict[str, Any]:
+def daemon_request(args: argparse.Namespace, req: object, timeout_s: float = 30.0) -> dict[str, Any]:
     sock = control_socket(args)
     try:
         reply = request(sock, req, timeout_s=timeout_s)
@@ -133,7 +135,7 @@ def layout_from_daemon(args: argparse.Namespace) -> StatusDoc | None:
     """``migctl status`` for a user who may not read the GPUs (or the simulator) here: the running
     migd's reading, from its read-only socket; None when no migd answers there."""
     try:
-        reply = request(paths.status_socket(control_socket(args)), {"cmd": "layout"}, timeout_s=30.0)
+        reply = request(paths.status_socket(control_socket(args)), Ask(Command.LAYOUT), timeout_s=30.0)
     except PermissionError:
         return None
     if reply is None:
@@ -153,7 +155,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 
 def cmd_reload(args: argparse.Namespace) -> int:
     """Ask migd to reload its configuration and profiles (like SIGHUP), and say whether it took."""
-    reply = daemon_request(args, {"cmd": "reload"}, timeout_s=120.0)
+    reply = daemon_request(args, Ask(Command.RELOAD), timeout_s=120.0)
     head = reply_as(Reply, reply)
     if not head.ok:
         print(shown(f"error: reload rejected, migd keeps its running configuration: {head.error}"), file=sys.stderr)
@@ -165,7 +167,7 @@ def cmd_reload(args: argparse.Namespace) -> int:
 def cmd_resume(args: argparse.Namespace) -> int:
     """Lift a manual apply's hold: migd returns to the scheduled profile now (planned, minimal).
     Without a running migd the kept override is dropped, so its next start follows the schedule."""
-    reply = request(control_socket(args), {"cmd": "resume"}, timeout_s=3600.0)
+    reply = request(control_socket(args), Ask(Command.RESUME), timeout_s=3600.0)
     if reply is None:
         return _resume_offline(args)
     head = reply_as(Reply, reply)
@@ -198,7 +200,7 @@ def _resume_offline(args: argparse.Namespace) -> int:
 
 
 def cmd_clear_fault(args: argparse.Namespace) -> int:
-    reply = request(control_socket(args), {"cmd": "clear-fault", "gpu": args.gpu}, timeout_s=10)
+    reply = request(control_socket(args), ClearFault(Command.CLEAR_FAULT, str(args.gpu)), timeout_s=10)
     if reply is None:
         print("not applied: migd is not running (fault marks live in the daemon)", file=sys.stderr)
         return Exit.NOT_APPLIED
@@ -222,7 +224,7 @@ def caps_root(args: argparse.Namespace) -> str:
 
 def _daemon_doc(args: argparse.Namespace, timeout_s: float) -> DaemonDoc:
     """The running migd's state (``migd.daemon/v1``); a refusal is said as migd's (ConnectionError)."""
-    reply = daemon_request(args, {"cmd": "status"}, timeout_s=timeout_s)
+    reply = daemon_request(args, Ask(Command.STATUS), timeout_s=timeout_s)
     head = reply_as(Reply, reply)
     if not head.ok:
         raise ConnectionError(f"migd did not answer with its state: {head.error}")

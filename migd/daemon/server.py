@@ -20,14 +20,31 @@ from pathlib import Path
 from typing import Any
 
 from migd.api.audit import DaemonAudit
-from migd.api.commands import MAX_REQUEST, ApplyRequest, BadJson, ManualApply, listening, parse_object
+from migd.api.commands import (
+    MAX_REQUEST,
+    ApplyReply,
+    ApplyRequest,
+    Ask,
+    ClearedReply,
+    ClearFault,
+    Command,
+    DaemonReply,
+    IsolationReply,
+    LayoutReply,
+    ManualApply,
+    Refusal,
+    ReloadReply,
+    ResumeReply,
+    parse_object,
+)
 from migd.api.daemon import DaemonDoc
 from migd.api.status import StatusDoc
-from migd.api.wire import to_json
+from migd.api.wire import from_json, to_json
 from migd.apply.result import ApplyResult, Flag
 from migd.daemon.requests import Reloaded, Resumed
 from migd.daemon.slots import Late, Limits, Slots, SlottedThreadingMixIn, read_request
 from migd.exits import EXPECTED, Exit, failure, for_result
+from migd.paths import listening
 from migd.profiles.loader import load_profile
 from migd.profiles.model import Profile
 from migd.report import apply_doc
@@ -82,30 +99,27 @@ class _Handler(socketserver.StreamRequestHandler):
             line = read_request(self.connection, MAX_REQUEST, self.server.slots.limits.request_s)
         except Late as e:  # a slow or silent client: its slot is given back, and it is told if it listens
             log.debug("control: uid %s: %s", self.client_address, e)
-            reply: dict[str, Any] = {"ok": False, "exit": Exit.INVALID, "error": f"bad request: {e}"}
+            reply: object = Refusal(False, Exit.INVALID, f"bad request: {e}")
         else:
             self.connection.settimeout(self.timeout)
             reply = self._reply(line)
         try:
-            self.wfile.write(json.dumps(reply, default=str).encode() + b"\n")
+            self.wfile.write(json.dumps(to_json(reply)).encode() + b"\n")
             self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):  # the client is gone (Ctrl-C, a probe): nothing to
             log.debug("control client left before the reply")  # tell it, and nothing wrong with migd
 
-    def _reply(self, line: bytes) -> dict[str, Any]:
+    def _reply(self, line: bytes) -> object:
         """The reply to one request line.  Bad input (not JSON, nested too deep, no ``cmd`` word, a bad
         field) is the client's mistake: one line "bad request: ...", logged below WARNING, no traceback."""
         try:
-            req = parse_object(line)
-            if not isinstance(req.get("cmd"), str):
-                raise BadJson(f"cmd must be a word, not {type(req.get('cmd')).__name__}")
-            return self.server.dispatch(req, self.connection)
-        except ValueError as e:  # (BadJson; a bad field of a request)
+            return self.server.dispatch(parse_object(line), self.connection)
+        except ValueError as e:  # (BadJson; WireError: a request that does not fit its type; a bad option)
             log.info("control: bad request from a client: %s", e)
-            return {"ok": False, "exit": Exit.INVALID, "error": f"bad request: {e}"}
+            return Refusal(False, Exit.INVALID, f"bad request: {e}")
         except Exception as e:  # noqa: BLE001 - the client must always get an answer, never an empty line
             log.exception("control request failed")
-            return {"ok": False, "exit": 1, "error": f"migd failed on this request: {type(e).__name__}: {e}"}
+            return Refusal(False, Exit.NOT_APPLIED, f"migd failed on this request: {type(e).__name__}: {e}")
 
     def finish(self) -> None:
         try:
@@ -140,10 +154,17 @@ class Handlers:
     isolation: Callable[[], DaemonAudit]
     clear_fault: Callable[[str], list[str]]  # GPU index or UUID -> fault marks cleared
     resume: Callable[[], Resumed]  # lift a manual apply's hold: back to the schedule now
-    layout: Callable[[], StatusDoc] | None = None  # as `migctl status` prints it
+    layout: Callable[[], StatusDoc]  # as `migctl status` prints it
 
 
-READ_ONLY = frozenset({"status", "isolation", "layout"})  # all the read-only socket answers
+@dataclass(frozen=True)
+class Route:
+    """One command: the wire type its request is read as, who answers it, and whether the read-only
+    socket (every local user's) may ask it."""
+
+    request: type[Any]
+    answer: Callable[[Any, socket.socket], object]
+    read_only: bool = False
 
 
 class ControlServer(SlottedThreadingMixIn, socketserver.UnixStreamServer):
@@ -157,6 +178,7 @@ class ControlServer(SlottedThreadingMixIn, socketserver.UnixStreamServer):
         self.slots = Slots(limits or (Limits() if read_only else Limits(per_user=None)))
         self.path = path
         self.handlers = handlers
+        self.routes = self._routes()
         self.read_only = read_only
         path.parent.mkdir(parents=True, exist_ok=True)
         claim(path)
@@ -167,68 +189,69 @@ class ControlServer(SlottedThreadingMixIn, socketserver.UnixStreamServer):
             os.umask(old)
         os.chmod(path, mode)
 
-    def dispatch(self, req: dict[str, Any], conn: socket.socket) -> dict[str, Any]:
-        """One request's reply; an expected failure is a reply with its exit code, never a traceback."""
+    def dispatch(self, req: dict[str, Any], conn: socket.socket) -> object:
+        """One request's reply (a wire type of ``migd.api.commands``); an expected failure is a Refusal
+        with its exit code, never a traceback; a request that does not fit its type is a ValueError."""
+        cmd = from_json(Ask, req).cmd
+        route = self.routes[cmd]
+        if self.read_only and not route.read_only:
+            looks = ", ".join(c.value for c, r in self.routes.items() if r.read_only)
+            return Refusal(False, Exit.NOT_APPLIED, f"not permitted: {cmd.value!r} changes the node and needs root "
+                           f"(this is migd's read-only socket {self.path}; it answers {looks})")
+        asked = from_json(route.request, req)
         try:
-            return self._dispatch(req, conn)
+            return route.answer(asked, conn)
         except EXPECTED as e:
             f = failure(e)
-            return {"ok": False, "exit": f.code, "error": f.message}
+            return Refusal(False, f.code, f.message)
 
-    def _dispatch(self, req: dict[str, Any], conn: socket.socket) -> dict[str, Any]:
-        cmd, h = req.get("cmd"), self.handlers
-        if self.read_only and cmd not in READ_ONLY:
-            return {"ok": False, "exit": Exit.NOT_APPLIED, "error": f"not permitted: {cmd!r} changes the node and "
-                    f"needs root (this is migd's read-only socket {self.path}; it answers "
-                    f"{', '.join(sorted(READ_ONLY))})"}
-        if cmd == "layout" and h.layout is not None:
-            return {"ok": True, "exit": Exit.OK, "status": to_json(h.layout())}
-        if cmd == "status":
-            return {"ok": True, "exit": Exit.OK, "daemon": to_json(h.status())}
-        if cmd == "reload":
-            done = h.reload()
-            if done.error is not None:
-                return {"ok": False, "exit": Exit.INVALID, "error": done.error}
-            return {"ok": True, "exit": Exit.OK, "detail": done.detail}
-        if cmd == "apply" and req.get("withdraw_on_hangup") is True:  # migctl: its Ctrl-C cancels the apply
-            hangup = HangUp(conn)
-            try:
-                return self._apply(req, hangup)
-            finally:
+    def _routes(self) -> dict[Command, Route]:
+        """Each command: what its request is read as, who answers it, and whether the read-only socket
+        may ask it (only what looks, and nothing that calls NVML: see main._handlers)."""
+        h = self.handlers
+        return {
+            Command.STATUS: Route(Ask, lambda _, __: DaemonReply(True, Exit.OK, h.status()), read_only=True),
+            Command.LAYOUT: Route(Ask, lambda _, __: LayoutReply(True, Exit.OK, h.layout()), read_only=True),
+            Command.ISOLATION: Route(Ask, lambda _, __: IsolationReply.of(h.isolation()), read_only=True),
+            Command.RELOAD: Route(Ask, lambda _, __: self._reload()),
+            Command.APPLY: Route(ApplyRequest, self._apply),
+            Command.RESUME: Route(Ask, lambda _, __: self._resume()),
+            Command.CLEAR_FAULT: Route(ClearFault, lambda req, _: self._clear_fault(req)),
+        }
+
+    def _reload(self) -> ReloadReply | Refusal:
+        done = self.handlers.reload()
+        if done.error is not None:
+            return Refusal(False, Exit.INVALID, done.error)
+        return ReloadReply(True, Exit.OK, done.detail)
+
+    def _clear_fault(self, req: ClearFault) -> ClearedReply:
+        cleared = tuple(self.handlers.clear_fault(req.gpu))
+        return ClearedReply(bool(cleared), Exit.OK if cleared else Exit.NOT_APPLIED, cleared)
+
+    def _apply(self, req: ApplyRequest, conn: socket.socket) -> ApplyReply:
+        """``withdraw_on_hangup`` (migctl's): the client closing its end cancels the apply; a client that
+        closes its end after the request (nc -U) is not withdrawing it."""
+        hangup = HangUp(conn) if req.withdraw_on_hangup else None
+        try:
+            profile = load_profile(req.file, req.config, text=req.profile_text())
+            opts = req.options
+            result = self.handlers.apply(profile, opts, hangup)
+        finally:
+            if hangup is not None:
                 hangup.close()
-        if cmd == "apply":  # a client that closes its end after the request (nc -U) is not withdrawing it
-            return self._apply(req, None)
-        if cmd == "resume":
-            return self._resume()
-        if cmd == "isolation":
-            return {"ok": True, "exit": Exit.OK, **to_json(h.isolation())}
-        if cmd == "clear-fault":
-            cleared = h.clear_fault(str(req.get("gpu", "")))
-            return {"ok": bool(cleared), "exit": Exit.OK if cleared else Exit.NOT_APPLIED, "cleared": cleared}
-        return {"ok": False, "exit": Exit.INVALID, "error": f"unknown command {cmd!r}"}
-
-    def _apply(self, req: dict[str, Any], hangup: Flag | None) -> dict[str, Any]:
-        asked = ApplyRequest.from_json(req)
-        profile = load_profile(asked.file, asked.config, text=asked.text)
-        opts = asked.options
-        result = self.handlers.apply(profile, opts, hangup)
-        reply = {"ok": result.ok, "exit": for_result(result), "result": to_json(apply_doc(result, opts.dry_run)),
-                 "warnings": list(profile.warnings)}
         status = self.handlers.status()
-        if result.ok and not opts.dry_run:
-            reply["override"] = to_json(status.override)  # how long it holds, said at once
-        if status.clock is not None:  # a clock of migd's own (--now): the times to show on it
-            reply["clock"] = to_json(status.clock)
-        return reply
+        return ApplyReply(
+            result.ok, for_result(result), None, tuple(profile.warnings), apply_doc(result, opts.dry_run),
+            status.override if result.ok and not opts.dry_run else None,  # how long it holds, said at once
+            status.clock)  # a clock of migd's own (--now): the times to show on it
 
-    def _resume(self) -> dict[str, Any]:
+    def _resume(self) -> ResumeReply:
         done = self.handlers.resume()
         result = done.result
-        reply: dict[str, Any] = {"lifted": done.lifted, "profile": done.profile,
-                                 "result": to_json(apply_doc(result, False)) if result is not None else None}
-        if result is None or result.ok:
-            return {"ok": True, "exit": Exit.OK, **reply}
-        return {"ok": False, "exit": for_result(result), **reply}
+        ok = result is None or result.ok
+        return ResumeReply(ok, Exit.OK if ok else for_result(result), done.lifted, done.profile,  # type: ignore[arg-type]
+                           apply_doc(result, False) if result is not None else None)
 
     def start(self) -> threading.Thread:
         t = threading.Thread(target=self.serve_forever, name="migd-control", daemon=True)
