@@ -66,9 +66,9 @@ def probe(sim: str | None) -> int:
     refused = guard_read_only()
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from migd.api.daemon import Status
     from migd.metrics.collector import MigdCollector
     from migd.metrics.sampler import NvmlErrorCounter, Sampler
+    from migd.state.status import Status
 
     backend = _backend(sim)
     calls: dict[str, int] = {}

@@ -104,8 +104,8 @@ def test_a_v1_slurm_state_reads_as_v2(tmp_path: Path) -> None:
 def test_a_kept_manual_apply_survives_its_file(tmp_path: Path) -> None:
     from datetime import datetime, timezone
 
-    from migd.api.override import Override, OverrideStore
     from migd.profiles.loader import load_profile
+    from migd.state.override import Override, OverrideStore
     from tests.helpers import PROFILES
     text = (PROFILES / "night.yaml").read_text()
     ov = Override(load_profile("/home/a/night.yaml", text=text), datetime(2026, 11, 23, 10, tzinfo=timezone.utc),

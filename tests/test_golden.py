@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from migd.api.daemon import DaemonDoc, LastApply, Outcome, Status
+from migd.api.daemon import DaemonDoc, LastApply, Outcome
 from migd.api.wire import from_json
 from migd.apply.executor import Applier
 from migd.ctl.tables import daemon_table
@@ -34,6 +34,7 @@ from migd.metrics.sampler import NvmlErrorCounter, Sampler
 from migd.sim import world
 from migd.sim.backend import sim_backend
 from migd.sim.state import StateStore
+from migd.state.status import Status
 from tests.helpers import PROFILES, Migctl, check_golden
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -249,8 +249,8 @@ def test_fault_marks_are_read_whole_while_the_watch_writes_them() -> None:
     import sys
     import threading
 
-    from migd.api.daemon import Status
     from migd.isolation.xids import FaultMark
+    from migd.state.status import Status
     status = Status()
     stop = threading.Event()
 

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from migd.api.daemon import LastApply, Outcome, Status
+from migd.api.daemon import LastApply, Outcome
 from migd.apply.executor import Applier
 from migd.metrics.collector import MigdCollector
 from migd.metrics.sampler import NvmlErrorCounter, Sampler
@@ -21,6 +21,7 @@ from migd.profiles.loader import load_profile
 from migd.sim import world
 from migd.sim.backend import sim_backend
 from migd.sim.state import StateStore
+from migd.state.status import Status
 from tests.helpers import PROFILES
 
 

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from migd.api.daemon import ProfileTime, Status
 from migd.apply.executor import Applier
 from migd.isolation.audit import Check, Finding, Severity
 from migd.isolation.events import EventCounters
@@ -22,6 +21,7 @@ from migd.profiles.loader import load_profile
 from migd.sim import world
 from migd.sim.backend import sim_backend
 from migd.sim.state import StateStore
+from migd.state.status import ProfileTime, Status
 from tests.test_metrics import samples
 
 SPLIT = """\

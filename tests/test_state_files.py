@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from migd.api.override import OverrideStore
 from migd.apply.journal import left_behind
 from migd.apply.owners import Owners
+from migd.state.override import OverrideStore
 from tests.daemon_harness import MigdProcess
 from tests.helpers import PROFILES, Migctl
 

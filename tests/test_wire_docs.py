@@ -13,9 +13,8 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from migd.api.audit import DaemonMarks, DoctorDoc, IsolationDoc
-from migd.api.daemon import DaemonDoc, GpuProgress, LastApply, Outcome, Progress, Status
+from migd.api.daemon import DaemonDoc, LastApply, Outcome, Progress
 from migd.api.demand import DemandView, PlanSummary, Source
-from migd.api.override import Override
 from migd.api.plan import ApplyDoc, AssertDoc, PlanDoc
 from migd.api.slurm import Phase, SlurmSnapshot, SlurmState
 from migd.api.status import Gpu, MigMode, Process, Reading, StatusDoc, Unreadable
@@ -27,6 +26,8 @@ from migd.isolation.audit import Check, Finding, Severity
 from migd.isolation.probe import Probe, ProbeRun, ProbeStatus
 from migd.plan.planner import OpKind
 from migd.profiles.model import Profile
+from migd.state.override import Override
+from migd.state.status import GpuProgress, Status
 from tests.helpers import PROFILES, Migctl
 
 GOLDEN = Path(__file__).parent / "golden"

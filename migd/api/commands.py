@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from migd.api.audit import DaemonAudit
-from migd.api.daemon import DaemonDoc, SimClock
-from migd.api.override import HeldView
+from migd.api.daemon import DaemonDoc, HeldView, SimClock
 from migd.api.plan import ApplyDoc
 from migd.api.status import StatusDoc
 from migd.api.wire import OMIT_NONE, from_json

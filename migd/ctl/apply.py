@@ -8,7 +8,6 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from migd.api.override import OverrideStore, supersede
 from migd.apply.executor import Applier
 from migd.apply.planning import touched
 from migd.apply.result import ApplyResult
@@ -19,6 +18,7 @@ from migd.printable import shown
 from migd.profiles.loader import load_profile
 from migd.profiles.model import Profile
 from migd.report import refused_doc
+from migd.state.override import OverrideStore, supersede
 
 
 def refused_out(args: argparse.Namespace, backend: GpuBackend, state_dir: Path, profile: Profile | None,

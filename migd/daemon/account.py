@@ -11,11 +11,12 @@ import logging
 import time
 from collections.abc import Callable
 
-from migd.api.daemon import Applying, LastApply, Outcome, Status
+from migd.api.daemon import Applying, LastApply, Outcome
 from migd.apply.result import ApplyResult, BusyError, GpuStatus
 from migd.daemon.progress import blocked_pids
 from migd.profiles.model import Profile
 from migd.report import signals
+from migd.state.status import Status
 
 log = logging.getLogger("migd")
 

@@ -12,11 +12,12 @@ import re
 import time
 from collections.abc import Callable
 
-from migd.api.daemon import GpuProgress, Progress, Status
+from migd.api.daemon import Progress
 from migd.apply.result import ApplyResult, GpuResult, GpuStatus
 from migd.daemon.retry import Failure
 from migd.hardware.inventory import Unreadable
 from migd.plan.planner import GpuPlan
+from migd.state.status import GpuProgress, Status
 
 log = logging.getLogger("migd")
 REPEAT_S = 600.0  # a wait past busy_timeout is logged again at most this often

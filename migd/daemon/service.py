@@ -21,9 +21,8 @@ from datetime import datetime
 from pathlib import Path
 
 from migd.api.commands import DAEMON_LOCK_TIMEOUT_S, ManualApply
-from migd.api.daemon import LastApply, Outcome, Status, outcome_of
+from migd.api.daemon import LastApply, Outcome
 from migd.api.demand import Source
-from migd.api.override import OverrideStore
 from migd.apply.executor import Applier
 from migd.apply.planning import touched
 from migd.apply.result import ApplyOptions, ApplyResult, BusyError, Flag, GpuStatus, OnBusy
@@ -32,8 +31,8 @@ from migd.daemon.accesspass import view as access_view
 from migd.daemon.account import in_flight, last_apply, say
 from migd.daemon.clock import Clock
 from migd.daemon.config import Config, ReconcileMode, restart_only
+from migd.daemon.holds import hold, rehold
 from migd.daemon.hwlock import HardwareLock
-from migd.daemon.override import hold, rehold
 from migd.daemon.progress import Tracker
 from migd.daemon.requests import Reloaded, Resumed
 from migd.daemon.retry import Choice, Retries, choose
@@ -50,6 +49,8 @@ from migd.isolation.audit import Finding, Severity, audit_readings
 from migd.plan.planner import GpuPlan
 from migd.profiles.model import Profile, describe_gpus
 from migd.slurm.transition import GateHooks
+from migd.state.override import OverrideStore
+from migd.state.status import Status, outcome_of
 
 __all__ = ["Clock", "Daemon", "ManualApply", "Reloaded", "Resumed"]
 log = logging.getLogger("migd")

@@ -13,8 +13,8 @@ import logging
 import threading
 import time
 
-from migd.api.daemon import WATCHDOG_STALL_S
 from migd.daemon.sdnotify import Notifier
+from migd.state.status import WATCHDOG_STALL_S
 
 log = logging.getLogger("migd")
 

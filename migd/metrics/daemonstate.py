@@ -18,9 +18,10 @@ from prometheus_client.core import (
 
 from migd import __version__
 from migd.api.access import AccessView
-from migd.api.daemon import Outcome, Progress, Status
+from migd.api.daemon import Outcome, Progress
 from migd.api.demand import DemandView, Source
 from migd.api.slurm import Phase, SlurmSnapshot
+from migd.state.status import Status
 
 
 def build_info(hostname: str) -> Metric:

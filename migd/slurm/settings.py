@@ -16,9 +16,9 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from migd.api.daemon import WATCHDOG_STALL_S
 from migd.kinds import Word
 from migd.slurm.demandconf import DemandSettings, parse_demand
+from migd.state.status import WATCHDOG_STALL_S
 from migd.yamlsrc import Node
 
 KEYS = ["node", "slurm_conf", "gres_conf", "update", "stop_slurmd", "start_slurmd", "restart_slurmctld",

@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from migd.api.daemon import HeldView
 from migd.api.wire import to_json
 from migd.apply.statefile import atomic_write_json, check_schema, conform, of, optional, read_json, record, utc_time
 from migd.errors import ValidationError
@@ -25,16 +26,6 @@ SCHEMA = "migd.override/v1"
 _SHAPE = record(schema=of(str), profile=of(str), source=of(str), config=optional(of(str)), text=of(str),
                 until=optional(utc_time), since=utc_time)
 log = logging.getLogger("migd")
-
-
-@dataclass(frozen=True)
-class HeldView:
-    """A manual apply's hold as the file and ``migd.daemon/v1``'s ``override`` write it (times ISO 8601)."""
-
-    profile: str
-    source: str
-    until: str | None
-    since: str
 
 
 @dataclass(frozen=True)

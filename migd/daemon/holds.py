@@ -1,6 +1,6 @@
 """How long a manual apply holds: made at the apply, derived again whenever the schedule changes.
 
-The override itself and its file are ``migd.api.override``."""
+The override itself and its file are ``migd.state.override``."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import logging
 from collections.abc import Callable
 from datetime import datetime
 
-from migd.api.override import Override, OverrideStore
 from migd.profiles.model import Profile
+from migd.state.override import Override, OverrideStore
 
 log = logging.getLogger("migd")
 NextFire = Callable[[datetime], "datetime | None"]  # the schedule's next transition after a time
