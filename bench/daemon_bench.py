@@ -108,7 +108,7 @@ def bench_daemon_cpu(tmp: Path, window_s: float) -> dict[str, float]:
 
 
 def _ab(url: str, n: int) -> float:
-    """p99 latency in ms of ``ab -n N -c 50`` (a new connection per request, as in issue 16), from
+    """p99 latency in ms of ``ab -n N -c 50`` (a new connection per request, as a scraper without keep-alive does), from
     ab's CSV percentiles (its summary table rounds to whole milliseconds)."""
     with tempfile.NamedTemporaryFile(suffix=".csv") as csv:
         out = subprocess.run(["ab", "-q", "-n", str(n), "-c", "50", "-e", csv.name, url], capture_output=True,

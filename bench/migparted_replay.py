@@ -1,6 +1,6 @@
 """NVIDIA mig-parted's NVML call sequence for ``nvidia-mig-parted apply``, replayed through pynvml.
 
-The reference the apply benchmark is measured against (issue 16): the calls mig-parted makes,
+The reference the apply benchmark is measured against: the calls mig-parted makes,
 in its order, on the same simulated driver with the same latency per mutating call.  Followed
 from mig-parted's code (github.com/NVIDIA/mig-parted):
 

@@ -1,4 +1,4 @@
-"""References measured beside migd in the same run (issue 16): each does the bare job one way,
+"""References measured beside migd in the same run: each does the bare job one way,
 without migd's structure, so the ratio shows what migd's own code costs."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ _METRICS = (pynvml.NVML_GPM_METRIC_SM_UTIL, pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
 class DirectSampler:
     """The sampling cycle written straight against pynvml, handles and GPM buffers kept: per GPU
     the MIG mode; per MIG device memory and processes; per GPU instance two GPM samples and one
-    metrics read (the 288-call cycle issue 16 names as enough), no migd types, no error handling."""
+    metrics read (the 288-call cycle named as enough), no migd types, no error handling."""
 
     def __init__(self) -> None:
         self.gpus: list[tuple[Any, list[Any], dict[int, tuple[Any, Any, Any]]]] = []

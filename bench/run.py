@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """migd benchmarks on the simulator: one table, each figure beside a reference measured in the same
-run (issue 16).  ``--short`` is what CI runs (fewer repetitions; the same rows).
+run.  ``--short`` is what CI runs (fewer repetitions; the same rows).
 
     python3 bench/run.py            # full
     python3 bench/run.py --short    # CI

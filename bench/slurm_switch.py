@@ -1,4 +1,4 @@
-"""Time from a transition to the Slurm node back in service with the new GRES (issue 15).
+"""Time from a transition to the Slurm node back in service with the new GRES.
 
 Runs migd's day->night switch on a real one-node Slurm cluster (tests/slurm_cluster.py: needs
 root and Debian's slurmctld/slurmd/munge) over the simulated GPU, and beside it, in the same run,

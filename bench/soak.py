@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Soak: migd on 8 simulated H100s at 1 s sampling, scraped like Prometheus, switching layouts, for
-a while; prints its RSS and CPU over time and the RSS growth per hour (issue 16: < 5 MB per hour).
+a while; prints its RSS and CPU over time and the RSS growth per hour (< 5 MB per hour).
 
     python3 bench/soak.py --minutes 60   # the figure the README quotes
     python3 bench/soak.py --minutes 3 --switch-every 1   # CI: catches a gross leak, no rate

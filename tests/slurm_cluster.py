@@ -1,5 +1,5 @@
 """A Slurm cluster on 127.0.0.1 in a temp dir: Debian's slurmctld, slurmd and munge, no systemd, no
-accounting (issue 15).  Device files are real character nodes made with mknod (migd.sim.devnodes),
+accounting.  Device files are real character nodes made with mknod (migd.sim.devnodes),
 so slurmd checks gres.conf exactly as on a GPU node.  Several nodes run as several slurmd on this
 host, in Slurm's multiple-slurmd mode (Debian's 22.05 build has it): each NodeName its own Port=,
 slurmd's pid file, spool dir and log named with %n (slurm.conf(5)), each node its own device dir.

@@ -1,4 +1,4 @@
-"""Access by owner (issue 34, items 1-2): each team's Unix group reaches its own MIG instances and no
+"""Access by owner: each team's Unix group reaches its own MIG instances and no
 other's, through the driver's capability nodes as migd sets them, checked by the kernel: simulated
 CUDA programs (migd.sim.cuda) run as real non-root users (uids without root's powers, in one team's
 group) against a real migd over a simulated node whose capability tree is real files and real

@@ -1,4 +1,4 @@
-"""What a mig-parted operator still tripped on at migctl (issue 39, items 6, 8, 9, 10a): each through the
+"""What a mig-parted operator still tripped on at migctl: each through the
 real migctl process, as typed."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Day one, second pass (issue 39, item 9): what a mig-parted operator still tripped on, each through the
+"""Day one, second pass: what a mig-parted operator still tripped on, each through the
 real processes: a hook's missing working directory, the page's eighth memory slice, the catalog warning
 said twice per GPU, and the example configuration's pointer to its documentation."""
 

@@ -1,4 +1,4 @@
-"""/metrics is rendered as often as it changes (issue 16): the snapshot part once per snapshot,
+"""/metrics is rendered as often as it changes: the snapshot part once per snapshot,
 ahead of the scrape while scrapes keep coming; the daemon's live part again when 100 ms old, in a
 thread under load, and at once for a lone scrape after a pause."""
 

@@ -1,6 +1,6 @@
 """The per-model first-fit table (migd.plan.firstfit) answers exactly what the planner's search answers
 on an empty GPU, for every profile sequence of every catalog model, and the CI placement that
-stops early answers what a full search answers (issue 16: a faster planner, the same plans)."""
+stops early answers what a full search answers (a faster planner, the same plans)."""
 
 from __future__ import annotations
 

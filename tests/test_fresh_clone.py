@@ -1,5 +1,5 @@
-"""Every command the README and docs/ give a user, run as written in a fresh clone (issue 39, items 4 and
-5): the install as on a node (then migctl as an ordinary user), the demo and what watches it, the
+"""Every command the README and docs/ give a user, run as written in a fresh clone:
+the install as on a node (then migctl as an ordinary user), the demo and what watches it, the
 simulator's example.  `pip install ./migd` "from the checkout" was not installable, and migctl, linked
 into /usr/local/sbin from a venv made by a root-only interpreter, could not be run by anyone else.
 

@@ -1,4 +1,4 @@
-"""Hooks release what they take on every path: processes, pipes, memory (issue 29, class 4), and are
+"""Hooks release what they take on every path: processes, pipes, memory, and are
 checked when they run, not only when loaded (class 3).  Each hook is a real process started by a
 real ``migctl apply --local --hooks`` (or the same runner migd uses)."""
 

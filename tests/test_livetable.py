@@ -1,4 +1,4 @@
-"""A GPU migd's catalog does not know: planned on the table its driver reports (issue 14)."""
+"""A GPU migd's catalog does not know: planned on the table its driver reports."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What the series mean (issue 17): each value once at the level it belongs to, counters from 0,
+"""What the series mean: each value once at the level it belongs to, counters from 0,
 one series per label set, stable labels, capacity as values, time per profile."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""mig-parted's device filters as mig-parted reads them (issue 31, item 1).
+"""mig-parted's device filters as mig-parted reads them.
 
 ``MigConfigSpec.MatchesDeviceFilter`` (api/spec/v1/helpers.go, v0.15.0): an empty filter matches every
 device; an entry that is not a PCI device id parses (``types.NewDeviceIDFromString`` fails, its zero
@@ -78,7 +78,7 @@ def test_migctl_uses_a_file_with_a_model_name_filter_and_says_so(tmp_path: Path)
 
 
 # 8-GPU boards: the example's device indexes 0-7 all exist (on a smaller node validate --gpus N calls an
-# index beyond it an error, issue 28, where plan leaves that section without a GPU).
+# index beyond it an error, where plan leaves that section without a GPU).
 FLEETS = {"dgx-a100": "A100-SXM4-80GB", "dgx-a100-40gb": "A100-SXM4-40GB", "dgx-h100": "H100-SXM5-80GB",
           "hgx-h200": "H200-141GB"}
 

@@ -1,4 +1,4 @@
-"""mig-parted's known configurations go through migd as mig-parted decides them (issue 31, item 3).
+"""mig-parted's known configurations go through migd as mig-parted decides them.
 
 mig-parted builds a config by trying orderings of its flattened devices until one can be created
 (``iteratePermutationsUntilSuccess``), each ordering packing a device into the previous GI of its

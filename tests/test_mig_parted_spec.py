@@ -1,4 +1,4 @@
-"""mig-parted's own spec and device-id test cases, run through migd's reader (issue 31): api/spec/v1
+"""mig-parted's own spec and device-id test cases, run through migd's reader: api/spec/v1
 spec_test.go (TestSpec, TestMigConfigSpec) and pkg/types/device_test.go (TestNewDeviceIDFromString,
 TestDeviceIDMatches) of mig-parted v0.15.0 (Apache-2.0), each case as mig-parted decides it.
 

@@ -1,4 +1,4 @@
-"""A file handed to migctl by mistake is not echoed back (issue 29, class 3): root can read a private
+"""A file handed to migctl by mistake is not echoed back: root can read a private
 key or a shadow file, and an error message reaches terminals, logs and tickets.  Errors name file,
 line, column and the expected shape; they quote at most a short excerpt of a profile's own values,
 and nothing that looks like a key, a token or a password hash."""

@@ -447,7 +447,7 @@ def test_status_names_the_mode_after_a_reset_for_what_it_is(tmp_path: Path) -> N
 
 def test_a_reload_that_adds_an_earlier_transition_ends_a_manual_hold_then(migd: MigdProcess) -> None:
     """The hold lasts until the next transition of the schedule as it is now: a SIGHUP that adds an
-    earlier one used to show it as next while the hold stayed until 19:00 (issue 29, class 6)."""
+    earlier one used to show it as next while the hold stayed until 19:00."""
     migd.start(now="2026-11-23T10:00:00", time_scale=60)  # 10:00 KST Monday: day; 60x: a minute a second
     migd.wait_ready()
     assert migctl(migd, "--control-socket", str(migd.socket_path), "apply",

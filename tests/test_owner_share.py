@@ -1,4 +1,4 @@
-"""Who held how much, end to end (issue 17): migd runs a day/night cycle on a fast clock, a real
+"""Who held how much, end to end: migd runs a day/night cycle on a fast clock, a real
 Prometheus scrapes it with migd's recording rules, and each owner's share and GPU-hours over the
 cycle equal the time-weighted slices it held, computed here from the profiles and the moments the
 daemon reported each layout applied (not from migd's metrics)."""

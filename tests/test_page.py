@@ -1,4 +1,4 @@
-"""The page at ``GET /`` (issue 34): what it draws from a real sampler snapshot, that it needs nothing
+"""The page at ``GET /``: what it draws from a real sampler snapshot, that it needs nothing
 from outside the node, and that a real browser renders it (Debian's chromium, headless)."""
 
 from __future__ import annotations

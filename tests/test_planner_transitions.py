@@ -1,6 +1,6 @@
 """Every transition between the 127 feasible A100-80GB layouts (127 x 127) plans the fewest
 operations: each plan's op count equals a brute-force minimum computed independently here
-(issue 16: the planner may get faster, its plans must not get worse)."""
+(the planner may get faster, its plans must not get worse)."""
 
 from __future__ import annotations
 

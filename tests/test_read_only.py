@@ -1,4 +1,4 @@
-"""Everyone can look, nobody but root can change (issue 34, item 3): an ordinary user reaches migd's
+"""Everyone can look, nobody but root can change: an ordinary user reaches migd's
 read-only socket (mode 0666, beside the control socket) and sees what root sees with `migctl daemon`
 and `migctl status`; nothing that changes a GPU is reachable that way."""
 

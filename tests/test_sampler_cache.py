@@ -1,4 +1,4 @@
-"""The sampler reads each layout once and per cycle only what changes (issue 16), counted on the
+"""The sampler reads each layout once and per cycle only what changes, counted on the
 simulated NVML library under the real pynvml."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from migd.sim.library import loaded
 from tests.helpers import PROFILES, Migctl
 
 # 8 H100 x 7 instances: per GPU the MIG mode (8); per MIG device memory and processes (112); GPM
-# two samples and one metrics read per instance (168); one device count: 289 (issue 16: <= 300).
+# two samples and one metrics read per instance (168); one device count: 289 (<= 300).
 BUDGET = 300
 
 

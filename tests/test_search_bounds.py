@@ -1,7 +1,7 @@
 """The search's bounds only cut branches that cannot win.  On random GPU states with owners, GIs
 running processes and split compute instances, the search's answer is the first layout of least
 cost in search order, found here by walking every layout over the same options with no bound at
-all (issue 16: the bounds got tighter; the plans must not change, and the 127 x 127 golden digest
+all (the bounds got tighter; the plans must not change, and the 127 x 127 golden digest
 covers only default CIs with no owners and no processes)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Any NVML client runs over the simulator (issue 31, item 4): every function pynvml wraps resolves in
+"""Any NVML client runs over the simulator: every function pynvml wraps resolves in
 the simulated library, as in a real libnvidia-ml (none answers FUNCTION_NOT_FOUND), and independent,
 unmodified NVML clients from PyPI (nvitop, gpustat) list every GPU and MIG device of a simulated fleet
 in MIG mode without a traceback."""

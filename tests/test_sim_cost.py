@@ -1,4 +1,4 @@
-"""What a sampling cycle, an idle event wait and a listing cost (issue 16), counted on the simulated
+"""What a sampling cycle, an idle event wait and a listing cost, counted on the simulated
 NVML library under the real pynvml: the state is parsed only after a write, an event wait sleeps
 until a write instead of polling, GPM samples roll, profile tables are read once per MIG mode."""
 

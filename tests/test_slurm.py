@@ -1,4 +1,4 @@
-"""Slurm mode on a real one-node Slurm 22.05 cluster over the simulated GPU (issue 15).
+"""Slurm mode on a real one-node Slurm 22.05 cluster over the simulated GPU.
 
 The daemon runs in-process with its virtual clock just after the 19:00 day->night transition;
 the Slurm daemons are real (tests/slurm_cluster.py).  Skipped where Slurm is not installed;
@@ -90,7 +90,7 @@ def test_slurm_refusing_the_new_gres_leaves_the_node_serving_the_old_layout(node
     flaky = c.pid_script("start-slurmd-flaky", f"if [ ! -e {flag} ]; then touch {flag}; exit 1; fi\n"
                          f"exec {cmds['start_slurmd'][0]}\n")
     d = node.daemon(Clock(NIGHT), start_slurmd=flaky)
-    result = d._change(d.desired(), "transition", d._scheduled_options())  # type: ignore[arg-type]
+    result = d.transaction.change(d.desired(), "transition", d._scheduled_options())  # type: ignore[arg-type]
     assert not result.ok and "Slurm did not take the new GRES" in (result.results[0].error or "")
     assert node.layout() == DAY_LAYOUT  # the old layout is back
     show = c.show()

@@ -1,4 +1,4 @@
-"""Slurm mode under the faults a real cluster meets (issue 32), on the real one-node Slurm 22.05
+"""Slurm mode under the faults a real cluster meets, on the real one-node Slurm 22.05
 cluster of tests/slurm_cluster.py, with migd's daemon in-process over the simulated GPU."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ ASKS = [("--gres=gpu:1g.10gb:1",), ("--gpus=1g.10gb:1",), ("--gpus-per-node=1g.1
 def test_a_job_holding_a_gpu_waits_the_switch_however_it_asked(node: Node, ask: tuple[str, ...]) -> None:
     """squeue's %b shows per-node --gres only (N/A for --gpus, --gpus-per-node, --gpus-per-task): such a
     job was taken for CPU-only, its GPU changed under it and Slurm requeued it.  What Slurm allocated
-    (the job's TRES) is read instead, for every way a job can ask (issue 32, item 1)."""
+    (the job's TRES) is read instead, for every way a job can ask."""
     c = node.cluster
     job = c.submit_asking(ask[0], "sleep 60", *ask[1:])
     c.wait(lambda: c.job_state(job) == "RUNNING", "the job to start")
@@ -54,7 +54,7 @@ def test_a_job_holding_a_gpu_waits_the_switch_however_it_asked(node: Node, ask: 
 def test_an_operators_resume_while_migd_waits_is_not_overridden(node: Node) -> None:
     """An admin resumed the node by hand while migd waited for a job; the job ended and migd changed the
     GPUs of a node Slurm could start a job on at any moment.  Right before changing GPUs migd checks the
-    node is still drained, else stops and says why (issue 32, item 2)."""
+    node is still drained, else stops and says why."""
     c = node.cluster
     job = c.submit("gpu:1g.10gb:1", "sleep 60")
     c.wait(lambda: c.job_state(job) == "RUNNING", "the job to start")
@@ -73,7 +73,7 @@ def test_an_operators_resume_while_migd_waits_is_not_overridden(node: Node) -> N
 def test_a_persistent_slurm_error_is_retried_with_backoff_not_in_a_loop(node: Node) -> None:
     """Slurm refusing the new GRES every time (gres.conf not writable, slurmd failing): migd drained the
     node and changed its GPUs hundreds of times in seconds, its own MIG changes waking the next pass.
-    A failed switch now waits 30 s, then twice as long each time (at most 30 minutes) (issue 32, item 6)."""
+    A failed switch now waits 30 s, then twice as long each time (at most 30 minutes)."""
     c = node.cluster
     count = c.dir / "starts"
     failing = c.pid_script("start-slurmd-failing", f"echo x >> {count}; exit 1\n")
@@ -93,7 +93,7 @@ def test_a_persistent_slurm_error_is_retried_with_backoff_not_in_a_loop(node: No
 def test_a_drain_left_by_a_migd_that_died_is_undone(node: Node) -> None:
     """migd killed right after it drained, before recording it: the next migd took its own drain for an
     operator's ("the node was not serving") and never resumed the node.  A drain with migd's reason is
-    migd's (issue 32, item 5)."""
+    migd's."""
     c = node.cluster
     c.cmd("scontrol", "update", f"nodename={c.node}", "state=drain", "reason=migd: switching MIG layout to night")
     d = node.daemon(Clock(NIGHT))  # a fresh migd: its state file says serving
@@ -114,7 +114,7 @@ def test_an_operators_own_drain_is_left_to_the_operator(node: Node) -> None:
 def test_a_node_whose_gres_and_gpus_disagree_stays_drained(node: Node) -> None:
     """Slurm refused the new GRES and putting the old layout back failed too (NVML): migd resumed the node
     advertising gpu:1g.10gb:7 over one 7g instance, and Slurm started a job there.  Such a node stays
-    drained, its reason naming the mismatch (issue 32, item 3)."""
+    drained, its reason naming the mismatch."""
     c = node.cluster
     failing = c.pid_script("start-slurmd-failing", "exit 1\n")
     d = node.daemon(Clock(NIGHT), start_slurmd=failing)
@@ -129,7 +129,7 @@ def test_a_node_whose_gres_and_gpus_disagree_stays_drained(node: Node) -> None:
 
 def test_a_failed_job_listing_is_not_called_a_failed_drain(node: Node) -> None:
     """The node drained, then squeue failed: migd said "cannot drain: squeue ...".  It names the step that
-    failed, and changes no GPU while it cannot know which jobs hold them (issue 32, item 8)."""
+    failed, and changes no GPU while it cannot know which jobs hold them."""
     c = node.cluster
     fake = node.fake("squeue", "echo 'squeue: error: slurm_load_jobs error: Socket timed out' >&2\nexit 1\n")
     d = node.daemon(Clock(NIGHT), path_first=fake)
@@ -153,7 +153,7 @@ def _reserving_night(now: datetime) -> tuple[str, datetime]:
 def test_slurmctld_killed_as_migd_resumes_the_node_is_retried_until_slurm_confirms(node: Node) -> None:
     """slurmctld SIGKILLed as migd resumed the node: migd recorded "serving", the node stayed drained, its
     MAINT reservation stayed, and nothing retried.  The outcome is recorded first (phase resuming) and the
-    resume and the reservation's removal are retried at each pass until Slurm confirms them (issue 32, item 4)."""
+    resume and the reservation's removal are retried at each pass until Slurm confirms them."""
     c = node.cluster
     mark = c.dir / "killed"
     fake = node.fake("scontrol", f'case "$*" in *state=resume*) if [ ! -e {mark} ]; then touch {mark}; '
@@ -190,7 +190,7 @@ def test_slurmctld_killed_as_migd_resumes_the_node_is_retried_until_slurm_confir
 
 def test_a_stale_reservation_does_not_stop_the_next_one(node: Node) -> None:
     """A reservation whose removal failed stayed in migd's state: its name made every later switch skip
-    reserving ahead.  One for a transition past is removed and forgotten (issue 32, item 4)."""
+    reserving ahead.  One for a transition past is removed and forgotten."""
     c = node.cluster
     (node.migctl.state_dir / "slurm.json").write_text(json.dumps({
         "schema": "migd.slurm/v1", "phase": "serving", "reservation": "migd-gpu1-1795000000",
@@ -220,7 +220,7 @@ def _continue_controller(node: Node) -> None:
 def test_a_hung_controller_does_not_stop_the_sampler_or_the_fault_watch(node: Node) -> None:
     """slurmctld SIGSTOPped while migd waited for the node to register: the NVML sampler stopped and a
     fatal Xid was handled 50 s late, as the wait held the lock they need.  A Slurm wait lets go of the
-    hardware lock (issue 32, item 7)."""
+    hardware lock."""
     hanging, mark = _hanging_controller(node)
     d = node.daemon(Clock(NIGHT), start_slurmd=hanging)
     watch = FaultWatch(node.backend, d.hw_lock, EventCounters(), d.status.unhealthy)
@@ -248,7 +248,7 @@ def test_a_hung_controller_does_not_stop_the_sampler_or_the_fault_watch(node: No
 def test_sigterm_during_the_wait_stops_it_and_the_next_start_undoes_what_slurm_refuses(node: Node) -> None:
     """SIGTERM was ignored until register_timeout.  It now ends the wait, leaving the switch recorded; the
     next start publishes the GRES again and, when Slurm refuses it, puts back both the files and the GPUs
-    from the layouts recorded before the switch (issue 32, items 7 and 8)."""
+    from the layouts recorded before the switch."""
     c = node.cluster
     hanging, mark = _hanging_controller(node)
     d = node.daemon(Clock(NIGHT), start_slurmd=hanging)
@@ -256,8 +256,7 @@ def test_sigterm_during_the_wait_stops_it_and_the_next_start_undoes_what_slurm_r
     switch.start()
     try:
         c.wait(mark.exists, "the switch to reach the hung controller")
-        d.cancel.set()  # what migd's SIGTERM handler does
-        d.stop.set()
+        d.events.terminate()  # what migd's SIGTERM handler does
         switch.join(15)  # (register_timeout is 30s)
         assert not switch.is_alive(), "SIGTERM waited for register_timeout"
     finally:
@@ -285,7 +284,7 @@ def test_sigterm_during_the_wait_stops_it_and_the_next_start_undoes_what_slurm_r
 def test_a_command_past_command_timeout_does_not_leave_slurmd_down(node: Node) -> None:
     """The slurmctld restart ran past command_timeout while slurmd was stopped: the switch and its
     rollback both gave up with slurmd down.  slurmd is started again whatever failed after it was
-    stopped (issue 32, item 8)."""
+    stopped."""
     c = node.cluster
     slow = c.pid_script("restart-slurmctld-slow", "sleep 30\n")
     d = node.daemon(Clock(NIGHT), restart_slurmctld=slow, settings="  command_timeout: 2s\n")
@@ -312,7 +311,7 @@ def test_register_timeout_must_stay_under_the_watchdogs_limit(tmp_path: Path) ->
 def test_a_blocked_manual_apply_goes_on_when_its_job_ends_not_an_interval_later(node: Node) -> None:
     """``migctl apply`` through migd under Slurm waited for a job; the job ended and the switch came a
     reconcile interval (here an hour) later, as the loop slept on the wait it had worked out before the
-    manual apply.  The loop works out its wait again after a manual apply (issue 32, item 8)."""
+    manual apply.  The loop works out its wait again after a manual apply."""
     c = node.cluster
     d = node.daemon(Clock(NIGHT - timedelta(hours=9)), top="reconcile_interval: 1h\n")  # Monday 10:00
     d.reconcile("start")  # (the loop's first pass, done here so the test knows when it is over): day holds
@@ -329,6 +328,5 @@ def test_a_blocked_manual_apply_goes_on_when_its_job_ends_not_an_interval_later(
         c.wait(lambda: node.layout() == [("3g.40gb", 0, ["3g.40gb"]), ("3g.40gb", 4, ["3g.40gb"])],
                "the switch after the job ended", 60)
     finally:
-        d.stop.set()
-        d.wake.set()
+        d.events.terminate()
         runner.join(30)

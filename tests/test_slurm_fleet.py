@@ -1,4 +1,4 @@
-"""The demand mode across several nodes (issue 33): a real slurmctld with three slurmd on this host
+"""The demand mode across several nodes: a real slurmctld with three slurmd on this host
 (Slurm's multiple-slurmd mode, tests/slurm_cluster.py), each node's own migd process over its own
 simulated A100, one of them the planner.  Notebook jobs pending at night switch the right number of
 nodes to the small layout and start; a running training job is not touched; the planner's death

@@ -98,7 +98,7 @@ DETAIL = ("JobId=7 JobState=RUNNING JOB_GRES=gpu:1g.10gb:2 Nodes={nodes} CPU_IDs
     ("gpu[a-c]", "gpu4", "gpu:1g.10gb:1(IDX:0),gpu:1g.10gb:2"),  # a hostlist not read here: never free
 ])
 def test_what_a_job_holds_on_this_node(nodes: str, node: str, held: str) -> None:
-    """scontrol show job -d's per-node detail, as ctl.allocated_gres reads it (issue 32, item 1)."""
+    """scontrol show job -d's per-node detail, as ctl.allocated_gres reads it."""
     from migd.slurm.ctl import allocated_gres
     assert allocated_gres(DETAIL.format(nodes=nodes), node) == held
     assert allocated_gres("JobId=8 JobState=RUNNING JOB_GRES=(null) Nodes=gpu1 CPU_IDs=0 Mem=0 MinCPUsNode=1",

@@ -1,4 +1,4 @@
-"""Text and times read from Slurm never stop migd (issue 40, items 6 and 7): bytes that are not UTF-8
+"""Text and times read from Slurm never stop migd: bytes that are not UTF-8
 (an operator's Latin-1 drain reason) are read with replacement, and a lease's ``until=`` beyond the
 configured lease (written in milliseconds) is not followed, is said, and renders.
 

@@ -1,4 +1,4 @@
-"""Everyone may look, nobody may stall it (issue 40, items 3 and 4): bad input on migd's sockets is the
+"""Everyone may look, nobody may stall it: bad input on migd's sockets is the
 client's mistake, answered in one line and never logged as migd's failure; and migctl reads every
 reply through its wire type, bounded in size and time, so a server that is not migd (or a migd of
 another version, or one cut off mid-reply) is one line on stderr and a non-zero exit."""

@@ -1,6 +1,6 @@
 """Every file in the state dir is opened without following symlinks, and the state dir itself must be
 root's (or migd's own user's) and 0700, the simulator's default included, which lives in a fresh
-private directory, never under a shared name in /tmp (issue 29, class 3)."""
+private directory, never under a shared name in /tmp."""
 
 from __future__ import annotations
 

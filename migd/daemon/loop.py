@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 from migd.daemon.accesspass import view as access_view
+from migd.daemon.events import Reload
 from migd.daemon.service import Daemon
 
 SLURM_RETRY_S = 5.0
@@ -21,24 +22,20 @@ HOLD_RETRY_S = 2.0
 def run(d: Daemon) -> None:
     d.start()
     last = time.monotonic()
-    while not d.stop.is_set():
-        d.wake.wait(sleep_s(d))
-        d.wake.clear()
+    while not d.events.stopping:
+        d.events.wait(sleep_s(d))
         d.heartbeat.beat()
-        if d.stop.is_set():
+        if d.events.stopping:
             break
-        if d.reload_requested.is_set() or d.reloaded.is_set():
-            if d.reload_requested.is_set():
-                d.reload_requested.clear()
+        reload = d.events.take_reload()
+        if reload is not None:
+            if reload is Reload.READ:
                 d.reload()
-            d.reloaded.clear()
             d.reconcile("reload")
             last = time.monotonic()
             continue
         due = time.monotonic() - last >= d.clock.real(d.config.reconcile_interval_s)
-        if d.config_changed.is_set():
-            d.config_changed.clear()
-            due = True
+        due = d.events.take_config_changed() or due
         fired = until_next_s(d) == 0.0
         retry = d.retries.due_in_s() == 0.0  # a failed GPU's backoff ended (its next try is this pass)
         if due or fired or retry or d.status.blocked_since is not None or d.slurm_pending or d.planning_due:

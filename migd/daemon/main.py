@@ -130,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         daemon = Daemon(cfg, backend, state_dir, _clock(args, cfg), Notifier(),
                         reload_config=lambda: load_config(args.config))
         if hup.is_set():
-            daemon.reload_requested.set()
+            daemon.events.request_reload()
         return _serve(args, cfg, backend, state, daemon, socket_path, errors)
     except EXPECTED as e:  # what start-up could not survive: one line, never a traceback in the journal
         f = failure(e)
@@ -268,12 +268,10 @@ def _handlers(daemon: Daemon, watch: FaultWatch, sampler: Sampler) -> Handlers:
 
 def _on_signal(daemon: Daemon, signum: int) -> None:
     if signum == signal.SIGHUP:
-        daemon.reload_requested.set()
+        daemon.events.request_reload()
     else:
         log.info("received %s: finishing the current step, then exiting", signal.Signals(signum).name)
-        daemon.cancel.set()
-        daemon.stop.set()
-    daemon.wake.set()
+        daemon.events.terminate()
 
 
 def _prepare(args: argparse.Namespace, cfg: Config, backend: GpuBackend, daemon: Daemon, socket_path: Path,

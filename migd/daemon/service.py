@@ -21,42 +21,36 @@ from datetime import datetime
 from pathlib import Path
 
 from migd.api.commands import DAEMON_LOCK_TIMEOUT_S, ManualApply
-from migd.api.daemon import LastApply, Outcome
 from migd.api.demand import Source
 from migd.apply.executor import Applier
-from migd.apply.planning import touched
-from migd.apply.result import ApplyOptions, ApplyResult, BusyError, Flag, GpuStatus, OnBusy
+from migd.apply.result import ApplyOptions, ApplyResult, Flag, OnBusy
 from migd.daemon.accesspass import access_control
 from migd.daemon.accesspass import view as access_view
-from migd.daemon.account import in_flight, last_apply, say
+from migd.daemon.account import in_flight
 from migd.daemon.clock import Clock
 from migd.daemon.config import Config, ReconcileMode, restart_only
+from migd.daemon.events import Events
 from migd.daemon.holds import hold, rehold
 from migd.daemon.hwlock import HardwareLock
 from migd.daemon.progress import Tracker
 from migd.daemon.requests import Reloaded, Resumed
-from migd.daemon.retry import Choice, Retries, choose
+from migd.daemon.retry import Retries
 from migd.daemon.schedule import Entry
 from migd.daemon.sdnotify import Notifier
 from migd.daemon.slurmpass import Lent, slurm_switch
+from migd.daemon.transaction import REFUSALS, Parts, Transaction
 from migd.daemon.watchdog import Heartbeat
 from migd.errors import ValidationError
-from migd.exits import EXPECTED
-from migd.hardware.inventory import Unreadable, survey
+from migd.hardware.inventory import survey
 from migd.hardware.ports import GpuBackend
-from migd.hardware.types import GpuState
-from migd.isolation.audit import Finding, Severity, audit_readings
-from migd.plan.planner import GpuPlan
+from migd.isolation.audit import Finding
 from migd.profiles.model import Profile, describe_gpus
 from migd.slurm.transition import GateHooks
 from migd.state.override import OverrideStore
-from migd.state.status import Status, outcome_of
+from migd.state.status import Status
 
 __all__ = ["Clock", "Daemon", "ManualApply", "Reloaded", "Resumed"]
 log = logging.getLogger("migd")
-# What stops one pass without stopping the daemon: the failures migctl reports as exit codes
-# (OSError included: a full or read-only state dir).
-REFUSALS = EXPECTED
 
 
 class Daemon:
@@ -78,17 +72,20 @@ class Daemon:
         self.heartbeat = Heartbeat()  # progress marks; the watchdog thread feeds systemd while they come
         self.lock = threading.RLock()  # the decision lock: one pass or control request at a time
         self.hw_lock = HardwareLock()  # NVML's turns: the sampler and fault watch share it; Slurm waits let go
-        self.wake = threading.Event()
-        self.stop = threading.Event()
-        self.reload_requested = threading.Event()  # SIGHUP: reload at the loop's next turn
-        self.reloaded = threading.Event()  # migctl reload took: decide on the new configuration
-        self.cancel = threading.Event()  # SIGTERM: stop waiting, roll back the step in progress
-        self.config_changed = threading.Event()  # NVML reported a MIG config change: look for drift now
-        self.audit_findings: list[Finding] = []
-        self.on_apply: list[Callable[[ApplyResult | None, Outcome, float], None]] = []
+        self.events = Events()  # what other threads tell the loop (signals, the control socket, the fault watch)
         self.slurm = slurm_switch(config, backend, self.applier, Path(state_dir), clock.now,
-                                  Lent(GateHooks(self.heartbeat.beat, self.stop.is_set), self.hw_lock.unheld))
+                                  Lent(GateHooks(self.heartbeat.beat, lambda: self.events.stopping),
+                                       self.hw_lock.unheld))
         self.access = access_control(config, backend, self.applier)
+        self.transaction = Transaction(Parts(
+            self.applier, self.hw_lock, self.status, self.progress, self.retries, self.slurm, self.events,
+            self.notifier, lambda: self.config, lambda: self.access, clock.real, self._hold))
+        self.on_apply = self.transaction.p.on_apply  # (result, outcome, seconds) after every apply: metrics
+
+    @property
+    def audit_findings(self) -> list[Finding]:
+        """The last isolation audit, of what the last pass or apply read back."""
+        return self.transaction.findings
 
     # -- decisions --------------------------------------------------------------------------------
     def desired(self) -> Profile | None:
@@ -110,8 +107,8 @@ class Daemon:
 
     def _options(self, on_busy: OnBusy) -> ApplyOptions:
         return ApplyOptions(on_busy=on_busy, busy_timeout_s=0.0, hooks=self.config.hooks,
-                            lock_timeout_s=DAEMON_LOCK_TIMEOUT_S, cancel=self.cancel, progress=self.heartbeat.beat,
-                            faults=self.status.unhealthy, unheld=self.hw_lock.unheld)
+                            lock_timeout_s=DAEMON_LOCK_TIMEOUT_S, cancel=self.events.cancel,
+                            progress=self.heartbeat.beat, faults=self.status.unhealthy, unheld=self.hw_lock.unheld)
 
     def _scheduled_options(self) -> ApplyOptions:
         """Busy GPUs wait (the others go ahead); force only after busy_timeout gave running work its chance."""
@@ -152,83 +149,9 @@ class Daemon:
         self.status.desired_profile = profile.name
         correct = reason != "reconcile" or self.config.reconcile is ReconcileMode.CORRECT
         try:
-            self._change(profile, reason, self._scheduled_options(), correct=correct)
+            self.transaction.change(profile, reason, self._scheduled_options(), correct=correct)
         except REFUSALS:
             pass  # logged and counted by _change; the next pass tries again
-
-    def _change(self, profile: Profile, reason: str, opts: ApplyOptions, *, manual: bool = False,
-                correct: bool = True) -> ApplyResult:
-        """Read and plan every GPU once under the apply lock, then apply exactly that plan
-        (a scheduled pass that finds nothing to do returns a result without GPU results)."""
-        t0 = time.monotonic()
-        choice = Choice([], [], reason)  # what is being applied: a refusal is its GPUs' failure
-        plans: list[GpuPlan] = []
-        unreadable: list[Unreadable] = []
-        try:
-            with self.applier.lock(opts.lock_timeout_s), self.hw_lock:
-                if self.slurm is not None and self.slurm.resuming:
-                    self.slurm.conclude()
-                for r in self.applier.recover_locked():
-                    log.warning("GPU %d: %s after an interrupted apply", r.index, r.status.replace("_", " "))
-                plans, unreadable = self.applier.plan_each(profile, mode_only=opts.mode_only, must_select=manual)
-                lost = touched(profile, unreadable)  # left alone, reported
-                if opts.dry_run:
-                    result = self.applier.apply_plans(profile, plans, opts)
-                    result.unreadable = lost
-                    return result
-                if self.slurm is not None and not any(p.changes for p in plans):
-                    self.slurm.idle(profile, plans, opts)
-                choice = choose(self.retries, self.status, plans, self.applier.owners.load(), profile.name, reason,
-                                correct, manual)
-                if not choice.pending and not manual:  # (drift only reported, failed GPUs waiting their turn)
-                    self.progress.update(profile.name, plans, None, unreadable)
-                    self._audit([p.seen for p in plans if p.seen is not None], plans)  # as planned from
-                    self._check_settled(profile.name)
-                    return ApplyResult(profile.name, plans, [], unreadable=lost)
-                result = self._apply(profile, choice.plans, opts, manual)
-                result.unreadable = lost
-                self.retries.done(profile.name, result, manual)
-                if manual and result.ok:
-                    self._hold(profile)  # published before the locks are released
-        except REFUSALS as e:
-            self._refused(profile, e, choice, (plans, unreadable), manual, t0)
-            raise
-        finally:
-            if self.slurm is not None:
-                self.status.slurm = self.slurm.snapshot()
-            if self.access is not None:  # what an apply could not set shows at once, not at the next pass
-                self.status.access = access_view(self.access)
-        if not manual or self.status.override is not None and self.status.override.profile is profile:
-            self.progress.update(profile.name, plans, result, unreadable)
-        if manual:  # the loop works out its wait again: a GPU left waiting (on a Slurm job, say) is looked at
-            self.wake.set()  # within seconds, one not applied is judged against the active profile at once
-        if manual or result.changed or result.ok:  # a retry finding the same GPUs busy is not another apply
-            self._finish(profile, result, choice.reason, t0)
-        return result
-
-    def _refused(self, profile: Profile, e: Exception, choice: Choice,
-                 planned: tuple[list[GpuPlan], list[Unreadable]], manual: bool, t0: float) -> None:
-        """Said and counted once; a scheduled apply refused once planned is its GPUs' failure (a backoff)."""
-        blocked = isinstance(e, BusyError)  # the busy policy did its job: said, counted, never paged
-        if blocked or manual or not choice.pending:
-            log.log(logging.WARNING if blocked else logging.ERROR, "%s of %s %s: %s",
-                    "manual apply" if manual else "apply", profile.name, "blocked" if blocked else "refused", e)
-        else:
-            self.retries.refused(profile.name, choice.pending, str(e))
-            self.progress.update(profile.name, planned[0], None, planned[1])
-        self._record(last_apply(None, Outcome.BLOCKED if blocked else Outcome.ERROR, time.monotonic() - t0,
-                                profile.name, choice.reason, e), None)
-
-    def _apply(self, profile: Profile, plans: list[GpuPlan], opts: ApplyOptions, manual: bool) -> ApplyResult:
-        """The planned change, through Slurm's drain and GRES on a Slurm node (the apply lock is held)."""
-        if self.slurm is None or not any(p.changes for p in plans):
-            return self.applier.apply_plans(profile, plans, opts)
-        policy = opts.on_busy if manual else self.config.on_busy  # (opts map wait to retries)
-        result = self.slurm.apply(profile, plans, opts, policy,
-                                  self.clock.real(opts.busy_timeout_s if manual else self.config.busy_timeout_s))
-        if manual and self.slurm.waiting:
-            self._hold(profile)  # the passes that follow finish this switch when the jobs end
-        return result
 
     def _hold(self, profile: Profile) -> None:
         self.status.override = hold(self.overrides, profile, self._next_transition, self.clock.now())
@@ -249,39 +172,9 @@ class Daemon:
     def _next_transition(self, now: datetime) -> datetime | None:
         return nxt[0] if (nxt := self.config.schedule.next_fire(now)) else None
 
-    def _finish(self, profile: Profile, result: ApplyResult, reason: str, t0: float) -> None:
-        """Count, log and audit one apply, scheduled or manual alike, from what the apply read back."""
-        outcome = outcome_of(result)  # (a GPU that failed was said by Retries.done, once)
-        self._record(last_apply(result, outcome, time.monotonic() - t0, profile.name, reason), result)
-        say(profile.name, result, outcome, reason)
-        changed = {r.index for r in result.results if r.status is GpuStatus.APPLIED}
-        self._audit(list(result.readings().values()), [p for p in result.plans if p.gpu.index not in changed])
-        if profile.name == self.status.desired_profile:  # (a manual apply that did not take is not the applied one)
-            self._check_settled(profile.name)
-
-    def _audit(self, readings: list[GpuState], plans: list[GpuPlan]) -> None:
-        findings = audit_readings(readings, {p.gpu.index: p for p in plans})
-        old = {(f.gpu, f.check, f.message) for f in self.audit_findings}
-        for f in findings:
-            if f.severity is Severity.ERROR and (f.gpu, f.check, f.message) not in old:
-                log.error("isolation audit: %s", f.message)
-        self.audit_findings = findings
-
-    def _check_settled(self, name: str) -> None:
-        if self.progress.converged():
-            self.status.settle(name)
-            self.notifier.status(f"profile {name} applied")
-
-    def _record(self, last: LastApply, result: ApplyResult | None) -> None:
-        self.status.apply_count[last.result] = self.status.apply_count.get(last.result, 0) + 1
-        self.status.last_apply = last
-        for cb in self.on_apply:
-            cb(result, last.result, last.seconds)
-
     def drift_suspected(self) -> None:
         """NVML reported a MIG configuration change: check for drift now, not at the next interval."""
-        self.config_changed.set()
-        self.wake.set()
+        self.events.config_changed()
 
     # -- requests from the control socket -------------------------------------------------------
     def clear_fault(self, gpu: str) -> list[str]:
@@ -294,7 +187,7 @@ class Daemon:
         cleared = [u for u in uuids if self.status.unhealthy.clear(u)]
         log.warning("fault mark cleared on %s by an operator", ", ".join(cleared) or "nothing")
         if cleared:
-            self.wake.set()
+            self.events.wake()
         return cleared
 
     def resume(self) -> Resumed:
@@ -312,7 +205,7 @@ class Daemon:
             if profile is None:
                 return Resumed(lifted, None, None)
             self.status.desired_profile = profile.name
-            return Resumed(lifted, profile.name, self._change(profile, "resume", self._scheduled_options()))
+            return Resumed(lifted, profile.name, self.transaction.change(profile, "resume", self._scheduled_options()))
 
     def manual_apply(self, profile: Profile, req: ManualApply, abort: Flag | None = None) -> ApplyResult:
         """The same decision path as a scheduled change; the result holds until the next transition.
@@ -324,7 +217,7 @@ class Daemon:
             opts.mode_only = req.mode_only
             opts.busy_timeout_s = self.config.busy_timeout_s if req.busy_timeout_s is None else req.busy_timeout_s
             try:
-                return self._change(profile, "manual", opts, manual=True)
+                return self.transaction.change(profile, "manual", opts, manual=True)
             finally:
                 self.status.applying = None
 
@@ -357,7 +250,7 @@ class Daemon:
         log.info("configuration reloaded (%s)", detail)
         self.notifier.send("READY=1", "STATUS=configuration reloaded" + (
             f"; restart needed for {', '.join(stale)}" if stale else ""))
-        self.wake.set()
+        self.events.wake()
         return Reloaded(None, detail + (f"; restart needed for {', '.join(stale)}" if stale else ""))
 
     def reload_now(self) -> Reloaded:
@@ -365,9 +258,8 @@ class Daemon:
         loop then decides on the new configuration as after SIGHUP."""
         with self.lock:
             done = self.reload()
-        if done.error is None:  # set, then wake: the loop woken by reload() itself may have looked already
-            self.reloaded.set()
-            self.wake.set()
+        if done.error is None:  # (the loop woken by reload() itself may have looked already)
+            self.events.reloaded()
         return done
 
     def start(self) -> None:

@@ -59,7 +59,7 @@ def _catalog_lookup(name: str, pci_device_id: int) -> GpuModel | None:
 
 class _SaidByIdentity(logging.Filter):
     """The NVML backend warns, once per GPU, that a GPU is not in the catalog; the doctor's identity
-    finding says so for that GPU, with more: the warning would print it twice per GPU (issue 39)."""
+    finding says so for that GPU, with more: the warning would print it twice per GPU."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return NOT_IN_CATALOG not in str(record.msg)

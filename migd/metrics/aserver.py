@@ -1,4 +1,4 @@
-"""The /metrics and /healthz endpoint on one asyncio loop: no thread per connection (issue 16).
+"""The /metrics and /healthz endpoint on one asyncio loop: no thread per connection.
 
 A thread per connection cost 38% of a scrape and header parsing through http.server another
 27%.  Here one thread runs an event loop with a plain ``asyncio.Protocol`` per connection (no
@@ -8,7 +8,7 @@ HTTP/1.1 keep-alive is honoured (Prometheus keeps its connection), pipelined req
 in order, and a client that does not read its responses is not read from until it does (flow
 control, as a stream's ``drain`` gives).
 
-Hostile neighbours (issue 29): only a complete request counts as activity, so a client that drips a
+Hostile neighbours: only a complete request counts as activity, so a client that drips a
 head a byte at a time is dropped ``idle_timeout_s`` after its last complete request (or its connect),
 as servers defend against slowloris; at ``max_connections`` a new connection takes the place of the
 one idle longest (the bound that kept ~1,100 idle connections from exhausting the daemon's

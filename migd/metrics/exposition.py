@@ -1,4 +1,4 @@
-"""The /metrics bytes: rendered in two parts, each only as often as it changes (issue 16).
+"""The /metrics bytes: rendered in two parts, each only as often as it changes.
 
 The per-GPU and per-instance series and the fault counters (most of the bytes) change with the
 sampler's snapshot or an event, so they are rendered once per version; the daemon's own series
@@ -27,7 +27,7 @@ class Exposition:
 
     # The daemon's own series (its CPU, memory, descriptors, applies) are at most 1 s old under a
     # burst of scrapes; re-rendering them every 0.1 s (ProcessCollector reads /proc) competed with
-    # the event loop for the GIL and cost the scrape p99 about a tenth (issue 16).
+    # the event loop for the GIL and cost the scrape p99 about a tenth.
     live_max_age_s = 1.0
     live_stale_s = 3.0
 

@@ -1,4 +1,4 @@
-"""Fault series: Xids, isolation breaches, GPU-wide fault marks, audit findings (issue 17).
+"""Fault series: Xids, isolation breaches, GPU-wide fault marks, audit findings.
 
 Counters exist from the start at 0 for every known label set (each GPU with each known Xid class,
 each live GPU instance with each instance-scoped class, each GPU's breaches), so ``increase()``

@@ -1,6 +1,6 @@
 """Series from the sampler's snapshot: GPUs, their GPU instances, the compute instances inside.
 
-Each series belongs to the level its value belongs to (issue 17): a GPU instance's memory, GPM
+Each series belongs to the level its value belongs to: a GPU instance's memory, GPM
 activity and size are exported once per GI (``migd_instance_*``), a compute instance's processes
 once per CI (``migd_compute_instance_*``), so summing over instances never counts a GI twice.
 Sizes are values, not only labels: ``sum by (owner) (migd_instance_compute_slices)`` is an

@@ -1,4 +1,4 @@
-"""``GET /``: one read-only HTML page for the people who share the GPUs (issue 34).
+"""``GET /``: one read-only HTML page for the people who share the GPUs.
 
 Rendered on the server from the sampler's snapshot (the one ``/metrics`` exports) and the daemon's
 status; no script, no external stylesheet, font or image (an air-gapped node shows it as it is), and

@@ -1,4 +1,4 @@
-"""Each owner's share of the node's compute slices over today (issue 34's page): slice-seconds per
+"""Each owner's share of the node's compute slices over today, for the page: slice-seconds per
 owner since local midnight in the schedule's time zone, summed from the sampler's snapshots.
 
 Between two snapshots the layout of the earlier one is taken to have held (the sampler sees changes

@@ -2,7 +2,7 @@
 
 Memory and GPM activity belong to a GPU instance (every MIG device of a GI reports the GI's memory;
 nvmlGpmMigSampleGet takes a GI id), so they are read and exported once per GI; processes run in
-a compute instance, so they stay with the CI (issue 17: a GI split into several CIs was counted
+a compute instance, so they stay with the CI (a GI split into several CIs was counted
 once per CI).  Capacity is kept as numbers (compute and memory slices), so a share per owner is a
 sum, not a join.
 """

@@ -5,7 +5,7 @@ so the planner's search returns its first complete layout: the lexicographically
 the instances in search order (largest first, then profile id; identical instances ascending).
 That depends on the model's placement table alone, so it is solved once per model for every
 sequence that fits, by one depth-first walk over memory-slice bitmasks, and a first-time plan on an
-empty GPU looks its placements up instead of searching (issue 16: "per-model precomputed tables
+empty GPU looks its placements up instead of searching ("per-model precomputed tables
 of feasible placement sets").  Instance caps, compute slices and media engines are not checked
 here: the planner's feasibility check refuses those requests before it looks.
 

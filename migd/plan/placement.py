@@ -12,7 +12,7 @@ valid, so the layout found is the same with either: the least deltas of each rem
 (blind to what is taken), and each one's fresh delta less the savings of the GIs to keep that the
 slices taken so far still leave free (which sees an earlier instance sitting on a GI a later one
 could keep).  With nothing to keep the first complete layout is optimal and everything after it
-is cut (issue 16).
+is cut.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def place_cis(want: tuple[CiProfile, ...], pinned: tuple[Placement, ...] | None,
 
 @lru_cache(maxsize=4096)
 def fresh_cis(want: tuple[CiProfile, ...]) -> CiLayout | None:
-    """CI placements inside an empty GI: a per-model table (issue 16: "CI placements memoised per
+    """CI placements inside an empty GI: a per-model table ("CI placements memoised per
     (GI profile, CI multiset)"), a function of the catalog alone, so ``forget`` keeps it."""
     return _place_cis(want, ())
 

@@ -58,7 +58,7 @@ _VERBS = {OpKind.DESTROY_CI: "destroy CI", OpKind.DESTROY_GI: "destroy GI", OpKi
 
 class Op(NamedTuple):
     """One NVML operation of a plan.  A NamedTuple, not a frozen dataclass: a plan builds up to 30 of
-    them and a frozen dataclass costs four times as much to construct (issue 16)."""
+    them and a frozen dataclass costs four times as much to construct."""
 
     kind: OpKind
     gpu: int
@@ -101,7 +101,7 @@ class Target(NamedTuple):
 
 
 # Ops and Targets built from all their fields in order, without the NamedTuple's Python-level
-# __new__ (half the cost; a plan builds up to 30): the planner's hot paths only (issue 16).
+# __new__ (half the cost; a plan builds up to 30): the planner's hot paths only.
 _op = partial(tuple.__new__, Op)
 _target = partial(tuple.__new__, Target)
 
@@ -193,7 +193,7 @@ def _destroy_ops(gpu: int, gi: GpuInstance, busy: Busy, name: str) -> list[Op]:
     pids = busy.get(gi.id, {})
     start = gi.placement.start
     ops = []
-    for c in gi.compute_instances:  # a loop, not a comprehension: mostly one CI (issue 16)
+    for c in gi.compute_instances:  # a loop, not a comprehension: mostly one CI
         ops.append(_op((OpKind.DESTROY_CI, gpu, start, gi.id, c.id, c.profile_id, c.placement, None, name,
                         pids.get(c.id, ()))))
     all_pids = tuple(sorted({p for v in pids.values() for p in v})) if pids else ()
@@ -224,7 +224,7 @@ def _solve(model: GpuModel, i: int, mig_current: bool, mig_pending: bool, desire
            frozen_owners: tuple[tuple[int, str], ...],
            gpu_pids: tuple[int, ...]) -> tuple[tuple[Target, ...], tuple[Op, ...], int]:
     """The plan (targets, ops, GIs kept) as a pure function of hashable inputs, memoised: the daemon
-    plans every GPU on every pass, mostly with nothing changed since the last one (issue 16)."""
+    plans every GPU on every pass, mostly with nothing changed since the last one."""
     busy: Busy = {gi: dict(cis) for gi, cis in frozen_busy} if frozen_busy else {}
     ops: list[Op] = []
     if not desired.mig:

@@ -47,7 +47,7 @@ class Memory:
     def __init__(self) -> None:
         self._mem: int | None = None
         # Pages a probe found readable.  A pointer into one is not probed again (a system call on
-        # every simulated NVML call, issue 16).  If such a page is unmapped later and a caller then
+        # every simulated NVML call).  If such a page is unmapped later and a caller then
         # passes a pointer into it, the simulator crashes on it as the real library would; garbage
         # from a struct passed by value (0x100000001) lies in no page a caller's buffer used.
         self._pages: set[int] = set()

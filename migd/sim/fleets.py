@@ -14,7 +14,7 @@ FLEETS: dict[str, list[str]] = {
     "single-a100": ["A100-SXM4-80GB"],
     "single-h100": ["H100-SXM5-80GB"],
     "a100-vm": ["A100-SXM4-80GB"] * 2,
-    # Newer families (issue 14): board sizes as NVIDIA sells them (HGX: 8 GPUs; a GB200/GB300
+    # Newer families: board sizes as NVIDIA sells them (HGX: 8 GPUs; a GB200/GB300
     # compute tray: 4; a GH200 node: 1 superchip, NVL2: 2).
     "hgx-b200": ["B200"] * 8,
     "hgx-b300": ["B300"] * 8,

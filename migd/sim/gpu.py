@@ -114,7 +114,7 @@ class SimGpu:
         return sim_model(self.model)
 
     # Plain loops over a handful of instances, not next(genexpr): these run on nearly every
-    # simulated call, and a generator costs more than the search (issue 16).
+    # simulated call, and a generator costs more than the search.
     def gi(self, gi_id: int) -> SimGi | None:
         for g in self.gis:
             if g.id == gi_id:

@@ -133,7 +133,7 @@ class StateStore:
     """Transactions over the simulated state: in memory, or in a JSON file shared by processes.
 
     A file store keeps the parsed state in memory and re-reads the file only when a writer changed
-    it (issue 16): every write bumps a generation counter kept in the lock file, read with one
+    it: every write bumps a generation counter kept in the lock file, read with one
     ``pread`` under the lock.  (The file's inode and mtime cannot stand in for it: ``os.replace``
     frees inode numbers for reuse and mtimes tick coarsely.)  So every writer goes through a
     StateStore: the simulated library, ``migd.sim.world``, the fake nvidia-smi and tests do."""
@@ -283,7 +283,7 @@ class StateStore:
 
     def wait_changed(self, seen: int, timeout_s: float) -> None:
         """Return once the generation differs from ``seen`` or ``timeout_s`` passed: inotify on the
-        lock file, not a poll of the state (issue 16); a 20 ms poll of the generation where
+        lock file, not a poll of the state; a 20 ms poll of the generation where
         inotify is unavailable."""
         deadline = time.monotonic() + timeout_s
         if self.path is None:

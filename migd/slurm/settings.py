@@ -4,7 +4,7 @@ Slurm has no dynamic MIG ("Slurm expects MIG devices to already be partitioned",
 documentation): a layout change needs the node drained, gres.conf and the node's ``Gres=``
 rewritten, and the daemons made to read them.  On Slurm 22.05 ``scontrol reconfigure`` leaves the
 node INVALID_REG after a GRES count change and a restarted slurmd alone is refused; what works is
-stop slurmd, restart slurmctld, start slurmd (measured on Debian's 22.05, issue 15).  Newer Slurm
+stop slurmd, restart slurmctld, start slurmd (measured on Debian's 22.05).  Newer Slurm
 can reconfigure in place; dynamic nodes (``slurmd -Z``) re-register instead.
 """
 

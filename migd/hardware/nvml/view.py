@@ -1,4 +1,4 @@
-"""What the sampler reads once per layout and what it reads every cycle (issue 16).
+"""What the sampler reads once per layout and what it reads every cycle.
 
 nvml.h: GPU-instance profile info "is immutable throughout the lifetime of a MIG mode"; handles,
 names and UUIDs of MIG devices live as long as their instances ("handles become invalid if the
