@@ -7,6 +7,7 @@ not: a circle inside one package, and a module grown past 400 lines."""
 from __future__ import annotations
 
 import pkgutil
+import re
 import shutil
 import subprocess
 import sys
@@ -105,3 +106,19 @@ def test_every_pynvml_name_the_adapter_uses_exists() -> None:
     used = {m for p in (REPO / "migd").rglob("*.py") if "sim" not in p.parts
             for m in re.findall(r"\bpynvml\.(\w+)", p.read_text())}
     assert len(used) > 40 and sorted(n for n in used if not hasattr(pynvml, n)) == []
+
+
+def test_docs_layout_names_every_module_and_only_modules_that_exist() -> None:
+    """docs/layout.md matches the code: its layer table names every top-level package and module of
+    migd, and every file it names (``daemon/events.py``, ``wire.py``) is there."""
+    doc = (REPO / "docs" / "layout.md").read_text()
+    table = "\n".join(line for line in doc.splitlines() if line.startswith("|"))
+    named = set(re.findall(r"`([a-z_/]+(?:\.py)?)`", table))
+    top = {m.name for m in pkgutil.iter_modules([str(REPO / "migd")])}
+    unnamed = sorted(m for m in top if m not in named and f"{m}/" not in named)
+    assert unnamed == [], f"docs/layout.md's table does not name {unnamed}"
+    known = {str(p.relative_to(REPO)) + ("/" if p.is_dir() else "")
+             for p in REPO.rglob("*") if ".git" not in p.parts and "node_modules" not in p.parts}
+    paths = set(re.findall(r"`((?:[a-z_]+/)*[a-z_]+\.py|(?:[a-z_]+/)+)`", doc))
+    missing = sorted(p for p in paths if not any(k == p or k.endswith("/" + p) for k in known))
+    assert missing == [], f"docs/layout.md names files that are not there: {missing}"
