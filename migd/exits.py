@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
-from migd.api.wire import WireError
 from migd.apply.hooks import HookError
 from migd.apply.lock import LockBusy
 from migd.apply.result import ApplyResult, BusyError, GpuStatus, GpuUnhealthy
@@ -20,6 +19,7 @@ from migd.errors import ValidationError
 from migd.hardware.types import HardwareError
 from migd.plan.planner import PlanError
 from migd.printable import shown
+from migd.wire import WireError
 
 
 class Exit(IntEnum):

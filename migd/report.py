@@ -16,7 +16,6 @@ import yaml
 from migd.api import plan as wp
 from migd.api import status as ws
 from migd.api.audit import DoctorDoc
-from migd.api.wire import from_json, to_json
 from migd.apply.result import ApplyResult, Signalled
 from migd.catalog.models import Placement
 from migd.hardware.doctor import Finding, Verdict
@@ -24,6 +23,7 @@ from migd.hardware.inventory import Unreadable, read_all
 from migd.hardware.ports import GpuReader
 from migd.hardware.types import GpuInfo, GpuInstance, MigDevice, ProcessInfo
 from migd.plan.planner import GpuPlan
+from migd.wire import from_json, to_json
 
 
 def _pl(p: Placement) -> ws.Placement:

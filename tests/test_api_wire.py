@@ -19,9 +19,9 @@ from migd.api.commands import (
     ReloadReply,
     ResumeReply,
 )
-from migd.api.wire import from_json, to_json
 from migd.apply.result import OnBusy
 from migd.errors import ValidationError
+from migd.wire import from_json, to_json
 
 
 def test_an_apply_request_survives_the_socket() -> None:

@@ -22,7 +22,6 @@ import pytest
 from migd.api.commands import ManualApply
 from migd.api.daemon import DaemonDoc
 from migd.api.plan import ApplyDoc
-from migd.api.wire import from_json, to_json
 from migd.apply.result import ApplyResult, OnBusy
 from migd.ctl.tables import apply_table, daemon_table
 from migd.daemon.clock import Clock
@@ -33,6 +32,7 @@ from migd.report import apply_doc
 from migd.sim import world
 from migd.sim.backend import sim_backend
 from migd.sim.state import StateStore
+from migd.wire import from_json, to_json
 from tests.helpers import PROFILES, Migctl, check_golden
 
 _JSON_TIMES = re.compile(r'("(?:started|since|blocked_since|time|seconds|failed_at|next_try|real|at|until)": )'

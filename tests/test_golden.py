@@ -23,7 +23,6 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from migd.api.daemon import DaemonDoc, LastApply, Outcome
-from migd.api.wire import from_json
 from migd.apply.executor import Applier
 from migd.ctl.tables import daemon_table
 from migd.daemon.clock import Clock
@@ -35,6 +34,7 @@ from migd.sim import world
 from migd.sim.backend import sim_backend
 from migd.sim.state import StateStore
 from migd.state.status import Status
+from migd.wire import from_json
 from tests.helpers import PROFILES, Migctl, check_golden
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -177,7 +177,7 @@ def test_daemon_status_with_demand(tmp_path: Path, mixed: Migctl) -> None:
     """``migctl daemon`` on a demand planner that follows its own want (docs/demand.md): the status
     of a real transition with the demand view such a node holds; times masked."""
     from migd.api.demand import DemandView, PlanSummary, Source
-    from migd.api.wire import to_json
+    from migd.wire import to_json
     doc = _daemon_doc(tmp_path, mixed)
     plan = PlanSummary(1795000000.0, "on", ("gpu1: night -> day: gains 55.6 slice-hours of pending work for 0.3 "
                                             "idled while it drains (ready in 3 min)",),
@@ -247,7 +247,7 @@ def test_daemon_status_with_access_by_owner(tmp_path: Path, mixed: Migctl) -> No
     owner whose group is gone, a node it could not set and an instance held back for its handles
     (docs/users.md)."""
     from migd.api.access import AccessView
-    from migd.api.wire import to_json
+    from migd.wire import to_json
     doc = _daemon_doc(tmp_path, mixed)
     doc["access"] = to_json(AccessView({"inference": "group ml-b", "notebooks": "group ml-a and user alice"},
                                        "root", "dev", "/", 42,

@@ -24,7 +24,6 @@ from pathlib import Path
 import pytest
 
 from migd.api.daemon import DaemonDoc
-from migd.api.wire import from_json
 from migd.apply.executor import Applier
 from migd.ctl.client import request
 from migd.ctl.tables import daemon_table
@@ -34,6 +33,7 @@ from migd.metrics.page import render_page
 from migd.metrics.sampler import Sampler
 from migd.printable import shown
 from migd.sim.backend import sim_backend
+from migd.wire import from_json
 from tests.daemon_harness import MigdProcess
 from tests.helpers import GOLDEN, PROFILES, Migctl, migctl_as, need_root
 

@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 
 from migd.api.status import StatusDoc
-from migd.api.wire import from_json
 from migd.ctl.status import (
     CTL_MINOR,
     DEFAULTS,
@@ -41,6 +40,7 @@ from migd.ctl.status import (
 )
 from migd.hardware.caps import CapsPaths, read_minors
 from migd.hardware.caps import modprobe_fields as fields
+from migd.wire import from_json
 from tests.helpers import GOLDEN, Migctl, need_root
 
 FIXTURES = Path(__file__).parent / "fixtures"

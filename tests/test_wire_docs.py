@@ -18,7 +18,6 @@ from migd.api.demand import DemandView, PlanSummary, Source
 from migd.api.plan import ApplyDoc, AssertDoc, PlanDoc
 from migd.api.slurm import Phase, SlurmSnapshot, SlurmState
 from migd.api.status import Gpu, MigMode, Process, Reading, StatusDoc, Unreadable
-from migd.api.wire import WireError, from_json, to_json
 from migd.apply.result import GpuStatus
 from migd.ctl.tables import daemon_table
 from migd.exits import Exit, failure
@@ -28,6 +27,7 @@ from migd.plan.planner import OpKind
 from migd.profiles.model import Profile
 from migd.state.override import Override
 from migd.state.status import GpuProgress, Status
+from migd.wire import WireError, from_json, to_json
 from tests.helpers import PROFILES, Migctl
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from migd.api.status import Unreadable
-from migd.api.wire import OMIT_NONE
 from migd.hardware.doctor import Finding as DoctorFinding
 from migd.isolation.audit import Finding
 from migd.isolation.probe import Probe
+from migd.wire import OMIT_NONE
 
 
 @dataclass(frozen=True)

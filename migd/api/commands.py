@@ -16,11 +16,11 @@ from migd.api.audit import DaemonAudit
 from migd.api.daemon import DaemonDoc, HeldView, SimClock
 from migd.api.plan import ApplyDoc
 from migd.api.status import StatusDoc
-from migd.api.wire import OMIT_NONE, from_json
 from migd.apply.result import OnBusy
 from migd.errors import ValidationError
 from migd.isolation.audit import Finding
 from migd.kinds import Word
+from migd.wire import OMIT_NONE, from_json
 
 MAX_REQUEST = 1 << 20  # bytes of one request line
 MAX_REPLY = 16 << 20  # bytes of one reply line (a 64-GPU node's status is well under 1 MiB)

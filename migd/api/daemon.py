@@ -13,8 +13,8 @@ from migd.api.access import AccessView
 from migd.api.demand import DemandView
 from migd.api.plan import SignalSent
 from migd.api.slurm import SlurmView
-from migd.api.wire import OMIT_NONE
 from migd.kinds import Word
+from migd.wire import OMIT_NONE
 
 SCHEMA = "migd.daemon/v1"
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from migd.api.status import Placement, Unreadable
-from migd.api.wire import OMIT_NONE
 from migd.apply.result import GpuStatus
 from migd.plan.planner import OpKind
+from migd.wire import OMIT_NONE
 
 
 @dataclass(frozen=True)

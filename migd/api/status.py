@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from migd.api.wire import OMIT_NONE
 from migd.kinds import Word
+from migd.wire import OMIT_NONE
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from migd.api.commands import MAX_REPLY, BadJson, Reply, parse_object, reply_as
-from migd.api.wire import WireError, to_json
+from migd.wire import WireError, to_json
 
 
 def _connect(path: Path, timeout_s: float) -> socket.socket | None:

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from migd.api.audit import DaemonMarks, IsolationDoc
 from migd.api.commands import Ask, Command, IsolationReply, Reply, reply_as
-from migd.api.wire import from_json
 from migd.apply.executor import Applier
 from migd.ctl.client import ControlError, request
 from migd.ctl.remote import control_socket, daemon_request, out
@@ -19,6 +18,7 @@ from migd.isolation.audit import Severity, audit
 from migd.isolation.probe import run_probe
 from migd.profiles.loader import load_profile
 from migd.report import unreadable as report_unreadable
+from migd.wire import from_json
 
 
 def cmd_isolation(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:

@@ -27,7 +27,6 @@ from migd.api.commands import (
 )
 from migd.api.daemon import DaemonDoc
 from migd.api.status import StatusDoc
-from migd.api.wire import WireError
 from migd.apply.result import GpuStatus, OnBusy, busy_timeout_for
 from migd.ctl.client import ControlError, request
 from migd.ctl.daemon_table import clock_of
@@ -37,6 +36,7 @@ from migd.exits import Exit
 from migd.paths import listening
 from migd.printable import shown
 from migd.report import dump
+from migd.wire import WireError
 
 
 def control_socket(args: argparse.Namespace) -> Path:

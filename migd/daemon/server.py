@@ -39,7 +39,6 @@ from migd.api.commands import (
 )
 from migd.api.daemon import DaemonDoc
 from migd.api.status import StatusDoc
-from migd.api.wire import from_json, to_json
 from migd.apply.result import ApplyResult, Flag
 from migd.daemon.requests import Reloaded, Resumed
 from migd.daemon.slots import Late, Limits, Slots, SlottedThreadingMixIn, read_request
@@ -48,6 +47,7 @@ from migd.paths import listening
 from migd.profiles.loader import load_profile
 from migd.profiles.model import Profile
 from migd.report import apply_doc
+from migd.wire import from_json, to_json
 
 log = logging.getLogger("migd.control")
 

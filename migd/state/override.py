@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from migd.api.daemon import HeldView
-from migd.api.wire import to_json
 from migd.apply.statefile import atomic_write_json, check_schema, conform, of, optional, read_json, record, utc_time
 from migd.errors import ValidationError
 from migd.profiles.loader import load_profile
 from migd.profiles.model import Profile
+from migd.wire import to_json
 
 SCHEMA = "migd.override/v1"
 _SHAPE = record(schema=of(str), profile=of(str), source=of(str), config=optional(of(str)), text=of(str),

@@ -29,10 +29,10 @@ from migd.api.daemon import (
 )
 from migd.api.demand import DemandView, Source
 from migd.api.slurm import SlurmSnapshot
-from migd.api.wire import to_json
 from migd.apply.result import ApplyResult, GpuStatus
 from migd.isolation.marks import FaultMarks
 from migd.state.override import Override
+from migd.wire import to_json
 
 # systemd's watchdog is fed while some part of migd made progress within this long (daemon/watchdog.py);
 # every bounded wait (a Slurm command, a registration) must end sooner (the unit has WatchdogSec=120s).
