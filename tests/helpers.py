@@ -123,3 +123,20 @@ def need_root(why: str) -> None:
     if os.environ.get("MIGD_REQUIRE_ROOT") == "1":
         pytest.fail(f"needs root ({why}); CI runs as root")
     pytest.skip(f"needs root: {why}")
+
+
+def sampled(m: Migctl, profile: str | None = None) -> Any:
+    """One sampler snapshot of ``m``'s node (after applying ``profile``, if given), read as migd's sampler
+    reads it, with the owner labels of its state dir."""
+    import threading
+
+    from migd.apply.executor import Applier
+    from migd.metrics.sampler import Sampler
+    from migd.sim.backend import sim_backend
+    if profile is not None:
+        assert m("apply", str(PROFILES / f"{profile}.yaml")).code == 0
+    backend = sim_backend(m.state, m.fleet)
+    try:
+        return Sampler(backend, threading.RLock(), Applier(backend, m.state_dir).owners.load, 60).sample_once()
+    finally:
+        backend.close()

@@ -16,7 +16,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -24,18 +23,15 @@ from pathlib import Path
 import pytest
 
 from migd.api.daemon import DaemonDoc
-from migd.apply.executor import Applier
 from migd.ctl.client import request
 from migd.ctl.tables import daemon_table
 from migd.daemon.main import setup_logging
 from migd.metrics.gpus import gpu_families
 from migd.metrics.page import render_page
-from migd.metrics.sampler import Sampler
 from migd.printable import shown
-from migd.sim.backend import sim_backend
 from migd.wire import from_json
 from tests.daemon_harness import MigdProcess
-from tests.helpers import GOLDEN, PROFILES, Migctl, migctl_as, need_root
+from tests.helpers import GOLDEN, PROFILES, Migctl, migctl_as, need_root, sampled
 
 NOBODY = 65534
 # YAML's double-quoted escapes: each a character a terminal acts on, or one that reorders or splits a line
@@ -271,13 +267,7 @@ def test_the_page_shows_unprintable_characters_as_escapes() -> None:
 
 
 def test_an_nvml_name_with_an_esc_is_no_esc_in_metrics_labels(tmp_path: Path) -> None:
-    m = Migctl(tmp_path, "single-a100")
-    assert m("apply", str(PROFILES / "day.yaml")).code == 0
-    backend = sim_backend(m.state, m.fleet)
-    try:
-        snap = Sampler(backend, threading.RLock(), Applier(backend, m.state_dir).owners.load, 60).sample_once()
-    finally:
-        backend.close()
+    snap = sampled(Migctl(tmp_path, "single-a100"), "day")
     g = snap.gpus[0]
     snap = replace(snap, gpus=(replace(g, info=replace(g.info, name="NVIDIA A100\x1b[2J")),))
     info = next(f for f in gpu_families(snap, "node1") if f.name == "migd_gpu_info")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -18,13 +17,10 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from migd.apply.executor import Applier
 from migd.metrics.page import Page, render_page
-from migd.metrics.sampler import Sampler
 from migd.metrics.share import DayShare
-from migd.sim.backend import sim_backend
 from tests.daemon_harness import MigdProcess
-from tests.helpers import PROFILES, REPO, Migctl
+from tests.helpers import PROFILES, REPO, Migctl, sampled
 
 
 class Blocks(HTMLParser):
@@ -65,13 +61,7 @@ def parse(text: str) -> Blocks:
 
 
 def test_the_page_draws_each_gpu_and_instance_where_it_sits(tmp_path: Path) -> None:
-    m = Migctl(tmp_path, "dgx-h100")
-    assert m("apply", str(PROFILES / "day.yaml")).code == 0
-    backend = sim_backend(m.state, m.fleet)
-    try:
-        snap = Sampler(backend, threading.RLock(), Applier(backend, m.state_dir).owners.load, 60).sample_once()
-    finally:
-        backend.close()
+    snap = sampled(Migctl(tmp_path, "dgx-h100"), "day")
     text = render_page(snap, {"active": {"profile": "day", "reason": "schedule"}, "gpus": {}, "unhealthy": {}}, 15)
     page = parse(text.decode())
     assert sorted(page.gpus) == list(range(8)) and page.external == []
@@ -145,13 +135,7 @@ def test_the_page_shows_each_owners_share_over_today(tmp_path: Path) -> None:
     m = Migctl(tmp_path, "dgx-h100")
     snaps = []
     for profile in ("day", "night"):
-        assert m("apply", str(PROFILES / f"{profile}.yaml")).code == 0
-        backend = sim_backend(m.state, m.fleet)
-        try:
-            snaps.append(Sampler(backend, threading.RLock(), Applier(backend, m.state_dir).owners.load, 60)
-                         .sample_once())
-        finally:
-            backend.close()
+        snaps.append(sampled(m, profile))
     seoul = ZoneInfo("Asia/Seoul")
     at = datetime(2026, 11, 23, 8, 0, tzinfo=seoul).timestamp()
     share = DayShare(lambda: seoul)
