@@ -1,10 +1,19 @@
-"""JSON for the documented formats, derived from their frozen dataclasses in one place.
+"""JSON for the documented formats and the files migd keeps, derived from their frozen dataclasses in one place.
 
 A wire type is a frozen dataclass whose fields are, in order, the document's keys (as mig-parted's
 ``api/`` types carry their JSON tags): :func:`to_json` writes them in that order, :func:`from_json`
 reads a document back into the type and says which field is wrong when it does not fit.  A field
 whose metadata has ``OMIT_NONE`` is left out when None (a key some documents carry and others not);
-a type's ``SCHEMA`` class attribute is written first as ``schema`` and checked on read.
+a field with a default may be absent (fields are only ever added within a schema version); keys the
+type does not name are passed over.  A type's ``SCHEMA`` class attribute is written first as
+``schema`` and checked on read: ``READS``, when the type has it, lists every schema read as this type
+(an older version whose fields all kept their meaning; None: a file written before versions existed).
+
+What JSON cannot say by itself is said by a type too, never by a checker of its own: a choice of words
+is an enum; a checked scalar (a UTC time, say) is a :class:`Value`, written as its one field, whose
+``__post_init__`` raises ValueError for what does not fit; a mapping keyed by ``int`` is written with
+decimal keys (JSON keys are text) and refuses any other; ``tuple[A, B]`` is a list of exactly two.  A
+ValueError raised while a dataclass is built from the document is a WireError naming where it was.
 
 Why generic: the formats are many and small, and hand-written pairs drift apart; one reader and one
 writer keep every format round-tripping, which ``tests/test_wire_docs.py`` checks on every golden file.
@@ -28,12 +37,20 @@ class WireError(ValueError):
     """A document that does not fit its type: ``where`` is the field's path (``gpus[2].mig.current``)."""
 
     def __init__(self, where: str, message: str) -> None:
-        super().__init__(f"{where or 'document'}: {message}")
-        self.where = where
+        super().__init__(f"{where}: {message}" if where else message)
+        self.where, self.message = where, message
+
+
+class Value:
+    """A checked scalar: subclassed by a frozen dataclass of one field, which is all the document holds
+    (a UTC time is its text); the subclass's ``__post_init__`` raises ValueError for a value that does not
+    fit, and :func:`from_json` names the field."""
 
 
 def to_json(obj: Any) -> Any:
     """A wire value as JSON-ready data (dicts in field order, enums as their values, tuples as lists)."""
+    if isinstance(obj, Value):
+        return to_json(getattr(obj, dataclasses.fields(obj)[0].name))  # type: ignore[arg-type]
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         doc: dict[str, Any] = {}
         schema = getattr(type(obj), "SCHEMA", None)
@@ -65,21 +82,40 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
+def _build(cls: type, where: str, *args: Any, **kwargs: Any) -> Any:
+    """``cls`` made; its own check's ValueError said at ``where`` (at the top, the check's words name it)."""
+    try:
+        return cls(*args, **kwargs)
+    except WireError:
+        raise
+    except ValueError as e:
+        raise WireError(where, str(e)) from None
+
+
 def _read_record(cls: type, data: Any, where: str) -> Any:
-    if not isinstance(data, dict):
-        raise WireError(where, f"expected a mapping, not {type(data).__name__}")
     schema = getattr(cls, "SCHEMA", None)
-    if schema is not None and data.get("schema") != schema:
-        raise WireError(f"{where}.schema".lstrip("."), f"expected {schema!r}, not {data.get('schema')!r}")
+    if not isinstance(data, dict):
+        if schema is not None:
+            raise WireError(_join(where, "schema"), f"expected a {schema} mapping, not {type(data).__name__}")
+        raise WireError(where or "document", f"expected a mapping, not {type(data).__name__}")
+    reads = getattr(cls, "READS", (schema,))
+    if schema is not None and data.get("schema") not in reads:
+        said = " or ".join(repr(s) for s in reads if s is not None)
+        raise WireError(_join(where, "schema"), f"expected {said}, not {data.get('schema')!r}")
     hints, kwargs = _hints(cls), {}
     for f in dataclasses.fields(cls):
-        at = f"{where}.{f.name}".lstrip(".")
+        at = _join(where, f.name)
         if f.name not in data:
-            if f.metadata.get("omit_none") or f.default is not dataclasses.MISSING:
+            if f.metadata.get("omit_none") or f.default is not dataclasses.MISSING or \
+                    f.default_factory is not dataclasses.MISSING:
                 continue
             raise WireError(at, "missing")
         kwargs[f.name] = _read(hints[f.name], data[f.name], at)
-    return cls(**kwargs)
+    return _build(cls, where, **kwargs)
+
+
+def _join(where: str, name: str) -> str:
+    return f"{where}.{name}" if where else name
 
 
 def _read(tp: Any, data: Any, where: str) -> Any:
@@ -91,6 +127,15 @@ def _read(tp: Any, data: Any, where: str) -> Any:
             return None
         kinds = [a for a in args if a is not type(None)]
         return _read(kinds[0] if len(kinds) == 1 else _pick(kinds, data, where), data, where)
+    if origin in (list, tuple):
+        return _sequence(origin, args, data, where)
+    if origin is dict:
+        if not isinstance(data, dict):
+            raise WireError(where or "document", f"expected a mapping, not {type(data).__name__}")
+        return {_key(args[0], k, _join(where, k)): _read(args[1], v, _join(where, k)) for k, v in data.items()}
+    if isinstance(tp, type) and issubclass(tp, Value):
+        (f,) = dataclasses.fields(tp)  # type: ignore[arg-type]
+        return _build(tp, where, _read(_hints(typing.cast(type, tp))[f.name], data, where))
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _read_record(tp, data, where)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
@@ -98,16 +143,27 @@ def _read(tp: Any, data: Any, where: str) -> Any:
             return tp(data)
         except ValueError:
             raise WireError(where, f"{data!r} is not one of {', '.join(str(m.value) for m in tp)}") from None
-    if origin in (list, tuple):
-        if not isinstance(data, list):
-            raise WireError(where, f"expected a list, not {type(data).__name__}")
-        item = args[0]
-        return tuple(_read(item, v, f"{where}[{i}]") for i, v in enumerate(data))
-    if origin is dict:
-        if not isinstance(data, dict):
-            raise WireError(where, f"expected a mapping, not {type(data).__name__}")
-        return {k: _read(args[1], v, f"{where}.{k}") for k, v in data.items()}
     return _scalar(tp, data, where)
+
+
+def _sequence(origin: Any, args: tuple[Any, ...], data: Any, where: str) -> tuple[Any, ...]:
+    """A list as a tuple: of one type (``tuple[int, ...]``, ``list[int]``) or, ``tuple[A, B]``, of these."""
+    if not isinstance(data, list):
+        raise WireError(where, f"expected a list, not {type(data).__name__}")
+    if origin is tuple and (len(args) != 2 or args[1] is not Ellipsis):
+        if len(data) != len(args):
+            raise WireError(where, f"expected {len(args)} items, not {len(data)}")
+        return tuple(_read(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, data, strict=True)))
+    return tuple(_read(args[0], v, f"{where}[{i}]") for i, v in enumerate(data))
+
+
+def _key(tp: Any, key: str, where: str) -> Any:
+    """A mapping's key: text, or an ``int`` written in decimal digits (what :func:`to_json` writes)."""
+    if tp is int:
+        if not (key.isascii() and key.isdigit()):
+            raise WireError(where, f"key {key!r} is not a number")
+        return int(key)
+    return _read(tp, key, where)
 
 
 def _pick(kinds: list[Any], data: Any, where: str) -> Any:

@@ -4,7 +4,9 @@ request migd cannot use is refused by name."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -21,7 +23,7 @@ from migd.api.commands import (
 )
 from migd.apply.result import OnBusy
 from migd.errors import ValidationError
-from migd.wire import from_json, to_json
+from migd.wire import Value, WireError, from_json, to_json
 
 
 def test_an_apply_request_survives_the_socket() -> None:
@@ -115,3 +117,60 @@ def test_a_kept_manual_apply_survives_its_file(tmp_path: Path) -> None:
     back = store.load()
     assert back is not None and (back.profile.name, back.profile.source, back.until, back.since) == \
         ("night", "/home/a/night.yaml", ov.until, ov.since) and back.profile.sections == ov.profile.sections
+
+
+@dataclass(frozen=True)
+class _Even(Value):
+    """A checked scalar for the tests below: an even number."""
+
+    n: int
+
+    def __post_init__(self) -> None:
+        if self.n % 2:
+            raise ValueError(f"{self.n} is odd")
+
+
+@dataclass(frozen=True)
+class _Pairs:
+    """A record whose own check fails (ValueError in ``__post_init__``)."""
+
+    pair: tuple[int, str]
+
+    def __post_init__(self) -> None:
+        if self.pair[0] < 0:
+            raise ValueError("the pair's number must not be negative")
+
+
+@dataclass(frozen=True)
+class _Doc:
+    SCHEMA: ClassVar[str] = "test.doc/v2"
+    READS: ClassVar[tuple[str | None, ...]] = ("test.doc/v2", "test.doc/v1", None)
+    evens: dict[int, _Even] = field(default_factory=dict)
+    pairs: tuple[_Pairs, ...] = ()
+
+
+def test_checked_values_numbered_keys_and_pairs_survive_the_wire() -> None:
+    """What JSON cannot say by itself, said by a type: a checked scalar is written as its one field, an
+    ``int`` key in decimal, ``tuple[A, B]`` as a list of two; a v1 document and one without a schema read."""
+    doc = _Doc({0: _Even(2), 10: _Even(4)}, (_Pairs((1, "a")),))
+    data = to_json(doc)
+    assert data == {"schema": "test.doc/v2", "evens": {"0": 2, "10": 4}, "pairs": [{"pair": [1, "a"]}]}
+    assert from_json(_Doc, json.loads(json.dumps(data))) == doc
+    assert from_json(_Doc, {"schema": "test.doc/v1"}) == from_json(_Doc, {}) == _Doc()
+
+
+@pytest.mark.parametrize(("data", "said"), [
+    ({"evens": {"0": 3}}, "evens.0: 3 is odd"),
+    ({"evens": {"first": 2}}, "evens.first: key 'first' is not a number"),
+    ({"evens": {"-2": 2}}, "evens.-2: key '-2' is not a number"),
+    ({"pairs": [{"pair": [1, "a", 2]}]}, "pairs[0].pair: expected 2 items, not 3"),
+    ({"pairs": [{"pair": [1, 2]}]}, "pairs[0].pair[1]: expected str, not 2"),
+    ({"pairs": [{"pair": [-1, "a"]}]}, "pairs[0]: the pair's number must not be negative"),
+    ({"schema": "test.doc/v3"}, "schema: expected 'test.doc/v2' or 'test.doc/v1', not 'test.doc/v3'"),
+    ([1, 2], "schema: expected a test.doc/v2 mapping, not list"),
+])
+def test_a_checked_value_that_does_not_fit_is_named_by_its_field(data: object, said: str) -> None:
+    with pytest.raises(WireError) as e:
+        from_json(_Doc, data)
+    assert str(e.value) == said
+
