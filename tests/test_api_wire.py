@@ -75,16 +75,17 @@ def test_each_reply_survives_the_socket(reply: object) -> None:
 def test_the_slurm_state_survives_its_file(tmp_path: Path) -> None:
     """migd.slurm/v2 as SlurmGate writes and reads it; the snapshot is a copy the daemon's thread cannot
     change under a scrape, and status shows the switch, not the layouts kept for a rollback."""
-    from migd.api.slurm import STATE_SHAPE, Phase, SlurmSnapshot, SlurmState
-    from migd.apply.statefile import atomic_write_json, conform, read_json
-    before = {"GPU-1": {"layout": {"mig": True, "instances": []}, "owners": {"0": "nlp"}}}
+    from migd.api.slurm import Phase, SlurmSnapshot, SlurmState, SwitchBefore
+    from migd.apply.journal import InstanceDoc, LayoutDoc
+    from migd.apply.statefile import atomic_write_json, load, read_json
+    before = {"GPU-1": SwitchBefore(LayoutDoc(True, (InstanceDoc(9, 0, owner="nlp", cis=((0, 0),)),)), {0: "nlp"})}
     state = SlurmState(Phase.RESUMING, "night", False, "migd-gpu1", 1795000000.0, 3, None, "jobs 7, 9", 1794999000.5,
                        True, "switched to night", True, before)
     path = tmp_path / "slurm.json"
-    atomic_write_json(path, state.to_json())
-    doc = conform(path, read_json(path), STATE_SHAPE)
-    assert doc["schema"] == "migd.slurm/v2"
-    assert SlurmState(**{k: (Phase(v) if k == "phase" else v) for k, v in doc.items() if k != "schema"}) == state
+    atomic_write_json(path, state)
+    doc = read_json(path)
+    assert doc["schema"] == "migd.slurm/v2" and doc["before"]["GPU-1"]["owners"] == {"0": "nlp"}
+    assert load(path, SlurmState) == state
     snap = SlurmSnapshot.of("gpu1", state)
     state.phase = Phase.SERVING
     state.before.clear()
@@ -174,3 +175,15 @@ def test_a_checked_value_that_does_not_fit_is_named_by_its_field(data: object, s
         from_json(_Doc, data)
     assert str(e.value) == said
 
+
+def test_a_state_file_that_does_not_fit_names_the_file_and_the_field(tmp_path: Path) -> None:
+    """``statefile.load``: the wire type's misfit as one line, ``path: field: what``."""
+    from migd.apply.statefile import atomic_write_json, load
+    path = tmp_path / "doc.json"
+    atomic_write_json(path, _Doc({2: _Even(2)}))
+    assert load(path, _Doc) == _Doc({2: _Even(2)})
+    assert path.read_text() == '{"schema":"test.doc/v2","evens":{"2":2},"pairs":[]}'
+    path.write_text('{"schema": "test.doc/v2", "evens": {"2": 5}}')
+    with pytest.raises(ValidationError) as e:
+        load(path, _Doc)
+    assert str(e.value) == f"{path}: evens.2: 5 is odd"

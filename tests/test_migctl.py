@@ -250,7 +250,7 @@ def test_state_files_carry_their_schema(tmp_path: Path) -> None:
     assert json.loads((m.state_dir / "probe.json").read_text())["schema"] == "migd.journal/v1"
     (m.state_dir / "journal.json").write_text(json.dumps({"schema": "migd.journal/v2", "gpus": {}}))
     r = m("recover")
-    assert r.code == 2 and "journal.json: schema: 'migd.journal/v2' is not 'migd.journal/v1'" in r.err, r.err
+    assert r.code == 2 and "journal.json: schema: expected 'migd.journal/v1', not 'migd.journal/v2'" in r.err, r.err
 
 
 def test_crash_mid_apply_is_recovered(tmp_path: Path) -> None:

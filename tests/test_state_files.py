@@ -1,6 +1,10 @@
-"""Every file migd keeps is untrusted until checked (issue 29, class 3): damaged, of the right schema
+"""Every file migd keeps is untrusted until checked: damaged, of the right schema
 but the wrong inner shape, or hand-edited, it is refused with one line naming the file and the field,
-and what does not depend on it goes on: migd starts, ``migctl status`` answers."""
+and what does not depend on it goes on: migd starts, ``migctl status`` answers.
+
+Each file is a wire type (``migd.wire``), read and written by ``apply/statefile.py``; the files in
+``tests/fixtures/state/`` are as migd wrote them before (commit aea9e7e, its own checks): they read,
+and are written again byte for byte."""
 
 from __future__ import annotations
 
@@ -11,11 +15,81 @@ from pathlib import Path
 
 import pytest
 
-from migd.apply.journal import left_behind
-from migd.apply.owners import Owners
-from migd.state.override import OverrideStore
+from migd.api.slurm import Phase, SlurmState
+from migd.apply.journal import JournalDoc, Step, left_behind
+from migd.apply.owners import Owners, OwnersDoc
+from migd.apply.statefile import load
+from migd.catalog.models import MODELS
+from migd.slurm.planner import History
+from migd.slurm.transition import load_state
+from migd.state.override import OverrideDoc, OverrideStore
+from migd.wire import to_json
 from tests.daemon_harness import MigdProcess
 from tests.helpers import PROFILES, Migctl
+
+STATE = Path(__file__).parent / "fixtures" / "state"
+KINDS = {"journal.json": JournalDoc, "journal-relabel.json": JournalDoc, "owners.json": OwnersDoc,
+         "override.json": OverrideDoc, "slurm.json": SlurmState, "demand.json": History}
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+def test_a_file_as_migd_wrote_it_reads_and_is_written_the_same(name: str) -> None:
+    doc = load(STATE / name, KINDS[name])
+    assert json.dumps(to_json(doc), separators=(",", ":")) == (STATE / name).read_text()
+
+
+def test_what_the_files_say_is_read_back(tmp_path: Path) -> None:
+    """The values behind the bytes: owner labels by GI start, a failed GPU's layout before, a relabel's
+    labels after, the hold's times with their offsets, a switch's layouts kept for its undo."""
+    journal = load(STATE / "journal.json", JournalDoc)
+    ((uuid, entry),) = journal.unfinished().items()
+    assert entry.status is Step.FAILED and entry.owners_before == dict.fromkeys(range(7), "notebooks")
+    model = next(m for k, m in MODELS.items() if "A100" in k and "80" in k)
+    assert len(entry.before.desired(model).instances) == 7 and journal.profile == "night"
+    relabel = load(STATE / "journal-relabel.json", JournalDoc).gpus["GPU-1"]
+    assert relabel.status is Step.RELABELING and relabel.owners_after == {0: "training"}
+    assert Owners(STATE / "owners.json").load() == {uuid: dict.fromkeys(range(7), "notebooks")}
+    kept = tmp_path / "override.json"
+    kept.write_bytes((STATE / "override.json").read_bytes())
+    ov = OverrideStore(kept).load()
+    assert ov is not None and ov.profile.name == "night" and ov.until is not None and ov.until.utcoffset() is not None
+    assert ov.until.isoformat() == "2026-11-23T19:00:00+00:00" and ov.since.isoformat() == "2026-11-23T02:30:00+00:00"
+    switch = load_state(STATE / "slurm.json")
+    assert switch.phase is Phase.SWITCHING and switch.before["GPU-1"].owners[0] == "notebooks"
+    assert switch.before["GPU-1"].layout == entry.before
+    history = load(STATE / "demand.json", History)
+    assert history.switches == {"gpu1": (1795000000.0, 1795003600.5)} and history.left == {"gpu1": "day"}
+
+
+def test_a_journal_and_owners_from_before_versions_read_the_same(tmp_path: Path) -> None:
+    old = json.loads((STATE / "journal.json").read_text())
+    del old["schema"]
+    (tmp_path / "journal.json").write_text(json.dumps(old))
+    assert load(tmp_path / "journal.json", JournalDoc) == load(STATE / "journal.json", JournalDoc)
+    (tmp_path / "owners.json").write_text(json.dumps(json.loads((STATE / "owners.json").read_text())["gpus"]))
+    assert Owners(tmp_path / "owners.json").load() == Owners(STATE / "owners.json").load()
+
+
+SWITCHES = {
+    "owners keyed by a name": ("before.GPU-1.owners.first", {"layout": {"mig": True, "instances": []},
+                                                            "owners": {"first": "nlp"}}),
+    "a layout that is not one": ("before.GPU-1.layout", {"layout": [], "owners": {}}),
+    "a CI without its start": ("before.GPU-1.layout.instances[0].cis[0]", {"layout": {"mig": True, "instances": [
+        {"profile_id": 19, "start": 0, "owner": None, "cis": [[0]]}]}}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SWITCHES))
+def test_a_misshapen_slurm_state_is_named_and_read_as_serving(tmp_path: Path, case: str,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    field, before = SWITCHES[case]
+    doc = json.loads((STATE / "slurm.json").read_text())
+    doc["before"] = {"GPU-1": before}
+    path = tmp_path / "slurm.json"
+    path.write_text(json.dumps(doc))
+    assert load_state(path) == SlurmState()
+    assert f"{path}: {field}: " in caplog.text, caplog.text
+
 
 OWNERS = {
     "a list where a map belongs": {"schema": "migd.owners/v1", "gpus": {"GPU-1": ["notebooks"]}},

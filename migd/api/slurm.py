@@ -9,10 +9,10 @@ v1 file reads as v2 without those: every v1 field kept its meaning.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
-from migd.apply.statefile import digits, mapping, of, one_of, optional, record
+from migd.apply.journal import LayoutDoc
 from migd.kinds import Word
 
 SCHEMA = "migd.slurm/v2"
@@ -27,17 +27,21 @@ class Phase(Word):
     FAILED = "failed"  # the last switch failed; the node serves its old layout
 
 
-_NUMBER = of(int, float)
-_BEFORE = mapping(record(layout=of(dict), owners=optional(mapping(of(str), keys=digits))))
-STATE_SHAPE = record(schema=of(str), phase=one_of(*Phase), profile=optional(of(str)), was_serving=optional(of(bool)),
-                     reservation=optional(of(str)), reserved_for=optional(_NUMBER), jobs_waiting=optional(of(int)),
-                     gres_in_sync=optional(of(bool)), reason=optional(of(str)), since=optional(_NUMBER),
-                     ended_ok=optional(of(bool)), ended_reason=optional(of(str)), agree=optional(of(bool)),
-                     before=optional(_BEFORE))
+@dataclass(frozen=True)
+class SwitchBefore:
+    """One GPU as it was before a switch changed it: what a failed switch restores."""
+
+    layout: LayoutDoc
+    owners: dict[int, str] = field(default_factory=dict)  # GI placement start -> owner
 
 
 @dataclass
 class SlurmState:
+    """``slurm.json``, a wire type read and written whole (``migd.wire``); changed in place by the gate, so
+    not frozen.  Every field has a default: v1 lacks those v2 added."""
+
+    SCHEMA: ClassVar[str] = SCHEMA
+    READS: ClassVar[tuple[str, ...]] = READS
     phase: Phase = Phase.SERVING
     profile: str | None = None
     was_serving: bool = True  # resume after the switch only if it was serving when migd drained it
@@ -50,11 +54,7 @@ class SlurmState:
     ended_ok: bool | None = None  # (resuming) whether the switch that ended succeeded
     ended_reason: str = ""  # (resuming) what it ended with: the reason once Slurm confirms
     agree: bool = True  # (resuming) False: GRES and GPUs disagree, the node is to stay drained
-    # GPU UUID -> {"layout": journal layout JSON, "owners": {start: owner}}: what a failed switch restores
-    before: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, object]:
-        return {"schema": SCHEMA, **asdict(self)}
+    before: dict[str, SwitchBefore] = field(default_factory=dict)  # by GPU UUID: what a failed switch restores
 
 
 @dataclass(frozen=True)

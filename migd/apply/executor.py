@@ -23,7 +23,7 @@ from pathlib import Path
 from migd.apply.busy import blocked_text, cancelled, settle_busy
 from migd.apply.faults import marked_before_change, refused_when_planned
 from migd.apply.force import stop_processes
-from migd.apply.journal import Journal, Step, layout_to_json
+from migd.apply.journal import GpuEntry, Journal, LayoutDoc, Step
 from migd.apply.lock import ApplyLock
 from migd.apply.owners import Owners
 from migd.apply.planning import plan_each, plan_layout, touched
@@ -164,11 +164,9 @@ class Applier:
             return self._unresolved(plans, "not changed")
         owners = self.owners.load()
         befores = [(before_of(p), owners.get(p.gpu.uuid, {})) for p in plans]  # what a rollback restores
-        self.journal.begin(profile.name, {p.gpu.uuid: {
-            "index": p.gpu.index, "status": Step.PENDING, "done": 0, "ops": len(p.ops),
-            "before": layout_to_json(before),
-            "owners_before": {str(k): v for k, v in owners_before.items()}}
-            for p, (before, owners_before) in zip(plans, befores, strict=True)})
+        self.journal.begin(profile.name, {p.gpu.uuid: GpuEntry(
+            index=p.gpu.index, status=Step.PENDING, ops=len(p.ops), before=LayoutDoc.of(before),
+            owners_before=owners_before) for p, (before, owners_before) in zip(plans, befores, strict=True)})
         results: list[GpuResult] = []
         self._stopping, self._progress, self._faults = opts.stopping, opts.progress, opts.faults
         try:
@@ -218,11 +216,9 @@ class Applier:
         if self.journal.exists():  # an unsettled apply kept its record: nothing goes on top of it
             return self._unresolved(plans, "owners not changed")
         owners = self.owners.load()
-        self.journal.begin(profile.name, {p.gpu.uuid: {
-            "index": p.gpu.index, "status": Step.RELABELING, "done": 0, "ops": 0,
-            "before": layout_to_json(before_of(p)),
-            "owners_before": {str(k): v for k, v in owners.get(p.gpu.uuid, {}).items()},
-            "owners_after": {str(k): v for k, v in labels_of(p).items()}} for p in plans})
+        self.journal.begin(profile.name, {p.gpu.uuid: GpuEntry(
+            index=p.gpu.index, status=Step.RELABELING, before=LayoutDoc.of(before_of(p)),
+            owners_before=owners.get(p.gpu.uuid, {}), owners_after=labels_of(p)) for p in plans})
         results = []
         for p in plans:
             try:
@@ -338,7 +334,7 @@ class Applier:
         """Record a GPU's outcome in the journal.  A failed write matters only while the journal is kept
         (the file then names the GPU as it was before): it is said then (:meth:`_say_unnoted`), not when
         the apply settles and drops the journal (a full disk would otherwise add a line to every attempt)."""
-        if not self.journal.data:
+        if self.journal.doc is None:
             return
         try:
             self.journal.update(uuid, **fields)

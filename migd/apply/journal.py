@@ -11,47 +11,64 @@ from __future__ import annotations
 import os
 import threading
 import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from migd.apply.statefile import (
-    atomic_write_json,
-    check_schema,
-    conform,
-    digits,
-    mapping,
-    of,
-    optional,
-    read_json,
-    record,
-)
+from migd.apply.statefile import atomic_write_json, load
 from migd.catalog.models import GpuModel, Placement
 from migd.errors import ValidationError
 from migd.kinds import Word
 from migd.plan.requests import DesiredInstance, DesiredLayout
+from migd.wire import OMIT_NONE
 
 SCHEMA = "migd.journal/v1"  # like mig-parted's api/checkpoint/v1: fields are only added within v1
 
 
-def layout_to_json(layout: DesiredLayout) -> dict[str, Any]:
-    return {"mig": layout.mig, "instances": [
-        {"profile_id": d.gi.profile_id, "start": d.placement.start if d.placement else None, "owner": d.owner,
-         "cis": [[c.profile_id, p.start] for c, p in zip(d.cis, d.ci_placements or (), strict=False)]}
-        for d in layout.instances]}
+@dataclass(frozen=True)
+class InstanceDoc:
+    """One GPU instance of a recorded layout: its GI profile, the slice it starts at, its owner and its
+    compute instances as ``[CI profile id, start]``: all a restore needs to re-create it in place."""
+
+    profile_id: int
+    start: int
+    owner: str | None = field(default=None, kw_only=True)  # (always written; left out, it reads as none)
+    cis: tuple[tuple[int, int], ...]
 
 
-def layout_from_json(model: GpuModel, raw: dict[str, Any]) -> DesiredLayout:
-    out = []
-    for d in raw["instances"]:
-        gi = model.profile_by_id(d["profile_id"])
-        if gi is None:
-            raise ValueError(f"journal names GI profile {d['profile_id']} unknown on {model.key}")
-        cis = tuple(gi.ci_by_id(pid) or gi.default_ci for pid, _ in d["cis"])
-        out.append(DesiredInstance(gi=gi, cis=cis, owner=d.get("owner"),
-                                   placement=Placement(d["start"], gi.memory_slices),
-                                   ci_placements=tuple(Placement(st, c.slices)
-                                                       for (_, st), c in zip(d["cis"], cis, strict=True))))
-    return DesiredLayout(mig=raw["mig"], instances=tuple(out))
+@dataclass(frozen=True)
+class LayoutDoc:
+    """A GPU's layout as the journal (and a Slurm switch, ``migd.slurm/v2``'s ``before``) records it."""
+
+    mig: bool
+    instances: tuple[InstanceDoc, ...]
+
+    @classmethod
+    def of(cls, layout: DesiredLayout) -> LayoutDoc:
+        """``layout`` as read from a GPU (``plan.planner.layout_of``: every instance pinned where it is)."""
+        return cls(layout.mig, tuple(InstanceDoc(
+            d.gi.profile_id, _start(d.placement), owner=d.owner,
+            cis=tuple((c.profile_id, p.start) for c, p in zip(d.cis, d.ci_placements or (), strict=False)))
+            for d in layout.instances))
+
+    def desired(self, model: GpuModel) -> DesiredLayout:
+        """The layout again, every instance pinned where it was; ValueError if a profile is not ``model``'s."""
+        out = []
+        for d in self.instances:
+            gi = model.profile_by_id(d.profile_id)
+            if gi is None:
+                raise ValueError(f"journal names GI profile {d.profile_id} unknown on {model.key}")
+            cis = tuple(gi.ci_by_id(pid) or gi.default_ci for pid, _ in d.cis)
+            out.append(DesiredInstance(gi=gi, cis=cis, owner=d.owner, placement=Placement(d.start, gi.memory_slices),
+                                       ci_placements=tuple(Placement(st, c.slices)
+                                                           for (_, st), c in zip(d.cis, cis, strict=True))))
+        return DesiredLayout(mig=self.mig, instances=tuple(out))
+
+
+def _start(placement: Placement | None) -> int:
+    if placement is None:
+        raise ValueError("only a layout read from a GPU, every instance placed, is recorded")
+    return placement.start
 
 
 class Step(Word):
@@ -65,73 +82,61 @@ class Step(Word):
     RELABELING = "relabeling"  # same layout, owners changing: recovery finishes it (closed, then new labels)
 
 
-STATUSES = tuple(Step)
-_ENTRY = record(index=optional(of(int)), done=optional(of(int)), ops=optional(of(int)),
-                owners_before=optional(mapping(of(str), keys=digits)),
-                owners_after=optional(mapping(of(str), keys=digits)))
-_OUTER = record(profile=optional(of(str)), pid=optional(of(int)), started=optional(of(int, float)),
-                gpus=optional(mapping(_ENTRY)))  # (each entry's status and layout: _check_entry)
 SETTLED = (Step.DONE, Step.ROLLED_BACK)  # the GPU is in the new or the old layout
 
 
-def unfinished(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """A validated journal's GPUs (by UUID) that may be half-way: neither done nor rolled back."""
-    return {uuid: e for uuid, e in data["gpus"].items() if e["status"] not in SETTLED}
+@dataclass(frozen=True, kw_only=True)
+class GpuEntry:
+    """One GPU of a journaled apply: where it stands, its layout and owner labels (by GI start) before
+    the apply, and, for a relabel, the labels after it; ``error``: why it was rolled back or failed."""
+
+    index: int = -1
+    status: Step
+    done: int = 0  # steps run (in memory: the file is written once per GPU outcome)
+    ops: int = 0
+    before: LayoutDoc
+    owners_before: dict[int, str] = field(default_factory=dict)
+    owners_after: dict[int, str] | None = field(default=None, metadata=OMIT_NONE)
+    error: str | None = field(default=None, metadata=OMIT_NONE)
 
 
-def _check_entry(path: Path, field: str, e: Any) -> None:
-    def bad(where: str, message: str) -> ValidationError:
-        return ValidationError(str(path), None, None, f"{field}{where}", message)
-    if not isinstance(e, dict):
-        raise bad("", "not a mapping")
-    if e.get("status") not in STATUSES:
-        raise bad(".status", f"{e.get('status')!r} is not one of {', '.join(STATUSES)}")
-    before = e.get("before")
-    if not isinstance(before, dict) or not isinstance(before.get("mig"), bool) or \
-            not isinstance(before.get("instances"), list):
-        raise bad(".before", "not a layout {mig: bool, instances: [...]}")
-    for k, d in enumerate(before["instances"]):
-        cis = d.get("cis") if isinstance(d, dict) else None
-        if not isinstance(d, dict) or not isinstance(d.get("profile_id"), int) or \
-                not isinstance(d.get("start"), int) or not isinstance(cis, list) or \
-                not all(isinstance(c, list) and len(c) == 2 and all(isinstance(x, int) for x in c) for c in cis):
-            raise bad(f".before.instances[{k}]", "not {profile_id, start, cis: [[CI profile id, start], ...]}")
-    if not isinstance(e.get("owners_before", {}), dict):
-        raise bad(".owners_before", "not a mapping")
+@dataclass(frozen=True, kw_only=True)
+class JournalDoc:
+    """``migd.journal/v1``: an apply in progress, by the process that runs it; a file without a schema
+    is one written before versions existed, and reads the same."""
 
+    SCHEMA: ClassVar[str] = SCHEMA
+    READS: ClassVar[tuple[str | None, ...]] = (SCHEMA, None)
+    profile: str | None = None
+    pid: int | None = None
+    started: float | None = None
+    gpus: dict[str, GpuEntry]
 
-def validate(path: Path, data: Any) -> dict[str, Any]:
-    """A journal as written by this migd version, or a ValidationError naming the damaged field."""
-    check_schema(path, data, SCHEMA)
-    conform(path, data, _OUTER)
-    gpus = data.get("gpus")
-    if not isinstance(gpus, dict):
-        raise ValidationError(str(path), None, None, "gpus", "missing, or not a mapping of GPU UUID to entry")
-    for uuid, entry in gpus.items():
-        _check_entry(path, f"gpus.{uuid}", entry)
-    return dict(data)
+    def unfinished(self) -> dict[str, GpuEntry]:
+        """The GPUs (by UUID) that may be half-way: neither done nor rolled back."""
+        return {uuid: e for uuid, e in self.gpus.items() if e.status not in SETTLED}
 
 
 class Journal:
-    """One JSON file: {"schema", "profile", "pid", "started", "gpus": {uuid: {...}}}.
+    """One JSON file, a :class:`JournalDoc`, written before the first change and once per GPU outcome.
 
     It is removed only when every GPU it names is known to be in the old or the new layout."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.data: dict[str, Any] = {}
+        self.doc: JournalDoc | None = None  # the apply this process journals (None: none)
         self._lock = threading.Lock()  # GPUs are applied in parallel threads
 
     def exists(self) -> bool:
         return os.path.lexists(self.path)
 
-    def load(self) -> dict[str, Any]:
+    def load(self) -> JournalDoc:
         """The journal left behind; ValidationError (file, field) if it is damaged: kept for the operator."""
-        self.data = validate(self.path, read_json(self.path))
-        return self.data
+        self.doc = load(self.path, JournalDoc)
+        return self.doc
 
-    def begin(self, profile: str, gpus: dict[str, dict[str, Any]]) -> None:
-        self.data = {"schema": SCHEMA, "profile": profile, "pid": os.getpid(), "started": time.time(), "gpus": gpus}
+    def begin(self, profile: str, gpus: dict[str, GpuEntry]) -> None:
+        self.doc = JournalDoc(profile=profile, pid=os.getpid(), started=time.time(), gpus=dict(gpus))
         self._save()
 
     def update(self, uuid: str, **fields: Any) -> None:
@@ -140,21 +145,25 @@ class Journal:
         recovery rolls back: the same guarantee for one fsync instead of two (issue 16: <= 2 per
         GPU; ``begin`` syncs the directory, since before it there is no journal at all)."""
         with self._lock:
-            self.data["gpus"][uuid].update(fields)
+            self._change(uuid, fields)
             self._save(sync_dir=False)
 
     def mark(self, uuid: str, **fields: Any) -> None:
         """Record progress in memory only: recovery needs the before-layout (written by ``begin``) and
         each GPU's outcome (``update``), not every step; an unsettled GPU is rolled back either way."""
         with self._lock:
-            self.data["gpus"][uuid].update(fields)
+            self._change(uuid, fields)
+
+    def _change(self, uuid: str, fields: dict[str, Any]) -> None:
+        assert self.doc is not None, "a journal entry changed before the journal was begun"
+        self.doc.gpus[uuid] = replace(self.doc.gpus[uuid], **fields)  # (one GPU's thread each)
 
     def touched(self) -> bool:
         """Whether any GPU it names may have been changed (a step ran, or its outcome is unknown)."""
-        return any(e.get("done", 0) or e["status"] != "pending" for e in self.data.get("gpus", {}).values())
+        return self.doc is not None and any(e.done or e.status is not Step.PENDING for e in self.doc.gpus.values())
 
     def _save(self, sync_dir: bool = True) -> None:
-        atomic_write_json(self.path, self.data, sync_dir=sync_dir)
+        atomic_write_json(self.path, self.doc, sync_dir=sync_dir)
 
     def finish(self) -> None:
         """Every GPU it names is in a consistent layout: the record is no longer needed."""
@@ -162,13 +171,13 @@ class Journal:
             self.path.unlink()
         except FileNotFoundError:
             pass
-        self.data = {}
+        self.doc = None
 
     def discard(self) -> Path:
         """An operator checked the GPUs by hand: the journal is set aside (renamed, not deleted)."""
         kept = self.path.with_name(f"{self.path.name}.discarded-{int(time.time())}")
         os.replace(self.path, kept)
-        self.data = {}
+        self.doc = None
         return kept
 
 
@@ -179,14 +188,13 @@ def left_behind(path: Path) -> dict[str, Any] | None:
     if not os.path.lexists(path):
         return None
     try:
-        data = validate(path, read_json(path))
+        doc = load(path, JournalDoc)
     except (OSError, ValueError, ValidationError) as e:
         return {"path": str(path), "profile": None, "pid": None, "running": False, "unfinished_gpus": [],
                 "error": str(e)}
-    pid = data.get("pid")
-    return {"path": str(path), "profile": data.get("profile"), "pid": pid,
-            "running": isinstance(pid, int) and _alive(pid),
-            "unfinished_gpus": sorted(e.get("index", -1) for e in unfinished(data).values()),
+    return {"path": str(path), "profile": doc.profile, "pid": doc.pid,
+            "running": doc.pid is not None and _alive(doc.pid),
+            "unfinished_gpus": sorted(e.index for e in doc.unfinished().values()),
             "error": None}
 
 

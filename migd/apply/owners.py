@@ -4,30 +4,28 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
-from migd.apply.statefile import (
-    atomic_write_json,
-    check_schema,
-    conform,
-    digits,
-    mapping,
-    of,
-    optional,
-    read_json,
-    record,
-)
+from migd.apply.statefile import atomic_write_json, fit, read_json
 from migd.errors import ValidationError
 
 SCHEMA = "migd.owners/v1"
-_BY_GPU = mapping(mapping(of(str), keys=digits))  # GPU UUID -> GI placement start -> owner
-_V1 = record(schema=of(str), gpus=optional(_BY_GPU))
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class OwnersDoc:
+    """``owners.json``: {gpu uuid: {GI placement start: owner}}; a GI is named by its start, which survives
+    re-creation."""
+
+    SCHEMA: ClassVar[str] = SCHEMA
+    gpus: dict[str, dict[int, str]] = field(default_factory=dict)
+
+
 class Owners:
-    """{"schema", "gpus": {gpu uuid: {GI placement start: owner}}}; a GI is named by its start, which
-    survives re-creation.  A file without "schema" is the unversioned map written before v1."""
+    """The labels' file.  A file without "schema" is the unversioned map written before v1 (``gpus`` alone)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -36,15 +34,14 @@ class Owners:
     def load(self) -> dict[str, dict[int, str]]:
         try:
             raw = read_json(self.path)
-            check_schema(self.path, raw, SCHEMA)
-            conform(self.path, raw, _V1 if "schema" in raw else _BY_GPU)
+            if isinstance(raw, dict) and "schema" not in raw:
+                return dict(fit(self.path, dict[str, dict[int, str]], raw))
+            return dict(fit(self.path, OwnersDoc, raw).gpus)
         except FileNotFoundError:
             return {}
         except ValidationError as e:  # labels only: GPU work goes on; the next write replaces the file
             log.error("owner labels ignored: %s", e)
             return {}
-        gpus = raw.get("gpus", {}) if "schema" in raw else raw
-        return {u: {int(k): v for k, v in m.items()} for u, m in gpus.items()}
 
     def set_gpu(self, uuid: str, owners: dict[int, str]) -> None:
         with self._lock:
@@ -55,5 +52,4 @@ class Owners:
         if data.get(uuid, {}) == owners:
             return  # nothing to write (an fsync'd write per GPU per apply adds up)
         data[uuid] = owners
-        atomic_write_json(self.path, {"schema": SCHEMA, "gpus": {
-            u: {str(k): v for k, v in m.items()} for u, m in data.items() if m}}, mode=0o644)
+        atomic_write_json(self.path, OwnersDoc({u: m for u, m in data.items() if m}), mode=0o644)

@@ -14,7 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
-from migd.apply.journal import Journal, Step, layout_from_json, unfinished
+from migd.apply.journal import Journal, Step
 from migd.apply.result import GpuResult, GpuStatus
 from migd.errors import ValidationError
 from migd.hardware.inventory import survey
@@ -49,15 +49,14 @@ def recover(journal: Journal, backend: GpuReader, rollback: Rollback, forward: F
     file and field)."""
     if not journal.exists():
         return []
-    data = _located(journal.load)
-    pending = unfinished(data)
+    doc = _located(journal.load)
+    pending = doc.unfinished()
     if not pending:  # every GPU reached its old or new layout before the process ended
-        log.info("the journal of an apply of %r by pid %s names no unfinished GPU: removed",
-                 data.get("profile"), data.get("pid"))
+        log.info("the journal of an apply of %r by pid %s names no unfinished GPU: removed", doc.profile, doc.pid)
         journal.finish()
         return []
     log.warning("found an unfinished apply of %r by pid %s: restoring %d GPU(s) to their previous layout",
-                data.get("profile"), data.get("pid"), len(pending))
+                doc.profile, doc.pid, len(pending))
     inventory = survey(backend)
     gpus = inventory.gpus
     for u in inventory.unreadable:
@@ -69,16 +68,14 @@ def recover(journal: Journal, backend: GpuReader, rollback: Rollback, forward: F
         if gpu is None or gpu.model is None:
             why = "is not present (lost, or re-enumerated away)" if gpu is None else "is not a known MIG model"
             log.error("GPU %s %s: its journal entry is kept", uuid, why)
-            results.append(GpuResult(entry.get("index", -1), uuid, GpuStatus.FAILED, 0, f"{uuid} {why}"))
+            results.append(GpuResult(entry.index, uuid, GpuStatus.FAILED, 0, f"{uuid} {why}"))
             continue
-        if entry["status"] == Step.RELABELING:
-            results.append(forward(gpu, {int(k): v for k, v in entry.get("owners_after", {}).items()}))
+        if entry.status is Step.RELABELING:
+            results.append(forward(gpu, dict(entry.owners_after or {})))
             continue
-        before = _located(partial(layout_from_json, gpu.model, entry["before"]), journal.path,
-                          f"gpus.{uuid}.before")
-        owners = {int(k): v for k, v in entry.get("owners_before", {}).items()}
-        results.append(rollback(gpu, before, owners, "recovered after an interrupted apply",
-                                      time.monotonic()))
+        before = _located(partial(entry.before.desired, gpu.model), journal.path, f"gpus.{uuid}.before")
+        results.append(rollback(gpu, before, dict(entry.owners_before), "recovered after an interrupted apply",
+                                time.monotonic()))
     if all(r.status in (GpuStatus.ROLLED_BACK, GpuStatus.APPLIED) for r in results):
         journal.finish()
     return results

@@ -6,6 +6,12 @@ is fsync'd, renamed over the target (``rename`` replaces a symlink, it does not 
 the directory fsync'd (the journal's per-GPU outcomes skip the last: see Journal.update).  A
 read refuses a symlink (O_NOFOLLOW) and says which file and field is wrong instead of a
 traceback.
+
+Each file is a wire type (``migd.wire``), written as ``to_json`` makes it (:func:`atomic_write_json`)
+and read back through ``from_json`` (:func:`load`), which checks every field against its type: a hand
+edit, a file of the right schema but the wrong inner shape, or a damaged one is one line naming the
+file and the field, never a traceback at start-up (a restart loop under systemd) or in ``migctl
+status``.  One reader, one writer: no file has a checker of its own.
 """
 
 from __future__ import annotations
@@ -15,16 +21,18 @@ import errno
 import json
 import os
 import tempfile
-from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from migd.errors import ValidationError
+from migd.wire import WireError, from_json, to_json
+
+T = TypeVar("T")
 
 
-def atomic_write_json(path: Path, data: Any, mode: int = 0o600, *, sync_dir: bool = True) -> None:
-    atomic_write_text(path, json.dumps(data, separators=(",", ":")), mode, sync_dir=sync_dir)
+def atomic_write_json(path: Path, doc: Any, mode: int = 0o600, *, sync_dir: bool = True) -> None:
+    """``doc``, a wire value, written as ``to_json`` makes it (what :func:`load` reads back)."""
+    atomic_write_text(path, json.dumps(to_json(doc), separators=(",", ":")), mode, sync_dir=sync_dir)
 
 
 def atomic_write_text(path: Path, text: str, mode: int = 0o600, *, sync_dir: bool = True,
@@ -74,118 +82,15 @@ def read_json(path: Path) -> Any:
         raise ValidationError(str(path), e.lineno, e.colno, "", f"damaged, not JSON: {e.msg}") from None
 
 
-def check_schema(path: Path, data: Any, schema: str) -> None:
-    """A file migd wrote: an object of ``schema`` (or of no schema: written before versions existed)."""
-    if not isinstance(data, dict):
-        raise ValidationError(str(path), None, None, "schema", f"not a {schema} object")
-    found = data.get("schema", schema)
-    if found != schema:
-        raise ValidationError(str(path), None, None, "schema", f"{found!r} is not {schema!r}, the version this "
-                              "migd reads (written by a newer migd?)")
+def load(path: Path, cls: type[T]) -> T:
+    """The file read as ``cls``: FileNotFoundError if absent, else a ValidationError naming the file
+    (and the field) if it is a symlink, not JSON, or does not fit."""
+    return fit(path, cls, read_json(path))
 
 
-# -- the inner shape of a state file ----------------------------------------------------------------
-# Each file migd keeps is checked field by field when read: a hand edit, a file of the right schema but
-# the wrong inner shape, or a damaged one is refused with one line naming the file and the field,
-# never a traceback at start-up (a restart loop under systemd) or in ``migctl status``.
-
-Shape = Callable[[Any, str], None]  # raises Misfit(field, what it should be) if the value does not fit
-
-
-class Misfit(Exception):
-    def __init__(self, where: str, message: str) -> None:
-        super().__init__(message)
-        self.where = where
-
-
-def conform(path: Path, data: Any, shape: Shape) -> Any:
-    """``data`` if it fits ``shape``, else a ValidationError naming ``path`` and the field."""
+def fit(path: Path, cls: type[T], data: Any) -> T:
+    """``data``, read from ``path``, as ``cls``; a misfit is a ValidationError naming the file and field."""
     try:
-        shape(data, "")
-    except Misfit as e:
-        raise ValidationError(str(path), None, None, e.where.lstrip("."), str(e)) from None
-    return data
-
-
-def of(*types: type) -> Shape:
-    names = " or ".join("null" if t is type(None) else t.__name__ for t in types)
-
-    def check(value: Any, where: str) -> None:
-        if isinstance(value, bool) and bool not in types or not isinstance(value, types):
-            raise Misfit(where, f"{_show(value)} is not {names}")
-    return check
-
-
-class optional:  # noqa: N801  (a shape, named as the others: record(x=optional(of(str))))
-    """``shape``, or null, or absent from its record."""
-
-    def __init__(self, shape: Shape) -> None:
-        self.shape = shape
-
-    def __call__(self, value: Any, where: str) -> None:
-        if value is not None:
-            self.shape(value, where)
-
-
-def one_of(*choices: str) -> Shape:
-    def check(value: Any, where: str) -> None:
-        if value not in choices:
-            raise Misfit(where, f"{_show(value)} is not one of {', '.join(choices)}")
-    return check
-
-
-def utc_time(value: Any, where: str) -> None:
-    """An ISO date-time with its UTC offset: without one, Python cannot compare it with migd's clock."""
-    of(str)(value, where)
-    try:
-        t = datetime.fromisoformat(value)
-    except ValueError:
-        raise Misfit(where, f"{_show(value)} is not an ISO date-time") from None
-    if t.tzinfo is None:
-        raise Misfit(where, f"{_show(value)} has no UTC offset (e.g. +00:00)")
-
-
-def digits(value: Any, where: str) -> None:
-    if not (isinstance(value, str) and value.isdigit()):
-        raise Misfit(where, f"key {_show(value)} is not a number")
-
-
-def mapping(values: Shape, keys: Shape | None = None) -> Shape:
-    def check(value: Any, where: str) -> None:
-        if not isinstance(value, dict):
-            raise Misfit(where, f"{_show(value)} is not a mapping")
-        for k, v in value.items():
-            if keys is not None:
-                keys(k, f"{where}.{k}")
-            values(v, f"{where}.{k}")
-    return check
-
-
-def sequence(values: Shape) -> Shape:
-    def check(value: Any, where: str) -> None:
-        if not isinstance(value, list):
-            raise Misfit(where, f"{_show(value)} is not a list")
-        for k, v in enumerate(value):
-            values(v, f"{where}[{k}]")
-    return check
-
-
-def record(**fields: Shape) -> Shape:
-    """A mapping with these fields (an ``optional`` one may be absent); others are allowed: fields are
-    only ever added within a schema version."""
-    def check(value: Any, where: str) -> None:
-        if not isinstance(value, dict):
-            raise Misfit(where, f"{_show(value)} is not a mapping")
-        for name, shape in fields.items():
-            if name not in value and not isinstance(shape, optional):
-                raise Misfit(f"{where}.{name}", "missing")
-            shape(value.get(name), f"{where}.{name}")
-    return check
-
-
-def _show(value: Any) -> str:
-    """A short view of what was found: the type, and a scalar's start (never a whole value)."""
-    if isinstance(value, (dict, list)):
-        return f"a {'mapping' if isinstance(value, dict) else 'list'}"
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+        return from_json(cls, data)
+    except WireError as e:
+        raise ValidationError(str(path), None, None, e.where, e.message) from None

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from migd.api.slurm import Phase, SlurmSnapshot
+from migd.api.slurm import Phase, SlurmSnapshot, SwitchBefore
 from migd.apply.executor import Applier, before_of
-from migd.apply.journal import layout_from_json, layout_to_json
+from migd.apply.journal import LayoutDoc
 from migd.apply.result import ApplyOptions, ApplyResult, GpuResult, GpuStatus, OnBusy
 from migd.catalog.models import GpuModel
 from migd.daemon.config import Config
@@ -108,8 +108,8 @@ class SlurmSwitch:
                 GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.BLOCKED if p.changes else GpuStatus.UNCHANGED,
                           len(p.ops), f"Slurm: {self.gate.state.reason}" if p.changes else None) for p in plans])
         owners = self.applier.owners.load()
-        self.gate.record_before({p.gpu.uuid: {"layout": layout_to_json(before_of(p)), "owners": {
-            str(k): v for k, v in owners.get(p.gpu.uuid, {}).items()}} for p in plans if p.changes})
+        self.gate.record_before({p.gpu.uuid: SwitchBefore(LayoutDoc.of(before_of(p)), owners.get(p.gpu.uuid, {}))
+                                 for p in plans if p.changes})
         result = self.applier.apply_plans(profile, plans, opts)
         if not result.changed:
             with self._unheld():
@@ -165,8 +165,7 @@ class SlurmSwitch:
         layout is published again."""
         try:
             models = {g.uuid: g.model for g in survey(self.applier.backend).gpus}  # (one reading of the node)
-            befores = {u: (layout_from_json(_model(models, u), b["layout"]),
-                           {int(k): v for k, v in b.get("owners", {}).items()})
+            befores = {u: (b.layout.desired(_model(models, u)), dict(b.owners))
                        for u, b in self.gate.state.before.items()}
             undone = self.applier.restore_layouts(befores, opts, f"{profile.name} (undone)").ok
         except (HardwareError, PlanError, ValueError, KeyError) as e:

@@ -14,10 +14,12 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from migd.api.demand import PlanSummary
-from migd.apply.statefile import atomic_write_json, conform, mapping, of, one_of, optional, read_json, record, sequence
+from migd.apply.statefile import atomic_write_json, load
 from migd.demand.model import Layout, NodeView, Running, Snapshot
 from migd.demand.rule import Decision, decide
 from migd.demand.runtime import RunTimes
@@ -31,8 +33,18 @@ from migd.slurm.want import Want, stamp
 log = logging.getLogger(__name__)
 DAY_S = 86400.0
 HISTORY_SCHEMA = "migd.demand/v1"
-_HISTORY = record(schema=one_of(HISTORY_SCHEMA), switches=mapping(sequence(of(int, float))),
-                  left=optional(mapping(of(str))), runtimes=optional(mapping(sequence(of(int, float)))))
+
+
+@dataclass(frozen=True)
+class History:
+    """``demand.json``: what the planner keeps across restarts: each node's switches (epoch, newest last,
+    the last day's), the layout each node held before its last switch, and per account how much of its
+    time limits ended jobs ran (``demand.runtime``)."""
+
+    SCHEMA: ClassVar[str] = HISTORY_SCHEMA
+    switches: dict[str, tuple[float, ...]]
+    left: dict[str, str] = field(default_factory=dict)
+    runtimes: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
 
 def layout_of(gres: str, layouts: Mapping[str, Layout]) -> str | None:
@@ -65,15 +77,15 @@ class Planner:
 
     def _load(self) -> dict[str, list[float]]:
         try:
-            doc = conform(self._history_path, read_json(self._history_path), _HISTORY)
+            doc = load(self._history_path, History)
         except FileNotFoundError:
             return {}
         except (OSError, ValidationError) as e:
             log.error("demand: %s; starting without switch history", e)
             return {}
-        self.left = dict(doc.get("left") or {})
-        self.runtimes.load(doc.get("runtimes") or {})
-        return {n: [float(t) for t in ts] for n, ts in doc["switches"].items()}
+        self.left = dict(doc.left)
+        self.runtimes.load(doc.runtimes)
+        return {n: [float(t) for t in ts] for n, ts in doc.switches.items()}
 
     def due(self) -> bool:
         return self._clock() - self._last >= self.s.interval_s
@@ -164,8 +176,9 @@ class Planner:
                 self.history[v.name] = [t for t in self.history.get(v.name, []) if t > now - DAY_S] + [now]
                 self.left[v.name] = v.layout
         if changed:
-            atomic_write_json(self._history_path, {"schema": HISTORY_SCHEMA, "switches": self.history,
-                                                   "left": self.left, "runtimes": self.runtimes.to_json()})
+            atomic_write_json(self._history_path, History({n: tuple(ts) for n, ts in self.history.items()},
+                                                          dict(self.left),
+                                                          {a: tuple(v) for a, v in self.runtimes.to_json().items()}))
         return writes
 
     def _learn(self, running: Mapping[str, tuple[Running, ...]], now: float) -> None:

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from migd.api.slurm import READS, SCHEMA, STATE_SHAPE, Phase, SlurmState
+from migd.api.slurm import Phase, SlurmState, SwitchBefore
 from migd.apply.result import OnBusy
-from migd.apply.statefile import atomic_write_json, atomic_write_text, conform, read_json
+from migd.apply.statefile import atomic_write_json, atomic_write_text, load
 from migd.errors import ValidationError
 from migd.hardware.caps import read_minors
 from migd.hardware.types import GpuState
@@ -57,17 +57,12 @@ class GateHooks:
 def load_state(path: Path) -> SlurmState:
     """The switch state a migd left (v1 or v2); a damaged file is said and read as "serving"."""
     try:
-        doc = conform(path, read_json(path), STATE_SHAPE)
-        if doc.get("schema") not in READS:
-            raise ValidationError(str(path), None, None, "schema", f"not a {SCHEMA} file")
+        return load(path, SlurmState)
     except FileNotFoundError:
         return SlurmState()
     except ValidationError as e:
         log.error("%s; starting from 'serving' (check the node with scontrol show node)", e)
         return SlurmState()
-    doc = {k: v for k, v in doc.items() if k in SlurmState.__dataclass_fields__ and v is not None}
-    doc["phase"] = Phase(doc.get("phase", Phase.SERVING))
-    return SlurmState(**doc)
 
 
 class SlurmGate:
@@ -92,7 +87,7 @@ class SlurmGate:
         if phase is not self.state.phase:
             self.state.since = time.time()
         self.state.phase, self.state.reason = phase, reason
-        atomic_write_json(self._path, self.state.to_json())
+        atomic_write_json(self._path, self.state)
 
     # -- ahead of a transition --------------------------------------------------------------------
     def reserve_ahead(self, transition: datetime | None) -> None:
@@ -106,7 +101,7 @@ class SlurmGate:
         name = f"migd-{self.s.node}-{int(transition.timestamp())}"
         self.ctl.reserve(name, transition, int(self.s.maintenance_window_s // 60))
         self.state.reservation, self.state.reserved_for = name, transition.timestamp()
-        atomic_write_json(self._path, self.state.to_json())
+        atomic_write_json(self._path, self.state)
         log.info("Slurm: MAINT reservation %s on %s from %s", name, self.s.node, transition.isoformat())
 
     def _drop_stale_reservation(self) -> None:
@@ -124,7 +119,7 @@ class SlurmGate:
             return
         log.info("Slurm: reservation %s (for a transition past) removed", self.state.reservation)
         self.state.reservation, self.state.reserved_for = None, None
-        atomic_write_json(self._path, self.state.to_json())
+        atomic_write_json(self._path, self.state)
 
     # -- the switch -------------------------------------------------------------------------------
     def ready(self, profile: str, policy: OnBusy = OnBusy.WAIT, force_after_s: float = float("inf")) -> bool:
@@ -194,11 +189,11 @@ class SlurmGate:
         return (f"waiting for a maintenance slot: {len(busy)} node(s) of partition {self.s.partition} are "
                 f"drained ({','.join(busy[:5])}), max_in_maintenance is {self.s.max_in_maintenance}")
 
-    def record_before(self, before: dict[str, dict[str, object]]) -> None:
+    def record_before(self, before: dict[str, SwitchBefore]) -> None:
         """The GPUs' layouts before the switch changes them, on disk before the first change: a failed
         publish puts them back, in this migd or in the next one."""
         self.state.before = before
-        atomic_write_json(self._path, self.state.to_json())
+        atomic_write_json(self._path, self.state)
 
     def publish(self, profile: str, states: Sequence[GpuState]) -> None:
         """Write the layout's GRES and make Slurm take it; on failure the old files are back (raises)."""

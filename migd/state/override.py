@@ -13,19 +13,61 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
 from migd.api.daemon import HeldView
-from migd.apply.statefile import atomic_write_json, check_schema, conform, of, optional, read_json, record, utc_time
+from migd.apply.statefile import atomic_write_json, load
 from migd.errors import ValidationError
 from migd.profiles.loader import load_profile
 from migd.profiles.model import Profile
-from migd.wire import to_json
+from migd.wire import Value
 
 SCHEMA = "migd.override/v1"
-_SHAPE = record(schema=of(str), profile=of(str), source=of(str), config=optional(of(str)), text=of(str),
-                until=optional(utc_time), since=utc_time)
 log = logging.getLogger("migd")
+
+
+@dataclass(frozen=True)
+class UtcTime(Value):
+    """An ISO date-time with its UTC offset: without one, Python cannot compare it with migd's clock (a hand
+    edit without one crashed migd's start: a restart loop under systemd)."""
+
+    text: str
+
+    def __post_init__(self) -> None:
+        try:
+            t = datetime.fromisoformat(self.text)
+        except ValueError:
+            raise ValueError(f"{_short(self.text)} is not an ISO date-time") from None
+        if t.tzinfo is None:
+            raise ValueError(f"{_short(self.text)} has no UTC offset (e.g. +00:00)")
+
+    @classmethod
+    def of(cls, t: datetime) -> UtcTime:
+        return cls(t.isoformat())
+
+    @property
+    def time(self) -> datetime:
+        return datetime.fromisoformat(self.text)
+
+
+def _short(text: str) -> str:
+    """A value's start, quoted (never a whole hand-edited line)."""
+    shown = repr(text)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
+
+
+@dataclass(frozen=True, kw_only=True)
+class OverrideDoc:
+    """``override.json``: the hold as ``migd.daemon/v1`` shows it (:class:`HeldView`'s fields, times
+    checked), then what brings the profile back: its mig-configs entry and its own text."""
+
+    SCHEMA: ClassVar[str] = SCHEMA
+    profile: str
+    source: str
+    until: UtcTime | None = None  # None: no more transitions
+    since: UtcTime
+    config: str | None = None
+    text: str
 
 
 @dataclass(frozen=True)
@@ -40,10 +82,6 @@ class Override:
         return HeldView(self.profile.name, self.profile.source, self.until.isoformat() if self.until else None,
                         self.since.isoformat())
 
-    def to_json(self) -> dict[str, Any]:
-        doc: dict[str, Any] = to_json(self.view())
-        return doc
-
 
 class OverrideStore:
     """``override.json`` in the state dir (written atomically, mode 0600)."""
@@ -52,8 +90,9 @@ class OverrideStore:
         self.path = path
 
     def save(self, ov: Override) -> None:
-        atomic_write_json(self.path, {"schema": SCHEMA, **ov.to_json(), "config": ov.profile.config,
-                                      "text": ov.profile.text})
+        p, until = ov.profile, UtcTime.of(ov.until) if ov.until else None
+        atomic_write_json(self.path, OverrideDoc(profile=p.name, source=p.source, until=until,
+                                                 since=UtcTime.of(ov.since), config=p.config, text=p.text))
 
     def clear(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -62,12 +101,9 @@ class OverrideStore:
     def load(self) -> Override | None:
         """The kept override; a damaged one is reported, removed and ignored (the schedule holds)."""
         try:
-            raw = read_json(self.path)
-            check_schema(self.path, raw, SCHEMA)
-            conform(self.path, raw, _SHAPE)
-            profile = load_profile(raw["source"], raw["config"], text=raw["text"])
-            until = datetime.fromisoformat(raw["until"]) if raw["until"] else None
-            return Override(profile, until, datetime.fromisoformat(raw["since"]))
+            doc = load(self.path, OverrideDoc)
+            profile = load_profile(doc.source, doc.config, text=doc.text)
+            return Override(profile, doc.until.time if doc.until else None, doc.since.time)
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError, ValidationError) as e:
