@@ -1,4 +1,4 @@
-"""The outputs issue 39's second pass changed or added, pinned byte for byte (``MIGD_UPDATE_GOLDEN=1``
+"""The outputs of day one's second pass, pinned byte for byte (``MIGD_UPDATE_GOLDEN=1``
 rewrites them; review the diff): an apply that ``--on-busy force`` made (each PID signalled, and when),
 ``migctl daemon`` while a manual apply waits inside migd for busy instances, that apply cancelled while
 it waited, and a manual profile that selects one GPU of four.  Times and real PIDs are masked."""
