@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 
 from demand_trace import DAY, Trace, TraceJob
 
-from migd.demand.model import slices_of
+from migd.demand.inputs import slices_of
 
 THURSDAY = datetime(2026, 11, 26)  # the synthetic trace's start (a Thursday: two weekdays, a weekend)
 MONDAY = datetime(2026, 11, 30)

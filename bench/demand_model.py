@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from demand_trace import TraceJob
 
-from migd.demand.model import Layout, slices_of
+from migd.demand.inputs import Layout, slices_of
 
 
 @dataclass

@@ -23,8 +23,8 @@ from migd.catalog.models import MODELS
 from migd.daemon.config import Config, load_config
 from migd.daemon.schedule import Schedule
 from migd.demand.capacity import node_layout
+from migd.demand.inputs import Layout, NodeView, Pending, Running, Snapshot
 from migd.demand.mix import Candidates
-from migd.demand.model import Layout, NodeView, Pending, Running, Snapshot
 from migd.demand.rule import Params, decide
 from migd.demand.runtime import RunTimes
 from migd.sim.fleets import FLEETS

@@ -23,8 +23,8 @@ from typing import Any
 from demand_policies import Setup
 from demand_trace import TraceJob
 
+from migd.demand.inputs import slices_of
 from migd.demand.mix import mix_text
-from migd.demand.model import slices_of
 
 Counts = tuple[int, ...]  # GPUs per candidate, in the configured order
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from migd.demand.model import slices_of
+from migd.demand.inputs import slices_of
 
 DAY = 86400.0
 FIELDS = ["submit_s", "account", "partition", "gres", "count", "duration_s", "time_limit_s"]

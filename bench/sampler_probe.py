@@ -68,7 +68,7 @@ def probe(sim: str | None) -> int:
 
     from migd.metrics.collector import MigdCollector
     from migd.metrics.sampler import NvmlErrorCounter, Sampler
-    from migd.state.status import Status
+    from migd.state.live import Status
 
     backend = _backend(sim)
     calls: dict[str, int] = {}

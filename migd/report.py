@@ -1,5 +1,5 @@
 """migctl's documents (``-o json``/``yaml``) built from what migd read and decided: the wire types of
-``migd.api`` (status, plan, assert, apply, doctor); their tables are in ``migd.ctl.tables``.
+``migd.api`` (status, plan, assert, apply, doctor); their tables are in ``migd.ctl.text``.
 
 Schemas (docs/migctl.md "Output formats"): fields are only ever added, never renamed or removed,
 within a schema version.
@@ -15,7 +15,7 @@ import yaml
 
 from migd.api import plan as wp
 from migd.api import status as ws
-from migd.api.audit import DoctorDoc
+from migd.api.checks import DoctorDoc
 from migd.apply.result import ApplyResult, Signalled
 from migd.catalog.models import Placement
 from migd.hardware.doctor import Finding, Verdict

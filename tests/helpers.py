@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from migd.ctl.main import main
+from migd.ctl.migctl import main
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILES = REPO / "profiles"
@@ -56,7 +56,7 @@ class Run:
         return json.loads(self.out)
 
 
-MIGCTL = [sys.executable, "-m", "migd.ctl.main"]  # migctl as the console script runs it
+MIGCTL = [sys.executable, "-m", "migd.ctl.migctl"]  # migctl as the console script runs it
 
 
 class Migctl:

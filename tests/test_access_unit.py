@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from migd.access.accessconf import parse_access
 from migd.access.enforce import AccessControl
 from migd.access.policy import AccessPolicy, Grant, Unowned
-from migd.access.settings import parse_access
 from migd.apply.executor import Applier
 from migd.apply.result import GpuStatus
 from migd.daemon.accesspass import access_control
@@ -31,7 +31,7 @@ from migd.hardware.ports import GpuBackend
 from migd.sim import caps, caps_tree
 from migd.sim.backend import sim_backend
 from migd.sim.state import StateStore
-from migd.slurm.settings import SlurmSettings
+from migd.slurm.slurmconf import SlurmSettings
 from migd.yamlsrc import load
 from tests.helpers import PROFILES, Migctl, need_root
 from tests.test_access import two_groups

@@ -337,7 +337,7 @@ def test_start_up_errors_are_one_line(migd: MigdProcess, extra: tuple[str, ...],
 
 
 def test_version_flags() -> None:
-    for prog in ("migd.daemon.main", "migd.ctl.main"):
+    for prog in ("migd.daemon.main", "migd.ctl.migctl"):
         p = subprocess.run([sys.executable, "-m", prog, "--version"], capture_output=True, text=True, timeout=60)
         assert p.returncode == 0 and p.stdout.strip().endswith(__version__), p
 

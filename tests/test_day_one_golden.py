@@ -23,7 +23,7 @@ from migd.api.commands import ManualApply
 from migd.api.daemon import DaemonDoc
 from migd.api.plan import ApplyDoc
 from migd.apply.result import ApplyResult, OnBusy
-from migd.ctl.tables import apply_table, daemon_table
+from migd.ctl.text import apply_table, daemon_table
 from migd.daemon.clock import Clock
 from migd.daemon.config import load_config
 from migd.daemon.service import Daemon

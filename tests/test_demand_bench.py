@@ -24,7 +24,7 @@ from demand_model import Cluster, run  # noqa: E402
 from demand_search import accounting, hindsight, spread  # noqa: E402
 from demand_trace import DAY, TraceJob, read_csv, write_csv  # noqa: E402
 
-from migd.demand.model import Layout  # noqa: E402
+from migd.demand.inputs import Layout  # noqa: E402
 
 CONFIG = REPO / "bench" / "demand.yaml"
 SETUP = policies.Setup.load(CONFIG, "dgx-h100", THURSDAY, 1)

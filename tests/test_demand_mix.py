@@ -8,8 +8,8 @@ import pytest
 
 from migd.catalog.models import MODELS
 from migd.demand.capacity import node_layout
+from migd.demand.inputs import Layout
 from migd.demand.mix import Candidates, MixError, mix_profile, mix_text, moved_back, parse_mix
-from migd.demand.model import Layout
 from migd.demand.runtime import RunTimes
 from migd.plan.offline import fake_gpu
 from migd.profiles.loader import load_profile

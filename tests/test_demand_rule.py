@@ -8,8 +8,8 @@ import random
 from migd.catalog.models import MODELS
 from migd.demand.capacity import node_layout
 from migd.demand.fair import fair_weights
+from migd.demand.inputs import Layout, NodeView, Pending, Running, Snapshot, slices_of
 from migd.demand.mix import Candidates
-from migd.demand.model import Layout, NodeView, Pending, Running, Snapshot, slices_of
 from migd.demand.rule import Params, decide
 from migd.profiles.loader import load_profile
 from tests.helpers import PROFILES

@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from migd.api.daemon import DaemonDoc, LastApply, Outcome
 from migd.apply.executor import Applier
-from migd.ctl.tables import daemon_table
+from migd.ctl.text import daemon_table
 from migd.daemon.clock import Clock
 from migd.daemon.config import load_config
 from migd.daemon.service import Daemon
@@ -33,7 +33,7 @@ from migd.metrics.sampler import NvmlErrorCounter, Sampler
 from migd.sim import world
 from migd.sim.backend import sim_backend
 from migd.sim.state import StateStore
-from migd.state.status import Status
+from migd.state.live import Status
 from migd.wire import from_json
 from tests.helpers import PROFILES, Migctl, check_golden
 
@@ -209,8 +209,8 @@ def test_status_mine_output() -> None:
     from contextlib import redirect_stderr
 
     from migd.api.status import StatusDoc
-    from migd.ctl.status import Found, Node, Owner, cap_recipe, mine_out, predict, recipe
-    from migd.ctl.tables import mine_table
+    from migd.ctl.status_out import Found, Node, Owner, cap_recipe, mine_out, predict, recipe
+    from migd.ctl.text import mine_table
     from migd.hardware.caps import CapsPaths
     doc = from_json(StatusDoc, json.loads((GOLDEN / "status-balanced.json").read_text()))
     _check("status-mine.txt", mine_table(doc, 61001, [29]) + mine_table(replace(doc, gpus=()), 61001, [29, 44]))

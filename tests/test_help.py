@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from migd.ctl.main import parser as migctl_parser
+from migd.ctl.migctl import parser as migctl_parser
 from migd.daemon.main import parser as migd_parser
 
 
@@ -33,7 +33,7 @@ def test_every_option_has_help() -> None:
     assert _undocumented(migctl_parser(), "migctl") + _undocumented(migd_parser(), "migd") == []
 
 
-@pytest.mark.parametrize("argv", [["migd.ctl.main", "--help"], ["migd.ctl.main", "apply", "--help"],
+@pytest.mark.parametrize("argv", [["migd.ctl.migctl", "--help"], ["migd.ctl.migctl", "apply", "--help"],
                                   ["migd.daemon.main", "--help"]])
 def test_help_runs(argv: list[str]) -> None:
     r = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True, timeout=60)

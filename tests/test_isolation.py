@@ -250,7 +250,7 @@ def test_fault_marks_are_read_whole_while_the_watch_writes_them() -> None:
     import threading
 
     from migd.isolation.xids import FaultMark
-    from migd.state.status import Status
+    from migd.state.live import Status
     status = Status()
     stop = threading.Event()
 

@@ -110,7 +110,7 @@ def test_every_pynvml_name_the_adapter_uses_exists() -> None:
 
 def test_docs_layout_names_every_module_and_only_modules_that_exist() -> None:
     """docs/layout.md matches the code: its layer table names every top-level package and module of
-    migd, and every file it names (``daemon/events.py``, ``wire.py``) is there."""
+    migd, and every file it names (``daemon/wakeups.py``, ``wire.py``) is there."""
     doc = (REPO / "docs" / "layout.md").read_text()
     table = "\n".join(line for line in doc.splitlines() if line.startswith("|"))
     named = set(re.findall(r"`([a-z_/]+(?:\.py)?)`", table))
@@ -122,3 +122,16 @@ def test_docs_layout_names_every_module_and_only_modules_that_exist() -> None:
     paths = set(re.findall(r"`((?:[a-z_]+/)*[a-z_]+\.py|(?:[a-z_]+/)+)`", doc))
     missing = sorted(p for p in paths if not any(k == p or k.endswith("/" + p) for k in known))
     assert missing == [], f"docs/layout.md names files that are not there: {missing}"
+
+
+def test_no_two_modules_share_a_name() -> None:
+    """A reader who meets ``status.py`` knows which: no two of migd's modules share a file name
+    (packages' ``__init__`` and the simulator aside: the simulator mirrors the modules it stands in for,
+    ``sim/caps.py`` being the driver ``hardware/caps.py`` reads)."""
+    names: dict[str, list[str]] = {}
+    for p in (REPO / "migd").rglob("*.py"):
+        rel = p.relative_to(REPO / "migd")
+        if p.name != "__init__.py" and rel.parts[0] != "sim":
+            names.setdefault(p.name, []).append(str(rel))
+    shared = {n: sorted(ps) for n, ps in names.items() if len(ps) > 1}
+    assert shared == {}

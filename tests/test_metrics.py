@@ -21,7 +21,7 @@ from migd.profiles.loader import load_profile
 from migd.sim import world
 from migd.sim.backend import sim_backend
 from migd.sim.state import StateStore
-from migd.state.status import Status
+from migd.state.live import Status
 from tests.helpers import PROFILES
 
 

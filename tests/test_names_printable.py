@@ -24,7 +24,7 @@ import pytest
 
 from migd.api.daemon import DaemonDoc
 from migd.ctl.client import request
-from migd.ctl.tables import daemon_table
+from migd.ctl.text import daemon_table
 from migd.daemon.main import setup_logging
 from migd.metrics.gpus import gpu_families
 from migd.metrics.page import render_page

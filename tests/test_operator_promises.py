@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from migd.apply.journal import Journal
-from migd.ctl.main import main
+from migd.ctl.migctl import main
 from migd.sim import world
 from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess

@@ -18,11 +18,11 @@ BAD = [
     (("migd.daemon.main", "--time-scale", "inf"), "--time-scale"),
     (("migd.daemon.main", "--time-scale", "nan"), "--time-scale"),
     (("migd.daemon.main", "--now", "tomorrow"), "--now"),
-    (("migd.ctl.main", "apply", "--busy-timeout", "5x", str(PROFILES / "day.yaml")), "--busy-timeout"),
-    (("migd.ctl.main", "apply", "--lock-timeout", "nan", str(PROFILES / "day.yaml")), "--lock-timeout"),
-    (("migd.ctl.main", "apply", "--lock-timeout", "-3", str(PROFILES / "day.yaml")), "--lock-timeout"),
-    (("migd.ctl.main", "validate", "--gpus", "0", str(PROFILES / "day.yaml")), "--gpus"),
-    (("migd.ctl.main", "validate", "--gpus", "eight", str(PROFILES / "day.yaml")), "--gpus"),
+    (("migd.ctl.migctl", "apply", "--busy-timeout", "5x", str(PROFILES / "day.yaml")), "--busy-timeout"),
+    (("migd.ctl.migctl", "apply", "--lock-timeout", "nan", str(PROFILES / "day.yaml")), "--lock-timeout"),
+    (("migd.ctl.migctl", "apply", "--lock-timeout", "-3", str(PROFILES / "day.yaml")), "--lock-timeout"),
+    (("migd.ctl.migctl", "validate", "--gpus", "0", str(PROFILES / "day.yaml")), "--gpus"),
+    (("migd.ctl.migctl", "validate", "--gpus", "eight", str(PROFILES / "day.yaml")), "--gpus"),
 ]
 
 

@@ -225,7 +225,7 @@ def test_forty_concurrent_migctl_clients_all_get_an_answer(tmp_path: Path) -> No
     def unused(*args: object) -> Any:
         raise AssertionError("not asked")
 
-    server = ControlServer(tmp_path / "ctl.sock", Handlers(slow_status, unused, unused, unused, unused, unused))
+    server = ControlServer(tmp_path / "ctl.sock", Handlers(slow_status, unused, unused, unused, unused, unused, unused))
     server.start()
     replies: list[object] = []
     errors: list[BaseException] = []

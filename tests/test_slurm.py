@@ -15,7 +15,7 @@ import pytest
 
 from migd.api.slurm import Phase
 from migd.apply.result import GpuStatus, OnBusy
-from migd.ctl.tables import daemon_table
+from migd.ctl.text import daemon_table
 from migd.daemon.clock import Clock
 from migd.daemon.service import ManualApply
 from migd.metrics.daemonstate import slurm_families as _slurm

@@ -10,7 +10,7 @@ import time
 from datetime import timedelta
 
 from migd.api.demand import Source
-from migd.ctl.tables import daemon_table
+from migd.ctl.text import daemon_table
 from migd.daemon.clock import Clock
 from migd.metrics.daemonstate import demand_families
 from migd.slurm.want import Want

@@ -61,7 +61,7 @@ def test_a_damaged_planner_history_is_named_and_set_aside(tmp_path: Path, caplog
     one is said with its file and field, and the planner starts without history."""
     from migd.slurm.ctl import SlurmCtl
     from migd.slurm.demandconf import DemandMode, DemandSettings
-    from migd.slurm.planner import Planner
+    from migd.slurm.demandplan import Planner
     path = tmp_path / "demand.json"
     path.write_text('{"schema": "migd.demand/v1", "switches": {"gpu1": [1795000000, "soon"]}}')
     settings = DemandSettings(DemandMode.ON, "gpu1", ("day", "night"))

@@ -20,9 +20,9 @@ from migd.daemon.demandpass import DemandPass
 from migd.slurm import want as want_text
 from migd.slurm.ctl import SlurmCtl, SlurmError, command_runner
 from migd.slurm.demandconf import DemandMode, DemandSettings
-from migd.slurm.planner import Planner
+from migd.slurm.demandplan import Planner
 from migd.slurm.queue import read_queue
-from migd.slurm.settings import SlurmSettings
+from migd.slurm.slurmconf import SlurmSettings
 from migd.slurm.want import Want
 
 NOW = 1795671590.0

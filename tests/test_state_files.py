@@ -20,7 +20,7 @@ from migd.apply.journal import JournalDoc, Step, left_behind
 from migd.apply.owners import Owners, OwnersDoc
 from migd.apply.statefile import load
 from migd.catalog.models import MODELS
-from migd.slurm.planner import History
+from migd.slurm.demandplan import History
 from migd.slurm.transition import load_state
 from migd.state.override import OverrideDoc, OverrideStore
 from migd.wire import to_json

@@ -1,4 +1,4 @@
-"""``migctl status --mine`` (migd/ctl/status.py): the four files a CUDA process opens, what nvidia-modprobe
+"""``migctl status --mine`` (migd/ctl/status_out.py): the four files a CUDA process opens, what nvidia-modprobe
 will make of them (the pure model, against nvidia-modprobe-utils.c), and what an ordinary user is told,
 over small fake driver trees: the recorded H100's registry and mig-minors table, real character
 devices (mknod: root) and real other users (a forked child that changed its ids), as the kernel checks
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from migd.api.status import StatusDoc
-from migd.ctl.status import (
+from migd.ctl.status_out import (
     CTL_MINOR,
     DEFAULTS,
     NV_MAJOR,

@@ -12,21 +12,21 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from migd.api.audit import DaemonMarks, DoctorDoc, IsolationDoc
+from migd.api.checks import DaemonMarks, DoctorDoc, IsolationDoc
 from migd.api.daemon import DaemonDoc, LastApply, Outcome, Progress
 from migd.api.demand import DemandView, PlanSummary, Source
 from migd.api.plan import ApplyDoc, AssertDoc, PlanDoc
 from migd.api.slurm import Phase, SlurmSnapshot, SlurmState
 from migd.api.status import Gpu, MigMode, Process, Reading, StatusDoc, Unreadable
 from migd.apply.result import GpuStatus
-from migd.ctl.tables import daemon_table
+from migd.ctl.text import daemon_table
 from migd.exits import Exit, failure
 from migd.isolation.audit import Check, Finding, Severity
 from migd.isolation.probe import Probe, ProbeRun, ProbeStatus
 from migd.plan.planner import OpKind
 from migd.profiles.model import Profile
+from migd.state.live import GpuProgress, Status
 from migd.state.override import Override
-from migd.state.status import GpuProgress, Status
 from migd.wire import WireError, from_json, to_json
 from tests.helpers import PROFILES, Migctl
 

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from migd.api.audit import DaemonAudit
+from migd.api.checks import DaemonAudit
 from migd.api.daemon import DaemonDoc, HeldView, SimClock
 from migd.api.plan import ApplyDoc
 from migd.api.status import StatusDoc

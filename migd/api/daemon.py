@@ -1,6 +1,6 @@
 """``migd.daemon/v1``: what the daemon says about itself (``migctl daemon``, the control socket).
 
-The live state it is made from (``migd.state.status``) is the daemon's; this is the document.
+The live state it is made from (``migd.state.live``) is the daemon's; this is the document.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from migd.catalog.gpumodel import (
     Placement,
     media_conflict,
 )
-from migd.catalog.tables import ALL
+from migd.catalog.model_tables import ALL
 
 __all__ = ["ARCH_AMPERE", "ARCH_BLACKWELL", "ARCH_HOPPER", "CI_ENUM_COUNT", "GI_ENUM_COUNT", "MODELS", "CiProfile",
            "Family", "GiProfile", "GpuModel", "Media", "Placement", "media_conflict", "model_for"]

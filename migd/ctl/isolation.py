@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from migd.api.audit import DaemonMarks, IsolationDoc
+from migd.api.checks import DaemonMarks, IsolationDoc
 from migd.api.commands import Ask, Command, IsolationReply, Reply, reply_as
 from migd.apply.executor import Applier
 from migd.ctl.client import ControlError, request
 from migd.ctl.remote import control_socket, daemon_request, out
-from migd.ctl.tables import isolation_table
+from migd.ctl.text import isolation_table
 from migd.exits import Exit, partly
 from migd.hardware.ports import GpuBackend
 from migd.isolation.audit import Severity, audit

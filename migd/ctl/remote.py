@@ -30,7 +30,7 @@ from migd.api.status import StatusDoc
 from migd.apply.result import GpuStatus, OnBusy, busy_timeout_for
 from migd.ctl.client import ControlError, request
 from migd.ctl.daemon_table import clock_of
-from migd.ctl.tables import RESUME_HINT, apply_table, daemon_table
+from migd.ctl.text import RESUME_HINT, apply_table, daemon_table
 from migd.errors import ValidationError
 from migd.exits import Exit
 from migd.paths import listening

@@ -16,7 +16,7 @@ from migd.apply.result import ApplyResult, BusyError, GpuStatus
 from migd.daemon.progress import blocked_pids
 from migd.profiles.model import Profile
 from migd.report import signals
-from migd.state.status import Status
+from migd.state.live import Status
 
 log = logging.getLogger("migd")
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from migd.access.accessconf import AccessSettings, parse_access
 from migd.access.policy import Unowned
-from migd.access.settings import AccessSettings, parse_access
 from migd.apply.hooks import Hooks, parse_hooks
 from migd.apply.result import OnBusy
 from migd.daemon.schedule import Entry, Schedule, ScheduleError
@@ -22,7 +22,7 @@ from migd.printable import code, unprintable
 from migd.profiles.loader import load_profile, mig_parted_configs
 from migd.profiles.model import Profile
 from migd.profiles.validate import check_profile
-from migd.slurm.settings import SlurmSettings, parse_slurm
+from migd.slurm.slurmconf import SlurmSettings, parse_slurm
 from migd.trust import check_path
 from migd.yamlsrc import Node, load, parse_host_port
 

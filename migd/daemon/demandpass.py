@@ -19,8 +19,8 @@ from migd.hardware.inventory import GpuLister, survey
 from migd.profiles.model import Profile
 from migd.slurm.ctl import SlurmCtl, SlurmError
 from migd.slurm.demandconf import DemandMode, DemandSettings
-from migd.slurm.planner import Planner
-from migd.slurm.settings import SlurmSettings
+from migd.slurm.demandplan import Planner
+from migd.slurm.slurmconf import SlurmSettings
 from migd.slurm.want import Want, stamp
 
 log = logging.getLogger("migd")

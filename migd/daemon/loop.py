@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 
 from migd.daemon.accesspass import view as access_view
-from migd.daemon.events import Reload
 from migd.daemon.service import Daemon
+from migd.daemon.wakeups import Reload
 
 SLURM_RETRY_S = 5.0
 HOLD_RETRY_S = 2.0

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from migd import __version__, cliargs, paths
-from migd.api.audit import DaemonAudit
+from migd.api.checks import DaemonAudit
 from migd.api.status import StatusDoc
 from migd.apply.journal import left_behind
 from migd.cliargs import Parser

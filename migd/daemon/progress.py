@@ -17,7 +17,7 @@ from migd.apply.result import ApplyResult, GpuResult, GpuStatus
 from migd.daemon.retry import Failure
 from migd.hardware.inventory import Unreadable
 from migd.plan.planner import GpuPlan
-from migd.state.status import GpuProgress, Status
+from migd.state.live import GpuProgress, Status
 
 log = logging.getLogger("migd")
 REPEAT_S = 600.0  # a wait past busy_timeout is logged again at most this often

@@ -25,7 +25,7 @@ from migd.apply.relabel import relabelled
 from migd.apply.result import ApplyResult, GpuStatus
 from migd.plan.planner import GpuPlan, layout_text, summary
 from migd.plan.requests import DesiredLayout
-from migd.state.status import Status
+from migd.state.live import Status
 
 log = logging.getLogger("migd")
 BACKOFF_S, BACKOFF_MAX_S = 10.0, 600.0  # in the daemon's clock: 10 s, 20 s, 40 s, ... at most 10 minutes

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from migd.api.audit import DaemonAudit
+from migd.api.checks import DaemonAudit
 from migd.api.commands import (
     MAX_REQUEST,
     ApplyReply,
@@ -40,7 +40,7 @@ from migd.api.commands import (
 from migd.api.daemon import DaemonDoc
 from migd.api.status import StatusDoc
 from migd.apply.result import ApplyResult, Flag
-from migd.daemon.requests import Reloaded, Resumed
+from migd.daemon.answers import Reloaded, Resumed
 from migd.daemon.slots import Late, Limits, Slots, SlottedThreadingMixIn, read_request
 from migd.exits import EXPECTED, Exit, failure, for_result
 from migd.paths import listening

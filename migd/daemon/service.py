@@ -27,18 +27,18 @@ from migd.apply.result import ApplyOptions, ApplyResult, Flag, OnBusy
 from migd.daemon.accesspass import access_control
 from migd.daemon.accesspass import view as access_view
 from migd.daemon.account import in_flight
+from migd.daemon.answers import Reloaded, Resumed
 from migd.daemon.clock import Clock
 from migd.daemon.config import Config, ReconcileMode, restart_only
-from migd.daemon.events import Events
 from migd.daemon.holds import hold, rehold
 from migd.daemon.hwlock import HardwareLock
 from migd.daemon.progress import Tracker
-from migd.daemon.requests import Reloaded, Resumed
 from migd.daemon.retry import Retries
 from migd.daemon.schedule import Entry
 from migd.daemon.sdnotify import Notifier
 from migd.daemon.slurmpass import Lent, slurm_switch
 from migd.daemon.transaction import REFUSALS, Parts, Transaction
+from migd.daemon.wakeups import Events
 from migd.daemon.watchdog import Heartbeat
 from migd.errors import ValidationError
 from migd.hardware.inventory import survey
@@ -46,8 +46,8 @@ from migd.hardware.ports import GpuBackend
 from migd.isolation.audit import Finding
 from migd.profiles.model import Profile, describe_gpus
 from migd.slurm.transition import GateHooks
+from migd.state.live import Status
 from migd.state.override import OverrideStore
-from migd.state.status import Status
 
 __all__ = ["Clock", "Daemon", "ManualApply", "Reloaded", "Resumed"]
 log = logging.getLogger("migd")

@@ -20,19 +20,19 @@ from migd.apply.result import ApplyOptions, ApplyResult, BusyError, GpuStatus
 from migd.daemon.accesspass import view as access_view
 from migd.daemon.account import last_apply, say
 from migd.daemon.config import Config
-from migd.daemon.events import Events
 from migd.daemon.hwlock import HardwareLock
 from migd.daemon.progress import Tracker
 from migd.daemon.retry import Choice, Retries, choose
 from migd.daemon.sdnotify import Notifier
 from migd.daemon.slurmpass import SlurmSwitch
+from migd.daemon.wakeups import Events
 from migd.exits import EXPECTED
 from migd.hardware.inventory import Unreadable
 from migd.hardware.types import GpuState
 from migd.isolation.audit import Finding, Severity, audit_readings
 from migd.plan.planner import GpuPlan
 from migd.profiles.model import Profile
-from migd.state.status import Status, outcome_of
+from migd.state.live import Status, outcome_of
 
 log = logging.getLogger("migd")
 # What stops one pass without stopping the daemon: the failures migctl reports as exit codes

@@ -14,7 +14,7 @@ import threading
 import time
 
 from migd.daemon.sdnotify import Notifier
-from migd.state.status import WATCHDOG_STALL_S
+from migd.state.live import WATCHDOG_STALL_S
 
 log = logging.getLogger("migd")
 

@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from migd.catalog.gpumodel import GpuModel
-from migd.demand.model import Layout
+from migd.demand.inputs import Layout
 from migd.plan.offline import fake_gpu
 from migd.profiles.model import Profile
 from migd.profiles.resolve import resolve_section

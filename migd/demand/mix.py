@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from itertools import combinations_with_replacement
 
 from migd.catalog.gpumodel import GpuModel
-from migd.demand.model import Layout, slices_of
+from migd.demand.inputs import Layout, slices_of
 from migd.plan.offline import fake_gpu
 from migd.profiles.model import GpuSection, Profile
 from migd.profiles.resolve import resolve_section

@@ -28,8 +28,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from migd.demand.fair import fair_weights
+from migd.demand.inputs import Layout, NodeView, Pending, Snapshot, slices_of
 from migd.demand.mix import moved_back
-from migd.demand.model import Layout, NodeView, Pending, Snapshot, slices_of
 from migd.demand.supply import Horizon, Supply, drain_cost, from_ready, ready_in_s, supply
 
 

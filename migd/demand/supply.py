@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from migd.demand.model import Layout, NodeView, Running, slices_of
+from migd.demand.inputs import Layout, NodeView, Running, slices_of
 
 Supply = dict[str, float]  # MIG type -> slice-hours a node offers within the horizon
 

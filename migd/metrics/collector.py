@@ -2,7 +2,7 @@
 
 Series are rebuilt from the snapshot on every rendering, so an instance's series vanish with
 the instance.  Nothing here is a global metric object and nothing here calls NVML.  The families
-live in gpus.py (the snapshot), daemonstate.py and faults.py (the daemon's own state).
+live in gpus.py (the snapshot), daemonstate.py and fault_series.py (the daemon's own state).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from migd.isolation.events import EventCounters
-from migd.metrics import daemonstate, faults, gpus
+from migd.metrics import daemonstate, fault_series, gpus
 from migd.metrics.sampler import NvmlErrorCounter, Sampler
 
 APPLY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
@@ -69,11 +69,11 @@ class MigdCollector(Collector):
         snap = self.sampler.snapshot
         yield from gpus.snapshot_families(snap, self.hostname)
         st = self.status()
-        known = faults.known_gpus(snap, self.events)
-        yield from faults.xid_families(snap, self.events, known)
-        yield from faults.unhealthy_families(st.unhealthy.snapshot(), known)
+        known = fault_series.known_gpus(snap, self.events)
+        yield from fault_series.xid_families(snap, self.events, known)
+        yield from fault_series.unhealthy_families(st.unhealthy.snapshot(), known)
         if self.audit is not None:
-            yield from faults.audit_families(self.audit(), known)
+            yield from fault_series.audit_families(self.audit(), known)
 
     def version(self) -> tuple[Any, ...]:
         """What the slow families are made of: a new snapshot, an event counted, a fault mark set or

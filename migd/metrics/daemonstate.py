@@ -21,7 +21,7 @@ from migd.api.access import AccessView
 from migd.api.daemon import Outcome, Progress
 from migd.api.demand import DemandView, Source
 from migd.api.slurm import Phase, SlurmSnapshot
-from migd.state.status import Status
+from migd.state.live import Status
 
 
 def build_info(hostname: str) -> Metric:

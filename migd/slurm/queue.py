@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
-from migd.demand.model import Pending, Running
+from migd.demand.inputs import Pending, Running
 from migd.slurm.ctl import allocated_gres, fields, hostnames
 
 _TRES = re.compile(r"gres[:/]gpu:([^:=,\s]+)[:=](\d+)")

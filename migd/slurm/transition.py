@@ -31,7 +31,7 @@ from migd.hardware.caps import read_minors
 from migd.hardware.types import GpuState
 from migd.slurm.ctl import NodeInfo, Runner, SlurmCtl, SlurmError
 from migd.slurm.gres import GresError, GresRecord, gres_conf, node_gres, records, set_node_gres
-from migd.slurm.settings import GresUpdate, SlurmSettings
+from migd.slurm.slurmconf import GresUpdate, SlurmSettings
 
 log = logging.getLogger(__name__)
 _DRAINED = ("drain", "drained", "draining", "maint")

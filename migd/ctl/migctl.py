@@ -36,8 +36,8 @@ from migd.ctl.remote import (
     out,
     refuse_local,
 )
-from migd.ctl.status import status_out
-from migd.ctl.tables import (
+from migd.ctl.status_out import status_out
+from migd.ctl.text import (
     apply_table,
     assert_table,
     doctor_table,

@@ -20,7 +20,7 @@ from typing import ClassVar
 
 from migd.api.demand import PlanSummary
 from migd.apply.statefile import atomic_write_json, load
-from migd.demand.model import Layout, NodeView, Running, Snapshot
+from migd.demand.inputs import Layout, NodeView, Running, Snapshot
 from migd.demand.rule import Decision, decide
 from migd.demand.runtime import RunTimes
 from migd.errors import ValidationError

@@ -10,7 +10,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from migd.api.audit import DoctorDoc, IsolationDoc
+from migd.api.checks import DoctorDoc, IsolationDoc
 from migd.api.plan import ApplyDoc, AssertDoc, GpuPlan, Operation, PlanDoc
 from migd.api.status import Gpu, JournalLeft, Reading, StatusDoc, Unreadable
 from migd.apply.result import GpuStatus

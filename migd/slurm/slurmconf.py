@@ -18,7 +18,7 @@ from pathlib import Path
 
 from migd.kinds import Word
 from migd.slurm.demandconf import DemandSettings, parse_demand
-from migd.state.status import WATCHDOG_STALL_S
+from migd.state.live import WATCHDOG_STALL_S
 from migd.yamlsrc import Node
 
 KEYS = ["node", "slurm_conf", "gres_conf", "update", "stop_slurmd", "start_slurmd", "restart_slurmctld",

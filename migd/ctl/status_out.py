@@ -36,7 +36,7 @@ from typing import TypeVar
 
 from migd.api.status import Gpu, Instance, StatusDoc
 from migd.ctl.remote import caps_root, out
-from migd.ctl.tables import mine_table, status_table
+from migd.ctl.text import mine_table, status_table
 from migd.exits import Exit, partly
 from migd.hardware.caps import CapsPaths, caps_major, ci_cap, gi_cap, modprobe_fields, read_minors, uses_devfs
 from migd.printable import shown
