@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import _posixsubprocess
+import contextlib
 import os
-from collections.abc import Callable, Iterator
+import subprocess
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -10,12 +13,83 @@ import yaml
 
 from migd.hardware.nvml.backend import NvmlBackend
 from migd.sim.backend import sim_backend
+from migd.sim.filewatch import FileWatch
 from migd.sim.library import loaded
 from migd.sim.state import StateStore
 from tests.slurm_node import night_node, node  # noqa: F401  (the Slurm tests' fixtures)
 
 REPO = Path(__file__).resolve().parents[1]
 FACTS_DIR = REPO / "tests" / "fixtures" / "reference"  # copies, see SOURCES.md there
+
+# -- unit tests and integration tests (README, Contributing) ----------------------------------------
+# A test that starts a process (a migd daemon, migctl or the fake nvidia-smi as a program, Slurm,
+# Prometheus, Chromium, a namespace, a forked child) is an integration test and says so:
+# ``@pytest.mark.integration``, or ``pytestmark = pytest.mark.integration`` for a whole module; so is
+# an in-process test that takes seconds.  ``pytest -m "not integration"`` is the fast loop.  Kept, not
+# remembered: while an unmarked test sets up and runs, every way to start a process fails it.
+_SPAWNERS = ((os, "fork", "os.fork"), (os, "forkpty", "os.forkpty"), (os, "posix_spawn", "os.posix_spawn"),
+             (os, "posix_spawnp", "os.posix_spawnp"), (os, "system", "os.system"),
+             (subprocess, "_fork_exec", "subprocess"), (_posixsubprocess, "fork_exec", "subprocess or multiprocessing"))
+
+
+def _unit_message(item: pytest.Item, how: str) -> str:
+    return (f"{item.nodeid} starts a process ({how}) but is not marked integration: mark it "
+            "@pytest.mark.integration (a whole module: pytestmark = pytest.mark.integration); "
+            "`pytest -m \"not integration\"` runs in-process tests only")
+
+
+# The simulator's event wait finds libc once per process (ctypes.util.find_library runs ldconfig): that
+# one child starts here, not in whichever unit test first waits for an event.
+FileWatch(__file__)
+
+
+@contextlib.contextmanager
+def _no_processes(item: pytest.Item) -> Iterator[list[BaseException]]:
+    refusals: list[BaseException] = []
+    saved = [(mod, name, how, getattr(mod, name)) for mod, name, how in _SPAWNERS if hasattr(mod, name)]
+
+    def refuse(how: str) -> Callable[..., Any]:
+        def refused(*args: Any, **kwargs: Any) -> Any:
+            __tracebackhide__ = True
+            try:
+                pytest.fail(_unit_message(item, how))
+            except BaseException as e:
+                refusals.append(e)
+                raise
+        return refused
+
+    for mod, name, how, _ in saved:
+        setattr(mod, name, refuse(how))
+    try:
+        yield refusals
+    finally:
+        for mod, name, _, real in saved:
+            setattr(mod, name, real)
+
+
+def _unit_only(item: pytest.Item) -> Generator[None, object, object]:
+    __tracebackhide__ = True
+    if item.get_closest_marker("integration") is not None:
+        return (yield)
+    with _no_processes(item) as refusals:
+        try:
+            result = yield
+        except BaseException as e:
+            if not refusals or e is refusals[0]:
+                raise  # (the refusal itself, where the test started the process)
+        if refusals:  # the test, or a thread of it, caught the refusal, or failed of it otherwise
+            raise refusals[0]
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, object, object]:
+    return (yield from _unit_only(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
+    return (yield from _unit_only(item))
 
 
 @pytest.fixture(autouse=True)

@@ -36,6 +36,8 @@ from migd.yamlsrc import load
 from tests.helpers import PROFILES, Migctl, need_root
 from tests.test_access import two_groups
 
+pytestmark = pytest.mark.integration  # forked users, nvidia-modprobe's helper
+
 
 @pytest.fixture
 def tree(tmp_path: Path) -> Iterator[tuple[Migctl, Path]]:

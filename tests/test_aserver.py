@@ -123,6 +123,7 @@ def test_at_the_cap_a_new_connection_takes_the_place_of_the_longest_idle(server:
             s.close()
 
 
+@pytest.mark.integration
 def test_a_slow_drip_on_every_slot_does_not_lock_out_a_scrape(server: MetricsServer) -> None:
     """70 connections each sending a header byte now and then held all 64 slots: scrapes were reset.
     Bytes are no sign of life, only complete requests are; a new connection takes a dripper's place."""

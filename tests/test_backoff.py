@@ -141,6 +141,7 @@ def _converged(migd: MigdProcess) -> bool:
     return bool(doc["applied_profile"] == "night" and doc["gpus"]["0"]["state"] == "converged")
 
 
+@pytest.mark.integration
 def test_a_full_state_directory_backs_off(migd: MigdProcess, small_fs: Path) -> None:
     """The issue's node: the disk fills after the apply's third NVML call and stays full; each attempt
     destroys the GPU's instances, cannot write, and puts them back."""
@@ -162,6 +163,7 @@ def test_a_full_state_directory_backs_off(migd: MigdProcess, small_fs: Path) -> 
     migd.wait_until(lambda: _metrics_say(migd, {}), timeout=30)
 
 
+@pytest.mark.integration
 def test_an_nvml_error_that_persists_backs_off(migd: MigdProcess) -> None:
     """Every GPU-instance destroy fails: each attempt destroys the compute instances first, then fails and
     re-creates them.  Armed for far more attempts than the window allows, then disarmed."""
@@ -179,6 +181,7 @@ def test_an_nvml_error_that_persists_backs_off(migd: MigdProcess) -> None:
     assert migd.assert_profile("night")
 
 
+@pytest.mark.integration
 def test_a_hook_that_always_fails_backs_off(migd: MigdProcess) -> None:
     """pre-apply-config fails while a file exists: nothing on the GPU changes, and the apply is refused
     a handful of times, not at every pass."""
@@ -197,6 +200,7 @@ def test_a_hook_that_always_fails_backs_off(migd: MigdProcess) -> None:
     assert migd.assert_profile("night")
 
 
+@pytest.mark.integration
 def test_a_manual_apply_does_not_wait_for_the_backoff(migd: MigdProcess) -> None:
     """An operator's migctl apply is tried at once, and its success ends the backoff (the daemon's clock
     at real speed here: the next scheduled try is 10 s away)."""

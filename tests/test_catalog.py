@@ -155,6 +155,7 @@ def feasible_multisets(model: GpuModel, roles: list[str]) -> set[tuple[tuple[str
     return out
 
 
+@pytest.mark.integration
 def test_127_feasible_multisets(facts: dict[str, Any]) -> None:
     section = facts["combinations"]["seven_slice_boards_all_profiles_feasible_multisets"]
     sets = feasible_multisets(MODELS["A100-SXM4-80GB"], list(ROLE_NAMES))

@@ -62,6 +62,7 @@ def _counts(model: GpuModel, section: GpuSection) -> Counter[str]:
     return out
 
 
+@pytest.mark.integration
 def test_every_named_config_plans_on_every_model_it_targets() -> None:
     raw = yaml.safe_load(DEFAULT.read_text())["mig-configs"]
     lines, untargeted = [], set()

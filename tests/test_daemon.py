@@ -25,6 +25,8 @@ from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
 from tests.helpers import MIGCTL, PROFILES, migctl_as
 
+pytestmark = pytest.mark.integration  # real migd daemons
+
 
 @pytest.fixture
 def migd(tmp_path: Path) -> Iterator[MigdProcess]:

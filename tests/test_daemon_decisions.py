@@ -28,6 +28,8 @@ from migd.sim.backend import sim_backend
 from migd.sim.library import loaded
 from tests.helpers import PROFILES, Migctl
 
+pytestmark = pytest.mark.integration  # seconds each, in-process
+
 FLEET = "dgx-h100"
 CONFIG = """\
 timezone: Asia/Seoul

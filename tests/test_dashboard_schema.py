@@ -15,6 +15,8 @@ import pytest
 
 from tests.helpers import REPO
 
+pytestmark = pytest.mark.integration  # node and tsc
+
 DASHBOARDS = REPO / "dashboards"
 TSC = DASHBOARDS / "node_modules" / ".bin" / "tsc"
 SCHEMA = DASHBOARDS / "node_modules" / "@grafana" / "schema"

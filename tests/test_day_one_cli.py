@@ -17,6 +17,8 @@ from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
 from tests.helpers import PROFILES, REFERENCE, Migctl, migctl_as, need_root
 
+pytestmark = pytest.mark.integration  # migctl and migd as programs
+
 MIG_PARTED = str(REFERENCE / "mig-parted-config-default.yaml")
 
 

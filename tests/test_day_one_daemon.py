@@ -21,6 +21,8 @@ from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
 from tests.helpers import MIGCTL, PROFILES
 
+pytestmark = pytest.mark.integration  # real migd daemons
+
 
 @pytest.fixture
 def migd(tmp_path: Path) -> Iterator[MigdProcess]:

@@ -15,6 +15,8 @@ from migd.sim import world
 from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
 
+pytestmark = pytest.mark.integration  # real migd daemons
+
 
 @pytest.fixture
 def migd(tmp_path: Path) -> Iterator[MigdProcess]:

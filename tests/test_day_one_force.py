@@ -20,6 +20,8 @@ from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
 from tests.helpers import PROFILES
 
+pytestmark = pytest.mark.integration  # a real migd
+
 
 @pytest.fixture
 def migd(tmp_path: Path) -> Iterator[MigdProcess]:

@@ -35,6 +35,8 @@ from migd.sim.state import StateStore
 from migd.wire import from_json, to_json
 from tests.helpers import PROFILES, Migctl, check_golden
 
+pytestmark = pytest.mark.integration  # a real migd
+
 _JSON_TIMES = re.compile(r'("(?:started|since|blocked_since|time|seconds|failed_at|next_try|real|at|until)": )'
                          r'[0-9.e+]+')
 _TEXT_TIMES = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC|(?<= in )[0-9.]+s\b")

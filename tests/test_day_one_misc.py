@@ -8,9 +8,13 @@ import re
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from tests.daemon_harness import MigdProcess
 from tests.helpers import PROFILES, REPO, Migctl
 from tests.test_page import parse
+
+pytestmark = pytest.mark.integration  # real migd daemons, Chromium
 
 
 def test_a_missing_hook_working_directory_is_named(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ def _gpu_state(store: StateStore) -> str:
 
 @pytest.mark.parametrize("fleet", CATALOG_FLEETS)
 @pytest.mark.parametrize("profile", [None, "day"])
+@pytest.mark.integration
 def test_doctor_is_clean_and_read_only_on_every_fleet(tmp_path: Path, fleet: str, profile: str | None) -> None:
     m = Migctl(tmp_path, fleet)
     if profile:
@@ -98,6 +99,7 @@ def test_recorded_real_h100_doctor_run_was_clean() -> None:
     assert any(f["check"] == "profile 9" and f["verdict"] == "ok" for f in doc["findings"])
 
 
+@pytest.mark.integration
 def test_gpustat_sees_the_simulated_fleet(tmp_path: Path) -> None:
     if shutil.which("gpustat") is None and subprocess.run([sys.executable, "-c", "import gpustat"]).returncode:
         pytest.skip("gpustat is not installed (it is in the test extra)")

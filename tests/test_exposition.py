@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -62,6 +63,7 @@ def test_the_snapshot_part_is_rendered_once_per_snapshot_and_ahead_while_scraped
     assert snap.renders == 4  # a lone scrape renders it itself
 
 
+@pytest.mark.integration
 def test_the_live_part_follows_under_load_and_is_fresh_after_a_pause() -> None:
     exp, _, live, _ = _exposition()
     exp.live_max_age_s, exp.live_stale_s = 0.1, 1.0  # the defaults (1 s, 3 s) scaled down

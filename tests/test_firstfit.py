@@ -46,6 +46,7 @@ def _in_order(want: list[DesiredInstance]) -> tuple[DesiredInstance, ...]:
 
 
 @pytest.mark.parametrize("key", sorted(MODELS))
+@pytest.mark.integration
 def test_table_equals_search_on_an_empty_gpu(key: str) -> None:
     model = MODELS[key]
     table = first_fit(model)
@@ -156,6 +157,7 @@ def test_ci_multisets_are_every_multiset_within_slices_and_caps() -> None:
             assert len(got) == len(set(got)) and set(got) == expected, (model.key, gi.name)
 
 
+@pytest.mark.integration
 def test_forget_keeps_the_model_tables_and_they_answer_as_before() -> None:
     """The per-model tables survive ``forget`` (they depend on the catalog alone) and answer what
     the planner computed without them: each CI layout on an empty GI, each multiset's verdict."""

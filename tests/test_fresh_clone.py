@@ -25,6 +25,8 @@ import pytest
 
 from tests.helpers import REPO, need_root
 
+pytestmark = pytest.mark.integration  # a fresh clone, a venv, namespaces
+
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 NOBODY = 65534
 USER_PATH = "/usr/local/bin:/usr/bin:/bin"  # Debian's PATH for a user: /usr/local/sbin is not on it

@@ -6,6 +6,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -18,6 +19,8 @@ from migd.profiles.loader import load_profile
 from migd.profiles.validate import check_profile
 from migd.sim.backend import sim_backend
 from tests.helpers import PROFILES, REFERENCE
+
+pytestmark = pytest.mark.integration  # hypothesis, seconds each
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 

@@ -59,6 +59,7 @@ def _run(m: Migctl, *args: str) -> str:
     return _mask(r.out)
 
 
+@pytest.mark.integration
 def test_plan_apply_status_outputs(mixed: Migctl) -> None:
     balanced = str(PROFILES / "balanced.yaml")
     _check("plan-balanced.txt", _run(mixed, "plan", balanced))
@@ -192,6 +193,7 @@ def test_daemon_status_with_demand(tmp_path: Path, mixed: Migctl) -> None:
     _check("daemon-demand.txt", daemon_table(from_json(DaemonDoc, json.loads(text))))
 
 
+@pytest.mark.integration
 def test_plain_nvidia_smi_output(mixed: Migctl) -> None:
     """The simulator's `nvidia-smi` tables (migd/sim/smi_table.py), its clock line masked."""
     assert mixed("apply", str(PROFILES / "balanced.yaml")).code == 0
@@ -279,6 +281,7 @@ def test_tables_of_a_dgx_by_verbosity(tmp_path: Path) -> None:
             _check(f"{name}{suffix}.txt", r.out)
 
 
+@pytest.mark.integration
 def test_a_busy_refusal_writes_its_apply_document(tmp_path: Path) -> None:
     """``apply -o json`` refused for busy instances wrote nothing on stdout: a ``migd.apply/v1`` with
     ``error`` now (the plan it refused, each busy operation's pids, no results), beside the one line on

@@ -11,6 +11,8 @@ import pytest
 from migd.ctl.migctl import parser as migctl_parser
 from migd.daemon.main import parser as migd_parser
 
+pytestmark = pytest.mark.integration  # every program's --help
+
 
 def _undocumented(p: argparse.ArgumentParser, where: str) -> list[str]:
     missing = []

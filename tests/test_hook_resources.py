@@ -36,6 +36,7 @@ def _alive(marker: str) -> list[str]:
     return r.stdout.split()
 
 
+@pytest.mark.integration
 def test_a_hook_that_hangs_in_a_child_leaves_no_process_behind(tmp_path: Path) -> None:
     """It used to kill only the hook's shell: each retry left another root ``sleep`` forever."""
     marker = f"sleep 987{os.getpid() % 1000}.5"
@@ -50,6 +51,7 @@ def test_a_hook_that_hangs_in_a_child_leaves_no_process_behind(tmp_path: Path) -
     assert _alive(marker) == []
 
 
+@pytest.mark.integration
 def test_a_hook_that_leaves_a_helper_holding_its_output_is_done_when_it_exits(tmp_path: Path) -> None:
     """It used to wait for end-of-file on the pipe the helper held: every apply 'timed out'."""
     marker = f"sleep 876{os.getpid() % 1000}.5"
@@ -63,6 +65,7 @@ def test_a_hook_that_leaves_a_helper_holding_its_output_is_done_when_it_exits(tm
         subprocess.run(["pkill", "-f", marker], check=False)
 
 
+@pytest.mark.integration
 def test_a_hook_that_prints_without_end_does_not_grow_migd(tmp_path: Path) -> None:
     """200 MB of output used to be kept whole (migd's RSS 610 MB); only the tail is kept now."""
     hook = _script(tmp_path, "loud.sh", "yes xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx | head -c 200000000\n"
@@ -88,6 +91,7 @@ def test_a_missing_hook_is_refused_when_loaded(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="StrictModes applies to root")
+@pytest.mark.integration
 def test_a_hook_made_writable_after_loading_is_refused_when_it_runs(tmp_path: Path) -> None:
     ran = tmp_path / "ran"
     hook = _script(tmp_path, "hook.sh", f"touch {ran}\n")

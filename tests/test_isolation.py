@@ -18,6 +18,8 @@ from migd.sim.state import SimCi, SimGi, StateStore
 from tests.daemon_harness import MigdProcess
 from tests.helpers import MIGCTL, PROFILES, Migctl
 
+pytestmark = pytest.mark.integration  # real migd daemons, migd-sim
+
 
 def scrape(m: MigdProcess) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{m.port}/metrics", timeout=10) as r:

@@ -60,6 +60,7 @@ def _interrupted(tmp: Path, times: int) -> tuple[Migctl, object, subprocess.Pope
     return m, before, p, out, err
 
 
+@pytest.mark.integration
 def test_ctrl_c_cancels_and_says_so_once(tmp_path: Path) -> None:
     """One account, not a log line per GPU (it printed 17 ERROR/WARNING lines on 8 GPUs): what was
     asked, what happened, exit 130; every GPU as it was and no journal left."""
@@ -72,6 +73,7 @@ def test_ctrl_c_cancels_and_says_so_once(tmp_path: Path) -> None:
     assert not (m.state_dir / "journal.json").exists()
 
 
+@pytest.mark.integration
 def test_a_second_ctrl_c_keeps_the_journal(tmp_path: Path) -> None:
     m, before, p, out, err = _interrupted(tmp_path, 2)
     # 130 when the interrupt lands between NVML calls; 4 when the simulated library takes it inside
@@ -100,6 +102,7 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(where)], check=False)
 
 
+@pytest.mark.integration
 def test_disk_full_mid_apply_rolls_back_without_a_traceback(tmp_path: Path, small_fs: Path) -> None:
     m = Migctl(tmp_path, "single-a100")
     m.state_dir = small_fs / "state"
@@ -116,6 +119,7 @@ def test_disk_full_mid_apply_rolls_back_without_a_traceback(tmp_path: Path, smal
     assert m("apply", NIGHT).code == 0
 
 
+@pytest.mark.integration
 def test_disk_full_before_the_first_step_changes_nothing(tmp_path: Path, small_fs: Path) -> None:
     m = Migctl(tmp_path, "single-a100")
     m.state_dir = small_fs / "state"
@@ -150,6 +154,7 @@ def test_an_apply_never_runs_over_an_unresolved_journal(tmp_path: Path) -> None:
     assert m("recover").code == 0 and m.layout() == before
 
 
+@pytest.mark.integration
 def test_recover_keeps_the_journal_of_a_missing_gpu(tmp_path: Path) -> None:
     m, store, before = _day(tmp_path, "dgx-a100")
     world.crash_after_mutations(store, 20)
@@ -173,6 +178,7 @@ def test_recover_keeps_the_journal_of_a_missing_gpu(tmp_path: Path) -> None:
     ('{"schema": "migd.journal/v1", "gpus": {"GPU-1": {"status": "odd", "before": {}}}}', "gpus.GPU-1.status"),
     ('[1, 2]', "schema"),
 ])
+@pytest.mark.integration
 def test_a_damaged_journal_is_a_located_error_and_is_kept(tmp_path: Path, text: str, words: str) -> None:
     m, _, before = _day(tmp_path)
     journal = m.state_dir / "journal.json"
@@ -248,6 +254,7 @@ def test_an_apply_syncs_the_journal_at_most_twice_per_gpu(tmp_path: Path, monkey
     assert len(journal) + len(dirs) <= 2 * 8
 
 
+@pytest.mark.integration
 def test_a_full_disk_when_the_lock_is_taken_leaves_the_lock_free(tmp_path: Path, small_fs: Path) -> None:
     """The lock's PID could not be written (ENOSPC): its descriptor used to stay open, and every later
     apply of that process (migd's, for as long as it lived) was refused: "held by pid unknown"."""

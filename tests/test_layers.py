@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 MAX_LINES = 400
 
 
+@pytest.mark.integration
 def test_every_import_keeps_to_the_layers() -> None:
     tool = shutil.which("lint-imports") or str(Path(sys.executable).with_name("lint-imports"))
     if not Path(tool).exists():
@@ -43,6 +44,7 @@ def test_no_module_imports_itself_round_a_circle() -> None:
     ("hardware/inventory.py", "from migd.hardware.nvml import backend",
      "migd.hardware.inventory -> migd.hardware.nvml"),
 ], ids=["layer", "simulator", "simulator-backend", "nvml-adapter", "nvml-inside-hardware"])
+@pytest.mark.integration
 def test_each_contract_fails_when_broken(tmp_path: Path, module: str, line: str, said: str) -> None:
     """The contracts can fail: a copy of the package with one forbidden import is refused, naming it."""
     shutil.copytree(REPO / "migd", tmp_path / "migd", ignore=shutil.ignore_patterns("__pycache__"))

@@ -19,6 +19,8 @@ from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
 from tests.helpers import PROFILES, Migctl
 
+pytestmark = pytest.mark.integration  # real migd daemons
+
 LOST = 3
 ONLY = """\
 apiVersion: migd/v1

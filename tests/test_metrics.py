@@ -133,6 +133,7 @@ def test_nvml_errors_are_counted(fleet: Any) -> None:
     assert s["migd_sampler_last_success_timestamp_seconds"][0].value > 0
 
 
+@pytest.mark.integration
 def test_http_serves_only_the_page_metrics_and_healthz(tmp_path: Path) -> None:
     from tests.daemon_harness import MigdProcess
     m = MigdProcess(tmp_path)

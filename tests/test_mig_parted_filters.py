@@ -61,6 +61,7 @@ def _migctl(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
                            "--state-dir", str(tmp / "state"), *args], capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.integration
 def test_migctl_uses_a_file_with_a_model_name_filter_and_says_so(tmp_path: Path) -> None:
     path = tmp_path / "site.yaml"
     path.write_text("version: v1\nmig-configs:\n  night:\n"

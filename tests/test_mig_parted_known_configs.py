@@ -39,6 +39,7 @@ def _migd(config: dict[str, int]) -> list[tuple[str, list[str]]] | None:
     return sorted((d.gi.name, sorted(c.name for c in d.cis)) for d in layout.instances)
 
 
+@pytest.mark.integration
 def test_all_923_known_configurations_as_mig_parted_decides_them() -> None:
     configs = known_configs()
     assert len(configs) == 923

@@ -24,6 +24,7 @@ EXAMPLES = ["day", "night", "night-two", "balanced"]
 
 
 @pytest.mark.parametrize("fleet", CATALOG_FLEETS)
+@pytest.mark.integration
 def test_example_profiles_round_trip(tmp_path: Path, fleet: str) -> None:
     m = Migctl(tmp_path, fleet)
     for name in EXAMPLES:
@@ -116,6 +117,7 @@ def _busy(m: Migctl, real_pid: int | None = None) -> tuple[StateStore, int]:
     return store, world.start_process(store, 0, gi, 0, pid=real_pid)
 
 
+@pytest.mark.integration
 def test_busy_instance_blocks_apply_by_default(tmp_path: Path) -> None:
     m = Migctl(tmp_path, "dgx-h100")
     store, pid = _busy(m)
@@ -134,6 +136,7 @@ def test_busy_instance_blocks_apply_by_default(tmp_path: Path) -> None:
     assert any(p.pid == pid for p in store.read().gpus[0].processes)
 
 
+@pytest.mark.integration
 def test_on_busy_wait_proceeds_when_work_ends(tmp_path: Path) -> None:
     m = Migctl(tmp_path, "single-a100")
     store, pid = _busy(m)
@@ -144,6 +147,7 @@ def test_on_busy_wait_proceeds_when_work_ends(tmp_path: Path) -> None:
     assert time.monotonic() - t0 >= 1.0
 
 
+@pytest.mark.integration
 def test_on_busy_force_stops_the_processes(tmp_path: Path) -> None:
     m = Migctl(tmp_path, "single-a100")
     proc = subprocess.Popen(["sleep", "300"])
@@ -173,6 +177,7 @@ def test_lock_prevents_two_applies(tmp_path: Path) -> None:
     assert m("apply", str(PROFILES / "day.yaml")).code == 0
 
 
+@pytest.mark.integration
 def test_hooks_run_without_shell_and_can_refuse(tmp_path: Path) -> None:
     m = Migctl(tmp_path, "single-a100")
     log = tmp_path / "hooks.log"
@@ -197,6 +202,7 @@ def test_hooks_run_without_shell_and_can_refuse(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("transition", [("day", "night"), ("night", "day"), ("balanced", "day")])
+@pytest.mark.integration
 def test_rollback_after_nvml_failure_at_every_step(tmp_path: Path, transition: tuple[str, str]) -> None:
     old, new = transition
     m = Migctl(tmp_path, "single-h100")
@@ -253,6 +259,7 @@ def test_state_files_carry_their_schema(tmp_path: Path) -> None:
     assert r.code == 2 and "journal.json: schema: expected 'migd.journal/v1', not 'migd.journal/v2'" in r.err, r.err
 
 
+@pytest.mark.integration
 def test_crash_mid_apply_is_recovered(tmp_path: Path) -> None:
     m = Migctl(tmp_path, "single-a100")
     m("apply", str(PROFILES / "day.yaml"))
@@ -272,6 +279,7 @@ def test_crash_mid_apply_is_recovered(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("fleet", CATALOG_FLEETS)
+@pytest.mark.integration
 def test_mig_parted_all_balanced_applies_on_every_fleet(tmp_path: Path, fleet: str) -> None:
     path = REFERENCE / "mig-parted-config-default.yaml"
     m = Migctl(tmp_path, fleet)
@@ -284,6 +292,7 @@ def test_mig_parted_all_balanced_applies_on_every_fleet(tmp_path: Path, fleet: s
     assert r.code == 0 and all(not g["mig"]["current"] for g in m("status", "-o", "json").json()["gpus"])
 
 
+@pytest.mark.integration
 def test_cli_entry_point_and_validate_exit_codes(tmp_path: Path) -> None:
     ok = subprocess.run(["migctl", "validate", str(PROFILES / "day.yaml")], capture_output=True, text=True)
     assert ok.returncode == 0 and "ok" in ok.stdout
@@ -294,6 +303,7 @@ def test_cli_entry_point_and_validate_exit_codes(tmp_path: Path) -> None:
     assert stat.S_ISREG(os.stat(bad).st_mode)
 
 
+@pytest.mark.integration
 def test_hooks_apply_locally_beside_a_stale_control_socket(tmp_path: Path) -> None:
     """--hooks is refused only when a migd answers; a socket file left by a dead daemon is no daemon."""
     import socket
@@ -324,6 +334,7 @@ def test_assert_on_a_mig_parted_file_covers_the_whole_node(tmp_path: Path) -> No
     assert m("assert", str(mine)).code == 0
 
 
+@pytest.mark.integration
 def test_a_profile_from_standard_input(tmp_path: Path) -> None:
     """``-`` reads the profile from stdin (as mig-parted's ``-f -``); errors name <stdin> and the line."""
     m = Migctl(tmp_path, "single-a100")
@@ -370,6 +381,7 @@ def test_export_as_a_mig_parted_config_round_trips(tmp_path: Path) -> None:
     assert m("apply", str(cfg), "--config", "now").code == 0 and m("assert", str(cfg), "--config", "now").code == 0
 
 
+@pytest.mark.integration
 def test_mig_parted_hooks_files_are_accepted(tmp_path: Path) -> None:
     """mig-parted's hooks format (deployments/systemd/hooks-default.yaml; api/hooks/v1/hooks.go):
     version v1, a command string, args, envs and workdir; MIG_PARTED_SELECTED_CONFIG is set as

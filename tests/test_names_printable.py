@@ -53,6 +53,7 @@ def _mig_parted(bad: str) -> str:
 
 # -- (a) refused at load ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", IDS)
+@pytest.mark.integration
 def test_a_mig_parted_config_name_with_an_unprintable_character_is_refused(tmp_path: Path, kind: str) -> None:
     escape, code = UNPRINTABLE[kind]
     f = tmp_path / "mig.yaml"
@@ -113,6 +114,7 @@ def migd(tmp_path: Path) -> Iterator[MigdProcess]:
 
 @pytest.mark.parametrize("kind", ["ESC", "BEL", "newline", "bidi override"])
 @pytest.mark.parametrize("where", list(IN_CONFIG))
+@pytest.mark.integration
 def test_a_name_in_migd_yaml_with_an_unprintable_character_is_refused(migd: MigdProcess, where: str,
                                                                       kind: str) -> None:
     escape, code = UNPRINTABLE[kind]
@@ -128,6 +130,7 @@ def test_a_name_in_migd_yaml_with_an_unprintable_character_is_refused(migd: Migd
 
 
 @pytest.mark.parametrize("kind", ["ESC", "newline"])
+@pytest.mark.integration
 def test_a_mig_parted_file_among_migds_profiles_is_refused_on_its_line(migd: MigdProcess, kind: str) -> None:
     escape, code = UNPRINTABLE[kind]
     f = migd.tmp / "profiles" / "mig.yaml"
@@ -192,6 +195,7 @@ def planner(tmp_path: Path) -> Iterator[tuple[MigdProcess, Path]]:
     shutil.rmtree(run, ignore_errors=True)
 
 
+@pytest.mark.integration
 def test_slurm_text_reaches_migctl_daemon_escaped_for_root_and_every_user(planner: tuple[MigdProcess, Path]) -> None:
     m, run = planner
     assert stat.S_IMODE((run / "migd-view" / "status.sock").stat().st_mode) == 0o666

@@ -32,6 +32,7 @@ def _migctl(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize("kind", sorted(NOT_PROFILES))
 @pytest.mark.parametrize("command", [("apply", "--local"), ("plan",), ("validate",), ("apply", "--dry-run")])
+@pytest.mark.integration
 def test_a_file_that_is_not_a_profile_is_not_quoted(tmp_path: Path, kind: str, command: tuple[str, ...]) -> None:
     path = tmp_path / "secret"
     path.write_text(NOT_PROFILES[kind])
@@ -44,6 +45,7 @@ def test_a_file_that_is_not_a_profile_is_not_quoted(tmp_path: Path, kind: str, c
     assert not any(s in r.stdout + r.stderr for s in SECRETS)
 
 
+@pytest.mark.integration
 def test_a_hooks_file_that_is_a_key_is_not_quoted(tmp_path: Path) -> None:
     key = tmp_path / "id_ed25519"
     key.write_text(NOT_PROFILES["private key"])
@@ -54,6 +56,7 @@ def test_a_hooks_file_that_is_a_key_is_not_quoted(tmp_path: Path) -> None:
     assert not any(s in r.stderr for s in SECRETS)
 
 
+@pytest.mark.integration
 def test_a_profile_value_that_looks_like_a_token_is_not_quoted(tmp_path: Path) -> None:
     path = tmp_path / "p.yaml"
     path.write_text("apiVersion: migd/v1\nkind: Profile\nname: p\ngpus:\n  - select: all\n    instances:\n"

@@ -25,6 +25,8 @@ from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
 from tests.helpers import MIGCTL, PROFILES, Migctl
 
+pytestmark = pytest.mark.integration  # real migd daemons, migctl as a program
+
 TYPOS = {
     "index": "select: {index: [9]}",
     "model": "select: {model: [A10O*]}",

@@ -11,6 +11,8 @@ import pytest
 
 from tests.helpers import PROFILES
 
+pytestmark = pytest.mark.integration  # every program
+
 BAD = [
     (("migd.daemon.main", "--metrics-listen", "nonsense"), "--metrics-listen"),
     (("migd.daemon.main", "--metrics-listen", "127.0.0.1:99999"), "--metrics-listen"),

@@ -8,8 +8,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.daemon_harness import MigdProcess
 from tests.prom_server import binary, prometheus, query
+
+pytestmark = pytest.mark.integration  # a real migd, Prometheus
 
 CONFIG = """\
 timezone: UTC

@@ -96,6 +96,7 @@ def browse(browser: str, url: str, profile: Path, *args: str) -> str:
     return p.stdout
 
 
+@pytest.mark.integration
 def test_a_browser_renders_the_page_before_and_after_a_transition(migd: MigdProcess, tmp_path: Path) -> None:
     browser = chromium()
     if browser is None:

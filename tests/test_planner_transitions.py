@@ -10,12 +10,16 @@ from collections import Counter
 from functools import cache
 from pathlib import Path
 
+import pytest
+
 from migd.catalog.models import MODELS, GiProfile, Placement
 from migd.hardware.types import ComputeInstance, GpuInstance
 from migd.plan.offline import fake_gpu
 from migd.plan.planner import plan_gpu
 from migd.plan.requests import DesiredInstance, DesiredLayout
 from tests.test_catalog import ROLE_NAMES, feasible_multisets
+
+pytestmark = pytest.mark.integration  # seconds each, in-process
 
 MODEL = MODELS["A100-SXM4-80GB"]
 GOLDEN = Path(__file__).parent / "golden"

@@ -23,6 +23,8 @@ from tests.daemon_harness import MigdProcess
 from tests.helpers import REPO
 from tests.prom_server import binary, prometheus, query, served
 
+pytestmark = pytest.mark.integration  # Prometheus, real migd daemons
+
 DASHBOARD = REPO / "dashboards" / "migd.json"
 DCGM = REPO / "tests" / "fixtures" / "dcgm-exporter-mig.txt"
 

@@ -11,6 +11,8 @@ import pytest
 
 from tests.helpers import REPO, required_tool
 
+pytestmark = pytest.mark.integration  # promtool
+
 PROM = REPO / "prometheus"
 
 

@@ -19,6 +19,8 @@ from migd.ctl.client import request
 from tests.daemon_harness import MigdProcess
 from tests.helpers import PROFILES, migctl_as, need_root
 
+pytestmark = pytest.mark.integration  # real migd daemons, forked users
+
 NOBODY = 65534
 
 

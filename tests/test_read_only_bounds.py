@@ -26,6 +26,8 @@ from tests.helpers import PROFILES, migctl_as, need_root
 from tests.test_read_only import NOBODY, args, viewed
 from tests.test_socket_input import FakeServer
 
+pytestmark = pytest.mark.integration  # real migd daemons, forked users
+
 OTHER = 65533  # a second ordinary user
 SHARE = Limits().per_user
 

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.helpers import REPO
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -28,6 +30,7 @@ def shape(exposition: list[str]) -> list[str]:
             if not line.startswith(("migd_sampler_", "migd_build_info"))]
 
 
+@pytest.mark.integration
 def test_simulated_sampling_matches_the_real_h100_run() -> None:
     r = subprocess.run([sys.executable, "bench/sampler_probe.py", "--sim", "single-h100"], cwd=REPO,
                        capture_output=True, text=True, timeout=120)

@@ -26,6 +26,8 @@ from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
 from tests.helpers import PROFILES, REPO, Migctl
 
+pytestmark = pytest.mark.integration  # real migd daemons, crashes
+
 E_INSUFFICIENT_RESOURCES, E_IN_USE, E_NO_PERMISSION, E_GPU_IS_LOST, E_TIMEOUT, E_UNKNOWN = 23, 19, 4, 15, 10, 999
 ERRORS = {"INSUFFICIENT_RESOURCES": E_INSUFFICIENT_RESOURCES, "IN_USE": E_IN_USE, "NO_PERMISSION": E_NO_PERMISSION,
           "GPU_IS_LOST": E_GPU_IS_LOST, "TIMEOUT": E_TIMEOUT, "UNKNOWN": E_UNKNOWN}

@@ -82,6 +82,7 @@ def test_gpm_buffers_are_kept_per_layout_and_freed(h100: Any) -> None:
     assert live_gpm_samples() == base
 
 
+@pytest.mark.integration
 def test_an_apply_elsewhere_is_seen_through_invalidation_or_a_dead_handle(h100: Any) -> None:
     m, _, sampler = h100
     sampler.sample_once()

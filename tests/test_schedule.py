@@ -109,6 +109,7 @@ def test_a_time_in_a_dst_gap_fires_when_the_gap_ends(zone: str, wall: str, fires
 
 
 @pytest.mark.parametrize("expr", ["0 8 30 2 *", "0 8 31 4 *", "0 8 31 6,9,11 *"])
+@pytest.mark.integration
 def test_a_cron_date_that_never_comes_is_refused(expr: str) -> None:
     with pytest.raises(ScheduleError, match="never fires"):
         Entry.cron("p", expr)
@@ -116,6 +117,7 @@ def test_a_cron_date_that_never_comes_is_refused(expr: str) -> None:
 
 
 @pytest.mark.parametrize("zone,spring,fall", ZONES)
+@pytest.mark.integration
 def test_a_year_of_weekday_transitions(zone: str, spring: date, fall: date) -> None:
     tz = ZoneInfo(zone)
     s = Schedule((Entry.at("day", "08:30", "mon-fri"), Entry.at("night", "00:00", "1-5")), tz)
@@ -162,6 +164,7 @@ def test_config_loads(tmp_path: Path) -> None:
     assert cfg.schedule.active(now).profile == "night"  # type: ignore[union-attr]
 
 
+@pytest.mark.integration
 def test_a_schedule_names_configs_of_a_mig_parted_file(tmp_path: Path) -> None:
     """A site keeps NVIDIA's config-default.yaml as the source of truth: the schedule names
     FILE#CONFIG; configs for GPUs the catalog cannot check are an error only when scheduled."""

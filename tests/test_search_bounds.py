@@ -9,6 +9,8 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
+import pytest
+
 from migd.catalog.models import MODELS, CiProfile, GiProfile
 from migd.hardware.types import ComputeInstance, GpuInstance
 from migd.plan.placement import (
@@ -24,6 +26,8 @@ from migd.plan.placement import (
 )
 from migd.plan.requests import DesiredInstance
 from tests.test_planner_transitions import _all
+
+pytestmark = pytest.mark.integration  # seconds, in-process
 
 MODEL = MODELS["A100-SXM4-80GB"]
 OWNERS = (None, "a", "b")

@@ -60,6 +60,7 @@ def placements_for(model_key: str, counts: dict[str, int]) -> list[tuple[int, Pl
 
 
 @pytest.mark.parametrize("fleet", ["single-a100", "dgx-a100-40gb", "single-h100", "hgx-h200"])
+@pytest.mark.integration
 def test_every_feasible_multiset_can_be_created(fleet: str, memory_backend: Any) -> None:
     backend, store = memory_backend(fleet)
     model_key = store.read().gpus[0].model
@@ -135,6 +136,7 @@ def test_overlap_cap_and_mode_errors(make_backend: Any) -> None:
     assert e.value.code == E.NVML_ERROR_INVALID_ARGUMENT
 
 
+@pytest.mark.integration
 def test_in_use_rules_and_reset(make_backend: Any) -> None:
     backend, store, _ = make_backend("single-a100", mig_enabled=True)
     gi = backend.create_gpu_instance(0, 9, Placement(0, 4))
@@ -243,6 +245,7 @@ def test_gpu_lost(make_backend: Any) -> None:
     assert e.value.code == E.NVML_ERROR_GPU_IS_LOST
 
 
+@pytest.mark.integration
 def test_crash_mid_apply_keeps_landed_changes(make_backend: Any) -> None:
     _, store, path = make_backend("single-a100", mig_enabled=True)
     world.crash_after_mutations(store, 2)
@@ -260,6 +263,7 @@ def test_crash_mid_apply_keeps_landed_changes(make_backend: Any) -> None:
     assert [gi.start for gi in store.read().gpus[0].gis] == [0, 1]
 
 
+@pytest.mark.integration
 def test_state_shared_with_fake_nvidia_smi(make_backend: Any) -> None:
     backend, store, path = make_backend("mixed", mig_enabled=True)
     gi = backend.create_gpu_instance(2, 9, Placement(4, 4))

@@ -128,6 +128,7 @@ def _holder(state: Path) -> subprocess.Popen[str]:
     return p
 
 
+@pytest.mark.integration
 def test_ampere_mode_change_immediate_when_idle_in_use_when_held(node: Any) -> None:
     backend, store, _ = node("single-a100", mig=False)
     assert backend.set_mig_mode(0, True) is True  # bare metal, idle: the driver resets the GPU itself
@@ -146,6 +147,7 @@ def test_ampere_mode_change_immediate_when_idle_in_use_when_held(node: Any) -> N
     assert not backend.gpu(0).mig_current
 
 
+@pytest.mark.integration
 def test_passthrough_vm_needs_reset(node: Any) -> None:
     backend, _, _ = node("a100-vm", mig=False)
     assert N.nvmlDeviceSetMigMode(N.nvmlDeviceGetHandleByIndex(0), 1) == N.NVML_ERROR_RESET_REQUIRED
@@ -155,6 +157,7 @@ def test_passthrough_vm_needs_reset(node: Any) -> None:
     assert backend.gpu(1).mig_current
 
 
+@pytest.mark.integration
 def test_events_and_gpm_survive_a_reset(node: Any) -> None:
     backend, store, lib = node("a100-vm", mig=False)
     assert backend.wait_event(10) is None  # registers the event set
@@ -258,6 +261,7 @@ def test_answers_match_a_recorded_real_h100(node: Any) -> None:
         assert [[p.start, p.size] for p in buf] == placements, pid
 
 
+@pytest.mark.integration
 def test_a_forked_child_checks_its_own_memory(node: Any) -> None:
     """The crash matrix forks appliers: pointers into memory only the child has must be accepted."""
     node("single-a100")
@@ -331,6 +335,7 @@ def _rows(text: str) -> list[list[str]]:
     return [a + b for a, b in zip(body[::2], body[1::2], strict=True)]
 
 
+@pytest.mark.integration
 def test_fake_nvidia_smi_lists_profiles_as_a_real_h100_did(tmp_path: Path) -> None:
     state = tmp_path / "h.json"
     smi = [sys.executable, "-m", "migd.sim.cli", "exec", "--sim-state", str(state), "--sim", "single-h100", "--",
@@ -341,6 +346,7 @@ def test_fake_nvidia_smi_lists_profiles_as_a_real_h100_did(tmp_path: Path) -> No
     assert lgipp.split() == (FIXTURES / "h100-sxm5-580.159.04-lgipp.txt").read_text().split()
 
 
+@pytest.mark.integration
 def test_listing_survives_an_instance_vanishing_underneath(node: Any) -> None:
     """Another process may destroy a MIG device between enumeration and query (its handle is then
     invalid, nvml.h): the listing re-enumerates instead of failing `migctl status` mid-apply."""

@@ -21,6 +21,8 @@ from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
 from tests.helpers import MIGCTL, PROFILES, REPO, Migctl
 
+pytestmark = pytest.mark.integration  # migd-sim as a program, real migd daemons
+
 
 def sim(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if k not in ("MIGD_SIM", "MIGD_SIM_STATE")}

@@ -19,6 +19,8 @@ from migd.sim.entry_board import pynvml_names
 from migd.sim.state import StateStore
 from tests.helpers import PROFILES, Migctl
 
+pytestmark = pytest.mark.integration  # nvidia-smi, gpustat, nvitop as programs
+
 
 def test_every_function_pynvml_wraps_resolves(tmp_path: Path) -> None:
     from migd.sim.backend import load_library

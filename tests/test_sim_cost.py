@@ -59,6 +59,7 @@ def h100(tmp_path: Path) -> Iterator[NvmlBackend]:
     backend.close()
 
 
+@pytest.mark.integration
 def test_the_state_is_read_again_only_after_a_write(h100: NvmlBackend, monkeypatch: pytest.MonkeyPatch) -> None:
     reads = []
     path = str(lib().store.path)
@@ -101,6 +102,7 @@ def test_a_page_found_readable_is_not_probed_again(h100: NvmlBackend, monkeypatc
     assert len(probes) - n < 10
 
 
+@pytest.mark.integration
 def test_an_idle_event_wait_sleeps_until_another_process_writes(h100: NvmlBackend,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     looks = []

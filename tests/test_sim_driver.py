@@ -26,6 +26,8 @@ from migd.sim.fleets import FLEET_MINORS
 from migd.sim.state import StateStore
 from tests.helpers import PROFILES, Migctl, need_root
 
+pytestmark = pytest.mark.integration  # nvidia-modprobe's helper, forked users
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 RECORDED = FIXTURES / "h100-sxm5-580.159.04-driver-files.txt"
 USER, GROUP = 61011, 61011  # an ordinary user (no passwd entry needed: the kernel checks numbers)

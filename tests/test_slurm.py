@@ -24,6 +24,8 @@ from migd.sim.state import StateStore
 from tests.helpers import PROFILES
 from tests.slurm_node import DAY_LAYOUT, NIGHT, NIGHT_LAYOUT, Node
 
+pytestmark = pytest.mark.integration  # a real Slurm cluster
+
 
 def test_a_running_job_is_not_killed_and_the_switch_waits_for_it(node: Node) -> None:
     c = node.cluster

@@ -9,12 +9,16 @@ import re
 import time
 from datetime import timedelta
 
+import pytest
+
 from migd.api.demand import Source
 from migd.ctl.text import daemon_table
 from migd.daemon.clock import Clock
 from migd.metrics.daemonstate import demand_families
 from migd.slurm.want import Want
 from tests.slurm_node import DAY_LAYOUT, NIGHT, NIGHT_LAYOUT, Node, pair_node  # noqa: F401  (a fixture)
+
+pytestmark = pytest.mark.integration  # a real Slurm cluster
 
 
 def demand(mode: str = "on", planner: str = "gpu1", interval: str = "1s", lease: str = "1h",

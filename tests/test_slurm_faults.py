@@ -30,6 +30,8 @@ from migd.sim.state import StateStore
 from tests.helpers import PROFILES
 from tests.slurm_node import CONFIG, DAY_LAYOUT, NIGHT, NIGHT_LAYOUT, Node
 
+pytestmark = pytest.mark.integration  # a real Slurm cluster
+
 ASKS = [("--gres=gpu:1g.10gb:1",), ("--gpus=1g.10gb:1",), ("--gpus-per-node=1g.10gb:1",),
         ("--gpus-per-task=1g.10gb:1", "--ntasks=1")]  # (sbatch: --gpus-per-task needs -n)
 

@@ -26,6 +26,8 @@ from tests.slurm_cluster import SlurmCluster, skip_without_slurm
 from tests.slurm_node import CATALOG
 from tests.slurm_node import CONFIG as SLURM_NODE_CONFIG
 
+pytestmark = pytest.mark.integration  # a real Slurm cluster, real migd daemons
+
 NAMES = ("gpu1", "gpu2", "gpu3")
 CONFIG = SLURM_NODE_CONFIG.format(day_at="08:30", days="mon-fri") + "reconcile_interval: 1s\n"
 DEMAND = "  demand:\n    mode: on\n    planner: gpu1\n    candidates: [day, night]\n    interval: 1s\n    lease: 1h\n"

@@ -25,6 +25,8 @@ from migd.slurm.queue import read_queue
 from migd.slurm.slurmconf import SlurmSettings
 from migd.slurm.want import Want
 
+pytestmark = pytest.mark.integration  # Slurm's commands faked as programs
+
 NOW = 1795671590.0
 MS_UNTIL = "1795678790000"  # until= in milliseconds: 13 digits
 REASON = b"Reason=maintenance caf\xe9 (Latin-1) [root@2026-11-27T10:00:00]"

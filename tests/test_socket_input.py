@@ -19,6 +19,8 @@ from migd.paths import status_socket
 from tests.daemon_harness import MigdProcess
 from tests.helpers import PROFILES, Migctl
 
+pytestmark = pytest.mark.integration  # real migd daemons, migctl as a program
+
 DEEP = 50_000
 
 BAD_REQUESTS = {

@@ -13,6 +13,8 @@ import pytest
 
 from tests.helpers import MIGCTL, PROFILES
 
+pytestmark = pytest.mark.integration  # migctl as a program
+
 
 def _migctl(env_tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "TMPDIR": str(env_tmp)}

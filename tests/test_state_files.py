@@ -104,6 +104,7 @@ def _status(m: Migctl) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize("case", sorted(OWNERS))
+@pytest.mark.integration
 def test_a_misshapen_owners_file_is_ignored_with_a_named_field(tmp_path: Path, case: str) -> None:
     m = Migctl(tmp_path, "single-a100")
     assert m("apply", "--local", str(PROFILES / "balanced.yaml")).code == 0
@@ -123,6 +124,7 @@ JOURNALS = {
 
 
 @pytest.mark.parametrize("case", sorted(JOURNALS))
+@pytest.mark.integration
 def test_a_misshapen_journal_is_reported_by_status_not_raised(tmp_path: Path, case: str) -> None:
     field, entry_change = JOURNALS[case]
     m = Migctl(tmp_path, "single-a100")
@@ -159,6 +161,7 @@ def _override(until: object, since: object = "2026-11-23T01:00:00+00:00") -> dic
     ("2026-11-23T19:00:00+00:00", 1732300000, "since"),
     ("tomorrow", "2026-11-23T01:00:00+00:00", "until"),
 ])
+@pytest.mark.integration
 def test_migd_starts_over_a_hand_edited_override(migd: MigdProcess, until: object, since: object,
                                                  field: str) -> None:
     """An override whose ``until`` had no offset crashed migd's start with a traceback (a restart loop)."""

@@ -250,6 +250,7 @@ def mine(t: Tree, uid: int, gid: int, fmt: str = "table", real_uid: int | None =
 A, B = "GPU 0 GI 3 CI 0 2g.10gb", "GPU 0 GI 9 CI 0 1g.5gb"
 
 
+@pytest.mark.integration
 def test_all_four_present_and_permitted(tree: Tree) -> None:
     a, b, root = mine(tree, USER_A, TEAM_A), mine(tree, USER_B, TEAM_B), mine(tree, 0, 0)
     assert (a.code, a.devices, a.err) == (0, [A], ""), a
@@ -261,6 +262,7 @@ def test_all_four_present_and_permitted(tree: Tree) -> None:
     assert [i["gi_id"] for i in doc["gpus"][0]["instances"]] == [3]
 
 
+@pytest.mark.integration
 def test_the_gpus_node_is_its_device_minors_and_refuses(tree: Tree) -> None:
     tree.node(tree.paths.gpu_node(GPU_MINOR), (NV_MAJOR, GPU_MINOR), VIDEO, 0o660)
     a = mine(tree, USER_A, TEAM_A)
@@ -273,6 +275,7 @@ def test_the_gpus_node_is_its_device_minors_and_refuses(tree: Tree) -> None:
         "1 in /proc/driver/nvidia/params): open to you" in a.err, a
 
 
+@pytest.mark.integration
 def test_nvidiactl_absent(tree: Tree) -> None:
     tree.paths.ctl_node.unlink()
     tree.params(1)
@@ -286,6 +289,7 @@ def test_nvidiactl_absent(tree: Tree) -> None:
         assert said.code == 1 and said.devices == [] and "nobody can open it, not even root" in said.err, said
 
 
+@pytest.mark.integration
 def test_a_capability_node_absent(tree: Tree) -> None:
     for name in (GI_A, CI_A):
         tree.cap(name).unlink()
@@ -302,6 +306,7 @@ def test_a_capability_node_absent(tree: Tree) -> None:
             "(DeviceFileModify 0 in its /proc file): nobody can open it, not even root" in said.err, said
 
 
+@pytest.mark.integration
 def test_an_existing_node_is_judged_as_nvidia_modprobe_will_leave_it(tree: Tree) -> None:
     """``DeviceFileModify`` 1: the node's mode now is not what the next CUDA program meets."""
     tree.proc(GI_B, 1, 0o400)  # B's GI is open to team B now; nvidia-modprobe will make it root's alone
@@ -311,6 +316,7 @@ def test_an_existing_node_is_judged_as_nvidia_modprobe_will_leave_it(tree: Tree)
         in b.err, b
 
 
+@pytest.mark.integration
 def test_nvidia_modprobe_acts_only_for_a_real_uid_that_may_read_the_proc_file(tree: Tree) -> None:
     tree.cap(GI_A).unlink()
     tree.proc(GI_A, 1, file_mode=0o400)
@@ -320,6 +326,7 @@ def test_nvidia_modprobe_acts_only_for_a_real_uid_that_may_read_the_proc_file(tr
     assert said.code == 1 and "your real uid may not read its /proc file" in said.err, said
 
 
+@pytest.mark.integration
 def test_a_symlink_or_a_file_at_a_capability_node(tree: Tree) -> None:
     tree.cap(GI_A).unlink()
     tree.cap(GI_A).symlink_to(tree.cap(GI_B).name)  # to a node B may open, and A may not: never followed
@@ -340,6 +347,7 @@ def test_a_symlink_or_a_file_at_a_capability_node(tree: Tree) -> None:
 
 
 @pytest.mark.parametrize("unreadable", ["information", "mig-minors", "proc-cap", "params", "no-driver"])
+@pytest.mark.integration
 def test_the_drivers_files_unreadable(tree: Tree, unreadable: str) -> None:
     p = tree.paths
     path = {"information": p.gpu_information("00000000:07:00.0"), "mig-minors": p.mig_minors,
@@ -358,6 +366,7 @@ def test_the_drivers_files_unreadable(tree: Tree, unreadable: str) -> None:
     assert mine(tree, 0, 0).code == (4 if unreadable == "no-driver" else 0)  # root reads them
 
 
+@pytest.mark.integration
 def test_the_proc_interface_where_the_capability_is_the_file(tree: Tree) -> None:
     """``nv_cap_enable_devfs`` 0: the /proc file is opened as it stands (regular files, as the driver's)."""
     tree.write(tree.paths.devfs_param, "0\n")

@@ -31,6 +31,7 @@ def test_unit_essentials() -> None:
     assert svc["ExecReload"].startswith("/bin/kill -HUP")
 
 
+@pytest.mark.integration
 def test_systemd_analyze_verify(tmp_path: Path) -> None:
     """The unit and its Slurm drop-in verify clean with ExecStart where the README's install puts migd
     (/opt/migd, here a temp dir holding the installed console script)."""
@@ -130,6 +131,7 @@ def _install_blocks() -> list[str]:
     return re.findall(r"```sh\n(.*?)```", section, re.S)
 
 
+@pytest.mark.integration
 def test_the_readme_install_steps_run_and_the_unit_verifies(tmp_path: Path) -> None:
     """The README's install steps, as written (less `sudo` and `systemctl`), in a private mount namespace
     whose /etc, /opt and /usr/local are overlays: the venv, the unit, the drop-in and /etc/migd are
