@@ -31,7 +31,8 @@ from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
 from tests.helpers import PROFILES, migctl_as, need_root
 
-pytestmark = pytest.mark.integration  # real migd daemons, forked users
+# real migd daemons, forked users; the group "caps": tests/conftest.py
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("caps")]
 
 USER_A, USER_B = 61001, 61002  # no passwd entry needed: the kernel checks numbers
 

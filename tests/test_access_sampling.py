@@ -39,7 +39,8 @@ from tests.daemon_harness import MigdProcess
 from tests.helpers import PROFILES, need_root
 from tests.test_access import USER_A, USER_B, caps_node, devices, node_modes, start_day, through_migd, two_groups
 
-pytestmark = pytest.mark.integration  # a real migd, forked users
+# a real migd, forked users; the group "caps": tests/conftest.py
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("caps")]
 
 OUTSIDER, SNEAKER = 61003, 61004  # no team: one opens the nodes, the other runs CUDA programs (nvidia-modprobe)
 PERIOD_S = 0.01  # one round of every instance per user, about a hundred a second

@@ -36,7 +36,8 @@ from migd.yamlsrc import load
 from tests.helpers import PROFILES, Migctl, need_root
 from tests.test_access import two_groups
 
-pytestmark = pytest.mark.integration  # forked users, nvidia-modprobe's helper
+# forked users, nvidia-modprobe's helper; the group "caps": tests/conftest.py
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("caps")]
 
 
 @pytest.fixture

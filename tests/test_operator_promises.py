@@ -206,7 +206,8 @@ def test_local_apply_is_refused_beside_a_running_daemon(migd: MigdProcess) -> No
     assert r.returncode == 2 and r.stdout == "", r
     assert r.stderr.startswith("error: --local: migd is running") and "--force-local" in r.stderr, r.stderr
     assert migd.migctl.layout() == before
-    forced = migctl(migd, "apply", str(PROFILES / "night.yaml"), "--force-local")
+    # (migd's pass, every second here, holds the apply lock while it reads the GPUs)
+    forced = migctl(migd, "apply", str(PROFILES / "night.yaml"), "--force-local", "--lock-timeout", "60")
     assert forced.returncode == 0 and forced.stderr.startswith("warning: --force-local: migd is running"), forced
     migd.wait_until(lambda: migd.migctl.layout() == before, timeout=30)  # migd reconciles, and says it was drift
     log = migd.log.read_text()

@@ -26,7 +26,8 @@ from migd.sim.fleets import FLEET_MINORS
 from migd.sim.state import StateStore
 from tests.helpers import PROFILES, Migctl, need_root
 
-pytestmark = pytest.mark.integration  # nvidia-modprobe's helper, forked users
+# nvidia-modprobe's helper, forked users; the group "caps": tests/conftest.py
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("caps")]
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 RECORDED = FIXTURES / "h100-sxm5-580.159.04-driver-files.txt"

@@ -43,6 +43,8 @@ from migd.hardware.caps import modprobe_fields as fields
 from migd.wire import from_json
 from tests.helpers import GOLDEN, Migctl, need_root
 
+pytestmark = pytest.mark.xdist_group("caps")  # its users open simulated capability nodes: conftest.py
+
 FIXTURES = Path(__file__).parent / "fixtures"
 USER_A, USER_B = 61001, 61002  # no passwd entry needed: the kernel checks numbers
 TEAM_A, TEAM_B, VIDEO = 61101, 61102, 61103  # groups by number (the notes print them as numbers)
