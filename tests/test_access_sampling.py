@@ -131,6 +131,17 @@ class Samplers:
                 with self._lock:
                     self.reaches.append(Reach(uid, (int(g), int(gi), int(ci)), float(t0), float(t1)))
 
+    def seen(self, user: int, since: float) -> bool:
+        """Whether ``user`` reached an instance in a look that began at ``since`` or later."""
+        with self._lock:
+            return any(r.user == user and r.t0 >= since for r in self.reaches)
+
+    def look_settled(self, m: MigdProcess, owner: int, since: float) -> None:
+        """The samplers' look at a settled state: the owner's reach after ``since`` (on a loaded machine
+        half a second could pass without one), and half a second more of everyone's tries."""
+        m.wait_until(lambda: self.seen(owner, since), timeout=60)
+        time.sleep(0.5)
+
     def stop(self) -> list[Reach]:
         for pid in self._pids:
             os.kill(pid, signal.SIGKILL)
@@ -176,18 +187,18 @@ def _settled(root: Path, gid: int, count: int) -> bool:
 
 def test_no_user_ever_reaches_another_teams_instance(
         sampled: tuple[MigdProcess, Path, Samplers], teams: tuple[grp.struct_group, grp.struct_group]) -> None:
-    m, root, samplers = sampled
-    a, b = teams
+    (m, root, samplers), (a, b) = sampled, teams
     marks = [("A", time.monotonic())]  # (the team that owns everything from here on, since when)
+    users = {"A": USER_A, "B": USER_B}
 
     def move(to: str, gid: int, count: int, *request: str) -> None:
         marks.append(("moving", time.monotonic()))
         assert through_migd(m, root, *request) == 0
         m.wait_until(lambda: _settled(root, gid, count), timeout=60)
         marks.append((to, time.monotonic()))
-        time.sleep(0.5)  # the samplers' look at the settled state
+        samplers.look_settled(m, users[to], marks[-1][1])
 
-    time.sleep(0.5)
+    samplers.look_settled(m, USER_A, marks[0][1])
     # 1. day (notebooks: A) -> night (training: B): other instances, another team
     move("B", b.gr_gid, 1, "apply", str(PROFILES / "night.yaml"))
     # 2. a reload gives training's instances to A's group
@@ -200,7 +211,6 @@ def test_no_user_ever_reaches_another_teams_instance(
                           .replace("name: night", "name: night-inference"))
     move("B", b.gr_gid, 1, "apply", str(relabelled))
     reaches = samplers.stop()
-    users = {"A": USER_A, "B": USER_B}
 
     def phase(t: float) -> str:  # (before the first mark: day, settled as A's before the samplers began)
         return ([who for who, since in marks if since <= t] or ["A"])[-1]

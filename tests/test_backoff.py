@@ -49,6 +49,7 @@ class Sample:
 
     before: int
     after: int
+    began: float  # time.time() before the first read
     at: float  # time.time() after the second read
     gpu: dict[str, Any]
     attempts: int
@@ -86,10 +87,19 @@ def _attempts(doc: dict[str, Any]) -> int:
 
 
 def _sample(migd: MigdProcess, store: StateStore) -> Sample:
+    began = time.time()
     before = store.read().mutations
     doc = _daemon(migd)
     after = store.read().mutations
-    return Sample(before, after, time.time(), doc["gpus"].get("0", {}), _attempts(doc))
+    return Sample(before, after, began, time.time(), doc["gpus"].get("0", {}), _attempts(doc))
+
+
+def _between_tries(s: Sample) -> bool:
+    """Both reads after the failed attempt the status names ended and before its next try began.  (A look
+    that began during the attempt can read its last mutations first and its end in the status: under
+    load the status took long enough to straddle it.)"""
+    failed_at, next_try = s.gpu.get("failed_at"), s.gpu.get("next_try")
+    return failed_at is not None and next_try is not None and failed_at <= s.began and s.at < next_try
 
 
 def _start_failing(migd: MigdProcess) -> StateStore:
@@ -111,13 +121,13 @@ def _watch(migd: MigdProcess, store: StateStore, seconds: float = WINDOW_S) -> l
 
 def _check_window(samples: list[Sample]) -> None:
     """A handful of attempts, the GPU "failed" (never "drifted") with its next try, and no mutation while
-    it waits: two looks at the same failed attempt, both before its next try, saw the same count."""
+    it waits: two looks at the same failed attempt, both after it and before its next try, saw the same count."""
     attempts = samples[-1].attempts - samples[0].attempts + 1
     assert 2 <= attempts <= MOST, f"{attempts} attempts in {WINDOW_S}s at {SCALE}x"
     assert {s.gpu["state"] for s in samples} == {"failed"}, {s.gpu["state"] for s in samples}
     waiting: dict[int, set[int]] = {}
     for s in samples:
-        if s.gpu.get("next_try") and s.at < s.gpu["next_try"]:
+        if _between_tries(s):
             waiting.setdefault(s.gpu["failures"], set()).update((s.before, s.after))
     assert len(waiting) >= 2 and all(len(seen) == 1 for seen in waiting.values()), waiting
     first, last = samples[0], samples[-1]  # each attempt counted once, in the GPU's state as in apply_count

@@ -4,6 +4,7 @@ thread under load, and at once for a lone scrape after a pause."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -21,9 +22,11 @@ class Counting(Collector):
         self.name = name
         self.renders = 0
         self.value = 0.0
+        self.threads: list[str] = []  # the thread of each rendering
 
     def collect(self) -> Iterator[Metric]:
         self.renders += 1
+        self.threads.append(threading.current_thread().name)
         yield GaugeMetricFamily(self.name, "test", value=self.value)
 
 
@@ -66,14 +69,16 @@ def test_the_snapshot_part_is_rendered_once_per_snapshot_and_ahead_while_scraped
 @pytest.mark.integration
 def test_the_live_part_follows_under_load_and_is_fresh_after_a_pause() -> None:
     exp, _, live, _ = _exposition()
-    exp.live_max_age_s, exp.live_stale_s = 0.1, 1.0  # the defaults (1 s, 3 s) scaled down
+    # The defaults (1 s, 3 s) scaled down; stale only after a minute at first, so that on a loaded machine
+    # a slow thread is waited for, not overtaken by a scrape rendering it itself.
+    exp.live_max_age_s, exp.live_stale_s = 0.1, 60.0
     assert b"live 0.0" in exp.render()
     live.value = 7  # a counter the fault watch raised shows without a new snapshot ...
     time.sleep(exp.live_max_age_s + 0.05)
-    deadline = time.monotonic() + exp.live_stale_s
     while b"live 7.0" not in exp.render():  # ... rendered in a thread while scrapes keep coming
-        assert time.monotonic() < deadline
         time.sleep(0.01)
+    assert live.threads[:2] == [threading.current_thread().name, "migd-render"], live.threads
+    exp.live_stale_s = 1.0
     live.value = 9
     time.sleep(exp.live_stale_s + 0.05)
     assert b"live 9.0" in exp.render()  # a lone scrape after a quiet spell gets it at once

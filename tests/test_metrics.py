@@ -105,13 +105,12 @@ def test_scrape_never_calls_nvml_nor_waits_for_an_apply(fleet: Any) -> None:
     def apply_in_progress() -> None:
         with lock:
             held.set()
-            release.wait(10)
+            release.wait(60)  # (bounds a hang only: the scrape below answers while this holds the lock)
     t = threading.Thread(target=apply_in_progress)
     t.start()
-    held.wait(5)
-    t0 = time.monotonic()
+    assert held.wait(60)
     s = samples(registry)
-    assert time.monotonic() - t0 < 1.0
+    assert t.is_alive()  # the apply still holds the lock: the scrape answered without waiting for it
     assert "migd_instance_info" in s and not errors.snapshot()
     release.set()
     t.join()

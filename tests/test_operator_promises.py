@@ -11,10 +11,13 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -448,6 +451,13 @@ def test_status_names_the_mode_after_a_reset_for_what_it_is(tmp_path: Path) -> N
     assert m("status").out.splitlines()[1].endswith("MIG disabled (enabled after the next reset)")
 
 
+def _minutes_ahead(migd: MigdProcess, minutes: int) -> datetime:
+    """migd's clock (``--now``, ``--time-scale``) ``minutes`` ahead of now, on a whole minute, in KST."""
+    clock = migd.daemon_doc()["clock"]
+    now = datetime.fromisoformat(clock["at"]) + timedelta(seconds=(time.time() - clock["real"]) * clock["scale"])
+    return (now + timedelta(minutes=minutes + 1)).astimezone(ZoneInfo("Asia/Seoul")).replace(second=0, microsecond=0)
+
+
 def test_a_reload_that_adds_an_earlier_transition_ends_a_manual_hold_then(migd: MigdProcess) -> None:
     """The hold lasts until the next transition of the schedule as it is now: a SIGHUP that adds an
     earlier one used to show it as next while the hold stayed until 19:00."""
@@ -457,17 +467,20 @@ def test_a_reload_that_adds_an_earlier_transition_ends_a_manual_hold_then(migd: 
                   str(PROFILES / "night.yaml")).returncode == 0
     doc = migd.control({"cmd": "status"})["daemon"]
     assert doc["active"]["until"] == "2026-11-23T10:00:00+00:00"  # 19:00 KST
+    # Counted from migd's clock as it reads now, not from --now: on a loaded machine the start and the
+    # apply took three seconds (three minutes on this clock), and a 10:03 transition had already passed.
+    at = _minutes_ahead(migd, 15)
+    until = at.astimezone(timezone.utc).isoformat()
     text = migd.config.read_text()
     migd.config.write_text(text.replace('  - {profile: day,   at: "08:30", days: mon-fri}',
                                         '  - {profile: day,   at: "08:30", days: mon-fri}\n'
-                                        '  - {profile: day,   at: "10:03", days: mon-fri}'))
+                                        f'  - {{profile: day,   at: "{at:%H:%M}", days: mon-fri}}'))
     migd.signal(signal.SIGHUP)
-    migd.wait_until(lambda: migd.control({"cmd": "status"})["daemon"]["active"]["until"] ==
-                    "2026-11-23T01:03:00+00:00")
+    migd.wait_until(lambda: migd.control({"cmd": "status"})["daemon"]["active"]["until"] == until)
     migd.wait_until(lambda: migd.control({"cmd": "status"})["daemon"]["active"]["reason"] == "schedule", 60)
     migd.wait_until(lambda: migd.assert_profile("day"), 30)
     assert not (migd.migctl.state_dir / "override.json").exists()
-    assert "now holds until 2026-11-23T01:03:00+00:00 (the schedule changed)" in migd.log.read_text()
+    assert f"now holds until {until} (the schedule changed)" in migd.log.read_text()
 
 
 def test_migd_applies_a_profile_from_a_home_it_cannot_see(migd: MigdProcess, tmp_path: Path) -> None:
