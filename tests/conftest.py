@@ -42,8 +42,8 @@ def _unit_message(item: pytest.Item, how: str) -> str:
 # thing a simulated node cannot have of its own: the device numbers of its capability nodes (real
 # character devices, the same major and minors on every simulated node), and migd finds who holds an
 # instance's node by its number in all of /proc, as on a real node.  The tests that boot capability
-# nodes, open them or run migd with access by owner are one group, run by one worker one after another:
-# pytestmark = pytest.mark.xdist_group("caps").
+# nodes, open them or run migd with access by owner (the sampled crash matrix's owner changes too) are one
+# group, run by one worker one after another: pytestmark = pytest.mark.xdist_group("caps").
 
 # The simulator's event wait finds libc once per process (ctypes.util.find_library runs ldconfig): that
 # one child starts here, not in whichever unit test first waits for an event.

@@ -36,6 +36,7 @@ MUTATING = ["nvmlDeviceSetMigMode", "nvmlDeviceCreateGpuInstanceWithPlacement",
 
 
 @pytest.mark.timeout(600)  # (its crash matrix may take the 600 s it is given)
+@pytest.mark.xdist_group("caps")  # its owner changes boot capability nodes: tests/conftest.py
 def test_crash_at_sampled_steps() -> None:
     """A sample of the crash matrix; .ci/run runs every step (bench/crash_matrix.py)."""
     p = subprocess.run([sys.executable, str(REPO / "bench" / "crash_matrix.py"), "--sample", "64", "--json"],
