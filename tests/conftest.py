@@ -3,6 +3,7 @@ from __future__ import annotations
 import _posixsubprocess
 import contextlib
 import os
+import signal
 import subprocess
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
@@ -44,6 +45,11 @@ def _unit_message(item: pytest.Item, how: str) -> str:
 # instance's node by its number in all of /proc, as on a real node.  The tests that boot capability
 # nodes, open them or run migd with access by owner (the sampled crash matrix's owner changes too) are one
 # group, run by one worker one after another: pytestmark = pytest.mark.xdist_group("caps").
+
+# A suite started in the background of a script (`pytest &`, nohup) inherits SIGINT ignored, and so would
+# every migctl it starts: the tests of Ctrl-C (migctl's cancel) need it delivered, however pytest was run.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # The simulator's event wait finds libc once per process (ctypes.util.find_library runs ldconfig): that
 # one child starts here, not in whichever unit test first waits for an event.
