@@ -1,147 +1,30 @@
-"""The policies bench/demand.py compares, all from one configuration (a migd.yaml: its profiles, its
-schedule and ``slurm.demand.candidates``), so a what-if weighs exactly the layouts a site has.
-
-- ``clock``: the configured schedule, by the calendar from the trace's start date;
-- ``greedy``, in the manner of nebuly's nos: each node in turn takes the whole candidate that fits the
-  most pending jobs; no drain cost, no hysteresis;
-- ``migd``: migd.demand.rule over every per-GPU mix of the candidates, learning run times per account
-  from the jobs it sees end, as the planner does;
-- a fixed mix: each node keeps one layout (a candidate or a per-GPU mix) for the whole trace.
-"""
+"""The policies bench/demand.py compares: migd/whatif/policies.py (``clock``, ``greedy``, ``migd``, a
+fixed mix), their names importable from here.  What is the bench's own: a configuration read from any
+path (the bench runs as any user, from any checkout) on a simulated fleet's node (``--fleet``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
-
-from demand_model import Cluster, Node
-from demand_trace import DAY
 
 from migd.catalog.models import MODELS
 from migd.daemon.config import Config, load_config
-from migd.daemon.schedule import Schedule
-from migd.demand.capacity import node_layout
-from migd.demand.inputs import Layout, NodeView, Pending, Running, Snapshot
-from migd.demand.mix import Candidates
-from migd.demand.rule import Params, decide
-from migd.demand.runtime import RunTimes
 from migd.sim.fleets import FLEETS
+from migd.whatif import policies as _policies
+from migd.whatif.policies import GREEDY_LOOK, Policy, clock, cluster, fixed, greedy, migd
 
-GREEDY_LOOK = 500  # pending jobs per type the greedy rule tries to fit (a node fits at most 56)
-Policy = Callable[[float, Cluster], Mapping[str, Layout]]
+__all__ = ["GREEDY_LOOK", "Policy", "Setup", "clock", "cluster", "fixed", "greedy", "migd"]
 
 
-@dataclass(frozen=True)
-class Setup:
-    """The layouts of one configuration resolved on a node of ``fleet``, and its schedule."""
-
-    candidates: Candidates
-    mixes: Mapping[str, Layout]  # every candidate and per-GPU mix of them, by name: what migd may choose
-    layouts: Mapping[str, Layout]  # those and the schedule's profiles
-    schedule: Schedule
-    start: datetime  # the trace's second 0, in the configuration's time zone
-    params: Params
-    gpus: int
+class Setup(_policies.Setup):
+    """migd/whatif/policies.py's Setup, loaded from a configuration file for a simulated fleet."""
 
     @classmethod
     def load(cls, config: Path, fleet: str, start: datetime, waves: int) -> Setup:
-        cfg = _config(config)
         models = [MODELS[k] for k in FLEETS[fleet]]
-        demand = cfg.slurm.demand if cfg.slurm is not None else None
-        if demand is None:
-            raise ValueError(f"{config}: needs slurm.demand.candidates (the layouts a node may take)")
-        cands = Candidates.resolve(cfg.profiles, demand.candidates, models)
-        mixes = cands.layouts()
-        layouts = dict(mixes)
-        for e in cfg.schedule.entries:
-            layouts.setdefault(e.profile, node_layout(cfg.profiles[e.profile], models))
-        params = replace(demand.params, max_in_maintenance=waves)
-        return cls(cands, mixes, layouts, cfg.schedule, start.replace(tzinfo=cfg.timezone), params, len(models))
-
-    def scheduled(self, now: float) -> Layout:
-        entry = self.schedule.active(self.start + timedelta(seconds=now))
-        return self.layouts[entry.profile if entry else self.candidates.names[0]]
+        return cls.of(_config(config), models, start, waves, where=str(config))
 
 
 def _config(path: Path) -> Config:
     """The configuration as migd reads it (its text: the bench runs as any user, from any checkout)."""
     return load_config(path, path.read_text())
-
-
-def cluster(setup: Setup, nodes: int, waves: int, initial: list[Layout] | None = None) -> Cluster:
-    first = initial or [setup.scheduled(0.0)] * nodes
-    return Cluster([Node(f"gpu{i:03d}", first[i], 7 * setup.gpus) for i in range(nodes)], setup.layouts,
-                   max_in_maintenance=waves)
-
-
-def clock(setup: Setup) -> Policy:
-    def policy(now: float, c: Cluster) -> dict[str, Layout]:
-        want = setup.scheduled(now)
-        return {n.name: want for n in c.nodes if n.layout.name != want.name and n.target is None}
-    return policy
-
-
-def fixed(now: float, c: Cluster) -> dict[str, Layout]:
-    return {}
-
-
-def greedy(setup: Setup) -> Policy:
-    whole = setup.candidates.names
-
-    def policy(now: float, c: Cluster) -> dict[str, Layout]:
-        """Each node in turn takes the candidate that starts the most still-unclaimed pending jobs."""
-        left = {t: [j.spec.count for j in q[:GREEDY_LOOK]] for t, q in c.pending.items() if q}
-        out: dict[str, Layout] = {}
-        for n in c.nodes:
-            if n.target is not None or n.ready_at is not None:
-                continue
-            here = _fits({t: n.free(t) for t in left}, left)
-            best, fits = None, here[0]
-            for name in whole:
-                trial = _fits({t: setup.layouts[name].count(t) for t in left}, left)
-                if name != n.layout.name and trial[0] > fits:
-                    best, fits = name, trial[0]
-            left = (here if best is None else _fits({t: setup.layouts[best].count(t) for t in left}, left))[1]
-            if best is not None:
-                out[n.name] = setup.layouts[best]
-        return out
-    return policy
-
-
-def _fits(free: Mapping[str, int], left: Mapping[str, list[int]]) -> tuple[int, dict[str, list[int]]]:
-    started, rest = 0, {}
-    for t, counts in left.items():
-        room, keep = free.get(t, 0), []
-        for k in counts:
-            if k <= room:
-                room -= k
-                started += 1
-            else:
-                keep.append(k)
-        rest[t] = keep
-    return started, rest
-
-
-def migd(setup: Setup) -> Policy:
-    learned = RunTimes()
-
-    def policy(now: float, c: Cluster) -> dict[str, Layout]:
-        for j in c.ended:  # (as the planner sees a job it watched run leave Slurm's running set)
-            learned.observe(j.spec.account, j.spec.duration_s, j.spec.time_limit_s)
-        c.ended.clear()
-        snap = Snapshot(tuple(Pending(str(id(j)), j.spec.account, j.spec.gres, j.spec.count, j.spec.time_limit_s,
-                                      age_s=now - j.spec.submit_s) for q in c.pending.values() for j in q),
-                        tuple(_view(n, now) for n in c.nodes if (n.target or n.layout).name in setup.mixes),
-                        learned.ratios())  # (a node in a layout of the schedule's only: skipped, as by the planner)
-        return {ch.node: setup.mixes[ch.new] for ch in decide(snap, setup.mixes, setup.params).changes}
-    return policy
-
-
-def _view(n: Node, now: float) -> NodeView:
-    running = tuple(Running(str(id(j)), j.spec.gres, j.spec.count, (j.start or 0) + j.spec.time_limit_s - now,
-                            j.spec.account, now - j.spec.submit_s, j.spec.time_limit_s) for j in n.running)
-    draining = n.target is not None or n.ready_at is not None
-    return NodeView(n.name, (n.target or n.layout).name, now - n.since, running, draining,
-                    sum(1 for s in n.switches if s > now - DAY), n.history[-1][1].name if n.history else None)

@@ -1,5 +1,6 @@
 """Job traces for bench/demand.py: a trace is its jobs and the date and time its second 0 is (the
-clock policy and the weekday of each job follow the calendar from there).
+clock policy and the weekday of each job follow the calendar from there; ``Trace`` and ``TraceJob``
+are migd/whatif/jobs.py's, as the what-if reads sacct into them).
 
 CSV (with a header): ``submit_s,account,partition,gres,count,duration_s,time_limit_s``; ``gres`` is a
 MIG type (``1g.10gb``), ``count`` the instances the job needs on one node.  A bad row is one line
@@ -9,37 +10,17 @@ naming file, line and field (``TraceError``; the bench exits 2).  Generated trac
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 from migd.demand.inputs import slices_of
+from migd.whatif.jobs import DAY, Trace, TraceJob
 
-DAY = 86400.0
+__all__ = ["DAY", "FIELDS", "Trace", "TraceError", "TraceJob", "read_csv", "write_csv"]
 FIELDS = ["submit_s", "account", "partition", "gres", "count", "duration_s", "time_limit_s"]
 
 
 class TraceError(Exception):
     """One line: file, line, field and what is wrong."""
-
-
-@dataclass(frozen=True)
-class TraceJob:
-    submit_s: float
-    account: str
-    partition: str
-    gres: str
-    count: int
-    duration_s: float
-    time_limit_s: float
-
-
-@dataclass(frozen=True)
-class Trace:
-    name: str
-    jobs: tuple[TraceJob, ...]
-    start: datetime  # second 0 of the trace, in the bench configuration's time zone
-    clock_right: bool = False  # generated so the configured schedule fits it (the clock is the reference)
 
 
 def read_csv(path: Path) -> list[TraceJob]:

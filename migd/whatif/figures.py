@@ -1,0 +1,90 @@
+"""What a replay gives for one policy's run (the what-if and bench/demand.py report it), and the
+targets bench/demand.py checks (docs/demand.md).
+
+Waits: from submission to start, to the model's 30-second step; a job still pending at the end waited
+until then (censored, never dropped), and is counted in ``never_started``.  A reversal is a switch
+that undoes at least half of the same node's previous switch (in slices moved between MIG types,
+migd.demand.mix.moved_back) less than 6 hours after it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from typing import Any
+
+from migd.demand.mix import moved_back
+from migd.whatif.replay import Cluster, Job
+
+REVERSAL_S = 6 * 3600.0
+
+
+def pct(values: list[float], q: int) -> float:
+    if not values:
+        return 0.0
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def measure(c: Cluster, end_s: float, days: float) -> dict[str, Any]:
+    jobs: list[Job] = c.done + [j for n in c.nodes for j in n.running] + [j for q in c.pending.values() for j in q]
+    by_type: dict[str, list[float]] = {}
+    by_account: dict[str, list[float]] = {}
+    for j in jobs:
+        wait = (j.start if j.start is not None else end_s) - j.spec.submit_s
+        by_type.setdefault(j.spec.gres, []).append(wait)
+        by_account.setdefault(j.spec.account, []).append(wait)
+    every = [w for ws in by_type.values() for w in ws]
+    types = {t: round(pct(w, 95)) for t, w in sorted(by_type.items())}
+    worst = max(types.items(), key=lambda kv: (kv[1], kv[0]), default=("-", 0))
+    switches = sum(len(n.history) for n in c.nodes)
+    return {"wait_p50_s": round(pct(every, 50)), "wait_p95_s": round(pct(every, 95)),
+            "worst_type": worst[0], "worst_type_p95_s": worst[1], "p95_by_type_s": types,
+            "jobs_by_type": {t: len(w) for t, w in sorted(by_type.items())},
+            "p95_by_account_s": {a: round(pct(w, 95)) for a, w in sorted(by_account.items())},
+            "never_started": sum(1 for j in jobs if j.start is None), "jobs_killed": c.killed,
+            "changes": switches, "reversals_6h": reversals(c),
+            "reconfigs_per_node_day": round(switches / len(c.nodes) / days, 2),
+            "drain_slice_hours": round(c.drain_slice_s / 3600, 1),
+            "utilization": round(c.busy_slice_s / (sum(n.slices for n in c.nodes) * end_s), 4)}
+
+
+def reversals(c: Cluster) -> int:
+    out = 0
+    for n in c.nodes:
+        for (t0, before, now), (t1, _, after) in zip(n.history, n.history[1:], strict=False):
+            out += t1 - t0 < REVERSAL_S and moved_back(before, now, after)
+    return out
+
+
+def objective(r: Mapping[str, Any]) -> tuple[float, float]:
+    """What the hindsight search minimizes: the larger of the overall and the worst type's p95, then the
+    overall p95 (the two figures the targets weigh)."""
+    return max(r["wait_p95_s"], r["worst_type_p95_s"]), r["wait_p95_s"]
+
+
+def targets(results: Mapping[str, Mapping[str, Any]], clock_right: bool) -> list[tuple[str, bool, str]]:
+    """Each target as (what, met, the figures)."""
+    m, acc, best, clk = results["migd"], results["fixed-accounting"], results.get("fixed-hindsight"), results["clock"]
+    out = [_at_most("p95 <= fixed mix from accounting", m, acc, 1.0)]
+    if clock_right:
+        out.append(_at_most("p95 <= 1.5x clock (the clock is right here)", m, clk, 1.5))
+    elif best is not None:
+        out.append(_at_most("p95 <= 0.85x best fixed mix in hindsight", m, best, 0.85))
+    ratio = m["worst_type_p95_s"] / max(1, m["wait_p95_s"])
+    out.append(("no type's p95 above 3x the overall p95", ratio <= 3,
+                f"{m['worst_type']} {m['worst_type_p95_s']} s = {ratio:.1f}x {m['wait_p95_s']} s"))
+    share = m["reversals_6h"] / max(1, m["changes"])
+    out.append(("under 10% of changes reversed within 6 h", share < 0.10,
+                f"{m['reversals_6h']} of {m['changes']} ({share:.0%})"))
+    out.append(("0 jobs killed", m["jobs_killed"] == 0, str(m["jobs_killed"])))
+    out.append(("at most 4 reconfigurations per node per day", m["reconfigs_per_node_day"] <= 4,
+                f"{m['reconfigs_per_node_day']:.2f}"))
+    return out
+
+
+def _at_most(what: str, m: Mapping[str, Any], ref: Mapping[str, Any], k: float) -> tuple[str, bool, str]:
+    ok = m["wait_p95_s"] <= k * ref["wait_p95_s"] and m["worst_type_p95_s"] <= k * ref["worst_type_p95_s"]
+    return (what + " (all jobs / worst type)", ok, f"{m['wait_p95_s']} / {m['worst_type_p95_s']} s against "
+            f"{k:g} x {ref['wait_p95_s']} / {ref['worst_type_p95_s']} s")

@@ -1,0 +1,32 @@
+"""The jobs a what-if replays: each asks ``count`` instances of one MIG type on one node, for a run
+time under a time limit, at a second of the trace (second 0 being ``Trace.start``).
+
+Read from Slurm's accounting (sacct.py), from the bench's CSV (bench/demand_trace.py) or generated
+(bench/demand_gen.py): one shape, so every source replays through the same model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+DAY = 86400.0
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    submit_s: float
+    account: str
+    partition: str
+    gres: str
+    count: int
+    duration_s: float
+    time_limit_s: float
+
+
+@dataclass(frozen=True)
+class Trace:
+    name: str
+    jobs: tuple[TraceJob, ...]
+    start: datetime  # second 0 of the trace, in the configuration's time zone
+    clock_right: bool = False  # generated so the configured schedule fits it (the clock is the reference)
