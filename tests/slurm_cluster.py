@@ -69,7 +69,7 @@ MailProg=/bin/true
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SlurmdTimeout=30
-{node_lines}{others}PartitionName=main Nodes={nodes} Default=YES MaxTime=INFINITE State=UP
+{settings}{node_lines}{others}PartitionName=main Nodes={nodes} Default=YES MaxTime=INFINITE State=UP
 """
 
 
@@ -96,10 +96,12 @@ class SlurmCluster:
 
     # -- life cycle -------------------------------------------------------------------------------
     def start(self, gres: str | dict[str, str], gres_conf: str, others: tuple[str, ...] = (),
-              catalog: str | None = None) -> None:
+              catalog: str | None = None, cpus: int = 2, settings: str = "") -> None:
         """``others``: more nodes of the partition that never run a slurmd (fleet-wave tests drain them).
         ``catalog``: a FUTURE node of the partition declaring these GRES, so jobs asking for a MIG type
-        no node offers right now are queued rather than refused (docs/demand.md)."""
+        no node offers right now are queued rather than refused (docs/demand.md).  ``cpus``: each node's
+        CPUs= (every job takes one core: more than this host has lets a node run as many jobs as its MIG
+        instances, slurmd told to trust the configuration); ``settings``: more slurm.conf lines."""
         d = self.dir
         key = d / "etc" / "munge.key"
         subprocess.run([self.sbin("mungekey"), "-c", "-k", str(key)], check=True, capture_output=True)
@@ -108,11 +110,13 @@ class SlurmCluster:
                         f"--pid-file={d}/run/munged.pid", f"--log-file={d}/log/munged.log",
                         f"--seed-file={d}/run/munge.seed"], check=True, capture_output=True)
         per = gres if isinstance(gres, dict) else {self.node: gres}
-        node_lines = "".join(f"NodeName={n} NodeAddr=127.0.0.1 Port={_free_port()} CPUs=2 RealMemory=500 "
+        if cpus > 2:
+            settings = "SlurmdParameters=config_overrides\n" + settings
+        node_lines = "".join(f"NodeName={n} NodeAddr=127.0.0.1 Port={_free_port()} CPUs={cpus} RealMemory=500 "
                              f"Gres={per.get(n, '')} State=UNKNOWN\n" for n in self.nodes)
         members = ",".join((*self.nodes, *others, *(["catalog"] if catalog else [])))
         self.conf.write_text(SLURM_CONF.format(host=socket.gethostname(), d=d, ctld_port=_free_port(),
-                                               node_lines=node_lines, nodes=members,
+                                               node_lines=node_lines, nodes=members, settings=settings,
                                                others="".join(f"NodeName={o} NodeAddr=127.0.0.1 CPUs=2 "
                                                               "RealMemory=500 State=UNKNOWN\n" for o in others)
                                                + (f"NodeName=catalog NodeAddr=127.0.0.1 Port={_free_port()} CPUs=2 "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,6 +21,7 @@ from migd.hardware.ports import read_state
 from migd.sim.backend import sim_backend
 from migd.sim.fleets import FLEETS
 from migd.slurm.gres import gres_conf, node_gres, records
+from tests.daemon_harness import MigdProcess
 from tests.helpers import PROFILES, Migctl
 from tests.slurm_cluster import SlurmCluster, skip_without_slurm
 
@@ -123,3 +124,38 @@ def pair_node(tmp_path: Path) -> Iterator[Node]:
     per-GPU mix of the candidates can be wanted, applied and published."""
     with _node(tmp_path, "night", catalog=PAIR_CATALOG, fleet="h100-nvl") as n:
         yield n
+
+
+@contextmanager
+def migd_fleet(tmp_path: Path, layouts: Mapping[str, str], config: str, fleet: str = FLEET, catalog: str = CATALOG,
+               cpus: int = 2, settings: str = "") -> Iterator[tuple[SlurmCluster, dict[str, MigdProcess]]]:
+    """Nodes named as ``layouts``' keys, each a slurmd of one cluster (Slurm's multiple-slurmd mode) and
+    its own migd process (configured with ``config`` and the node's ``slurm:`` section, not started) over
+    its own simulated ``fleet``, whose GPUs hold the node's layout.  Every migd's log is checked for a
+    traceback at the end."""
+    skip_without_slurm()
+    cluster = SlurmCluster(gpus=len(FLEETS[fleet]), nodes=tuple(layouts))
+    migds: dict[str, MigdProcess] = {}
+    try:
+        gres, conf = {}, ""
+        for n, layout in layouts.items():
+            (tmp_path / n).mkdir()
+            m = migds[n] = MigdProcess(tmp_path / n, fleet)
+            assert m.migctl("apply", str(PROFILES / f"{layout}.yaml")).code == 0
+            backend = sim_backend(m.migctl.state, m.fleet)
+            try:
+                recs = records([read_state(backend, g) for g in backend.list_gpus()], backend.minor_number,
+                               read_minors(cluster.minors[n]), cluster.devs[n])
+            finally:
+                backend.close()
+            gres[n], conf = node_gres(recs), gres_conf(n, recs, layout, conf)
+        cluster.start(gres, conf, catalog=catalog, cpus=cpus, settings=settings)
+        for n, m in migds.items():
+            m.config.write_text(config.replace("{slurm}", cluster.slurm_section(1, node=n)))
+            m.config.chmod(0o644)
+        yield cluster, migds
+    finally:
+        for m in migds.values():
+            m.close()
+            assert "Traceback" not in (m.log.read_text() if m.log.exists() else ""), m.log.read_text()[-3000:]
+        cluster.stop()

@@ -15,16 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from migd.hardware.caps import read_minors
-from migd.hardware.ports import read_state
-from migd.sim.backend import sim_backend
-from migd.slurm.gres import gres_conf, node_gres, records
 from migd.slurm.want import Want
 from tests.daemon_harness import MigdProcess
-from tests.helpers import PROFILES
-from tests.slurm_cluster import SlurmCluster, skip_without_slurm
-from tests.slurm_node import CATALOG
+from tests.slurm_cluster import SlurmCluster
 from tests.slurm_node import CONFIG as SLURM_NODE_CONFIG
+from tests.slurm_node import migd_fleet
 
 pytestmark = pytest.mark.integration  # a real Slurm cluster, real migd daemons
 
@@ -36,33 +31,8 @@ DEMAND = "  demand:\n    mode: on\n    planner: gpu1\n    candidates: [day, nigh
 @pytest.fixture(params=["night"])
 def fleet(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[SlurmCluster, dict[str, MigdProcess]]]:
     """Three nodes in ``request.param``'s layout, each with its migd configured (not started)."""
-    skip_without_slurm()
-    layout = request.param
-    cluster = SlurmCluster(gpus=1, nodes=NAMES)
-    migds: dict[str, MigdProcess] = {}
-    try:
-        gres, conf = {}, ""
-        for n in NAMES:
-            (tmp_path / n).mkdir()
-            m = migds[n] = MigdProcess(tmp_path / n)
-            assert m.migctl("apply", str(PROFILES / f"{layout}.yaml")).code == 0
-            backend = sim_backend(m.migctl.state, m.fleet)
-            try:
-                recs = records([read_state(backend, g) for g in backend.list_gpus()], backend.minor_number,
-                               read_minors(cluster.minors[n]), cluster.devs[n])
-            finally:
-                backend.close()
-            gres[n], conf = node_gres(recs), gres_conf(n, recs, layout, conf)
-        cluster.start(gres, conf, catalog=CATALOG)
-        for n, m in migds.items():
-            m.config.write_text(CONFIG + cluster.slurm_section(1, node=n) + DEMAND)
-            m.config.chmod(0o644)
-        yield cluster, migds
-    finally:
-        for m in migds.values():
-            m.close()
-            assert "Traceback" not in (m.log.read_text() if m.log.exists() else ""), m.log.read_text()[-3000:]
-        cluster.stop()
+    with migd_fleet(tmp_path, dict.fromkeys(NAMES, request.param), CONFIG + "{slurm}" + DEMAND) as f:
+        yield f
 
 
 def status(m: MigdProcess) -> dict[str, object]:
