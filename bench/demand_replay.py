@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""A short trace for real Slurm and the queue model, time-compressed (tests/test_slurm_replay.py).
+
+    python3 bench/demand_replay.py                 # the trace and what the model says of it
+    python3 bench/demand_replay.py --switch-s 4.5  # with a switch of 4.5 s (what real Slurm measured)
+
+The trace is written in compressed time: one second of it is a minute of a working day (``COMPRESSION``),
+so two and a half hours of demand take two and a half minutes.  Everything in seconds is compressed
+alike, and both sides get the same figures: run times and the arrival phases; the rule's knobs that
+migd.yaml has (``horizon`` 8 h -> 8 min, ``min_dwell`` 1 h -> 1 min, ``interval`` 60 s -> 1 s,
+``min_gain`` 7 slice-hours -> 0: an integer knob, and 7/60 rounds to 0); time limits are whole
+minutes, at least one, as Slurm keeps them (``sbatch -t`` rounds seconds up to a minute), so a
+compressed job's limit is its run time padded as the generator pads it, then rounded up to a minute.
+The rule's own figures that migd.yaml has no knob for (the switch time it reckons with, 180 s; the
+recent-arrival window, 1 h, and its 4 h lookahead; the 6 h reversal window) stay as they are on both
+sides: the planner on real Slurm cannot be given others, and the model must decide as it does.
+
+The model is bench/demand_model.py, the one bench/demand.py replays, run with the replay's figures:
+a 1-second step (Slurm's scheduler here runs every 2 s and at each job's end, not every 30 s), the
+planner's interval, the switch time real Slurm took (measured by the test from node states, passed
+in here), the nodes named as on Slurm (the rule breaks ties by name) and starting with no switch
+history (as the planner's nodes do: nothing held by the dwell at second 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import demand_policies as policies  # noqa: E402
+from demand_metrics import pct  # noqa: E402
+from demand_model import Cluster, Node, run  # noqa: E402
+from demand_trace import TraceJob  # noqa: E402
+
+COMPRESSION = 60  # trace seconds per replay second
+FLEET = "a100-vm"  # each node: two A100-SXM4-80GB (14 slices)
+INITIAL = {"gpu1": "night", "gpu2": "day", "gpu3": "balanced"}  # the planner is gpu1
+CANDIDATES = ("day", "night", "night-two", "balanced")
+CATALOG = "gpu:1g.10gb:14,gpu:2g.20gb:4,gpu:3g.40gb:4,gpu:7g.80gb:2"  # every candidate mix's types, on two A100
+INTERVAL_S = 1.0
+HORIZON_S = 1800.0  # (8 h compressed is 480 s; see above)
+DEMAND = f"""\
+  demand:
+    mode: on
+    planner: gpu1
+    candidates: [{", ".join(CANDIDATES)}]
+    interval: {INTERVAL_S:g}s
+    lease: 1h
+    horizon: {HORIZON_S:g}s
+    min_dwell: {3600 // COMPRESSION}s
+    max_changes_per_day: 4
+    min_gain: 0
+"""
+SCHEDULE = """\
+timezone: UTC
+schedule:
+  - {profile: day,   at: "08:30", days: mon-fri}
+  - {profile: night, at: "19:00", days: mon-fri}
+"""
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Arrivals per replay second of each account's jobs from ``start_s`` on."""
+
+    start_s: float
+    rates: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class Stream:
+    gres: str
+    counts: tuple[int, ...]
+    run_s: tuple[float, float]  # run time range, replay seconds
+
+
+STREAMS = {"teaching": Stream("1g.10gb", (1,), (10, 40)), "serving": Stream("2g.20gb", (1,), (15, 45)),
+           "vision": Stream("3g.40gb", (1, 2), (20, 50)), "nlp": Stream("7g.80gb", (1,), (20, 50))}
+PHASES = (  # notebooks first, then training: demand that moves off the initial layouts
+    Phase(0, {"teaching": 1.8, "serving": 0.08, "vision": 0.05}),
+    Phase(50, {"teaching": 0.3, "serving": 0.08, "vision": 0.05, "nlp": 0.25}),
+)
+LENGTH_S = 110.0
+SEED = 3
+
+
+def trace(seed: int = SEED) -> tuple[TraceJob, ...]:
+    """Poisson arrivals second by second in each phase (seeded: the same seed, the same jobs)."""
+    rng = random.Random(seed)
+    jobs = []
+    for second in range(int(LENGTH_S)):
+        phase = [p for p in PHASES if p.start_s <= second][-1]
+        for account, rate in sorted(phase.rates.items()):
+            for _ in range(_poisson(rng, rate)):
+                s = STREAMS[account]
+                run_s = round(rng.uniform(*s.run_s))
+                limit = max(60, math.ceil(run_s * rng.uniform(1.2, 2.0) / 60) * 60)
+                jobs.append(TraceJob(round(second + rng.uniform(0, 1), 1), account, "main", s.gres,
+                                     rng.choice(s.counts), run_s, limit))
+    return tuple(sorted(jobs, key=lambda j: (j.submit_s, j.account)))
+
+
+def _poisson(rng: random.Random, lam: float) -> int:
+    k, p, limit = 0, 1.0, math.exp(-lam)
+    while True:
+        p *= rng.random()
+        if p <= limit:
+            return k
+        k += 1
+
+
+def setup(profiles: Path = ROOT / "profiles") -> policies.Setup:
+    """The candidates resolved on FLEET's GPUs, with the replay's demand knobs, as a migd.yaml gives them."""
+    with tempfile.TemporaryDirectory() as d:
+        config = Path(d) / "migd.yaml"
+        config.write_text(SCHEDULE + f"profiles_dir: {profiles}\nslurm:\n  node: gpu1\n  partition: main\n"
+                          + DEMAND)
+        return policies.Setup.load(config, FLEET, datetime(2026, 11, 23, 10), waves=1)
+
+
+def model(jobs: Sequence[TraceJob], switch_s: float, end_s: float) -> Cluster:
+    """The trace through the queue model with migd's rule, as the replay runs on real Slurm."""
+    s = setup()
+    nodes = [Node(name, s.layouts[layout], 7 * s.gpus, since=-1e9) for name, layout in INITIAL.items()]
+    cluster = Cluster(nodes, s.layouts, switch_s=switch_s, max_in_maintenance=1)
+    return run(list(jobs), cluster, policies.migd(s), end_s, step_s=1.0, decide_every_s=INTERVAL_S)
+
+
+def waits(cluster: Cluster, end_s: float) -> dict[str, list[float]]:
+    """Each MIG type's waits (a job never started waited until ``end_s``: censored, never dropped)."""
+    out: dict[str, list[float]] = {}
+    every = cluster.done + [j for n in cluster.nodes for j in n.running] + [j for q in cluster.pending.values()
+                                                                           for j in q]
+    for j in every:
+        out.setdefault(j.spec.gres, []).append((end_s if j.start is None else j.start) - j.spec.submit_s)
+    return out
+
+
+def figures(by_type: Mapping[str, list[float]]) -> dict[str, tuple[float, float, int]]:
+    """Per MIG type: median and p95 wait (bench/demand_metrics.pct), and how many jobs."""
+    return {t: (pct(w, 50), pct(w, 95), len(w)) for t, w in sorted(by_type.items())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--switch-s", type=float, default=5.0, help="one switch's time in the model (replay seconds)")
+    p.add_argument("--seed", type=int, default=SEED)
+    args = p.parse_args(argv)
+    jobs = trace(args.seed)
+    end = LENGTH_S + 600
+    c = model(jobs, args.switch_s, end)
+    print(f"{len(jobs)} jobs over {LENGTH_S:g} s; switches: "
+          + ", ".join(f"{n.name} {a.name}->{b.name} at {t:.0f}s" for n in c.nodes for t, a, b in n.history))
+    for t, (p50, p95, k) in figures(waits(c, end)).items():
+        print(f"{t:10} {k:4} jobs  median {p50:6.1f} s  p95 {p95:6.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
