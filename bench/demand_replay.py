@@ -39,9 +39,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import demand_policies as policies  # noqa: E402
-from demand_metrics import pct  # noqa: E402
-from demand_model import Cluster, Node, run  # noqa: E402
 from demand_trace import TraceJob  # noqa: E402
+
+from migd.whatif.figures import pct  # noqa: E402
+from migd.whatif.policies import migd  # noqa: E402
+from migd.whatif.replay import Cluster, Node, run  # noqa: E402
 
 COMPRESSION = 60  # trace seconds per replay second
 FLEET = "a100-vm"  # each node: two A100-SXM4-80GB (14 slices)
@@ -133,8 +135,8 @@ def model(jobs: Sequence[TraceJob], switch_s: float, end_s: float) -> Cluster:
     """The trace through the queue model with migd's rule, as the replay runs on real Slurm."""
     s = setup()
     nodes = [Node(name, s.layouts[layout], 7 * s.gpus, since=-1e9) for name, layout in INITIAL.items()]
-    cluster = Cluster(nodes, s.layouts, switch_s=switch_s, max_in_maintenance=1)
-    return run(list(jobs), cluster, policies.migd(s), end_s, step_s=1.0, decide_every_s=INTERVAL_S)
+    cluster = Cluster(nodes, s.layouts, switch_s=switch_s, max_in_maintenance=1, reserve=True)
+    return run(list(jobs), cluster, migd(s), end_s, step_s=1.0, decide_every_s=INTERVAL_S)
 
 
 def waits(cluster: Cluster, end_s: float) -> dict[str, list[float]]:

@@ -6,8 +6,11 @@ nothing and keeps its running jobs; a node switches layout only once it is empty
 never kills a job: ``jobs_killed`` counts any job a switch would have cut short, and must stay 0),
 then is out of service ``switch_s`` (apply, GRES, Slurm restart, registration).  Scheduling is
 first-come per MIG type with backfill: a job that fits starts even if an older one of its type does
-not (Slurm's backfill with time limits does about that when nodes differ only in layout).  Steps of
-``step_s`` seconds: waits are measured to a step.
+not.  With ``reserve`` it is Slurm 22.05's as measured on a real cluster (tests/test_slurm_replay.py):
+every pending job in submission order (priority/basic); one that cannot start reserves the node where
+the running jobs' time limits free its instances soonest, and a younger job starts on a reserved node
+only if its own time limit ends before that (sched/backfill's reservations are whole nodes, so a job
+of another MIG type waits too).  Steps of ``step_s`` seconds: waits are measured to a step.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ class Cluster:
     busy_slice_s: float = 0.0
     drain_slice_s: float = 0.0
     killed: int = 0
+    reserve: bool = False  # Slurm's backfill reservations (above); off: first-come per type
 
     def in_maintenance(self) -> int:
         return sum(1 for n in self.nodes if n.target is not None or n.ready_at is not None)
@@ -94,7 +98,7 @@ class Cluster:
                 n.history.append((now, n.layout, n.target))
                 n.layout, n.target, n.ready_at, n.since = n.target, None, now + self.switch_s, now
                 n.switches.append(now)
-        self._schedule(now)
+        (self._schedule_reserving if self.reserve else self._schedule)(now)
         for n in self.nodes:
             busy = n.busy_slices()
             self.busy_slice_s += busy * dt
@@ -120,6 +124,42 @@ class Cluster:
             if started:
                 ids = {id(j) for j in started}
                 self.pending[mig_type] = [j for j in queue if id(j) not in ids]
+
+
+    def _schedule_reserving(self, now: float) -> None:
+        """Every pending job oldest first: it starts on the first node with its instances free and no
+        reservation its time limit would reach into; else it reserves the node it can start on soonest."""
+        queue = sorted((j for q in self.pending.values() for j in q), key=lambda j: j.spec.submit_s)
+        free = {n.name: {t: n.free(t) for t, _ in n.layout.capacity} for n in self.nodes}
+        held: dict[str, float] = {}  # node -> when the earliest reservation on it begins
+        started: set[int] = set()
+        for job in queue:
+            t, k, until = job.spec.gres, job.spec.count, now + job.spec.time_limit_s
+            node = next((n for n in self.nodes if free[n.name].get(t, 0) >= k
+                         and until <= held.get(n.name, float("inf"))), None)
+            if node is not None:
+                job.start, job.node = now, node.name
+                node.running.append(job)
+                free[node.name][t] -= k
+                started.add(id(job))
+                continue
+            soonest = min(((self._frees(n, t, k, free[n.name].get(t, 0)), n.name) for n in self.nodes
+                           if n.target is None and n.ready_at is None and n.layout.count(t) >= k), default=None)
+            if soonest is not None:
+                held[soonest[1]] = min(held.get(soonest[1], float("inf")), soonest[0])
+        if started:
+            for t, q in self.pending.items():
+                self.pending[t] = [j for j in q if id(j) not in started]
+
+    @staticmethod
+    def _frees(n: Node, mig_type: str, count: int, free: int) -> float:
+        """When ``count`` instances of ``mig_type`` are free on ``n`` by its running jobs' time limits."""
+        for end, k in sorted((j.start + j.spec.time_limit_s, j.spec.count) for j in n.running
+                             if j.spec.gres == mig_type and j.start is not None):
+            free += k
+            if free >= count:
+                return end
+        return float("inf")
 
 
 def run(trace: list[TraceJob], cluster: Cluster, policy: Policy, end_s: float, step_s: float = 30.0,
