@@ -21,7 +21,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -32,13 +32,13 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import demand_policies as policies  # noqa: E402
 from demand_gen import GENERATED, THURSDAY  # noqa: E402
-from demand_metrics import measure, objective, targets  # noqa: E402
-from demand_model import run  # noqa: E402
+from demand_metrics import objective, table, targets  # noqa: E402
 from demand_search import accounting, hindsight, spread  # noqa: E402
 from demand_trace import DAY, Trace, TraceError, read_csv  # noqa: E402
 
 from migd.errors import ValidationError  # noqa: E402
 from migd.sim.fleets import FLEETS  # noqa: E402
+from migd.whatif.weigh import replayer  # noqa: E402
 
 CONFIG = ROOT / "bench" / "demand.yaml"
 
@@ -74,9 +74,7 @@ def compare(trace: Trace, setup: policies.Setup, nodes: int, days: float, waves:
     end = days * DAY
     jobs = [j for j in trace.jobs if j.submit_s < end]
 
-    def replay(policy: policies.Policy, initial: list[str] | None = None) -> dict[str, Any]:
-        first = [setup.layouts[n] for n in initial] if initial else None
-        return measure(run(jobs, policies.cluster(setup, nodes, waves, first), policy, end), end, days)
+    replay = replayer(setup, jobs, nodes, waves, end, days)
     results: dict[str, dict[str, Any]] = {}
     seconds: dict[str, float] = {}
     timed: list[tuple[str, Callable[[], dict[str, Any]]]] = [
@@ -95,24 +93,6 @@ def compare(trace: Trace, setup: policies.Setup, nodes: int, days: float, waves:
              "hindsight_gpus": dict(zip(setup.candidates.names, best, strict=True)), "hindsight_replays": replays,
              "cpu_seconds": {k: round(v, 1) for k, v in seconds.items()}}
     return results, about
-
-
-ROWS = (("wait p50", "wait_p50_s", "{} s"), ("wait p95", "wait_p95_s", "{} s"),
-        ("worst type p95", "worst_type_p95_s", "{} s"), ("never started", "never_started", "{}"),
-        ("changes", "changes", "{}"), ("reversed within 6 h", "reversals_6h", "{}"),
-        ("reconfigs/node/day", "reconfigs_per_node_day", "{:.2f}"), ("drain slice-hours", "drain_slice_hours",
-                                                                     "{:.1f}"),
-        ("jobs killed", "jobs_killed", "{}"), ("utilization", "utilization", "{:.1%}"))
-
-
-def table(results: Mapping[str, Mapping[str, Any]]) -> str:
-    names = list(results)
-    out = [f"{'':24}" + "".join(f"{n:>18}" for n in names)]
-    out += [f"{label:24}" + "".join(f"{fmt.format(results[n][key]):>18}" for n in names) for label, key, fmt in ROWS]
-    for part, label in (("p95_by_type_s", "p95"), ("p95_by_account_s", "p95")):
-        for k in sorted({k for r in results.values() for k in r[part]}):
-            out.append(f"{label + ' ' + k:24}" + "".join(f"{results[n][part].get(k, 0):>16} s" for n in names))
-    return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:

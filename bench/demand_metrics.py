@@ -3,6 +3,6 @@
 
 from __future__ import annotations
 
-from migd.whatif.figures import REVERSAL_S, measure, objective, pct, reversals, targets
+from migd.whatif.figures import REVERSAL_S, ROWS, measure, objective, pct, reversals, table, targets
 
-__all__ = ["REVERSAL_S", "measure", "objective", "pct", "reversals", "targets"]
+__all__ = ["REVERSAL_S", "ROWS", "measure", "objective", "pct", "reversals", "table", "targets"]

@@ -1,8 +1,9 @@
 """A Slurm cluster on 127.0.0.1 in a temp dir: Debian's slurmctld, slurmd and munge, no systemd, no
-accounting.  Device files are real character nodes made with mknod (migd.sim.devnodes),
-so slurmd checks gres.conf exactly as on a GPU node.  Several nodes run as several slurmd on this
-host, in Slurm's multiple-slurmd mode (Debian's 22.05 build has it): each NodeName its own Port=,
-slurmd's pid file, spool dir and log named with %n (slurm.conf(5)), each node its own device dir.
+accounting (tests/slurm_accounting.py adds slurmdbd over MariaDB).  Device files are real character
+nodes made with mknod (migd.sim.devnodes), so slurmd checks gres.conf exactly as on a GPU node.
+Several nodes run as several slurmd on this host, in Slurm's multiple-slurmd mode (Debian's 22.05
+build has it): each NodeName its own Port=, slurmd's pid file, spool dir and log named with %n
+(slurm.conf(5)), each node its own device dir.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ ReturnToService=2
 MpiDefault=none
 MailProg=/bin/true
 JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
+{accounting}
 SlurmdTimeout=30
 {settings}{node_lines}{others}PartitionName=main Nodes={nodes} Default=YES MaxTime=INFINITE State=UP
 """
@@ -120,13 +121,22 @@ class SlurmCluster:
                                                others="".join(f"NodeName={o} NodeAddr=127.0.0.1 CPUs=2 "
                                                               "RealMemory=500 State=UNKNOWN\n" for o in others)
                                                + (f"NodeName=catalog NodeAddr=127.0.0.1 Port={_free_port()} CPUs=2 "
-                                                  f"RealMemory=500 Gres={catalog} State=FUTURE\n" if catalog else "")))
+                                                  f"RealMemory=500 Gres={catalog} State=FUTURE\n" if catalog else ""),
+                                               accounting=self.accounting()))
         self.gres_conf.write_text(gres_conf)
+        self.before_slurmctld()
         self.run_sbin("slurmctld", "-i")
         self.wait(lambda: self.ok("scontrol", "ping"), "slurmctld")
         for n in self.nodes:
             self.run_sbin("slurmd", "-N", n)
         self.wait(lambda: all("IDLE" in self.state(n) for n in self.nodes), "the nodes to register")
+
+    def accounting(self) -> str:
+        """slurm.conf's accounting lines (tests/slurm_accounting.py's cluster keeps accounts in slurmdbd)."""
+        return "AccountingStorageType=accounting_storage/none"
+
+    def before_slurmctld(self) -> None:
+        """Called once munged runs and the files are written, before slurmctld starts."""
 
     def run_sbin(self, name: str, *args: str) -> None:
         subprocess.run([self.sbin(name), *args], env=self.env, check=True, capture_output=True, timeout=30)

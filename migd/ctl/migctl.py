@@ -44,6 +44,7 @@ from migd.ctl.text import (
     plan_table,
     unreadable_lines,
 )
+from migd.ctl.whatif import cmd_whatif
 from migd.errors import ValidationError
 from migd.exits import EXPECTED, Exit, failure, for_result, partly
 from migd.hardware.doctor import UNREADABLE_CHECK, Verdict, diagnose
@@ -316,7 +317,7 @@ def cmd_doctor(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -
 
 NO_GPU: dict[str, Callable[[argparse.Namespace], int]] = {
     "validate": cmd_validate, "daemon": cmd_daemon, "reload": cmd_reload, "resume": cmd_resume,
-    "clear-fault": cmd_clear_fault}
+    "clear-fault": cmd_clear_fault, "what-if": cmd_whatif}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from migd import __version__, cliargs, paths
 from migd.apply.result import OnBusy
 from migd.cliargs import Parser
+from migd.ctl.whatif import add_parser as add_whatif
 from migd.sim.fleets import FLEETS
 
 
@@ -139,3 +140,5 @@ def _node_commands(cmd: Command) -> None:
     sp.add_argument("--format", choices=["migd", "mig-parted"], default="migd",
                     help="a migd profile (default; keeps placements and owners) or a mig-parted config")
     _fmt(sp, ("yaml", "json"))
+    add_whatif(cmd("what-if", "replay the cluster's job history (sacct --parsable2) against migd's demand mode, the "
+                   "schedule and the best fixed mix; --suggest writes that mix for migd"))

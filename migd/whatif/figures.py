@@ -88,3 +88,22 @@ def _at_most(what: str, m: Mapping[str, Any], ref: Mapping[str, Any], k: float) 
     ok = m["wait_p95_s"] <= k * ref["wait_p95_s"] and m["worst_type_p95_s"] <= k * ref["worst_type_p95_s"]
     return (what + " (all jobs / worst type)", ok, f"{m['wait_p95_s']} / {m['worst_type_p95_s']} s against "
             f"{k:g} x {ref['wait_p95_s']} / {ref['worst_type_p95_s']} s")
+
+
+ROWS = (("wait p50", "wait_p50_s", "{} s"), ("wait p95", "wait_p95_s", "{} s"),
+        ("worst type p95", "worst_type_p95_s", "{} s"), ("never started", "never_started", "{}"),
+        ("changes", "changes", "{}"), ("reversed within 6 h", "reversals_6h", "{}"),
+        ("reconfigs/node/day", "reconfigs_per_node_day", "{:.2f}"), ("drain slice-hours", "drain_slice_hours",
+                                                                     "{:.1f}"),
+        ("jobs killed", "jobs_killed", "{}"), ("utilization", "utilization", "{:.1%}"))
+
+
+def table(results: Mapping[str, Mapping[str, Any]]) -> str:
+    """Each policy a column, each figure a row, then the p95 of each MIG type and account."""
+    names = list(results)
+    out = [f"{'':24}" + "".join(f"{n:>18}" for n in names)]
+    out += [f"{label:24}" + "".join(f"{fmt.format(results[n][key]):>18}" for n in names) for label, key, fmt in ROWS]
+    for part, label in (("p95_by_type_s", "p95"), ("p95_by_account_s", "p95")):
+        for k in sorted({k for r in results.values() for k in r[part]}):
+            out.append(f"{label + ' ' + k:24}" + "".join(f"{results[n][part].get(k, 0):>16} s" for n in names))
+    return "\n".join(out)

@@ -1,0 +1,276 @@
+"""A cluster's own job history, from ``sacct --parsable2``, as the jobs a what-if replays.
+
+The operator's command (docs/demand.md, "What-if"):
+
+    sacct --parsable2 -a -X -S 2026-10-01 -E now -o JobID,Submit,Start,End,Account,Partition,Timelimit,\
+AllocTRES,ReqTRES,NNodes,NodeList,State > jobs.sacct
+
+The first line names the fields (any order, any more of them); each line after it is one job, its
+fields separated by ``|`` (``--parsable``'s trailing ``|`` is read too).  Needed: Submit, Start, End,
+Timelimit, and AllocTRES or ReqTRES; Account, Partition, JobID, NNodes and NodeList are used when there.
+
+- Job steps (``123.batch``, ``123.0``; without JobID, a line with neither Partition nor Timelimit,
+  as sacct prints steps) are skipped: a step runs inside its job's allocation.  Array tasks
+  (``123_4``) are jobs of their own, as Slurm schedules them.
+- Times are as sacct prints them by default (ISO, ``2026-11-28T03:46:32``, slurmctld's local time).
+  A job started if it has a Start and an AllocTRES (Slurm 22.05 prints a job cancelled while
+  pending with Start and End both the cancel time, and no AllocTRES).  One that never started and
+  is still pending (End ``Unknown``) with a finite Timelimit is replayed with its time limit as its
+  run time (an upper bound); one that ended before it started (cancelled), or is pending without a
+  limit, is counted and not replayed: its run time is unknown.  End ``Unknown`` with a Start (still
+  running) runs to its limit the same way.
+- The MIG type and count: ``gres/gpu:<type>=N`` in AllocTRES for a job that started (what Slurm
+  gave it: a job that asked a plain ``gres/gpu=N`` shows there the type it got), in ReqTRES for one
+  that did not.  A job that names no typed GPU (``gres/gpu=N`` alone: no type was asked, or the
+  cluster does not track MIG types, ``AccountingStorageTRES=gres/gpu:1g.10gb,...``) cannot be
+  placed on a layout: counted as untyped, not replayed.  A type that is not a MIG type (a whole
+  GPU's ``gres/gpu:a100``) is counted, not replayed.  Counts are per job: over NNodes nodes, each
+  node is taken to hold its share (rounded up), one replayed job per node.  A job holding two MIG
+  types is replayed as one job per type.
+- Timelimit ``UNLIMITED`` and ``Partition_Limit`` are unlimited; a job that ran past its limit
+  (OverTimeLimit) is given a limit of its run time.
+- The replay runs from the first replayed submission to the record's last time, and on for an hour
+  or the longest run time, whichever is longer, so a job submitted at the end of the record can
+  start; a job that has not started by then waited until then (figures.py: censored, never dropped).
+
+A line that cannot be read is one ``SacctError``: ``file:line: field: what``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from migd.demand.inputs import slices_of
+from migd.slurm.ctl import hostnames, text_of
+from migd.slurm.queue import seconds
+from migd.whatif.jobs import DAY, Trace, TraceJob
+
+NEEDED = ("Submit", "Start", "End", "Timelimit")
+FIELDS = "JobID,Submit,Start,End,Account,Partition,Timelimit,AllocTRES,ReqTRES,NNodes,NodeList,State"
+_TYPED = re.compile(r"^gres/gpu:([^=]+)=(\d+)$")
+_NEVER = ("UNKNOWN", "NONE", "")
+TAIL_S = 3600.0  # the replay runs past the record's last time by this (or the longest run time)
+
+
+class SacctError(ValueError):
+    """One line: file, line, field and what is wrong."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """What one sacct file holds, read: the jobs to replay, and what was left out and why."""
+
+    trace: Trace
+    end_s: float  # the record's last time, seconds after trace.start
+    skipped: Mapping[str, int]  # why -> jobs
+    nodes: frozenset[str]  # every node NodeList names (empty without NodeList)
+    source: str
+
+
+@dataclass(frozen=True)
+class _Line:
+    where: str
+    fields: Mapping[str, str]
+
+    def get(self, name: str) -> str:
+        return self.fields.get(name.lower(), "").strip()
+
+    def error(self, name: str, what: str) -> SacctError:
+        return SacctError(f"{self.where}: {name}: {what}")
+
+
+def read_sacct(path: Path | str, text: str | None = None, partition: str | None = None) -> Record:
+    """The file's jobs (``text``: its contents already read, e.g. standard input).  Bytes that are not
+    UTF-8 (an account or comment in Latin-1) are read as U+FFFD, never refused."""
+    if text is None:
+        try:
+            text = text_of(Path(path).read_bytes())
+        except OSError as e:
+            raise SacctError(f"{path}: cannot read: {e.strerror or e}") from None
+    lines = text.splitlines()
+    number, header = next(((n, h) for n, h in enumerate(lines, 1) if h.strip()), (0, ""))
+    if not header:
+        raise SacctError(f"{path}: empty: the first line must name the fields (sacct --parsable2 -o {FIELDS})")
+    names = _split(header)
+    missing = [f for f in NEEDED if f.lower() not in names]
+    if missing or not {"alloctres", "reqtres"} & set(names):
+        need = missing or ["AllocTRES or ReqTRES"]
+        raise SacctError(f"{path}:{number}: the header names no {', '.join(need)} (sacct --parsable2 -o {FIELDS}; "
+                         "a header is needed: no --noheader)")
+    rows = [_Line(f"{path}:{n}", dict(zip(names, _fields(path, n, line, len(names)), strict=True)))
+            for n, line in enumerate(lines[number:], number + 1) if line.strip()]
+    return _record(str(path), rows, partition)
+
+
+def _split(line: str) -> list[str]:
+    parts = line.rstrip("\n").split("|")
+    if len(parts) > 1 and parts[-1] == "":
+        parts.pop()  # --parsable ends each line with a |
+    return [p.strip().lower() for p in parts]
+
+
+def _fields(path: Path | str, number: int, line: str, count: int) -> list[str]:
+    parts = line.split("|")
+    if len(parts) == count + 1 and parts[-1] == "":
+        parts.pop()
+    if len(parts) != count:
+        raise SacctError(f"{path}:{number}: {len(parts)} fields where the header names {count} (a '|' inside a "
+                         "field? sacct --parsable2 separates with '|')")
+    return parts
+
+
+def _record(source: str, rows: Sequence[_Line], partition: str | None) -> Record:
+    skipped: Counter[str] = Counter()
+    nodes: set[str] = set()
+    read: list[tuple[datetime, _Job]] = []
+    last: datetime | None = None
+    for row in rows:
+        if _is_step(row):
+            continue
+        if partition is not None and partition not in row.get("Partition").split(","):
+            skipped[f"not in partition {partition}"] += 1
+            continue
+        job = _job(row)
+        nodes |= _nodes(row)
+        last = max(t for t in (last, job.submit, job.start, job.end) if t is not None)
+        if job.why_not is not None:
+            skipped[job.why_not] += 1
+            continue
+        read.append((job.submit, job))
+    if not read or last is None:
+        said = "; ".join(f"{n} {why}" for why, n in sorted(skipped.items())) or "no job lines"
+        raise SacctError(f"{source}: no job to replay ({said})")
+    start = min(s for s, _ in read)
+    jobs = sorted((j for _, job in read for j in job.trace_jobs(start)), key=lambda j: j.submit_s)
+    longest = max(j.duration_s for j in jobs)
+    end = max((last - start).total_seconds(), max(j.submit_s for j in jobs)) + max(TAIL_S, longest)
+    return Record(Trace(Path(source).name, tuple(jobs), start), end, dict(skipped), frozenset(nodes), source)
+
+
+def _is_step(row: _Line) -> bool:
+    if "jobid" in row.fields:
+        return "." in row.get("JobID")
+    return not row.get("Partition") and not row.get("Timelimit")
+
+
+def _nodes(row: _Line) -> set[str]:
+    text = row.get("NodeList")
+    if not text or text in ("None assigned", "(null)"):
+        return set()
+    return hostnames(text) or {text}
+
+
+@dataclass(frozen=True)
+class _Job:
+    account: str
+    partition: str
+    submit: datetime
+    start: datetime | None
+    end: datetime | None
+    run_s: float
+    limit_s: float
+    asked: tuple[tuple[str, int], ...]  # (MIG type, instances per node)
+    nodes: int
+    why_not: str | None  # not replayed, and why
+
+    def trace_jobs(self, zero: datetime) -> list[TraceJob]:
+        at = (self.submit - zero).total_seconds()
+        limit = max(self.limit_s, self.run_s)
+        return [TraceJob(at, self.account, self.partition, t, n, self.run_s, limit)
+                for t, n in self.asked for _ in range(self.nodes)]
+
+
+def _job(row: _Line) -> _Job:
+    submit = _time(row, "Submit")
+    if submit is None:
+        raise row.error("Submit", f"{row.get('Submit')!r}: a job's submit time is always known")
+    start, end = _time(row, "Start"), _time(row, "End")
+    if start is not None and "alloctres" in row.fields and not row.get("AllocTRES"):
+        start = None  # no allocation: cancelled while pending (22.05 prints Start=End=the cancel time)
+    limit = _limit(row)
+    nodes = _count(row, "NNodes", 1)
+    asked, why = _asked(row, started=start is not None, nodes=nodes)
+    run = limit
+    if why is None and start is None:
+        why = "ended before they started" if end is not None else \
+            "still pending with no time limit" if math.isinf(limit) else None
+    elif why is None and start is not None:
+        if end is None and math.isinf(limit):
+            why = "still running with no time limit"
+        run = (end - start).total_seconds() if end is not None else limit
+        if run < 0:
+            raise row.error("End", f"{row.get('End')} is before Start {row.get('Start')}")
+    return _Job(row.get("Account") or "-", row.get("Partition") or "-", submit, start, end, max(1.0, run), limit,
+                asked, nodes, why)
+
+
+def _time(row: _Line, name: str) -> datetime | None:
+    text = row.get(name)
+    if text.upper() in _NEVER:
+        return None
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        raise row.error(name, f"{text!r} is not a time as sacct prints it (2026-11-28T03:46:32; "
+                        "unset SLURM_TIME_FORMAT)") from None
+
+
+def _limit(row: _Line) -> float:
+    text = row.get("Timelimit")
+    try:
+        value = seconds(text)
+    except ValueError:
+        raise row.error("Timelimit", f"{text!r} is not a Slurm time (D-HH:MM:SS, HH:MM:SS, MM:SS, UNLIMITED, "
+                        "Partition_Limit)") from None
+    if value <= 0:
+        raise row.error("Timelimit", f"{text!r} is not a positive time")
+    return value
+
+
+def _count(row: _Line, name: str, default: int) -> int:
+    text = row.get(name)
+    if not text:
+        return default
+    if not text.isdigit() or int(text) < 1:
+        raise row.error(name, f"{text!r} is not a count of nodes")
+    return int(text)
+
+
+def _asked(row: _Line, started: bool, nodes: int) -> tuple[tuple[tuple[str, int], ...], str | None]:
+    """(MIG type, instances per node) the job held or asked, and why it is not replayed, if so."""
+    name = "AllocTRES" if started and row.get("AllocTRES") else "ReqTRES"
+    tres = row.get(name) or row.get("AllocTRES")
+    typed: dict[str, int] = {}
+    plain = False
+    for item in filter(None, (t.strip() for t in tres.split(","))):
+        m = _TYPED.match(item)
+        if m is not None:
+            typed[m.group(1)] = typed.get(m.group(1), 0) + int(m.group(2))
+        elif re.fullmatch(r"gres/gpu=\d+", item):
+            plain = plain or int(item.split("=")[1]) > 0
+        elif item.startswith("gres/gpu") and "=" not in item:
+            raise row.error(name, f"{item!r} is not TYPE=COUNT (sacct prints gres/gpu:1g.10gb=2)")
+    if not typed:
+        return (), "untyped (gres/gpu=N: no MIG type asked or tracked)" if plain else "without a GPU"
+    mig = {t: n for t, n in typed.items() if _is_mig(t) and n > 0}
+    if not mig:
+        return (), "asking a GPU type that is not a MIG type"
+    return tuple((t, -(-n // nodes)) for t, n in sorted(mig.items())), None
+
+
+def _is_mig(mig_type: str) -> bool:
+    try:
+        slices_of(mig_type)
+    except ValueError:
+        return False
+    return True
+
+
+def days_of(record: Record) -> float:
+    return record.end_s / DAY

@@ -1,0 +1,90 @@
+"""The best fixed mix, written so migd can load it: a profile per distinct node layout, and a
+configuration whose schedule holds it.
+
+The profiles are migd profiles, as the files of ``profiles/``: each the candidates' own sections
+restricted to the GPU indexes the mix gives them (migd.demand.mix.mix_profile, as a node in demand
+mode applies a mix), so owners, compute splits and model selectors carry over from the candidates.
+The configuration (``migd.<profile>.yaml``) names them by ``profiles_dir`` and holds the one
+profile every day at 00:00 (a schedule with one entry: its latest past entry is always that one);
+``migd --check --config`` validates it, and its ``schedule:`` is what a site copies into its own.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from migd.demand.mix import mix_profile
+from migd.profiles.model import GpuSection, InstanceSpec, Profile, Selector
+
+PREFIX = "whatif"
+
+
+@dataclass(frozen=True)
+class Written:
+    profile: str  # its name, as the schedule names it
+    layout: str  # the mix it holds (day*4/night*4)
+    nodes: int  # how many of the replayed nodes hold it
+    profile_file: Path
+    config_file: Path
+
+
+def write_suggestion(directory: Path, per_node: Sequence[str], profiles: Mapping[str, Profile],
+                     candidates: Sequence[str], timezone: str, said: str) -> list[Written]:
+    """Files in ``directory`` (made if missing) for each distinct layout of ``per_node``, most nodes first.
+    ``said``: the line each file's comment starts with (the command and the figures it rests on)."""
+    prof_dir = directory / "profiles"
+    prof_dir.mkdir(parents=True, exist_ok=True)
+    out = []
+    for k, (layout, n) in enumerate(Counter(per_node).most_common(), 1):
+        name = f"{PREFIX}-{k}"
+        p = mix_profile(layout, profiles, candidates)
+        doc = {"apiVersion": "migd/v1", "kind": "Profile", "name": name,
+               "description": f"best fixed mix of {', '.join(candidates)} in hindsight: {layout}", "gpus":
+               [_section(s) for s in p.sections]}
+        pfile = prof_dir / f"{name}.yaml"
+        pfile.write_text(f"# {said}\n# {n} of {len(per_node)} nodes: {layout}\n"
+                         + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None))
+        cfile = directory / f"migd.{name}.yaml"
+        cfile.write_text(f"# {said}\n# The schedule that holds {name} ({layout}) on a node: copy its schedule: into "
+                         f"/etc/migd/migd.yaml\n# and {pfile.name} into the profiles_dir; migd --check --config "
+                         f"{cfile.name} validates it as it is.\n"
+                         + yaml.safe_dump({"timezone": timezone, "profiles_dir": str(prof_dir.resolve()),
+                                           "schedule": [{"profile": name, "at": "00:00"}]},
+                                          sort_keys=False, default_flow_style=None))
+        out.append(Written(name, layout, n, pfile, cfile))
+    return out
+
+
+def _section(s: GpuSection) -> dict[str, Any]:
+    out: dict[str, Any] = {"select": _selector(s.selector), "mig": "enabled" if s.mig else "disabled"}
+    if s.mig and s.instances:
+        out["instances"] = [_instance(i) for i in s.instances]
+    return out
+
+
+def _selector(sel: Selector) -> Any:
+    out: dict[str, Any] = {}
+    if sel.indexes is not None:
+        out["index"] = list(sel.indexes)
+    if sel.uuids is not None:
+        out["uuid"] = list(sel.uuids)
+    if sel.models is not None:
+        out["model"] = list(sel.models)
+    if sel.pci is not None:
+        out["pci_device_id"] = [str(p) for p in sel.pci]
+    return out or "all"
+
+
+def _instance(i: InstanceSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {"profile": i.profile, "count": i.count}
+    if i.owner is not None:
+        out["owner"] = i.owner
+    if i.compute is not None:
+        out["compute"] = list(i.compute)
+    return out

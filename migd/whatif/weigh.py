@@ -1,0 +1,47 @@
+"""One trace weighed three ways, from the same replay model and configuration: what migd's demand mode
+would have given, what the current layout (the configuration's schedule, by the clock) gave, and the
+best fixed mix found in hindsight (fixedmix.py).  What ``migctl what-if`` prints; bench/demand.py
+replays through the same ``replayer``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from migd.whatif import policies
+from migd.whatif.figures import measure, objective
+from migd.whatif.fixedmix import Counts, accounting, hindsight, spread
+from migd.whatif.jobs import TraceJob
+from migd.whatif.replay import run
+
+Replay = Callable[[policies.Policy, "list[str] | None"], dict[str, Any]]
+MIGD, CURRENT, BEST = "migd demand", "current schedule", "best fixed mix"
+
+
+def replayer(setup: policies.Setup, jobs: Sequence[TraceJob], nodes: int, waves: int, end_s: float,
+             days: float) -> Replay:
+    """A replay of ``jobs`` on ``nodes`` under a policy, from the clock's layout or the ``initial`` one
+    per node (names of setup.layouts); its figures (figures.measure)."""
+    def replay(policy: policies.Policy, initial: list[str] | None = None) -> dict[str, Any]:
+        first = [setup.layouts[n] for n in initial] if initial else None
+        return measure(run(list(jobs), policies.cluster(setup, nodes, waves, first), policy, end_s), end_s, days)
+    return replay
+
+
+@dataclass(frozen=True)
+class Weighed:
+    results: dict[str, dict[str, Any]]  # MIGD, CURRENT, BEST -> figures
+    accounting: Counts  # GPUs per candidate, sized from slice-hours (the climb's start)
+    best: Counts  # GPUs per candidate of the best fixed mix found
+    best_nodes: tuple[str, ...]  # the best fixed mix, each node's layout (a candidate or a per-GPU mix)
+    replays: int
+
+
+def weigh(setup: policies.Setup, jobs: Sequence[TraceJob], nodes: int, waves: int, end_s: float, days: float,
+          budget: int) -> Weighed:
+    replay = replayer(setup, jobs, nodes, waves, end_s, days)
+    acc = accounting(setup, jobs, nodes)
+    best, figures, replays = hindsight(setup, acc, lambda mix: replay(policies.fixed, mix), objective, budget)
+    results = {MIGD: replay(policies.migd(setup), None), CURRENT: replay(policies.clock(setup), None), BEST: figures}
+    return Weighed(results, acc, best, tuple(spread(setup, best)), replays)
