@@ -6,6 +6,7 @@
     python3 bench/demand.py --trace shifting --nodes 8 --days 7
     python3 bench/demand.py --trace jobs.csv --start 2026-11-02T00:00 --nodes 16 --json
     python3 bench/demand.py --config /etc/migd/migd.yaml --trace jobs.csv   # a site's own what-if
+    python3 bench/demand.py --sacct tests/fixtures/slurm/sacct-parsable2.txt --fleet single-h100   # sacct's record
 
 Policies (bench/demand_policies.py, bench/demand_search.py): ``clock`` (the configuration's
 schedule, by the calendar), ``greedy`` (nos-like), ``migd`` (migd.demand.rule over per-GPU mixes of
@@ -38,6 +39,7 @@ from demand_trace import DAY, Trace, TraceError, read_csv  # noqa: E402
 
 from migd.errors import ValidationError  # noqa: E402
 from migd.sim.fleets import FLEETS  # noqa: E402
+from migd.whatif.sacct import SacctError, read_sacct  # noqa: E402
 from migd.whatif.weigh import replayer  # noqa: E402
 
 CONFIG = ROOT / "bench" / "demand.yaml"
@@ -51,6 +53,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--fleet", default="dgx-h100", choices=sorted(FLEETS), help="each node's GPUs (a simulated fleet)")
     p.add_argument("--trace", default="synthetic", help=f"{', '.join(GENERATED)} (generated, seeded), or a CSV "
                    "(submit_s,account,partition,gres,count,duration_s,time_limit_s)")
+    p.add_argument("--sacct", metavar="FILE", help="a cluster's own accounting: sacct --parsable2 output "
+                   "(migd/whatif/sacct.py); nodes default to those its NodeList names, days to its span")
     p.add_argument("--start", help="the date and time of the trace's second 0 (ISO; a CSV's default: "
                    f"{THURSDAY:%Y-%m-%d}, a Thursday)")
     p.add_argument("--days", type=float, help="days simulated (default: 4; 1 with --short)")
@@ -70,11 +74,13 @@ def load_trace(args: argparse.Namespace, nodes: int, days: float) -> Trace:
 
 
 def compare(trace: Trace, setup: policies.Setup, nodes: int, days: float, waves: int,
-            budget: int) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+            budget: int, settled_s: float = 0.0) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """``settled_s``: how long each node has held its layout at second 0 (a generated trace starts as if
+    every node had just switched; a cluster's record, in the middle of its life: a day, as the what-if)."""
     end = days * DAY
     jobs = [j for j in trace.jobs if j.submit_s < end]
 
-    replay = replayer(setup, jobs, nodes, waves, end, days)
+    replay = replayer(setup, jobs, nodes, waves, end, days, settled_s)
     results: dict[str, dict[str, Any]] = {}
     seconds: dict[str, float] = {}
     timed: list[tuple[str, Callable[[], dict[str, Any]]]] = [
@@ -97,20 +103,25 @@ def compare(trace: Trace, setup: policies.Setup, nodes: int, days: float, waves:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    nodes = args.nodes or (4 if args.short else 64)
-    days = args.days or (1.0 if args.short else 4.0)
+    try:
+        record = read_sacct(args.sacct) if args.sacct else None
+    except SacctError as e:
+        print(f"demand.py: {e}", file=sys.stderr)
+        return 2
+    nodes = args.nodes or (max(1, len(record.nodes)) if record else 4 if args.short else 64)
+    days = args.days or (record.end_s / DAY if record else 1.0 if args.short else 4.0)
     if nodes < 1 or days <= 0:
         print("demand.py: --nodes and --days must be positive", file=sys.stderr)
         return 2
     waves = max(1, nodes // 8)
     try:
-        trace = load_trace(args, nodes, days)
+        trace = record.trace if record else load_trace(args, nodes, days)
         setup = policies.Setup.load(args.config, args.fleet, trace.start, waves)
     except (TraceError, ValidationError, ValueError, OSError) as e:
         print(f"demand.py: {e}", file=sys.stderr)
         return 2
     budget = args.search or (6 if args.short else 40)
-    results, about = compare(trace, setup, nodes, days, waves, budget)
+    results, about = compare(trace, setup, nodes, days, waves, budget, DAY if record else 0.0)
     checks = targets(results, trace.clock_right)
     if args.json:
         print(json.dumps({"policies": results, "nodes": nodes, "days": days, "jobs": len(trace.jobs),

@@ -188,3 +188,21 @@ def test_a_bad_trace_row_is_one_line_and_exit_2(tmp_path: Path, row: str, said: 
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_clusters_sacct_replays_in_the_bench(tmp_path: Path) -> None:
+    """--sacct: the recorded slurmdbd output (tests/fixtures/slurm/SOURCES.md), its one node and its span;
+    a file that is not sacct's is one line, exit 2."""
+    rec = REPO / "tests" / "fixtures" / "slurm" / "sacct-parsable2.txt"
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "demand.py"), "--sacct", str(rec), "--search", "4",
+                        "--json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["jobs"] == 7 and doc["nodes"] == 1 and doc["start"] == "2026-11-28T03:52:44"
+    assert doc["policies"]["clock"]["p95_by_type_s"]["1g.10gb"] > doc["policies"]["migd"]["p95_by_type_s"]["1g.10gb"]
+    bad = tmp_path / "jobs.sacct"
+    bad.write_text("JobID|Submit|Start|End|Timelimit|AllocTRES\n1|2026-11-28T10:00:00|x|y|5|gres/gpu:1g.10gb=1\n")
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "demand.py"), "--sacct", str(bad)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "jobs.sacct:2: Start: 'x' is not a time" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

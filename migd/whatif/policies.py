@@ -94,10 +94,13 @@ class Setup:
         return self.layouts[entry.profile if entry else self.candidates.names[0]]
 
 
-def cluster(setup: Setup, nodes: int, waves: int, initial: list[Layout] | None = None) -> Cluster:
+def cluster(setup: Setup, nodes: int, waves: int, initial: list[Layout] | None = None,
+            settled_s: float = 0.0) -> Cluster:
+    """``nodes`` in the clock's layout (or ``initial``'s), each in it since ``settled_s`` before second 0
+    (0: as if just switched, so the rule's minimum dwell holds it at first)."""
     first = initial or [setup.scheduled(0.0)] * nodes
-    return Cluster([Node(f"gpu{i:03d}", first[i], 7 * setup.gpus) for i in range(nodes)], setup.layouts,
-                   max_in_maintenance=waves)
+    return Cluster([Node(f"gpu{i:03d}", first[i], 7 * setup.gpus, since=-settled_s) for i in range(nodes)],
+                   setup.layouts, max_in_maintenance=waves)
 
 
 def clock(setup: Setup) -> Policy:

@@ -1,7 +1,11 @@
 """One trace weighed three ways, from the same replay model and configuration: what migd's demand mode
 would have given, what the current layout (the configuration's schedule, by the clock) gave, and the
 best fixed mix found in hindsight (fixedmix.py).  What ``migctl what-if`` prints; bench/demand.py
-replays through the same ``replayer``."""
+replays through the same ``replayer``.
+
+A record starts in the middle of a cluster's life: its nodes have held their layouts a while, so
+here each has held it a day when the record starts (the bench's generated traces start as if every
+node had just switched, which holds migd's rule for its minimum dwell first)."""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from typing import Any
 from migd.whatif import policies
 from migd.whatif.figures import measure, objective
 from migd.whatif.fixedmix import Counts, accounting, hindsight, spread
-from migd.whatif.jobs import TraceJob
+from migd.whatif.jobs import DAY, TraceJob
 from migd.whatif.replay import run
 
 Replay = Callable[[policies.Policy, "list[str] | None"], dict[str, Any]]
@@ -20,12 +24,13 @@ MIGD, CURRENT, BEST = "migd demand", "current schedule", "best fixed mix"
 
 
 def replayer(setup: policies.Setup, jobs: Sequence[TraceJob], nodes: int, waves: int, end_s: float,
-             days: float) -> Replay:
+             days: float, settled_s: float = 0.0) -> Replay:
     """A replay of ``jobs`` on ``nodes`` under a policy, from the clock's layout or the ``initial`` one
-    per node (names of setup.layouts); its figures (figures.measure)."""
+    per node (names of setup.layouts), held since ``settled_s`` before the start; its figures."""
     def replay(policy: policies.Policy, initial: list[str] | None = None) -> dict[str, Any]:
         first = [setup.layouts[n] for n in initial] if initial else None
-        return measure(run(list(jobs), policies.cluster(setup, nodes, waves, first), policy, end_s), end_s, days)
+        c = policies.cluster(setup, nodes, waves, first, settled_s)
+        return measure(run(list(jobs), c, policy, end_s), end_s, days)
     return replay
 
 
@@ -40,7 +45,7 @@ class Weighed:
 
 def weigh(setup: policies.Setup, jobs: Sequence[TraceJob], nodes: int, waves: int, end_s: float, days: float,
           budget: int) -> Weighed:
-    replay = replayer(setup, jobs, nodes, waves, end_s, days)
+    replay = replayer(setup, jobs, nodes, waves, end_s, days, settled_s=DAY)
     acc = accounting(setup, jobs, nodes)
     best, figures, replays = hindsight(setup, acc, lambda mix: replay(policies.fixed, mix), objective, budget)
     results = {MIGD: replay(policies.migd(setup), None), CURRENT: replay(policies.clock(setup), None), BEST: figures}
