@@ -4,6 +4,8 @@ policies are weighed side by side, and the suggested mix is a configuration migd
 
 from __future__ import annotations
 
+import io
+import json
 import math
 from datetime import datetime
 from pathlib import Path
@@ -14,9 +16,10 @@ from migd.catalog.models import MODELS
 from migd.ctl.migctl import main as migctl
 from migd.daemon.config import Config, load_config
 from migd.demand.capacity import node_layout
+from migd.profiles.loader import load_profile
 from migd.whatif.policies import Setup
 from migd.whatif.sacct import SacctError, read_sacct
-from migd.whatif.suggest import write_suggestion
+from migd.whatif.suggest import write_mig_parted, write_suggestion
 from migd.whatif.weigh import BEST, CURRENT, MIGD, weigh
 
 REPO = Path(__file__).resolve().parents[1]
@@ -151,6 +154,9 @@ def test_the_three_are_weighed_and_the_best_fixed_mix_loads_in_migd(tmp_path: Pa
     assert [e.profile for e in loaded.schedule.entries] == ["whatif-1"]
     held = node_layout(loaded.profiles["whatif-1"], [MODELS["H100-SXM5-80GB"]] * 2)
     assert held.capacity == setup.mixes[w.best_nodes[0]].capacity
+    write_mig_parted(tmp_path / "mig-parted.yaml", written, setup.candidates, "test")
+    parted = load_profile(tmp_path / "mig-parted.yaml", config="whatif-1")  # as migd reads a mig-parted file
+    assert node_layout(parted, [MODELS["H100-SXM5-80GB"]] * 2).capacity == held.capacity
 
 
 def test_migctl_what_if_prints_the_three_side_by_side(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -175,3 +181,14 @@ def test_migctl_what_if_refuses_in_one_line(argv: list[str], said: str, capsys: 
     assert migctl(["what-if", *argv]) == 2
     err = capsys.readouterr().err
     assert said in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_migctl_what_if_reads_sacct_from_standard_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "migd.yaml"
+    cfg.write_text((REPO / "bench" / "demand.yaml").read_text().replace(
+        "profiles_dir: ../profiles", f"profiles_dir: {REPO / 'profiles'}"))
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(RECORDED.read_bytes())))
+    assert migctl(["what-if", "--sacct", "-", "--config", str(cfg), "--search", "2", "-o", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["sacct"] == "-" and doc["jobs"] == 7 and doc["nodes"] == 1

@@ -117,6 +117,7 @@ def _weigh_and_suggest(path: Path, tmp_path: Path) -> None:
     assert set(doc["policies"]["best fixed mix"]["p95_by_type_s"]) == set(TYPES)
     r = subprocess.run([*migctl, "--suggest", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "best fixed mix" in r.stdout and "p95 7g.80gb" in r.stdout, r.stderr
+    assert "mig-configs:" in (tmp_path / "out" / "mig-parted.yaml").read_text()
     check = subprocess.run([sys.executable, "-m", "migd.daemon.main", "--check", "--config",
                             str(tmp_path / "out" / "migd.whatif-1.yaml")], capture_output=True, text=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr

@@ -28,7 +28,7 @@ from migd.printable import shown
 from migd.whatif.figures import table
 from migd.whatif.policies import Setup
 from migd.whatif.sacct import Record, SacctError, days_of, read_sacct
-from migd.whatif.suggest import write_suggestion
+from migd.whatif.suggest import write_mig_parted, write_suggestion
 from migd.whatif.weigh import BEST, Weighed, weigh
 
 DEFAULT_MODEL = "H100-SXM5-80GB"
@@ -49,7 +49,8 @@ def add_parser(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--search", type=cliargs.count, default=40, metavar="N",
                     help="replays the search for the best fixed mix may make (default 40)")
     sp.add_argument("--suggest", metavar="DIR", type=Path, help="write the best fixed mix as migd profiles and a "
-                    "migd.yaml whose schedule holds it (DIR/profiles/whatif-1.yaml, DIR/migd.whatif-1.yaml)")
+                    "migd.yaml whose schedule holds it (DIR/profiles/whatif-1.yaml, DIR/migd.whatif-1.yaml), and "
+                    "as mig-parted configs (DIR/mig-parted.yaml)")
     sp.add_argument("-o", "--output", choices=("table", "json"), default="table", help="output format")
 
 
@@ -72,6 +73,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         try:
             written = write_suggestion(args.suggest, weighed.best_nodes, cfg.profiles, setup.candidates.names,
                                        cfg.timezone.key, said)
+            write_mig_parted(args.suggest / "mig-parted.yaml", written, setup.candidates, said)
         except OSError as e:
             print(shown(f"error: --suggest {args.suggest}: {e.strerror or e}"), file=sys.stderr)
             return Exit.INVALID
@@ -89,6 +91,8 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     for w in written:
         print(shown(f"wrote {w.profile_file} ({w.nodes} of {nodes} nodes: {w.layout}) and {w.config_file} "
                     f"(migd --check --config {w.config_file})"))
+    if written:
+        print(shown(f"wrote {args.suggest / 'mig-parted.yaml'}: the same layouts as mig-parted configs (no owners)"))
     return Exit.OK
 
 

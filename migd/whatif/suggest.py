@@ -7,6 +7,10 @@ mode applies a mix), so owners, compute splits and model selectors carry over fr
 The configuration (``migd.<profile>.yaml``) names them by ``profiles_dir`` and holds the one
 profile every day at 00:00 (a schedule with one entry: its latest past entry is always that one);
 ``migd --check --config`` validates it, and its ``schedule:`` is what a site copies into its own.
+
+The same layouts as a mig-parted config (``mig-parted.yaml``, ``version: v1``, a config per layout)
+for nodes NVIDIA's mig-parted manages: resolved on the what-if's GPU model, and without owners
+(mig-parted keeps none).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from migd.demand.mix import mix_profile
+from migd.demand.mix import Candidates, mix_profile, parse_mix
 from migd.profiles.model import GpuSection, InstanceSpec, Profile, Selector
 
 PREFIX = "whatif"
@@ -59,6 +63,21 @@ def write_suggestion(directory: Path, per_node: Sequence[str], profiles: Mapping
                                           sort_keys=False, default_flow_style=None))
         out.append(Written(name, layout, n, pfile, cfile))
     return out
+
+
+def write_mig_parted(path: Path, written: Sequence[Written], candidates: Candidates, said: str) -> None:
+    """Each written layout as a mig-parted config of the same name: GPUs alike share an entry."""
+    configs: dict[str, list[dict[str, Any]]] = {}
+    for w in written:
+        per_gpu = parse_mix(w.layout, candidates.names) or (w.layout,) * len(candidates.per_gpu)
+        groups: dict[tuple[tuple[str, int], ...], list[int]] = {}
+        for i, name in enumerate(per_gpu):
+            groups.setdefault(candidates.per_gpu[i][candidates.names.index(name)].capacity, []).append(i)
+        configs[w.profile] = [{"devices": gpus, "mig-enabled": bool(counts), **(
+            {"mig-devices": dict(counts)} if counts else {})} for counts, gpus in groups.items()]
+    path.write_text(f"# {said}\n# The same layouts for mig-parted (no owners: mig-parted keeps none)\n"
+                    + yaml.safe_dump({"version": "v1", "mig-configs": configs}, sort_keys=False,
+                                     default_flow_style=None))
 
 
 def _section(s: GpuSection) -> dict[str, Any]:
