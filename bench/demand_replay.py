@@ -15,11 +15,13 @@ The rule's own figures that migd.yaml has no knob for (the switch time it reckon
 recent-arrival window, 1 h, and its 4 h lookahead; the 6 h reversal window) stay as they are on both
 sides: the planner on real Slurm cannot be given others, and the model must decide as it does.
 
-The model is bench/demand_model.py, the one bench/demand.py replays, run with the replay's figures:
+The model is migd/whatif/replay.py, the one bench/demand.py replays, run with the replay's figures:
 a 1-second step (Slurm's scheduler here runs every 2 s and at each job's end, not every 30 s), the
 planner's interval, the switch time real Slurm took (measured by the test from node states, passed
-in here), the nodes named as on Slurm (the rule breaks ties by name) and starting with no switch
-history (as the planner's nodes do: nothing held by the dwell at second 0).
+in here), Slurm's own backfill (``reserve``: whole-node reservations in submission order), the time
+Slurm took from a job's end to the next start on its instances (``release_s``, measured too), the
+nodes named as on Slurm (the rule breaks ties by name) and starting with no switch history (as the
+planner's nodes do: nothing held by the dwell at second 0).
 """
 
 from __future__ import annotations
@@ -131,11 +133,12 @@ def setup(profiles: Path = ROOT / "profiles") -> policies.Setup:
         return policies.Setup.load(config, FLEET, datetime(2026, 11, 23, 10), waves=1)
 
 
-def model(jobs: Sequence[TraceJob], switch_s: float, end_s: float) -> Cluster:
+def model(jobs: Sequence[TraceJob], switch_s: float, end_s: float, release_s: float = 1.0) -> Cluster:
     """The trace through the queue model with migd's rule, as the replay runs on real Slurm."""
     s = setup()
     nodes = [Node(name, s.layouts[layout], 7 * s.gpus, since=-1e9) for name, layout in INITIAL.items()]
-    cluster = Cluster(nodes, s.layouts, switch_s=switch_s, max_in_maintenance=1, reserve=True)
+    cluster = Cluster(nodes, s.layouts, switch_s=switch_s, max_in_maintenance=1, reserve=True,
+                      release_s=release_s)
     return run(list(jobs), cluster, migd(s), end_s, step_s=1.0, decide_every_s=INTERVAL_S)
 
 
@@ -157,11 +160,13 @@ def figures(by_type: Mapping[str, list[float]]) -> dict[str, tuple[float, float,
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--switch-s", type=float, default=5.0, help="one switch's time in the model (replay seconds)")
+    p.add_argument("--release-s", type=float, default=1.0, help="an ended job's instances serve again this "
+                   "much later (what real Slurm measured)")
     p.add_argument("--seed", type=int, default=SEED)
     args = p.parse_args(argv)
     jobs = trace(args.seed)
     end = LENGTH_S + 600
-    c = model(jobs, args.switch_s, end)
+    c = model(jobs, args.switch_s, end, args.release_s)
     print(f"{len(jobs)} jobs over {LENGTH_S:g} s; switches: "
           + ", ".join(f"{n.name} {a.name}->{b.name} at {t:.0f}s" for n in c.nodes for t, a, b in n.history))
     for t, (p50, p95, k) in figures(waits(c, end)).items():

@@ -73,6 +73,7 @@ class Cluster:
     drain_slice_s: float = 0.0
     killed: int = 0
     reserve: bool = False  # Slurm's backfill reservations (above); off: first-come per type
+    release_s: float = 0.0  # an ended job's instances serve again this much later (Slurm: its end seen, a pass)
 
     def in_maintenance(self) -> int:
         return sum(1 for n in self.nodes if n.target is not None or n.ready_at is not None)
@@ -88,7 +89,7 @@ class Cluster:
 
     def step(self, now: float, dt: float) -> None:
         for n in self.nodes:
-            for j in [j for j in n.running if j.end <= now]:
+            for j in [j for j in n.running if j.end + self.release_s <= now]:
                 n.running.remove(j)
                 self.done.append(j)
                 self.ended.append(j)
