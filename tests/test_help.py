@@ -40,3 +40,13 @@ def test_every_option_has_help() -> None:
 def test_help_runs(argv: list[str]) -> None:
     r = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "usage:" in r.stdout and not r.stderr
+
+
+def test_migctl_starts_without_what_only_one_command_needs() -> None:
+    """Every migctl command pays for what migctl imports at start: the what-if's replay model and
+    migd.yaml's loader (APScheduler's cron, asyncio with it) are imported by that command alone."""
+    probe = "import sys, migd.ctl.migctl; print(sorted({m.split('.')[0] if not m.startswith('migd.') else " \
+            "'.'.join(m.split('.')[:2]) for m in sys.modules}))"
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    for heavy in ("'apscheduler'", "'asyncio'", "'migd.whatif'", "'migd.daemon'"):
+        assert heavy not in loaded, loaded

@@ -44,7 +44,6 @@ from migd.ctl.text import (
     plan_table,
     unreadable_lines,
 )
-from migd.ctl.whatif import cmd_whatif
 from migd.errors import ValidationError
 from migd.exits import EXPECTED, Exit, failure, for_result, partly
 from migd.hardware.doctor import UNREADABLE_CHECK, Verdict, diagnose
@@ -315,9 +314,16 @@ def cmd_doctor(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -
     return partly(Exit.OK, lost, True)  # the other GPUs were checked
 
 
+def cmd_what_if(args: argparse.Namespace) -> int:
+    """Imported when asked for: the replay model and migd.yaml's loader (APScheduler's cron among it) would
+    double what every other migctl command pays to start."""
+    from migd.ctl.whatif import cmd_whatif
+    return cmd_whatif(args)
+
+
 NO_GPU: dict[str, Callable[[argparse.Namespace], int]] = {
     "validate": cmd_validate, "daemon": cmd_daemon, "reload": cmd_reload, "resume": cmd_resume,
-    "clear-fault": cmd_clear_fault, "what-if": cmd_whatif}
+    "clear-fault": cmd_clear_fault, "what-if": cmd_what_if}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

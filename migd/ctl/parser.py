@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from migd import __version__, cliargs, paths
 from migd.apply.result import OnBusy
+from migd.catalog.models import MODELS
 from migd.cliargs import Parser
-from migd.ctl.whatif import add_parser as add_whatif
 from migd.sim.fleets import FLEETS
 
 
@@ -140,5 +141,28 @@ def _node_commands(cmd: Command) -> None:
     sp.add_argument("--format", choices=["migd", "mig-parted"], default="migd",
                     help="a migd profile (default; keeps placements and owners) or a mig-parted config")
     _fmt(sp, ("yaml", "json"))
-    add_whatif(cmd("what-if", "replay the cluster's job history (sacct --parsable2) against migd's demand mode, the "
-                   "schedule and the best fixed mix; --suggest writes that mix for migd"))
+    _what_if_options(cmd("what-if", "replay the cluster's job history (sacct --parsable2) against migd's demand "
+                         "mode, the schedule and the best fixed mix; --suggest writes that mix for migd"))
+
+
+WHAT_IF_MODEL = "H100-SXM5-80GB"  # a node's GPUs in a what-if, unless --gpu says
+
+
+def _what_if_options(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--sacct", metavar="FILE", required=True, help="sacct --parsable2 output (- reads standard "
+                    "input); its first line names the fields: docs/demand.md gives the command")
+    sp.add_argument("--config", metavar="FILE", default="/etc/migd/migd.yaml",
+                    help="the migd.yaml whose profiles, schedule and slurm.demand.candidates are weighed "
+                    "(default /etc/migd/migd.yaml)")
+    sp.add_argument("--nodes", type=cliargs.count, metavar="N",
+                    help="nodes replayed (default: as many as sacct's NodeList names)")
+    sp.add_argument("--gpu", default=WHAT_IF_MODEL, choices=sorted(MODELS), metavar="MODEL",
+                    help=f"each node's GPU model, a catalog key (default {WHAT_IF_MODEL})")
+    sp.add_argument("--gpus", type=cliargs.count, default=8, metavar="N", help="GPUs per node (default 8)")
+    sp.add_argument("--partition", help="replay only this partition's jobs (default: every job)")
+    sp.add_argument("--search", type=cliargs.count, default=40, metavar="N",
+                    help="replays the search for the best fixed mix may make (default 40)")
+    sp.add_argument("--suggest", metavar="DIR", type=Path, help="write the best fixed mix as migd profiles and a "
+                    "migd.yaml whose schedule holds it (DIR/profiles/whatif-1.yaml, DIR/migd.whatif-1.yaml), and "
+                    "as mig-parted configs (DIR/mig-parted.yaml)")
+    sp.add_argument("-o", "--output", choices=("table", "json"), default="table", help="output format")

@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from migd import cliargs
 from migd.catalog.models import MODELS
 from migd.daemon.config import Config, load_config
 from migd.errors import ValidationError
@@ -30,28 +29,6 @@ from migd.whatif.policies import Setup
 from migd.whatif.sacct import Record, SacctError, days_of, read_sacct
 from migd.whatif.suggest import write_mig_parted, write_suggestion
 from migd.whatif.weigh import BEST, Weighed, weigh
-
-DEFAULT_MODEL = "H100-SXM5-80GB"
-
-
-def add_parser(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument("--sacct", metavar="FILE", required=True, help="sacct --parsable2 output (- reads standard "
-                    "input); its first line names the fields: docs/demand.md gives the command")
-    sp.add_argument("--config", metavar="FILE", default="/etc/migd/migd.yaml",
-                    help="the migd.yaml whose profiles, schedule and slurm.demand.candidates are weighed "
-                    "(default /etc/migd/migd.yaml)")
-    sp.add_argument("--nodes", type=cliargs.count, metavar="N",
-                    help="nodes replayed (default: as many as sacct's NodeList names)")
-    sp.add_argument("--gpu", default=DEFAULT_MODEL, choices=sorted(MODELS), metavar="MODEL",
-                    help=f"each node's GPU model, a catalog key (default {DEFAULT_MODEL})")
-    sp.add_argument("--gpus", type=cliargs.count, default=8, metavar="N", help="GPUs per node (default 8)")
-    sp.add_argument("--partition", help="replay only this partition's jobs (default: every job)")
-    sp.add_argument("--search", type=cliargs.count, default=40, metavar="N",
-                    help="replays the search for the best fixed mix may make (default 40)")
-    sp.add_argument("--suggest", metavar="DIR", type=Path, help="write the best fixed mix as migd profiles and a "
-                    "migd.yaml whose schedule holds it (DIR/profiles/whatif-1.yaml, DIR/migd.whatif-1.yaml), and "
-                    "as mig-parted configs (DIR/mig-parted.yaml)")
-    sp.add_argument("-o", "--output", choices=("table", "json"), default="table", help="output format")
 
 
 def cmd_whatif(args: argparse.Namespace) -> int:
