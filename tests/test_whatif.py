@@ -171,6 +171,7 @@ def test_migctl_what_if_prints_the_three_side_by_side(tmp_path: Path, capsys: py
     assert {"wait p50", "wait p95", "worst type p95", "p95 1g.10gb", "p95 3g.40gb", "p95 7g.80gb"} <= {
         line[:24].strip() for line in out.splitlines()}
     assert "7 jobs replayed; not replayed: 1 ended before they started" in out
+    assert ", 1 node of 2 x H100-SXM5-80GB, " in out  # the record's one node, not "1 nodes"
 
 
 @pytest.mark.parametrize("argv,said", [

@@ -46,7 +46,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     weighed = weigh(setup, record.trace.jobs, nodes, waves, record.end_s, days_of(record), args.search)
     written = []
     if args.suggest is not None:
-        said = f"migctl what-if --sacct {args.sacct}: best fixed mix on {nodes} nodes of {args.gpus} x {args.gpu}"
+        said = f"migctl what-if --sacct {args.sacct}: best fixed mix on {_nodes(nodes)} of {args.gpus} x {args.gpu}"
         try:
             written = write_suggestion(args.suggest, weighed.best_nodes, cfg.profiles, setup.candidates.names,
                                        cfg.timezone.key, said)
@@ -85,11 +85,15 @@ def _config(path: Path) -> Config:
     return load_config(path, path.read_text())
 
 
+def _nodes(n: int) -> str:
+    return f"{n} node" if n == 1 else f"{n} nodes"
+
+
 def _head(args: argparse.Namespace, record: Record, setup: Setup, nodes: int, waves: int) -> list[str]:
     t = record.trace
     skipped = "".join(f"; not replayed: {n} {why}" for why, n in sorted(record.skipped.items()))
     out = [f"what-if: {args.sacct}: {len(t.jobs)} jobs replayed{skipped}",
-           f"from {t.start:%a %Y-%m-%d %H:%M} for {record.end_s / 3600:.1f} h, {nodes} nodes of {args.gpus} x "
+           f"from {t.start:%a %Y-%m-%d %H:%M} for {record.end_s / 3600:.1f} h, {_nodes(nodes)} of {args.gpus} x "
            f"{args.gpu}, waves of {waves}; candidates {', '.join(setup.candidates.names)} ({args.config})"]
     offered = {k for lay in setup.layouts.values() for k, _ in lay.capacity}
     for mig_type in sorted({j.gres for j in t.jobs} - offered):
