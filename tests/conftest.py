@@ -46,6 +46,13 @@ def _unit_message(item: pytest.Item, how: str) -> str:
 # nodes, open them or run migd with access by owner (the sampled crash matrix's owner changes too) are one
 # group, run by one worker one after another: pytestmark = pytest.mark.xdist_group("caps").
 
+# Longest first: xdist hands out one test at a time as workers free up (after the "caps" group, the largest
+# unit), so the integration tests, which take seconds each, go out before the in-process ones, which then
+# fill the gaps at the end instead of leaving three workers idle while a late slow test runs on the fourth.
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.get_closest_marker("integration") is None)  # a stable sort
+
+
 # A suite started in the background of a script (`pytest &`, nohup) inherits SIGINT ignored, and so would
 # every migctl it starts: the tests of Ctrl-C (migctl's cancel) need it delivered, however pytest was run.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
