@@ -212,3 +212,23 @@ def test_mixes_decide_the_same_whatever_the_input_order() -> None:
         rng.shuffle(views)
         assert decide(Snapshot(tuple(pending), tuple(views)), MIXES) == first
     assert first.changes
+
+
+def test_a_queue_that_has_waited_long_keeps_its_supply_for_newer_larger_work() -> None:
+    """Twenty 2g jobs have waited 10 hours; the balanced node runs them within the 8 h horizon, so in
+    slice-hours alone they are fully served and three of its GPUs would go to three 7g jobs queued two
+    hours ago (56 slice-hours more of work run).  By expected wait the 2g queue is the worse off
+    (10 h + 5 h to run against 2 h + 12 h): taking its GPUs would lengthen the longest wait, so the node
+    keeps them; with the 2g jobs fresh, the 7g work's wait is the longest and the node carves GPUs for it."""
+    training = NodeView("gpu1", "night", OLD, tuple(Running(f"r{g}", "7g.80gb", 1, 6 * 3600, "nlp", OLD, 10 * 3600)
+                                                    for g in range(8)))
+    serving = NodeView("gpu0", "balanced", OLD)
+    nlp = tuple(Pending(f"t{i}", "nlp", "7g.80gb", 1, 8 * 3600, age_s=2 * 3600) for i in range(3))
+
+    def inference(age_s: float) -> tuple[Pending, ...]:
+        return tuple(Pending(f"s{i}", "serving", "2g.20gb", 1, 2 * 3600, age_s=age_s) for i in range(20))
+    d = decide(Snapshot(inference(10 * 3600) + nlp, (serving, training)), MIXES)
+    assert d.changes == ()
+    d = decide(Snapshot(inference(2 * 3600) + nlp, (serving, training)), MIXES)
+    assert [c.node for c in d.changes] == ["gpu0"] and MIXES[d.changes[0].new].count("7g.80gb") >= 1
+    assert "longest expected wait 14.0 h (7g.80gb) -> " in d.changes[0].reason

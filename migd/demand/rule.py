@@ -12,8 +12,13 @@ while it drains and switches.  Changes are taken best first, one node at a time:
    that type's pending work (not the thresholds below: a minority's work is small, and the majority's
    queue would fill the GPU it takes, so in slice-hours alone carving a place never pays, and the
    minority waits for ever); none that takes the last place away is made;
-2. then the change that best lifts the worst-served account, then the largest net gain, while one
-   pays enough (``min_gain_slice_h`` and ``gain_ratio``);
+2. then the change that most shortens the longest expected wait of a MIG type (its oldest pending
+   job's age plus the time the type's supply takes to run its work within the horizon), then best
+   lifts the worst-served account, then the largest net gain, while one pays enough
+   (``min_gain_slice_h`` and ``gain_ratio``); never one that lengthens that wait or leaves the
+   worst-served account worse off.  Slice-hours alone are blind to when work runs: a type whose queue
+   the horizon still covers looks fully served however late its jobs start, and its supply would be
+   taken for a type whose (forecast) work is larger;
 3. held: a node that has not held its layout ``min_dwell_s`` or has no switches left today, and a
    change that would undo the node's previous one within ``reverse_s`` (demand that turned around);
 4. never more nodes in maintenance than the limit.
@@ -59,13 +64,30 @@ class Change:
     cost_slice_h: float
     ready_in_s: float  # when its new layout can serve (its running jobs' end, then the switch)
     places: tuple[str, ...] = ()  # MIG types with pending work that had no place to run and get one
+    wait: Wait | None = None  # the longest expected wait of a MIG type before and after it
 
     @property
     def reason(self) -> str:
         place = f"; gives {', '.join(self.places)} a place to run" if self.places else ""
+        wait = f"; {self.wait}" if self.wait is not None else ""
         return (f"{self.node}: {self.old} -> {self.new}: gains {self.benefit_slice_h:.1f} slice-hours of pending "
                 f"work for {self.cost_slice_h:.1f} idled while it drains (ready in {self.ready_in_s / 60:.0f} min)"
-                + place)
+                + wait + place)
+
+
+@dataclass(frozen=True)
+class Wait:
+    """The longest expected wait of a MIG type (its oldest pending job's age plus the time the type's
+    supply takes to run its work), before and after a change: what a change is first chosen by."""
+
+    before_s: float
+    before_type: str
+    after_s: float
+    after_type: str
+
+    def __str__(self) -> str:
+        return (f"longest expected wait {self.before_s / 3600:.1f} h ({self.before_type}) -> "
+                f"{self.after_s / 3600:.1f} h ({self.after_type})")
 
 
 @dataclass(frozen=True)
@@ -81,14 +103,19 @@ class Score:
     unplaced: tuple[str, ...]  # MIG types with pending work that no node's layout can start
     worst: float  # the worst-served account's fraction of its work that can run
     served: float  # slice-hours of work that can run
+    wait_s: float = 0.0  # the longest expected wait of a MIG type (_Fleet.score)
+    wait_type: str = "-"  # the type it is of
 
 
 class _Fleet:
     """Supply per type over the nodes against the demand per type and account, and the places each
     type with pending work has, with one node's part swappable (a trial costs O(types x accounts))."""
 
-    def __init__(self, demand: Mapping[str, Mapping[str, float]], need: Mapping[str, int]) -> None:
+    def __init__(self, demand: Mapping[str, Mapping[str, float]], need: Mapping[str, int],
+                 oldest: Mapping[str, float], horizon_s: float) -> None:
         self.demand = demand  # type -> account -> slice-hours
+        self.oldest = oldest  # type -> the age of its oldest pending job (s)
+        self.horizon_s = horizon_s
         self.need = dict(sorted(need.items()))  # type -> instances its smallest pending job asks on one node
         self.by_type = {t: sum(a.values()) for t, a in demand.items()}
         self.asked: dict[str, float] = defaultdict(float)
@@ -117,13 +144,18 @@ class _Fleet:
 
     def score(self, node: str | None = None, supply: Supply | None = None, layout: Layout | None = None) -> Score:
         """The fleet's score with ``node``'s part replaced by ``supply`` in ``layout``.  An account's share
-        of a type's supply is its share of that type's demand."""
+        of a type's supply is its share of that type's demand.  A type's expected wait is its oldest
+        pending job's age plus the time its supply takes to run its work (``horizon x demand / supply``,
+        at most ``WAIT_CAP`` horizons: a type offered nothing waits that long)."""
         old_supply, old_layout = self.part[node] if node is not None else ({}, None)
         new = supply or {}
         got = dict.fromkeys(self.asked, 0.0)
         total = 0.0
+        wait: tuple[float, str] = (0.0, "-")
         for t, d in self.by_type.items():
             offered = self.total[t] - old_supply.get(t, 0.0) + new.get(t, 0.0)
+            clear = self.horizon_s * min(WAIT_CAP, d / offered if offered > 0 else WAIT_CAP)
+            wait = max(wait, (self.oldest.get(t, 0.0) + clear, t))
             run = d if offered >= d else offered
             total += run
             share = run / d
@@ -137,7 +169,10 @@ class _Fleet:
                 places += (layout.count(t) >= k) - (old_layout.count(t) >= k)
             if places <= 0:
                 unplaced.append(t)
-        return Score(tuple(unplaced), worst, total)
+        return Score(tuple(unplaced), worst, total, wait[0], wait[1])
+
+
+WAIT_CAP = 10.0  # horizons: the expected wait of a type its supply would take longer to serve, or never
 
 
 def _work(p: Pending, params: Params, ratio: Mapping[str, float]) -> float:
@@ -191,7 +226,10 @@ def decide(snap: Snapshot, layouts: Mapping[str, Layout], params: Params = Param
     offered = {t for lay in layouts.values() for t, _ in lay.capacity}
     slices = max(lay.slices for lay in layouts.values())  # a node's slices (the fullest layout's)
     demand, unservable = _demand(snap, offered, slices * len(snap.nodes), params)
-    fleet = _Fleet(demand, _need(snap.pending, layouts))
+    oldest: dict[str, float] = {}
+    for p in snap.pending:
+        oldest[p.mig_type] = max(oldest.get(p.mig_type, 0.0), p.age_s)
+    fleet = _Fleet(demand, _need(snap.pending, layouts), oldest, params.horizon_s)
     for n in snap.nodes:
         fleet.put(n.name, supply(n, layouts[n.layout], h, staying=not n.draining), layouts[n.layout])
     busy = sum(1 for n in snap.nodes if n.draining)
@@ -215,7 +253,8 @@ def decide(snap: Snapshot, layouts: Mapping[str, Layout], params: Params = Param
                     tuple(sorted(held.items())))
 
 
-_Key = tuple[int, float, float, float, str, str]  # unplaced types, (a place's) readiness, worst, -net, node, layout
+_Key = tuple[int, float, float, float, float, str, str]  # unplaced types, (a place's) readiness, longest expected
+# wait, worst, -net, node, layout
 
 
 @dataclass(frozen=True)
@@ -228,9 +267,10 @@ class _Search:
     held: dict[str, str]
 
     def best(self, nodes: list[NodeView]) -> tuple[NodeView, Change, Supply] | None:
-        """The change that gives the most unplaced types a place (soonest), then best lifts the worst-served
-        account, then gains the most net (ties: node, then layout name).  Nodes alike (same layout,
-        same running jobs, same history) are tried once: the first by name stands for them all."""
+        """The change that gives the most unplaced types a place (soonest), then most shortens the longest
+        expected wait of a type, then best lifts the worst-served account, then gains the most net (ties:
+        node, then layout name).  Nodes alike (same layout, same running jobs, same history) are tried
+        once: the first by name stands for them all."""
         now = self.fleet.score()
         found: _Key | None = None
         pick: tuple[NodeView, Change, Supply] | None = None
@@ -262,14 +302,16 @@ class _Search:
             benefit = after.served - now.served
             if cost > sum(self.fleet.by_type.get(t, 0.0) for t in places) if places else (
                     benefit - cost < self.params.min_gain_slice_h or after.worst < now.worst - 1e-9
-                    or benefit < self.params.gain_ratio * cost):
+                    or after.wait_s > now.wait_s + 1e-3 or benefit < self.params.gain_ratio * cost):
                 continue
-            change = Change(node.name, node.layout, name, benefit, cost, ready, places)
+            change = Change(node.name, node.layout, name, benefit, cost, ready, places,
+                            Wait(now.wait_s, now.wait_type, after.wait_s, after.wait_type))
             why = _hysteresis(node, self.params) or self._reversal(node, layout)
             if why is not None:
                 self.held.setdefault(node.name, f"{change.reason}; held: {why}")
                 continue
-            key = (len(after.unplaced), ready if places else 0.0, -round(after.worst, 6), -round(benefit - cost, 6))
+            key = (len(after.unplaced), ready if places else 0.0, round(after.wait_s, 3), -round(after.worst, 6),
+                   -round(benefit - cost, 6))
             out.append(((*key, node.name, name), change, new))
         return out
 
