@@ -8,7 +8,7 @@ from datetime import datetime
 from pathlib import Path
 
 from migd.catalog.models import MODELS
-from migd.daemon.config import Config, load_config
+from migd.config.migdyaml import Config, load_config
 from migd.sim.fleets import FLEETS
 from migd.whatif import policies as _policies
 from migd.whatif.policies import GREEDY_LOOK, Policy, clock, cluster, fixed, greedy, migd

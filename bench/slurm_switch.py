@@ -24,8 +24,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from migd.config.migdyaml import load_config  # noqa: E402
 from migd.daemon.clock import Clock  # noqa: E402
-from migd.daemon.config import load_config  # noqa: E402
 from migd.daemon.service import Daemon  # noqa: E402
 from migd.hardware.caps import read_minors  # noqa: E402
 from migd.hardware.ports import read_state  # noqa: E402

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from migd.config.migdyaml import load_config
 from migd.daemon.clock import Clock
-from migd.daemon.config import load_config
 from migd.daemon.service import Daemon
 from migd.hardware.caps import read_minors
 from migd.hardware.nvml.backend import NvmlBackend

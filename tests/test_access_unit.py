@@ -23,8 +23,8 @@ from migd.access.enforce import AccessControl
 from migd.access.policy import AccessPolicy, Grant, Unowned
 from migd.apply.executor import Applier
 from migd.apply.result import GpuStatus
+from migd.config.migdyaml import load_config
 from migd.daemon.accesspass import access_control
-from migd.daemon.config import load_config
 from migd.errors import ValidationError
 from migd.hardware.caps import CapsPaths, read_minors
 from migd.hardware.ports import GpuBackend

@@ -132,8 +132,8 @@ def test_the_daemon_serves_the_readable_gpus_and_says_which_is_lost(tmp_path: Pa
     from datetime import datetime
 
     from migd.api.daemon import Outcome, Progress
+    from migd.config.migdyaml import load_config
     from migd.daemon.clock import Clock
-    from migd.daemon.config import load_config
     from migd.daemon.service import Daemon
     (tmp_path / "profiles").mkdir()
     for name in ("day.yaml", "night.yaml"):

@@ -24,8 +24,8 @@ import pytest
 from migd.api.daemon import Progress
 from migd.apply.executor import Applier
 from migd.apply.result import ApplyResult, GpuResult, GpuStatus
+from migd.config.migdyaml import load_config
 from migd.daemon.clock import Clock
-from migd.daemon.config import load_config
 from migd.daemon.retry import Retries
 from migd.daemon.service import Daemon
 from migd.plan.planner import GpuPlan

@@ -492,8 +492,8 @@ def test_a_daemon_started_during_a_migctl_apply_waits_for_it(migd: MigdProcess) 
 def test_a_read_only_state_dir_does_not_kill_the_daemon(tmp_path: Path) -> None:
     """Writes to the state dir fail (a full or read-only disk): the pass is refused and logged,
     the daemon lives on and succeeds once the disk is writable again."""
+    from migd.config.migdyaml import load_config
     from migd.daemon.clock import Clock
-    from migd.daemon.config import load_config
     from migd.daemon.service import Daemon
     from tests.daemon_harness import CONFIG, free_port
     fs = tmp_path / "fs"

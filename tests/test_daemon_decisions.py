@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from migd.api.daemon import Outcome, Progress
+from migd.config.migdyaml import load_config
 from migd.daemon.clock import Clock
-from migd.daemon.config import load_config
 from migd.daemon.service import Daemon, ManualApply
 from migd.hardware.ports import read_state
 from migd.isolation.xids import FaultMark

@@ -23,9 +23,9 @@ from migd.api.commands import ManualApply
 from migd.api.daemon import DaemonDoc
 from migd.api.plan import ApplyDoc
 from migd.apply.result import ApplyResult, OnBusy
+from migd.config.migdyaml import load_config
 from migd.ctl.text import apply_table, daemon_table
 from migd.daemon.clock import Clock
-from migd.daemon.config import load_config
 from migd.daemon.service import Daemon
 from migd.profiles.loader import load_profile
 from migd.report import apply_doc

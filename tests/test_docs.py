@@ -32,7 +32,7 @@ def test_every_config_key_is_in_the_reference_table() -> None:
     """docs/daemon.md's table lists every key migd's config accepts, no more and no fewer."""
     import re
 
-    from migd.daemon.config import KEYS
+    from migd.config.migdyaml import KEYS
     text = (REPO / "docs" / "daemon.md").read_text()
     listed = set(re.findall(r"^\| `([a-z_]+)` \|", text, flags=re.M))
     assert listed == set(KEYS)

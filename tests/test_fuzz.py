@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from migd.apply.executor import Applier
-from migd.daemon.config import load_config
+from migd.config.migdyaml import load_config
 from migd.errors import ValidationError
 from migd.plan.planner import PlanError
 from migd.profiles.loader import load_profile

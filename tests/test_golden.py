@@ -24,9 +24,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from migd.api.daemon import DaemonDoc, LastApply, Outcome
 from migd.apply.executor import Applier
+from migd.config.migdyaml import load_config
 from migd.ctl.text import daemon_table
 from migd.daemon.clock import Clock
-from migd.daemon.config import load_config
 from migd.daemon.service import Daemon
 from migd.metrics.collector import MigdCollector
 from migd.metrics.sampler import NvmlErrorCounter, Sampler

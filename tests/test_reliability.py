@@ -202,7 +202,7 @@ def test_files_others_own_are_refused(tmp_path: Path) -> None:
 def test_a_config_cannot_switch_off_the_check_of_itself(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("StrictModes applies to root")
-    from migd.daemon.config import load_config
+    from migd.config.migdyaml import load_config
     from migd.errors import ValidationError
     (tmp_path / "profiles").mkdir()
     (tmp_path / "profiles" / "day.yaml").write_text((PROFILES / "day.yaml").read_text())

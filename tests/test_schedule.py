@@ -9,8 +9,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from migd.daemon.config import load_config
-from migd.daemon.schedule import Entry, Schedule, ScheduleError, normalize_days
+from migd.config.migdyaml import load_config
+from migd.config.schedule import Entry, Schedule, ScheduleError, normalize_days
 from migd.errors import ValidationError
 from tests.helpers import PROFILES, REFERENCE
 

@@ -17,9 +17,9 @@ import pytest
 
 from migd.api.slurm import Phase
 from migd.apply.result import GpuStatus, OnBusy
+from migd.config.migdyaml import load_config
 from migd.daemon import loop
 from migd.daemon.clock import Clock
-from migd.daemon.config import load_config
 from migd.daemon.service import ManualApply
 from migd.errors import ValidationError
 from migd.isolation.events import EventCounters

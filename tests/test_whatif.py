@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from migd.catalog.models import MODELS
+from migd.config.migdyaml import Config, load_config
 from migd.ctl.migctl import main as migctl
-from migd.daemon.config import Config, load_config
 from migd.demand.capacity import node_layout
 from migd.profiles.loader import load_profile
 from migd.whatif.policies import Setup

@@ -7,8 +7,8 @@ clock) and the best fixed mix found in hindsight would have given.  ``--suggest 
 as profiles and a schedule migd loads.  Nothing on the node is read or changed: it runs anywhere, as
 any user who may read the files.
 
-migd.yaml is read by migd's own loader (migd.daemon.config), so what is weighed is what migd would
-run: the one import of the daemon's package from migctl's (pyproject.toml's layers say so).
+migd.yaml is read by migd's own loader (migd.config.migdyaml), so what is weighed is what migd would
+run.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from migd.catalog.models import MODELS
-from migd.daemon.config import Config, load_config
+from migd.config.migdyaml import Config, load_config
 from migd.errors import ValidationError
 from migd.exits import Exit
 from migd.printable import shown

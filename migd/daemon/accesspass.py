@@ -11,7 +11,7 @@ import logging
 from migd.access.enforce import PROC_INTERFACE, AccessControl
 from migd.api.access import AccessView
 from migd.apply.executor import Applier
-from migd.daemon.config import Config, unmapped_owners
+from migd.config.migdyaml import Config, unmapped_owners
 from migd.errors import ValidationError
 from migd.hardware.caps import registry_modify, uses_devfs
 from migd.hardware.ports import GpuBackend

@@ -21,8 +21,8 @@ from migd.api.checks import DaemonAudit
 from migd.api.status import StatusDoc
 from migd.apply.journal import left_behind
 from migd.cliargs import Parser
+from migd.config.migdyaml import Config, load_config, unmapped_owners
 from migd.daemon import loop
-from migd.daemon.config import Config, load_config, unmapped_owners
 from migd.daemon.driverwait import open_nvml
 from migd.daemon.sdnotify import Notifier
 from migd.daemon.server import AlreadyRunning, ControlServer, Handlers, claim

@@ -24,17 +24,17 @@ from migd.api.commands import DAEMON_LOCK_TIMEOUT_S, ManualApply
 from migd.api.demand import Source
 from migd.apply.executor import Applier
 from migd.apply.result import ApplyOptions, ApplyResult, Flag, OnBusy
+from migd.config.migdyaml import Config, ReconcileMode, restart_only
+from migd.config.schedule import Entry
 from migd.daemon.accesspass import access_control
 from migd.daemon.accesspass import view as access_view
 from migd.daemon.account import in_flight
 from migd.daemon.answers import Reloaded, Resumed
 from migd.daemon.clock import Clock
-from migd.daemon.config import Config, ReconcileMode, restart_only
 from migd.daemon.holds import hold, rehold
 from migd.daemon.hwlock import HardwareLock
 from migd.daemon.progress import Tracker
 from migd.daemon.retry import Retries
-from migd.daemon.schedule import Entry
 from migd.daemon.sdnotify import Notifier
 from migd.daemon.slurmpass import Lent, slurm_switch
 from migd.daemon.transaction import REFUSALS, Parts, Transaction

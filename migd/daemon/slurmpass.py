@@ -21,7 +21,7 @@ from migd.apply.executor import Applier, before_of
 from migd.apply.journal import LayoutDoc
 from migd.apply.result import ApplyOptions, ApplyResult, GpuResult, GpuStatus, OnBusy
 from migd.catalog.models import GpuModel
-from migd.daemon.config import Config
+from migd.config.migdyaml import Config
 from migd.daemon.demandpass import DemandPass
 from migd.hardware.inventory import survey
 from migd.hardware.ports import GpuBackend, read_state

@@ -17,9 +17,9 @@ from migd.api.daemon import LastApply, Outcome
 from migd.apply.executor import Applier
 from migd.apply.planning import touched
 from migd.apply.result import ApplyOptions, ApplyResult, BusyError, GpuStatus
+from migd.config.migdyaml import Config
 from migd.daemon.accesspass import view as access_view
 from migd.daemon.account import last_apply, say
-from migd.daemon.config import Config
 from migd.daemon.hwlock import HardwareLock
 from migd.daemon.progress import Tracker
 from migd.daemon.retry import Choice, Retries, choose

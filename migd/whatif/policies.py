@@ -37,7 +37,7 @@ class Entry(Protocol):
 
 
 class ScheduleLike(Protocol):
-    """migd's schedule (migd.daemon.schedule.Schedule), as the clock policy reads it."""
+    """migd's schedule (migd.config.schedule.Schedule), as the clock policy reads it."""
 
     @property
     def entries(self) -> Sequence[Entry]: ...
@@ -46,7 +46,7 @@ class ScheduleLike(Protocol):
 
 
 class SiteConfig(Protocol):
-    """A loaded migd.yaml (migd.daemon.config.Config), as much of it as a what-if weighs: taken as a
+    """A loaded migd.yaml (migd.config.migdyaml.Config), as much of it as a what-if weighs: taken as a
     protocol so this package needs no part of the daemon, and reads the configuration migd itself loaded."""
 
     @property

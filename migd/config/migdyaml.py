@@ -15,7 +15,7 @@ from migd.access.accessconf import AccessSettings, parse_access
 from migd.access.policy import Unowned
 from migd.apply.hooks import Hooks, parse_hooks
 from migd.apply.result import OnBusy
-from migd.daemon.schedule import Entry, Schedule, ScheduleError
+from migd.config.schedule import Entry, Schedule, ScheduleError
 from migd.errors import ValidationError
 from migd.kinds import Word
 from migd.printable import code, unprintable
