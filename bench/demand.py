@@ -8,11 +8,11 @@
     python3 bench/demand.py --config /etc/migd/migd.yaml --trace jobs.csv   # a site's own what-if
     python3 bench/demand.py --sacct tests/fixtures/slurm/sacct-parsable2.txt --fleet single-h100   # sacct's record
 
-Policies (bench/demand_policies.py, bench/demand_search.py): ``clock`` (the configuration's
+Policies (migd/whatif/policies.py, migd/whatif/fixedmix.py): ``clock`` (the configuration's
 schedule, by the calendar), ``greedy`` (nos-like), ``migd`` (migd.demand.rule over per-GPU mixes of
 the configured candidates), ``fixed-accounting`` (a fixed mix sized from the trace's slice-hours per
 MIG type) and ``fixed-hindsight`` (the best fixed mix a hill climb over replays finds).  All run
-through the same queue model (bench/demand_model.py) with the same fleet waves, decide every 5
+through the same queue model (migd/whatif/replay.py) with the same fleet waves, decide every 5
 minutes and never kill a job.  Each figure is printed beside the others from the same run.
 """
 
@@ -33,12 +33,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import demand_policies as policies  # noqa: E402
 from demand_gen import GENERATED, THURSDAY  # noqa: E402
-from demand_metrics import objective, table, targets  # noqa: E402
-from demand_search import accounting, hindsight, spread  # noqa: E402
 from demand_trace import DAY, Trace, TraceError, read_csv  # noqa: E402
 
 from migd.errors import ValidationError  # noqa: E402
 from migd.sim.fleets import FLEETS  # noqa: E402
+from migd.whatif.figures import objective, table, targets  # noqa: E402
+from migd.whatif.fixedmix import accounting, hindsight, spread  # noqa: E402
 from migd.whatif.sacct import SacctError, read_sacct  # noqa: E402
 from migd.whatif.weigh import replayer  # noqa: E402
 

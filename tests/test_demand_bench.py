@@ -21,12 +21,12 @@ sys.path.insert(0, str(REPO / "bench"))
 import demand_policies as policies  # noqa: E402
 from demand_alibaba import mig_type  # noqa: E402
 from demand_gen import THURSDAY, clock_right, shifting, synthetic  # noqa: E402
-from demand_metrics import reversals  # noqa: E402
-from demand_model import Cluster, run  # noqa: E402
-from demand_search import accounting, hindsight, spread  # noqa: E402
 from demand_trace import DAY, TraceJob, read_csv, write_csv  # noqa: E402
 
 from migd.demand.inputs import Layout  # noqa: E402
+from migd.whatif.figures import reversals  # noqa: E402
+from migd.whatif.fixedmix import accounting, hindsight, spread  # noqa: E402
+from migd.whatif.replay import Cluster, run  # noqa: E402
 
 CONFIG = REPO / "bench" / "demand.yaml"
 SETUP = policies.Setup.load(CONFIG, "dgx-h100", THURSDAY, 1)
