@@ -44,7 +44,7 @@ def test_the_recorded_sacct_is_read_as_the_jobs_that_ran() -> None:
     assert got == sorted([("physics", "1g.10gb", 1, 300), ("bio", "1g.10gb", 2, 86400), ("bio", "3g.40gb", 1, 600),
                           ("physics", "7g.80gb", 1, 1800), ("bio", "3g.40gb", 1, 1200),
                           ("physics", "1g.10gb", 1, 900), ("physics", "1g.10gb", 1, 900)])
-    assert rec.skipped == {"ended before they started": 1} and rec.nodes == {"gpu1"}
+    assert rec.skipped == {"ended before starting": 1} and rec.nodes == {"gpu1"}
     assert rec.trace.start.isoformat() == "2026-11-28T03:52:44"
     assert [j.duration_s for j in rec.trace.jobs if j.gres == "7g.80gb"] == [1800]
     assert sorted(j.duration_s for j in rec.trace.jobs if j.gres != "7g.80gb") == [1, 1, 1, 1, 2, 3]
@@ -170,7 +170,7 @@ def test_migctl_what_if_prints_the_three_side_by_side(tmp_path: Path, capsys: py
     assert head.split() == ["migd", "demand", "current", "schedule", "best", "fixed", "mix"]
     assert {"wait p50", "wait p95", "worst type p95", "p95 1g.10gb", "p95 3g.40gb", "p95 7g.80gb"} <= {
         line[:24].strip() for line in out.splitlines()}
-    assert "7 jobs replayed; not replayed: 1 ended before they started" in out
+    assert "7 jobs replayed; not replayed: 1 ended before starting" in out
     assert ", 1 node of 2 x H100-SXM5-80GB, " in out  # the record's one node, not "1 nodes"
 
 

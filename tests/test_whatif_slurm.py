@@ -84,7 +84,7 @@ def test_sacct_from_slurmdbd_is_read_as_the_jobs_submitted(cluster: AccountedClu
     assert untyped.account == "bio" and untyped.gres in ("1g.10gb", "3g.40gb")  # AllocTRES: the type it got
     got = sorted((j.account, j.gres, j.count, j.time_limit_s) for j in rec.trace.jobs)
     assert got == sorted((a, t or untyped.gres, n, limit) for a, t, n, limit in submitted.values())
-    assert rec.skipped == {"ended before they started": 1}  # the withdrawn one
+    assert rec.skipped == {"ended before starting": 1}  # the withdrawn one
     seven = next(j for j in rec.trace.jobs if j.gres == "7g.80gb")
     assert seven.duration_s == 30 * 60  # still pending: replayed to its limit
     ran = [j for j in rec.trace.jobs if j.gres != "7g.80gb"]

@@ -198,7 +198,7 @@ def _job(row: _Line) -> _Job:
     asked, why = _asked(row, started=start is not None, nodes=nodes)
     run = limit
     if why is None and start is None:
-        why = "ended before they started" if end is not None else \
+        why = "ended before starting" if end is not None else \
             "still pending with no time limit" if math.isinf(limit) else None
     elif why is None and start is not None:
         if end is None and math.isinf(limit):
