@@ -4,6 +4,7 @@
     python3 bench/demand.py                          # the synthetic trace, 64 nodes, Thursday to Sunday
     python3 bench/demand.py --short                  # 4 nodes, one weekday (CI)
     python3 bench/demand.py --trace shifting --nodes 8 --days 7
+    python3 bench/demand.py --nodes 8 --seed 1          # the synthetic trace drawn again
     python3 bench/demand.py --trace jobs.csv --start 2026-11-02T00:00 --nodes 16 --json
     python3 bench/demand.py --config /etc/migd/migd.yaml --trace jobs.csv   # a site's own what-if
     python3 bench/demand.py --sacct tests/fixtures/slurm/sacct-parsable2.txt --fleet single-h100   # sacct's record
@@ -55,6 +56,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    "(submit_s,account,partition,gres,count,duration_s,time_limit_s)")
     p.add_argument("--sacct", metavar="FILE", help="a cluster's own accounting: sacct --parsable2 output "
                    "(migd/whatif/sacct.py); nodes default to those its NodeList names, days to its span")
+    p.add_argument("--seed", type=int, help="a generated trace's seed (default each trace's own: synthetic 7, "
+                   "shifting 11, clock-right 13): the same demand drawn again, to see what a figure owes to one draw")
     p.add_argument("--start", help="the date and time of the trace's second 0 (ISO; a CSV's default: "
                    f"{THURSDAY:%Y-%m-%d}, a Thursday)")
     p.add_argument("--days", type=float, help="days simulated (default: 4; 1 with --short)")
@@ -67,7 +70,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def load_trace(args: argparse.Namespace, nodes: int, days: float) -> Trace:
     start = datetime.fromisoformat(args.start) if args.start else None
     if args.trace in GENERATED:
-        kw = {"start": start} if start else {}
+        kw: dict[str, Any] = {"start": start} if start else {}
+        if args.seed is not None:
+            kw["seed"] = args.seed
         return GENERATED[args.trace](nodes, int(days + 0.999), **kw)
     path = Path(args.trace)
     return Trace(path.name, tuple(read_csv(path)), start or THURSDAY)
@@ -108,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     except SacctError as e:
         print(f"demand.py: {e}", file=sys.stderr)
         return 2
+    if args.seed is not None and (record or args.trace not in GENERATED):
+        print(f"demand.py: --seed draws a generated trace ({', '.join(GENERATED)}); "
+              f"{args.sacct or args.trace} is a record", file=sys.stderr)
+        return 2
     nodes = args.nodes or (max(1, len(record.nodes)) if record else 4 if args.short else 64)
     days = args.days or (record.end_s / DAY if record else 1.0 if args.short else 4.0)
     if nodes < 1 or days <= 0:
@@ -125,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     checks = targets(results, trace.clock_right)
     if args.json:
         print(json.dumps({"policies": results, "nodes": nodes, "days": days, "jobs": len(trace.jobs),
-                          "trace": trace.name, "start": trace.start.isoformat(), **about,
+                          "trace": trace.name, "seed": args.seed, "start": trace.start.isoformat(), **about,
                           "targets": [{"target": t, "met": ok, "figures": f} for t, ok, f in checks]}, indent=1))
         return 0
     print(f"demand bench: trace {trace.name} from {trace.start:%a %Y-%m-%d %H:%M}, {len(trace.jobs)} jobs, {nodes} "

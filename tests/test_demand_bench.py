@@ -82,6 +82,23 @@ def test_generated_traces_follow_the_calendar_and_are_seeded() -> None:
     assert night and all((j.submit_s % DAY) / 3600 >= 19 or (j.submit_s % DAY) / 3600 < 6 for j in night)
 
 
+def test_seed_draws_the_generated_trace_again_and_a_record_refuses_it(tmp_path: Path) -> None:
+    """--seed: the same generator, another draw (how much a figure owes to one draw); the default is the
+    trace's own seed; a CSV or sacct record has no seed to draw: one line, exit 2."""
+    import demand
+
+    again = demand.load_trace(demand.parse(["--seed", "1"]), 2, 1.0)
+    assert again.jobs == synthetic(2, 1, seed=1).jobs != demand.load_trace(demand.parse([]), 2, 1.0).jobs
+    assert demand.load_trace(demand.parse([]), 2, 1.0).jobs == synthetic(2, 1).jobs
+    assert demand.load_trace(demand.parse(["--trace", "shifting", "--seed", "5"]), 2, 1.0) == shifting(2, 1, seed=5)
+    path = tmp_path / "jobs.csv"
+    write_csv(path, list(synthetic(1, 1).jobs[:5]))
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "demand.py"), "--trace", str(path), "--seed", "3"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--seed" in r.stderr and "jobs.csv" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
 def test_the_accounting_mix_is_sized_from_slice_hours_per_type() -> None:
     """Only whole-GPU work: every GPU night.  Equal slice-hours of 1g and 7g work: GPUs split between
     day and night, none to layouts that serve neither."""
