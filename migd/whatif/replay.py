@@ -6,11 +6,11 @@ nothing and keeps its running jobs; a node switches layout only once it is empty
 never kills a job: ``jobs_killed`` counts any job a switch would have cut short, and must stay 0),
 then is out of service ``switch_s`` (apply, GRES, Slurm restart, registration).  Scheduling is
 first-come per MIG type with backfill: a job that fits starts even if an older one of its type does
-not.  With ``reserve`` it is Slurm 22.05's as measured on a real cluster (tests/test_slurm_replay.py):
-every pending job in submission order (priority/basic); one that cannot start reserves the node where
-the running jobs' time limits free its instances soonest, and a younger job starts on a reserved node
-only if its own time limit ends before that (sched/backfill's reservations are whole nodes, so a job
-of another MIG type waits too).  Steps of ``step_s`` seconds: waits are measured to a step.
+not.  With ``reserve`` it is Slurm 22.05's sched/backfill over select/cons_tres, as read in Slurm's
+source and checked against a replay on a real cluster (migd/whatif/backfill.py): every pending job in
+submission order reserves a whole node from cons_tres's estimate of its start, and a younger job of any
+MIG type starts only where its time limit meets no reservation.  Steps of ``step_s`` seconds: waits
+are measured to a step.
 """
 
 from __future__ import annotations
@@ -19,42 +19,12 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from migd.demand.inputs import Layout, slices_of
+from migd.demand.inputs import Layout
+from migd.whatif.backfill import backfill
+from migd.whatif.fleet import Job, Node
 from migd.whatif.jobs import TraceJob
 
-
-@dataclass
-class Job:
-    spec: TraceJob
-    start: float | None = None
-    node: str | None = None
-
-    @property
-    def end(self) -> float:
-        assert self.start is not None
-        return self.start + self.spec.duration_s
-
-
-@dataclass
-class Node:
-    name: str
-    layout: Layout
-    slices: int  # physical slices (7 per GPU)
-    since: float = 0.0
-    running: list[Job] = field(default_factory=list)
-    target: Layout | None = None  # draining towards it
-    ready_at: float | None = None  # switching: in service again then
-    switches: list[float] = field(default_factory=list)
-    history: list[tuple[float, Layout, Layout]] = field(default_factory=list)  # (when, from, to), each switch
-
-    def free(self, mig_type: str) -> int:
-        if self.target is not None or self.ready_at is not None:
-            return 0
-        used = sum(j.spec.count for j in self.running if j.spec.gres == mig_type)
-        return self.layout.count(mig_type) - used
-
-    def busy_slices(self) -> int:
-        return sum(slices_of(j.spec.gres) * j.spec.count for j in self.running)
+__all__ = ["Cluster", "Job", "Node", "Policy", "run"]  # Job and Node live in fleet.py, shared with backfill.py
 
 
 Policy = Callable[[float, "Cluster"], Mapping[str, Layout]]
@@ -72,8 +42,9 @@ class Cluster:
     busy_slice_s: float = 0.0
     drain_slice_s: float = 0.0
     killed: int = 0
-    reserve: bool = False  # Slurm's backfill reservations (above); off: first-come per type
+    reserve: bool = False  # Slurm's backfill and its reservations (above); off: first-come per type
     release_s: float = 0.0  # an ended job's instances serve again this much later (Slurm: its end seen, a pass)
+    epoch_s: float = 0.0  # the wall clock at time 0 (Slurm's backfill rounds its estimates on it)
 
     def in_maintenance(self) -> int:
         return sum(1 for n in self.nodes if n.target is not None or n.ready_at is not None)
@@ -99,7 +70,10 @@ class Cluster:
                 n.history.append((now, n.layout, n.target))
                 n.layout, n.target, n.ready_at, n.since = n.target, None, now + self.switch_s, now
                 n.switches.append(now)
-        (self._schedule_reserving if self.reserve else self._schedule)(now)
+        if self.reserve:
+            backfill(self.nodes, self.pending, now, self.epoch_s)
+        else:
+            self._schedule(now)
         for n in self.nodes:
             busy = n.busy_slices()
             self.busy_slice_s += busy * dt
@@ -125,42 +99,6 @@ class Cluster:
             if started:
                 ids = {id(j) for j in started}
                 self.pending[mig_type] = [j for j in queue if id(j) not in ids]
-
-
-    def _schedule_reserving(self, now: float) -> None:
-        """Every pending job oldest first: it starts on the first node with its instances free and no
-        reservation its time limit would reach into; else it reserves the node it can start on soonest."""
-        queue = sorted((j for q in self.pending.values() for j in q), key=lambda j: j.spec.submit_s)
-        free = {n.name: {t: n.free(t) for t, _ in n.layout.capacity} for n in self.nodes}
-        held: dict[str, float] = {}  # node -> when the earliest reservation on it begins
-        started: set[int] = set()
-        for job in queue:
-            t, k, until = job.spec.gres, job.spec.count, now + job.spec.time_limit_s
-            node = next((n for n in self.nodes if free[n.name].get(t, 0) >= k
-                         and until <= held.get(n.name, float("inf"))), None)
-            if node is not None:
-                job.start, job.node = now, node.name
-                node.running.append(job)
-                free[node.name][t] -= k
-                started.add(id(job))
-                continue
-            soonest = min(((self._frees(n, t, k, free[n.name].get(t, 0)), n.name) for n in self.nodes
-                           if n.target is None and n.ready_at is None and n.layout.count(t) >= k), default=None)
-            if soonest is not None:
-                held[soonest[1]] = min(held.get(soonest[1], float("inf")), soonest[0])
-        if started:
-            for t, q in self.pending.items():
-                self.pending[t] = [j for j in q if id(j) not in started]
-
-    @staticmethod
-    def _frees(n: Node, mig_type: str, count: int, free: int) -> float:
-        """When ``count`` instances of ``mig_type`` are free on ``n`` by its running jobs' time limits."""
-        for end, k in sorted((j.start + j.spec.time_limit_s, j.spec.count) for j in n.running
-                             if j.spec.gres == mig_type and j.start is not None):
-            free += k
-            if free >= count:
-                return end
-        return float("inf")
 
 
 def run(trace: list[TraceJob], cluster: Cluster, policy: Policy, end_s: float, step_s: float = 30.0,

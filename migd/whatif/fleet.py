@@ -1,0 +1,42 @@
+"""The queue model's jobs and nodes (replay.py runs them; backfill.py plans over them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from migd.demand.inputs import Layout, slices_of
+from migd.whatif.jobs import TraceJob
+
+
+@dataclass
+class Job:
+    spec: TraceJob
+    start: float | None = None
+    node: str | None = None
+
+    @property
+    def end(self) -> float:
+        assert self.start is not None
+        return self.start + self.spec.duration_s
+
+
+@dataclass
+class Node:
+    name: str
+    layout: Layout
+    slices: int  # physical slices (7 per GPU)
+    since: float = 0.0
+    running: list[Job] = field(default_factory=list)
+    target: Layout | None = None  # draining towards it
+    ready_at: float | None = None  # switching: in service again then
+    switches: list[float] = field(default_factory=list)
+    history: list[tuple[float, Layout, Layout]] = field(default_factory=list)  # (when, from, to), each switch
+
+    def free(self, mig_type: str) -> int:
+        if self.target is not None or self.ready_at is not None:
+            return 0
+        used = sum(j.spec.count for j in self.running if j.spec.gres == mig_type)
+        return self.layout.count(mig_type) - used
+
+    def busy_slices(self) -> int:
+        return sum(slices_of(j.spec.gres) * j.spec.count for j in self.running)
