@@ -5,16 +5,16 @@
     python3 bench/demand_replay.py --switch-s 4.5  # with a switch of 4.5 s (what real Slurm measured)
     python3 bench/demand_replay.py --switch-s 2.3 --release-s 0.4 --epoch-s 1795840000.4  # a run's figures
 
-The trace is written in compressed time: one second of it is a minute of a working day (``COMPRESSION``),
-so about two hours of demand (216 jobs) take under two minutes, and their queue about three more.  Everything in seconds is compressed
-alike, and both sides get the same figures: run times and the arrival phases; the rule's knobs that
-migd.yaml has (``horizon`` 8 h -> 8 min, ``min_dwell`` 1 h -> 1 min, ``interval`` 60 s -> 1 s,
-``min_gain`` 7 slice-hours -> 0: an integer knob, and 7/60 rounds to 0); time limits are whole
-minutes, at least one, as Slurm keeps them (``sbatch -t`` rounds seconds up to a minute), so a
-compressed job's limit is its run time padded as the generator pads it, then rounded up to a minute.
-The rule's own figures that migd.yaml has no knob for (the switch time it reckons with, 180 s; the
-recent-arrival window, 1 h, and its 4 h lookahead; the 6 h reversal window) stay as they are on both
-sides: the planner on real Slurm cannot be given others, and the model must decide as it does.
+The trace is written in compressed time: one second of it is a minute of a working day
+(``COMPRESSION``), so about two hours of demand (216 jobs) take under two minutes, and their queue about
+three more. Everything in seconds is compressed alike, and both sides get the same figures: run times
+and the arrival phases; the rule's knobs that migd.yaml has (``horizon`` 8 h -> 8 min, ``min_dwell`` 1 h
+-> 1 min, ``interval`` 60 s -> 1 s, ``min_gain`` 7 slice-hours -> 0: an integer knob, and 7/60 rounds to
+0); time limits are whole minutes, at least one, as Slurm keeps them (``sbatch -t`` rounds seconds up to
+a minute), so a compressed job's limit is its run time padded as the generator pads it, then rounded up
+to a minute. The rule's own figures that migd.yaml has no knob for (the switch time it reckons with, 180
+s; the recent-arrival window, 1 h, and its 4 h lookahead; the 6 h reversal window) stay as they are on
+both sides: the planner on real Slurm cannot be given others, and the model must decide as it does.
 
 The model is migd/whatif/replay.py, the one bench/demand.py replays, run with the replay's figures:
 a 1-second step (Slurm's scheduler here runs every 2 s and at each job's end, not every 30 s), the
