@@ -55,6 +55,7 @@ INITIAL = {"gpu1": "night", "gpu2": "day", "gpu3": "balanced"}  # the planner is
 CANDIDATES = ("day", "night", "night-two", "balanced")
 CATALOG = "gpu:1g.10gb:14,gpu:2g.20gb:4,gpu:3g.40gb:4,gpu:7g.80gb:2"  # every candidate mix's types, on two A100
 INTERVAL_S = 1.0
+DRAIN_LAG_S = 1.0  # the planner's want reaches the node's migd on its next pass (reconcile_interval 1 s)
 HORIZON_S = 1800.0  # (8 h compressed is 480 s; see above)
 DEMAND = f"""\
   demand:
@@ -142,7 +143,7 @@ def model(jobs: Sequence[TraceJob], switch_s: float, end_s: float, release_s: fl
     s = setup()
     nodes = [Node(name, s.layouts[layout], 7 * s.gpus, since=-1e9) for name, layout in INITIAL.items()]
     cluster = Cluster(nodes, s.layouts, switch_s=switch_s, max_in_maintenance=1, reserve=True,
-                      release_s=release_s, epoch_s=epoch_s)
+                      release_s=release_s, epoch_s=epoch_s, drain_lag_s=DRAIN_LAG_S)
     return run(list(jobs), cluster, migd(s), end_s, step_s=1.0, decide_every_s=INTERVAL_S)
 
 

@@ -94,3 +94,17 @@ def test_a_job_no_node_can_ever_hold_gets_no_estimate_and_a_drained_node_is_left
     j = pending(c, 0, "2g.20gb", 60)
     backfill(c.nodes, c.pending, 1, 0.0)
     assert j.start is None
+
+
+def test_a_change_drains_its_node_a_lag_after_it_is_ordered() -> None:
+    """On Slurm the planner writes its want and the node's own migd drains on its next pass: with
+    ``drain_lag_s`` a job may still start on the node in between, and the wave counts the order."""
+    gpu1, gpu2 = Node("gpu1", SMALL, 7), Node("gpu2", SMALL, 7)
+    c = Cluster([gpu1, gpu2], {}, reserve=True, drain_lag_s=1.0)
+    assert c.order(gpu1, BALANCED, 10)
+    assert not c.order(gpu2, BALANCED, 10)  # one in maintenance at a time, the ordered one counted
+    j = pending(c, 10, "1g.10gb", 60)
+    c.step(10, 1)
+    assert (j.node, gpu1.target) == ("gpu1", None)
+    c.step(11, 1)
+    assert gpu1.target == BALANCED and c.ordered == {}

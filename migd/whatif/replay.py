@@ -45,21 +45,31 @@ class Cluster:
     reserve: bool = False  # Slurm's backfill and its reservations (above); off: first-come per type
     release_s: float = 0.0  # an ended job's instances serve again this much later (Slurm: its end seen, a pass)
     epoch_s: float = 0.0  # the wall clock at time 0 (Slurm's backfill rounds its estimates on it)
+    # a change ordered drains its node this much later (on Slurm the node's own migd drains it on its
+    # next pass, not the planner as it decides); node -> (layout, when)
+    drain_lag_s: float = 0.0
+    ordered: dict[str, tuple[Layout, float]] = field(default_factory=dict)
 
     def in_maintenance(self) -> int:
-        return sum(1 for n in self.nodes if n.target is not None or n.ready_at is not None)
+        return sum(1 for n in self.nodes if n.target is not None or n.ready_at is not None or n.name in self.ordered)
 
     def order(self, node: Node, layout: Layout, now: float) -> bool:
         """A policy's change: drain ``node`` towards ``layout`` (False: the wave is full)."""
-        if layout.name == node.layout.name or node.target is not None or node.ready_at is not None:
+        if layout.name == node.layout.name or node.target is not None or node.ready_at is not None \
+                or node.name in self.ordered:
             return False
         if self.in_maintenance() >= self.max_in_maintenance:
             return False
-        node.target = layout
+        if self.drain_lag_s > 0:
+            self.ordered[node.name] = (layout, now + self.drain_lag_s)
+        else:
+            node.target = layout
         return True
 
     def step(self, now: float, dt: float) -> None:
         for n in self.nodes:
+            if n.name in self.ordered and self.ordered[n.name][1] <= now:
+                n.target = self.ordered.pop(n.name)[0]
             for j in [j for j in n.running if j.end + self.release_s <= now]:
                 n.running.remove(j)
                 self.done.append(j)
