@@ -132,7 +132,7 @@ def _arrivals(rng: random.Random, days: int, nodes: int, rate: Callable[[Stream,
     for minute in range(int(days * DAY / 60)):
         t = minute * 60.0
         for s in streams:
-            for _ in range(_poisson(rng, rate(s, t) * nodes / 60)):
+            for _ in range(poisson(rng, rate(s, t) * nodes / 60)):
                 jobs.append(_job(rng, s, t + rng.uniform(0, 60)))
     return jobs
 
@@ -141,7 +141,8 @@ def _sorted(jobs: list[TraceJob]) -> tuple[TraceJob, ...]:
     return tuple(sorted(jobs, key=lambda j: (j.submit_s, j.account)))
 
 
-def _poisson(rng: random.Random, lam: float) -> int:
+def poisson(rng: random.Random, lam: float) -> int:
+    """A Poisson draw with mean ``lam`` (Knuth's product of uniforms: small means, one stream of draws)."""
     k, p, limit = 0, 1.0, math.exp(-lam)
     while True:
         p *= rng.random()

@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import demand_policies as policies  # noqa: E402
+from demand_gen import poisson  # noqa: E402
 from demand_trace import TraceJob  # noqa: E402
 
 from migd.whatif.figures import pct  # noqa: E402
@@ -109,22 +110,13 @@ def trace(seed: int = SEED) -> tuple[TraceJob, ...]:
     for second in range(int(LENGTH_S)):
         phase = [p for p in PHASES if p.start_s <= second][-1]
         for account, rate in sorted(phase.rates.items()):
-            for _ in range(_poisson(rng, rate)):
+            for _ in range(poisson(rng, rate)):
                 s = STREAMS[account]
                 run_s = round(rng.uniform(*s.run_s))
                 limit = max(60, math.ceil(run_s * rng.uniform(1.2, 2.0) / 60) * 60)
                 jobs.append(TraceJob(round(second + rng.uniform(0, 1), 1), account, "main", s.gres,
                                      rng.choice(s.counts), run_s, limit))
     return tuple(sorted(jobs, key=lambda j: (j.submit_s, j.account)))
-
-
-def _poisson(rng: random.Random, lam: float) -> int:
-    k, p, limit = 0, 1.0, math.exp(-lam)
-    while True:
-        p *= rng.random()
-        if p <= limit:
-            return k
-        k += 1
 
 
 def setup(profiles: Path = ROOT / "profiles") -> policies.Setup:
@@ -158,7 +150,7 @@ def waits(cluster: Cluster, end_s: float) -> dict[str, list[float]]:
 
 
 def figures(by_type: Mapping[str, list[float]]) -> dict[str, tuple[float, float, int]]:
-    """Per MIG type: median and p95 wait (bench/demand_metrics.pct), and how many jobs."""
+    """Per MIG type: median and p95 wait (migd/whatif/figures.pct), and how many jobs."""
     return {t: (pct(w, 50), pct(w, 95), len(w)) for t, w in sorted(by_type.items())}
 
 

@@ -65,7 +65,7 @@ COMMAND = "MIGD_REPLAY=1 pytest -q -p no:cacheprovider -n 0 tests/test_slurm_rep
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[tuple[SlurmCluster, dict[str, MigdProcess]]]:
     if os.environ.get("MIGD_REPLAY") != "1":  # before the cluster is built: the skip costs nothing
-        pytest.skip(f"the replay on real Slurm takes about 5 minutes and compares timings, so it runs alone "
+        pytest.skip(f"the replay on real Slurm takes about 3.5 minutes and compares timings, so it runs alone "
                     f"(CI runs it as its own step): {COMMAND}")
     with migd_fleet(tmp_path, replay.INITIAL, CONFIG, fleet=replay.FLEET, catalog=replay.CATALOG, cpus=32,
                     settings=SLURM_SETTINGS) as f:
