@@ -4,13 +4,18 @@ what it leaves, and why; the same snapshot always gives the same decision."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
+
+import pytest
 
 from migd.catalog.models import MODELS
+from migd.config.migdyaml import load_config
 from migd.demand.capacity import node_layout
 from migd.demand.fair import fair_weights
 from migd.demand.inputs import Layout, NodeView, Pending, Running, Snapshot, slices_of
 from migd.demand.mix import Candidates
 from migd.demand.rule import Params, decide
+from migd.errors import ValidationError
 from migd.profiles.loader import load_profile
 from tests.helpers import PROFILES
 
@@ -232,3 +237,21 @@ def test_a_queue_that_has_waited_long_keeps_its_supply_for_newer_larger_work() -
     d = decide(Snapshot(inference(2 * 3600) + nlp, (serving, training)), MIXES)
     assert [c.node for c in d.changes] == ["gpu0"] and MIXES[d.changes[0].new].count("7g.80gb") >= 1
     assert "longest expected wait 14.0 h (7g.80gb) -> " in d.changes[0].reason
+
+
+def test_the_reversal_window_and_switch_time_are_knobs_of_migd_yaml(tmp_path: Path) -> None:
+    """``reversal_window`` and ``switch_time`` in ``slurm.demand`` reach the rule: with a 1-hour window the
+    node that switched two hours ago follows the turn of demand that the default 6 hours holds."""
+    cfg = tmp_path / "migd.yaml"
+    demand = ("schedule:\n  - {profile: night, at: \"00:00\"}\n"
+              f"profiles_dir: {PROFILES}\nslurm:\n  node: gpu0\n  partition: gpu\n  demand:\n    mode: on\n"
+              "    planner: gpu0\n    candidates: [day, night]\n")
+    cfg.write_text(demand + "    reversal_window: 1h\n    switch_time: 10m\n")
+    settings = load_config(cfg).slurm.demand  # type: ignore[union-attr]
+    assert settings is not None and (settings.params.reverse_s, settings.params.switch_s) == (3600.0, 600.0)
+    training_jobs = tuple(Pending(f"t{i}", "nlp", "7g.80gb", 2, 4 * 3600, age_s=OLD) for i in range(8))
+    recent = NodeView("gpu0", "day", 2 * 3600.0, left="night")
+    assert [c.new for c in decide(Snapshot(training_jobs, (recent,)), LAYOUTS, settings.params).changes] == ["night"]
+    cfg.write_text(demand + "    reversal_window: soon\n")
+    with pytest.raises(ValidationError, match="reversal_window"):
+        load_config(cfg)

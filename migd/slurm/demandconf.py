@@ -21,7 +21,7 @@ from migd.kinds import Word
 from migd.yamlsrc import Node
 
 KEYS = ["mode", "planner", "candidates", "interval", "lease", "horizon", "min_dwell", "max_changes_per_day",
-        "min_gain"]
+        "min_gain", "switch_time", "reversal_window"]
 
 
 class DemandMode(Word):
@@ -53,7 +53,8 @@ def parse_demand(n: Node, profiles: Collection[str], partition: str | None,
     if len(candidates) < 2:
         raise m["candidates"].error("needs at least two profiles to choose between")
     kw: dict[str, float | int] = {}
-    for key, attr in (("horizon", "horizon_s"), ("min_dwell", "min_dwell_s")):
+    for key, attr in (("horizon", "horizon_s"), ("min_dwell", "min_dwell_s"), ("switch_time", "switch_s"),
+                      ("reversal_window", "reverse_s")):
         if key in m:
             kw[attr] = m[key].duration()
     if "max_changes_per_day" in m:
