@@ -91,7 +91,9 @@ def test_on_busy_force_in_the_config_forces_after_busy_timeout_and_migctl_daemon
         t0 = time.monotonic()
         assert proc.wait(timeout=30) == -signal.SIGTERM
         assert time.monotonic() - t0 >= 1.0  # not at once: after busy_timeout (3 s from the wait's start)
-        migd.wait_until(lambda: migd.assert_profile("night"), timeout=30)
+        # the GPUs reach night a moment before migd records the apply that put them there: wait for both
+        migd.wait_until(lambda: migd.assert_profile("night")
+                        and bool((migd.daemon_doc()["last_apply"] or {}).get("signalled")), timeout=30)
         last = migd.daemon_doc()["last_apply"]
         assert [(s["pid"], s["signal"]) for s in last["signalled"]] == [(proc.pid, "SIGTERM")], last
         table = migd.migctl.process("daemon").stdout
