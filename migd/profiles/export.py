@@ -1,4 +1,5 @@
-"""The current state of a node written back as a migd profile (``migctl export``)."""
+"""migd profiles written as documents: the current state of a node (``migctl export``), and a loaded
+profile (the what-if's suggestion); one writer of an instance entry for both."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from migd.hardware.inventory import Unreadable, read_all
 from migd.hardware.ports import GpuReader
 from migd.hardware.types import GpuInfo, GpuInstance
 from migd.profiles.loader import API_VERSION
+from migd.profiles.model import GpuSection, Profile, Selector
 
 T = TypeVar("T")
 
@@ -54,14 +56,7 @@ def export_profile(backend: GpuReader, owners: dict[str, dict[int, str]],
     for key, indexes in groups.items():
         sec: dict[str, Any] = {"select": {"index": indexes}, "mig": key[0]}
         if key[0] == "enabled":
-            sec["instances"] = []
-            for (prof, compute, owner), n in key[1]:
-                inst: dict[str, Any] = {"profile": prof, "count": n}
-                if owner:
-                    inst["owner"] = owner
-                if compute is not None:
-                    inst["compute"] = list(compute)
-                sec["instances"].append(inst)
+            sec["instances"] = [_instance(prof, n, owner, compute) for (prof, compute, owner), n in key[1]]
         sections.append(sec)
     return {"apiVersion": API_VERSION, "kind": "Profile", "name": name,
             "description": "exported from the current GPU state", "gpus": sections}, unreadable
@@ -85,3 +80,38 @@ def export_mig_parted(backend: GpuReader, name: str = "exported") -> tuple[dict[
             entry["mig-devices"] = dict(counts_)
         entries.append(entry)
     return {"version": "v1", "mig-configs": {name: entries}}, unreadable
+
+
+def profile_doc(profile: Profile, name: str, description: str) -> dict[str, Any]:
+    """A loaded profile as the document that loads back to it (its sections, selectors, owners, splits)."""
+    return {"apiVersion": API_VERSION, "kind": "Profile", "name": name, "description": description,
+            "gpus": [_section(s) for s in profile.sections]}
+
+
+def _section(s: GpuSection) -> dict[str, Any]:
+    out: dict[str, Any] = {"select": _selector(s.selector), "mig": "enabled" if s.mig else "disabled"}
+    if s.mig and s.instances:
+        out["instances"] = [_instance(i.profile, i.count, i.owner, i.compute) for i in s.instances]
+    return out
+
+
+def _selector(sel: Selector) -> Any:
+    out: dict[str, Any] = {}
+    if sel.indexes is not None:
+        out["index"] = list(sel.indexes)
+    if sel.uuids is not None:
+        out["uuid"] = list(sel.uuids)
+    if sel.models is not None:
+        out["model"] = list(sel.models)
+    if sel.pci is not None:
+        out["pci_device_id"] = [str(p) for p in sel.pci]
+    return out or "all"
+
+
+def _instance(profile: str, count: int, owner: str | None, compute: tuple[str, ...] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"profile": profile, "count": count}
+    if owner:
+        out["owner"] = owner
+    if compute is not None:
+        out["compute"] = list(compute)
+    return out

@@ -24,7 +24,8 @@ from typing import Any
 import yaml
 
 from migd.demand.mix import Candidates, mix_profile, parse_mix
-from migd.profiles.model import GpuSection, InstanceSpec, Profile, Selector
+from migd.profiles.export import profile_doc
+from migd.profiles.model import Profile
 
 PREFIX = "whatif"
 
@@ -48,9 +49,7 @@ def write_suggestion(directory: Path, per_node: Sequence[str], profiles: Mapping
     for k, (layout, n) in enumerate(Counter(per_node).most_common(), 1):
         name = f"{PREFIX}-{k}"
         p = mix_profile(layout, profiles, candidates)
-        doc = {"apiVersion": "migd/v1", "kind": "Profile", "name": name,
-               "description": f"best fixed mix of {', '.join(candidates)} in hindsight: {layout}", "gpus":
-               [_section(s) for s in p.sections]}
+        doc = profile_doc(p, name, f"best fixed mix of {', '.join(candidates)} in hindsight: {layout}")
         pfile = prof_dir / f"{name}.yaml"
         pfile.write_text(f"# {said}\n# {n} of {len(per_node)} nodes: {layout}\n"
                          + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None))
@@ -79,31 +78,3 @@ def write_mig_parted(path: Path, written: Sequence[Written], candidates: Candida
                     + yaml.safe_dump({"version": "v1", "mig-configs": configs}, sort_keys=False,
                                      default_flow_style=None))
 
-
-def _section(s: GpuSection) -> dict[str, Any]:
-    out: dict[str, Any] = {"select": _selector(s.selector), "mig": "enabled" if s.mig else "disabled"}
-    if s.mig and s.instances:
-        out["instances"] = [_instance(i) for i in s.instances]
-    return out
-
-
-def _selector(sel: Selector) -> Any:
-    out: dict[str, Any] = {}
-    if sel.indexes is not None:
-        out["index"] = list(sel.indexes)
-    if sel.uuids is not None:
-        out["uuid"] = list(sel.uuids)
-    if sel.models is not None:
-        out["model"] = list(sel.models)
-    if sel.pci is not None:
-        out["pci_device_id"] = [str(p) for p in sel.pci]
-    return out or "all"
-
-
-def _instance(i: InstanceSpec) -> dict[str, Any]:
-    out: dict[str, Any] = {"profile": i.profile, "count": i.count}
-    if i.owner is not None:
-        out["owner"] = i.owner
-    if i.compute is not None:
-        out["compute"] = list(i.compute)
-    return out
