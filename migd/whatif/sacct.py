@@ -48,18 +48,14 @@ from pathlib import Path
 
 from migd.demand.inputs import slices_of
 from migd.slurm.ctl import hostnames, text_of
-from migd.slurm.queue import seconds
+from migd.slurm.parsable import Row, is_step, read_rows
+from migd.slurm.parsable import SacctError as SacctError  # (migctl what-if names it from here)
 from migd.whatif.jobs import DAY, Trace, TraceJob
 
 NEEDED = ("Submit", "Start", "End", "Timelimit")
 FIELDS = "JobID,Submit,Start,End,Account,Partition,Timelimit,AllocTRES,ReqTRES,NNodes,NodeList,State"
 _TYPED = re.compile(r"^gres/gpu:([^=]+)=(\d+)$")
-_NEVER = ("UNKNOWN", "NONE", "")
 TAIL_S = 3600.0  # the replay runs past the record's last time by this (or the longest run time)
-
-
-class SacctError(ValueError):
-    """One line: file, line, field and what is wrong."""
 
 
 @dataclass(frozen=True)
@@ -73,18 +69,6 @@ class Record:
     source: str
 
 
-@dataclass(frozen=True)
-class _Line:
-    where: str
-    fields: Mapping[str, str]
-
-    def get(self, name: str) -> str:
-        return self.fields.get(name.lower(), "").strip()
-
-    def error(self, name: str, what: str) -> SacctError:
-        return SacctError(f"{self.where}: {name}: {what}")
-
-
 def read_sacct(path: Path | str, text: str | None = None, partition: str | None = None) -> Record:
     """The file's jobs (``text``: its contents already read, e.g. standard input).  Bytes that are not
     UTF-8 (an account or comment in Latin-1) are read as U+FFFD, never refused."""
@@ -93,45 +77,17 @@ def read_sacct(path: Path | str, text: str | None = None, partition: str | None 
             text = text_of(Path(path).read_bytes())
         except OSError as e:
             raise SacctError(f"{path}: cannot read: {e.strerror or e}") from None
-    lines = text.splitlines()
-    number, header = next(((n, h) for n, h in enumerate(lines, 1) if h.strip()), (0, ""))
-    if not header:
-        raise SacctError(f"{path}: empty: the first line must name the fields (sacct --parsable2 -o {FIELDS})")
-    names = _split(header)
-    missing = [f for f in NEEDED if f.lower() not in names]
-    if missing or not {"alloctres", "reqtres"} & set(names):
-        need = missing or ["AllocTRES or ReqTRES"]
-        raise SacctError(f"{path}:{number}: the header names no {', '.join(need)} (sacct --parsable2 -o {FIELDS}; "
-                         "a header is needed: no --noheader)")
-    rows = [_Line(f"{path}:{n}", dict(zip(names, _fields(path, n, line, len(names)), strict=True)))
-            for n, line in enumerate(lines[number:], number + 1) if line.strip()]
+    rows = read_rows(str(path), text, NEEDED, f"sacct --parsable2 -o {FIELDS}", any_of=("AllocTRES", "ReqTRES"))
     return _record(str(path), rows, partition)
 
 
-def _split(line: str) -> list[str]:
-    parts = line.rstrip("\n").split("|")
-    if len(parts) > 1 and parts[-1] == "":
-        parts.pop()  # --parsable ends each line with a |
-    return [p.strip().lower() for p in parts]
-
-
-def _fields(path: Path | str, number: int, line: str, count: int) -> list[str]:
-    parts = line.split("|")
-    if len(parts) == count + 1 and parts[-1] == "":
-        parts.pop()
-    if len(parts) != count:
-        raise SacctError(f"{path}:{number}: {len(parts)} fields where the header names {count} (a '|' inside a "
-                         "field? sacct --parsable2 separates with '|')")
-    return parts
-
-
-def _record(source: str, rows: Sequence[_Line], partition: str | None) -> Record:
+def _record(source: str, rows: Sequence[Row], partition: str | None) -> Record:
     skipped: Counter[str] = Counter()
     nodes: set[str] = set()
     read: list[tuple[datetime, _Job]] = []
     last: datetime | None = None
     for row in rows:
-        if _is_step(row):
+        if is_step(row):
             continue
         if partition is not None and partition not in row.get("Partition").split(","):
             skipped[f"not in partition {partition}"] += 1
@@ -153,13 +109,7 @@ def _record(source: str, rows: Sequence[_Line], partition: str | None) -> Record
     return Record(Trace(Path(source).name, tuple(jobs), start), end, dict(skipped), frozenset(nodes), source)
 
 
-def _is_step(row: _Line) -> bool:
-    if "jobid" in row.fields:
-        return "." in row.get("JobID")
-    return not row.get("Partition") and not row.get("Timelimit")
-
-
-def _nodes(row: _Line) -> set[str]:
+def _nodes(row: Row) -> set[str]:
     text = row.get("NodeList")
     if not text or text in ("None assigned", "(null)"):
         return set()
@@ -186,14 +136,14 @@ class _Job:
                 for t, n in self.asked for _ in range(self.nodes)]
 
 
-def _job(row: _Line) -> _Job:
-    submit = _time(row, "Submit")
+def _job(row: Row) -> _Job:
+    submit = row.time("Submit")
     if submit is None:
         raise row.error("Submit", f"{row.get('Submit')!r}: a job's submit time is always known")
-    start, end = _time(row, "Start"), _time(row, "End")
+    start, end = row.time("Start"), row.time("End")
     if start is not None and "alloctres" in row.fields and not row.get("AllocTRES"):
         start = None  # no allocation: cancelled while pending (22.05 prints Start=End=the cancel time)
-    limit = _limit(row)
+    limit = row.duration("Timelimit")
     nodes = _count(row, "NNodes", 1)
     asked, why = _asked(row, started=start is not None, nodes=nodes)
     run = limit
@@ -210,30 +160,7 @@ def _job(row: _Line) -> _Job:
                 asked, nodes, why)
 
 
-def _time(row: _Line, name: str) -> datetime | None:
-    text = row.get(name)
-    if text.upper() in _NEVER:
-        return None
-    try:
-        return datetime.fromisoformat(text)
-    except ValueError:
-        raise row.error(name, f"{text!r} is not a time as sacct prints it (2026-11-28T03:46:32; "
-                        "unset SLURM_TIME_FORMAT)") from None
-
-
-def _limit(row: _Line) -> float:
-    text = row.get("Timelimit")
-    try:
-        value = seconds(text)
-    except ValueError:
-        raise row.error("Timelimit", f"{text!r} is not a Slurm time (D-HH:MM:SS, HH:MM:SS, MM:SS, UNLIMITED, "
-                        "Partition_Limit)") from None
-    if value <= 0:
-        raise row.error("Timelimit", f"{text!r} is not a positive time")
-    return value
-
-
-def _count(row: _Line, name: str, default: int) -> int:
+def _count(row: Row, name: str, default: int) -> int:
     text = row.get(name)
     if not text:
         return default
@@ -242,7 +169,7 @@ def _count(row: _Line, name: str, default: int) -> int:
     return int(text)
 
 
-def _asked(row: _Line, started: bool, nodes: int) -> tuple[tuple[tuple[str, int], ...], str | None]:
+def _asked(row: Row, started: bool, nodes: int) -> tuple[tuple[tuple[str, int], ...], str | None]:
     """(MIG type, instances per node) the job held or asked, and why it is not replayed, if so."""
     name = "AllocTRES" if started and row.get("AllocTRES") else "ReqTRES"
     tres = row.get(name) or row.get("AllocTRES")

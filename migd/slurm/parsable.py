@@ -1,0 +1,103 @@
+"""``sacct --parsable2`` read as rows of named fields: the part shared by the demand planner, which seeds
+its run times from accounting (slurm/history.py), and ``migctl what-if``, which replays a record
+(whatif/sacct.py).  It lives here, below both, because the planner may not import the what-if.
+
+The first non-empty line names the fields (any order, any more of them); each line after it is one
+row, its fields separated by ``|`` (``--parsable``'s trailing ``|`` is read too).  Times are as sacct
+prints them by default (ISO, ``2026-11-28T03:46:32``, slurmctld's local time); Slurm times
+(``D-HH:MM:SS``, ``UNLIMITED``) as ``slurm/queue.py`` reads them.  A line that cannot be read is one
+``SacctError``: ``source:line: field: what``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from migd.slurm.queue import seconds
+
+_NEVER = ("UNKNOWN", "NONE", "")
+
+
+class SacctError(ValueError):
+    """One line: source, line, field and what is wrong."""
+
+
+@dataclass(frozen=True)
+class Row:
+    where: str  # source:line
+    fields: Mapping[str, str]  # lower-case field name -> its text
+
+    def get(self, name: str) -> str:
+        return self.fields.get(name.lower(), "").strip()
+
+    def error(self, name: str, what: str) -> SacctError:
+        return SacctError(f"{self.where}: {name}: {what}")
+
+    def time(self, name: str) -> datetime | None:
+        """An ISO time, or None for ``Unknown``/``None``/empty (not started, not ended)."""
+        text = self.get(name)
+        if text.upper() in _NEVER:
+            return None
+        try:
+            return datetime.fromisoformat(text)
+        except ValueError:
+            raise self.error(name, f"{text!r} is not a time as sacct prints it (2026-11-28T03:46:32; "
+                             "unset SLURM_TIME_FORMAT)") from None
+
+    def duration(self, name: str) -> float:
+        """A positive Slurm time in seconds (``UNLIMITED``, ``Partition_Limit``: infinite)."""
+        text = self.get(name)
+        try:
+            value = seconds(text)
+        except ValueError:
+            raise self.error(name, f"{text!r} is not a Slurm time (D-HH:MM:SS, HH:MM:SS, MM:SS, UNLIMITED, "
+                             "Partition_Limit)") from None
+        if value <= 0:
+            raise self.error(name, f"{text!r} is not a positive time")
+        return value
+
+
+def read_rows(source: str, text: str, needed: Sequence[str], hint: str,
+              any_of: Sequence[str] = ()) -> list[Row]:
+    """The rows of ``text`` under its header, which must name every field of ``needed`` and, when
+    ``any_of`` is given, one of those; ``hint`` says the command that prints such a record."""
+    lines = text.splitlines()
+    number, header = next(((n, h) for n, h in enumerate(lines, 1) if h.strip()), (0, ""))
+    if not header:
+        raise SacctError(f"{source}: empty: the first line must name the fields ({hint})")
+    names = _split(header)
+    missing = [f for f in needed if f.lower() not in names]
+    if any_of and not {f.lower() for f in any_of} & set(names):
+        missing = missing or [" or ".join(any_of)]
+    if missing:
+        raise SacctError(f"{source}:{number}: the header names no {', '.join(missing)} ({hint}; "
+                         "a header is needed: no --noheader)")
+    return [Row(f"{source}:{n}", dict(zip(names, _fields(source, n, line, len(names)), strict=True)))
+            for n, line in enumerate(lines[number:], number + 1) if line.strip()]
+
+
+def is_step(row: Row) -> bool:
+    """A job step (``123.batch``, ``123.0``; without JobID, a line with neither Partition nor Timelimit,
+    as sacct prints steps): it runs inside its job's allocation, and is no job of its own."""
+    if "jobid" in row.fields:
+        return "." in row.get("JobID")
+    return not row.get("Partition") and not row.get("Timelimit")
+
+
+def _split(line: str) -> list[str]:
+    parts = line.rstrip("\n").split("|")
+    if len(parts) > 1 and parts[-1] == "":
+        parts.pop()  # --parsable ends each line with a |
+    return [p.strip().lower() for p in parts]
+
+
+def _fields(source: str, number: int, line: str, count: int) -> list[str]:
+    parts = line.split("|")
+    if len(parts) == count + 1 and parts[-1] == "":
+        parts.pop()
+    if len(parts) != count:
+        raise SacctError(f"{source}:{number}: {len(parts)} fields where the header names {count} (a '|' inside a "
+                         "field? sacct --parsable2 separates with '|')")
+    return parts
