@@ -1,4 +1,4 @@
-"""Slurm's own commands (scontrol, squeue, sinfo) as typed calls: no private protocol.
+"""Slurm's own commands (scontrol, squeue, sinfo, sacct) as typed calls: no private protocol.
 
 Every call goes through one ``Runner`` (argv, timeout -> stdout), so tests and the daemon share
 the path and a failing command is one SlurmError naming it.  Output formats are the documented
@@ -169,6 +169,10 @@ class SlurmCtl:
     def all_jobs(self) -> str:
         """``scontrol show job -o -d``: every job, one line each, with its per-node GRES (one call)."""
         return self._call("scontrol", "show", "job", "-o", "-d")
+
+    def accounting(self, *args: str, timeout_s: float | None = None) -> str:
+        """``sacct`` with ``args``: slurmdbd's record of ended jobs (the demand planner's run times at start)."""
+        return self._call("sacct", *args, timeout_s=timeout_s)
 
     def set_extra(self, node: str, text: str) -> None:
         self._call("scontrol", "update", f"nodename={node}", f"extra={text}")

@@ -9,6 +9,7 @@
         candidates: [day, night, night-two, balanced]
         interval: 60s              # how often the planner reads the queue
         lease: 2h                  # a wanted layout holds this long unless renewed; then the schedule
+        history: 168h              # at start, run times from the jobs accounting saw end this long back; 0: off
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from migd.kinds import Word
 from migd.yamlsrc import Node
 
 KEYS = ["mode", "planner", "candidates", "interval", "lease", "horizon", "min_dwell", "max_changes_per_day",
-        "min_gain", "switch_time", "reversal_window"]
+        "min_gain", "switch_time", "reversal_window", "history"]
+HISTORY_S = 7 * 86400.0  # a week of ended jobs: every account's newest 200, on most clusters
 
 
 class DemandMode(Word):
@@ -36,6 +38,7 @@ class DemandSettings:
     candidates: tuple[str, ...]
     interval_s: float = 60.0
     lease_s: float = 7200.0
+    history_s: float = HISTORY_S  # accounting read at the planner's start (slurm/history.py); 0: not read
     params: Params = field(default_factory=Params)
 
 
@@ -67,5 +70,6 @@ def parse_demand(n: Node, profiles: Collection[str], partition: str | None,
         raise m.get("lease", n).error(
             f"lease ({lease:g}s) must be at least three planner intervals ({interval:g}s): it is renewed "
             "at half its length, and one missed renewal must not hand the node back to the schedule")
+    history = m["history"].duration() if "history" in m else HISTORY_S
     return DemandSettings(DemandMode(m["mode"].str(choices=list(DemandMode))), m["planner"].name(), tuple(candidates),
-                          interval, lease, Params(max_in_maintenance=max_in_maintenance, **kw))  # type: ignore[arg-type]
+                          interval, lease, history, Params(max_in_maintenance=max_in_maintenance, **kw))  # type: ignore[arg-type]

@@ -26,6 +26,7 @@ from migd.demand.runtime import RunTimes
 from migd.errors import ValidationError
 from migd.slurm.ctl import NodeInfo, SlurmCtl, SlurmError
 from migd.slurm.demandconf import DemandMode, DemandSettings
+from migd.slurm.history import Accounting
 from migd.slurm.queue import Queue, read_queue
 from migd.slurm.transition import DRAIN_REASON
 from migd.slurm.want import Want, stamp
@@ -66,6 +67,7 @@ class Planner:
         self.left: dict[str, str] = {}  # node -> the layout it held before its last switch
         self.runtimes = RunTimes()  # per account: how much of its time limit a job runs
         self._watched: dict[str, tuple[str, float, float]] = {}  # running job -> (account, started, limit)
+        self.accounting = Accounting(ctl, partition, settings.history_s)  # run times at start, from slurmdbd
         self._history_path = history
         self._clock = clock
         self._last = 0.0
@@ -93,6 +95,8 @@ class Planner:
     def tick(self) -> PlanSummary:
         """Read, decide and (mode on) write; Slurm unreadable: nothing decided, said in ``error``."""
         now = self._last = self._clock()
+        if self.accounting.due(now):
+            self.accounting.seed(self.runtimes, now)
         try:
             nodes = [n for n in self.ctl.nodes() if self.partition in n.partitions]
             queue = read_queue(self.ctl.all_jobs(), self.partition, now)
