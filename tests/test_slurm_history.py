@@ -158,7 +158,9 @@ def test_without_accounting_the_planner_says_so_in_one_line_and_decides(tmp_path
     (HEADER + "\n" + _line("1", "bio", 60, 60, "01:00:00").replace("2026-11-27T01", "yesterday"),
      "sacct:2: End: 'yesterday:00:00' is not a time as sacct prints it"),
     (HEADER + "\n" + _line("1", "bio", 60, 60, "01:00:00").replace("|00:01:00|", "|a while|"),
-     "sacct:2: Elapsed: 'a while' is not a run time"),
+     "sacct:2: Elapsed: 'a while' is not a Slurm time"),
+    (HEADER + "\n" + _line("1", "bio", 60, 60, "01:00:00").replace("|60|", "|soon|"),
+     "sacct:2: Timelimit: 'soon' is not a Slurm time"),
     (HEADER + "\n1|bio|gpu\n", "sacct:2: 3 fields where the header names 9"),
 ])
 def test_output_that_cannot_be_read_is_one_line_naming_where(tmp_path: Path, caplog: pytest.LogCaptureFixture,
@@ -185,3 +187,11 @@ def test_history_is_a_knob_of_migd_yaml(tmp_path: Path) -> None:
     cfg.write_text(demand + "    history: a week\n")
     with pytest.raises(ValidationError, match="history"):
         load_config(cfg)
+
+
+def test_a_job_without_a_limit_teaches_nothing() -> None:
+    text = "\n".join([HEADER, _line("1", "bio", 60, 60, "01:00:00").replace("|60|", "|UNLIMITED|"),
+                      _line("2", "bio", 60, 60, "02:00:00").replace("|60|", "|0|"),
+                      _line("3", "bio", 60, 60, "03:00:00")])
+    runtimes = RunTimes()
+    assert seed(runtimes, ended_jobs(text, "gpu")).jobs == 1 and list(runtimes.seen["bio"]) == [60 / 3600]

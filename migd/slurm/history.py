@@ -95,14 +95,20 @@ def _ended(row: Row) -> Ended | None:
     start = row.time("Start") if "start" in row.fields else end
     if end is None or start is None or ("alloctres" in row.fields and not row.get("AllocTRES")):
         return None  # never ran: cancelled while pending (22.05 prints Start=End=the cancel time, no AllocTRES)
-    text = row.get("Elapsed")
-    try:
-        ran = seconds(text)
-    except ValueError:
-        ran = math.inf
+    ran, limit = _seconds(row, "Elapsed"), _seconds(row, "Timelimit")
     if math.isinf(ran):
-        raise row.error("Elapsed", f"{text!r} is not a run time (D-HH:MM:SS, HH:MM:SS)")
-    return Ended(end, row.get("JobID"), row.get("Account") or "-", ran, row.duration("Timelimit"))
+        raise row.error("Elapsed", f"{row.get('Elapsed')!r} is not a run time (D-HH:MM:SS, HH:MM:SS)")
+    return Ended(end, row.get("JobID"), row.get("Account") or "-", ran, limit)
+
+
+def _seconds(row: Row, name: str) -> float:
+    """A Slurm time; a limit of 0 or less (never set by Slurm itself) teaches nothing, like UNLIMITED."""
+    text = row.get(name)
+    try:
+        value = seconds(text)
+    except ValueError:
+        raise row.error(name, f"{text!r} is not a Slurm time (D-HH:MM:SS, HH:MM:SS, MM:SS, UNLIMITED)") from None
+    return value if value > 0 or name == "Elapsed" else math.inf
 
 
 def seed(runtimes: RunTimes, ended: list[Ended]) -> Seeded:
