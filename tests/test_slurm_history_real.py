@@ -90,7 +90,10 @@ def test_a_planner_started_after_the_jobs_ended_knows_each_accounts_share(cluste
     planner = Planner(DemandSettings(DemandMode.DRY_RUN, "gpu1", ("day", "night")), "main", "gpu1", ctl, {},
                       tmp_path / "demand.json")
     assert planner.runtimes.ratios() == ()  # nothing watched, nothing kept
-    assert planner.tick().error is None
+    began = time.monotonic()
+    assert planner.tick().error is None  # (its first pass: the sacct call, then the queue and the decision)
+    print(f"\nfirst pass {time.monotonic() - began:.2f} s; {planner.accounting.seeded}; "
+          f"learned {planner.runtimes.ratios()}")  # (docs/demand.md's figures, with -s)
     assert planner.accounting.seeded is not None
     assert (planner.accounting.seeded.jobs, planner.accounting.seeded.accounts) == (21, 2)  # not the withdrawn one
     learned = dict(planner.runtimes.ratios())
