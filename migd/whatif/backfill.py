@@ -23,80 +23,162 @@ What Slurm does (src/plugins/sched/backfill/backfill.c ``_attempt_backfill``; se
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from bisect import bisect_right, insort
+from collections.abc import Callable
+from typing import Any
 
 from migd.whatif.fleet import Job, Node
 
 BF_MAX_JOB_TEST = 500  # slurm.conf(5) default: jobs past it are not tested
-WILL_RUN_WINDOW_S = 30  # cons_tres _will_run_test's first window (doubled for each batch after it)
+WILL_RUN_WINDOW_S = 30  # cons_tres _will_run's first window (doubled for each batch after it)
 _TRIES = 64  # TRY_LATER rounds for one job (each moves its earliest start on)
+_EPS = 1e-6  # margin on a moment computed as a sum (now + limit), so a skip is never taken late
 
-Windows = Mapping[str, list[tuple[float, float]]]
+Running = list[tuple[float, str, Job]]
+Pass = Callable[[list[Node], dict[str, list[Job]], float, float], None]  # (nodes, pending, now, epoch_s)
+
+
+class Backfill:
+    """The pass the model runs every step, which does the work of one only when its outcome can differ
+    from the last one's: when something it reads changed (the first ``BF_MAX_JOB_TEST`` pending jobs, a
+    node's layout, drain, switch or running jobs) or the clock reached a moment one of its comparisons
+    with ``now`` turns at (a reservation's end, a reservation's start minus a job's limit, an expected
+    start).  Between those the pass is a function of nothing that moved, so it would start nothing again
+    (a pass that starts a job changes what it reads).  The result is the same job for job as a pass every
+    step; this is what makes Slurm's reservations affordable over a week of the bench's traces."""
+
+    def __init__(self) -> None:
+        self._reads: Any = None
+        self._until = -math.inf
+        self.passes = 0  # passes whose work was done (the rest were skipped)
+
+    def __call__(self, nodes: list[Node], pending: dict[str, list[Job]], now: float, epoch_s: float) -> None:
+        queue = sorted((j for q in pending.values() for j in q), key=lambda j: j.spec.submit_s)[:BF_MAX_JOB_TEST]
+        reads = (epoch_s, tuple(queue), tuple((n.name, n.layout, n.target, n.ready_at, tuple(n.running),
+                                               tuple(j.start for j in n.running)) for n in nodes))
+        if now < self._until and reads == self._reads:
+            return
+        p = _Pass(nodes, now, epoch_s)
+        self.passes += 1
+        started = p.run(queue)
+        self._reads, self._until = (None, -math.inf) if started else (reads, p.until)
+        if started:
+            for t, q in pending.items():
+                pending[t] = [j for j in q if id(j) not in started]
 
 
 def backfill(nodes: list[Node], pending: dict[str, list[Job]], now: float, epoch_s: float) -> None:
     """One pass over ``pending`` (MIG type -> its queue): start what may start now, reserve a node for
     the rest (the plan lives one pass).  ``epoch_s``: the wall clock at time 0."""
-    queue = sorted((j for q in pending.values() for j in q), key=lambda j: j.spec.submit_s)
-    plan: Windows = {n.name: [] for n in nodes}
-    started: set[int] = set()
-    for job in queue[:BF_MAX_JOB_TEST]:
-        placed = _place(nodes, job, now, plan, epoch_s)
-        if placed is None:
-            continue
-        at, node = placed
-        if at <= now:
-            job.start, job.node = now, node.name
-            node.running.append(job)
-            started.add(id(job))
-        else:
-            plan[node.name].append((at, at + job.spec.time_limit_s))
-    if started:
-        for t, q in pending.items():
-            pending[t] = [j for j in q if id(j) not in started]
+    Backfill()(nodes, pending, now, epoch_s)
 
 
-def _place(nodes: list[Node], job: Job, now: float, plan: Windows, epoch_s: float) -> tuple[float, Node] | None:
-    """Where and when ``job`` starts (``now``: at once) by Slurm's plan; None: no reservation."""
-    t, k, limit = job.spec.gres, job.spec.count, job.spec.time_limit_s
-    usable = [n for n in nodes if n.target is None and n.ready_at is None]  # drained: not in the plan
-    start_res = now
-    for _ in range(_TRIES):
-        end = start_res + limit
-        avail = [n for n in usable if not overlaps(plan[n.name], start_res, end)]
-        later = min((e for n in usable for b, e in plan[n.name] if b <= end and e > start_res), default=None)
-        got = will_run(nodes, avail, t, k, now, epoch_s)
-        if got is None:
-            if later is None:
-                return None
-            start_res = later
-            continue
-        at, node = max(start_res, got[0]), got[1]
-        if at <= now:
-            return now, node
-        if later is not None and at > later:
-            start_res = later
-        elif overlaps(plan[node.name], at, at + limit):
-            start_res = at
-        else:
-            return at, node
-    return None
+class _Pass:
+    """One pass's plan: each node's reservations, disjoint (a node is reserved only where it has none),
+    so kept sorted, begins and ends alike, and searched by bisection; cons_tres's estimates, kept while
+    no job starts (they read only the running jobs); ``until``: the first moment a comparison this pass
+    made with ``now`` would turn."""
+
+    def __init__(self, nodes: list[Node], now: float, epoch_s: float) -> None:
+        self.nodes, self.now, self.epoch_s = nodes, now, epoch_s
+        self.usable = [i for i, n in enumerate(nodes) if n.target is None and n.ready_at is None]  # drained: out
+        self.index = {id(n): i for i, n in enumerate(nodes)}
+        self.begins: list[list[float]] = [[] for _ in nodes]
+        self.ends: list[list[float]] = [[] for _ in nodes]
+        self.estimates: dict[tuple[tuple[int, ...], str, int], tuple[float, Node] | None] = {}
+        self.running: Running | None = None
+        self.until = math.inf
+
+    def run(self, queue: list[Job]) -> set[int]:
+        started: set[int] = set()
+        for job in queue:
+            placed = self.place(job)
+            if placed is None:
+                continue
+            at, i = placed
+            if at <= self.now:
+                job.start, job.node = self.now, self.nodes[i].name
+                self.nodes[i].running.append(job)
+                started.add(id(job))
+                self.estimates, self.running = {}, None
+            else:
+                x = bisect_right(self.ends[i], at)
+                self.begins[i].insert(x, at)
+                insort(self.ends[i], at + job.spec.time_limit_s)
+        return started
+
+    def place(self, job: Job) -> tuple[float, int] | None:
+        """Where and when ``job`` starts (``now``: at once) by Slurm's plan; None: no reservation."""
+        t, k, limit = job.spec.gres, job.spec.count, job.spec.time_limit_s
+        s = self.now
+        for _ in range(_TRIES):
+            avail, later = self.open(s, limit)
+            got = self.estimate(avail, t, k)
+            if got is None:
+                if later is None:
+                    return None
+                s = later
+                continue
+            at, i = max(s, got[0]), self.index[id(got[1])]
+            if at <= self.now:
+                return self.now, i
+            self.until = min(self.until, at)
+            if later is not None and at > later:
+                s = later
+            elif self.meets(i, at, at + limit):
+                s = at
+            else:
+                return at, i
+        return None
+
+    def meets(self, i: int, start: float, end: float) -> bool:
+        """Whether node ``i`` has a reservation [b, e) with b <= end and e > start (``overlaps``)."""
+        x = bisect_right(self.ends[i], start)
+        return x < len(self.begins[i]) and self.begins[i][x] <= end
+
+    def open(self, start: float, limit: float) -> tuple[tuple[int, ...], float | None]:
+        """The usable nodes free of reservations over [start, start + limit], and the first end of a
+        reservation that meets it (None: none does).  At ``now`` it notes when these would turn: a
+        reservation's end passed, or one's begin reached by ``now`` plus the limit."""
+        avail, later, first, end = [], None, start == self.now, start + limit
+        for i in self.usable:
+            begins, ends = self.begins[i], self.ends[i]
+            x = bisect_right(ends, start)
+            if x < len(begins) and begins[x] <= end:
+                later = ends[x] if later is None else min(later, ends[x])
+            else:
+                avail.append(i)
+            if first:
+                y = bisect_right(begins, end)
+                self.until = min(self.until, ends[x] if x < len(ends) else math.inf,
+                                 begins[y] - limit - _EPS if y < len(begins) else math.inf)
+        return tuple(avail), later
+
+    def estimate(self, avail: tuple[int, ...], mig_type: str, count: int) -> tuple[float, Node] | None:
+        key = (avail, mig_type, count)
+        if key not in self.estimates:
+            if self.running is None:
+                self.running = by_limit_end(self.nodes)
+            self.estimates[key] = will_run(self.nodes, [self.nodes[i] for i in avail], mig_type, count, self.now,
+                                           self.epoch_s, self.running)
+        return self.estimates[key]
 
 
 def will_run(every: list[Node], nodes: list[Node], mig_type: str, count: int, now: float,
-             epoch_s: float) -> tuple[float, Node] | None:
+             epoch_s: float, running: Running | None = None) -> tuple[float, Node] | None:
     """cons_tres's estimate on ``nodes``: ``now`` on the first with the instances free, else the end (by
     time limit) of the last job of the batch whose removal frees them; None: never on these nodes.
     Every running job (``every`` node's) is walked in order of its limit's end; one on a node not in
     ``nodes`` is passed over without ending the batch, so a batch reaches past it (Slurm's loop
-    ``continue``s before its window test)."""
+    ``continue``s before its window test).  ``running``: ``by_limit_end(every)``, if already sorted."""
     used = {n.name: sum(j.spec.count for j in n.running if j.spec.gres == mig_type) for n in nodes}
     fits = [n for n in nodes if n.layout.count(mig_type) - used[n.name] >= count]
     if fits:
         return now, fits[0]
     if not any(n.layout.count(mig_type) >= count for n in nodes):
         return None
-    running = sorted(((_limit_end(j), n.name, j) for n in every for j in n.running), key=lambda x: x[0])
+    if running is None:
+        running = by_limit_end(every)
     window, barrier, i, last = WILL_RUN_WINDOW_S, None, 0, None
     while i < len(running):
         while i < len(running):
@@ -126,6 +208,11 @@ def overlaps(windows: list[tuple[float, float]], start: float, end: float) -> bo
     """Whether [start, end] meets a reserved window [b, e) (Slurm: a window beginning as the job's limit
     ends still counts)."""
     return any(b <= end and e > start for b, e in windows)
+
+
+def by_limit_end(nodes: list[Node]) -> Running:
+    """Every running job with its node, in order of its limit's end (ties: node, then start order)."""
+    return sorted(((_limit_end(j), n.name, j) for n in nodes for j in n.running), key=lambda x: x[0])
 
 
 def _limit_end(j: Job) -> float:

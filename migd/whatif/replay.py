@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from migd.demand.inputs import Layout
-from migd.whatif.backfill import backfill
+from migd.whatif.backfill import Backfill, Pass
 from migd.whatif.fleet import Job, Node
 from migd.whatif.jobs import TraceJob
 
@@ -49,6 +49,7 @@ class Cluster:
     # next pass, not the planner as it decides); node -> (layout, when)
     drain_lag_s: float = 0.0
     ordered: dict[str, tuple[Layout, float]] = field(default_factory=dict)
+    backfill: Pass = field(default_factory=Backfill, repr=False, compare=False)  # its pass, skipped when idle
 
     def in_maintenance(self) -> int:
         return sum(1 for n in self.nodes if self._changing(n))
@@ -84,7 +85,7 @@ class Cluster:
                 n.layout, n.target, n.ready_at, n.since = n.target, None, now + self.switch_s, now
                 n.switches.append(now)
         if self.reserve:
-            backfill(self.nodes, self.pending, now, self.epoch_s)
+            self.backfill(self.nodes, self.pending, now, self.epoch_s)
         else:
             self._schedule(now)
         for n in self.nodes:

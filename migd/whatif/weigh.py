@@ -24,12 +24,14 @@ MIGD, CURRENT, BEST = "migd demand", "current schedule", "best fixed mix"
 
 
 def replayer(setup: policies.Setup, jobs: Sequence[TraceJob], nodes: int, waves: int, end_s: float,
-             days: float, settled_s: float = 0.0) -> Replay:
+             days: float, settled_s: float = 0.0, reserve: bool = False) -> Replay:
     """A replay of ``jobs`` on ``nodes`` under a policy, from the clock's layout or the ``initial`` one
-    per node (names of setup.layouts), held since ``settled_s`` before the start; its figures."""
+    per node (names of setup.layouts), held since ``settled_s`` before the start; its figures.
+    ``reserve``: with Slurm's backfill reservations (Cluster.reserve), on the trace's own wall clock."""
     def replay(policy: policies.Policy, initial: list[str] | None = None) -> dict[str, Any]:
         first = [setup.layouts[n] for n in initial] if initial else None
         c = policies.cluster(setup, nodes, waves, first, settled_s)
+        c.reserve, c.epoch_s = reserve, setup.start.timestamp()
         return measure(run(list(jobs), c, policy, end_s), end_s, days)
     return replay
 
@@ -44,8 +46,8 @@ class Weighed:
 
 
 def weigh(setup: policies.Setup, jobs: Sequence[TraceJob], nodes: int, waves: int, end_s: float, days: float,
-          budget: int) -> Weighed:
-    replay = replayer(setup, jobs, nodes, waves, end_s, days, settled_s=DAY)
+          budget: int, reserve: bool = False) -> Weighed:
+    replay = replayer(setup, jobs, nodes, waves, end_s, days, settled_s=DAY, reserve=reserve)
     acc = accounting(setup, jobs, nodes)
     best, figures, replays = hindsight(setup, acc, lambda mix: replay(policies.fixed, mix), objective, budget)
     results = {MIGD: replay(policies.migd(setup), None), CURRENT: replay(policies.clock(setup), None), BEST: figures}
