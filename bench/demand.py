@@ -8,6 +8,7 @@
     python3 bench/demand.py --trace jobs.csv --start 2026-11-02T00:00 --nodes 16 --json
     python3 bench/demand.py --config /etc/migd/migd.yaml --trace jobs.csv   # a site's own what-if
     python3 bench/demand.py --sacct tests/fixtures/slurm/sacct-parsable2.txt --fleet single-h100   # sacct's record
+    python3 bench/demand.py --short --slurm-backfill  # with Slurm's backfill reservations in the model
 
 Policies (migd/whatif/policies.py, migd/whatif/fixedmix.py): ``clock`` (the configuration's
 schedule, by the calendar), ``greedy`` (nos-like), ``migd`` (migd.demand.rule over per-GPU mixes of
@@ -44,6 +45,7 @@ from migd.whatif.sacct import SacctError, read_sacct  # noqa: E402
 from migd.whatif.weigh import replayer  # noqa: E402
 
 CONFIG = ROOT / "bench" / "demand.yaml"
+BACKFILL = {False: "first come per type, with backfill", True: "Slurm's backfill with reservations"}
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -63,6 +65,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--days", type=float, help="days simulated (default: 4; 1 with --short)")
     p.add_argument("--search", type=int, help="replays the hindsight search may make (default 40; 6 with --short)")
     p.add_argument("--short", action="store_true", help="4 nodes, one weekday: what CI runs")
+    p.add_argument("--slurm-backfill", action="store_true", help="every policy replayed with Slurm 22.05's "
+                   "backfill reservations (Cluster.reserve, migd/whatif/backfill.py; the model the replay on "
+                   "real Slurm checks), on the trace's wall clock; slower. Default: first come per type")
     p.add_argument("--json", action="store_true", help='one object {"policies": {"clock": {...}, ...}, "targets"}')
     return p.parse_args(argv)
 
@@ -79,13 +84,15 @@ def load_trace(args: argparse.Namespace, nodes: int, days: float) -> Trace:
 
 
 def compare(trace: Trace, setup: policies.Setup, nodes: int, days: float, waves: int,
-            budget: int, settled_s: float = 0.0) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+            budget: int, settled_s: float = 0.0, reserve: bool = False) -> tuple[dict[str, dict[str, Any]],
+                                                                                 dict[str, Any]]:
     """``settled_s``: how long each node has held its layout at second 0 (a generated trace starts as if
-    every node had just switched; a cluster's record, in the middle of its life: a day, as the what-if)."""
+    every node had just switched; a cluster's record, in the middle of its life: a day, as the what-if).
+    ``reserve``: Slurm's backfill reservations in every replay (``--slurm-backfill``)."""
     end = days * DAY
     jobs = [j for j in trace.jobs if j.submit_s < end]
 
-    replay = replayer(setup, jobs, nodes, waves, end, days, settled_s)
+    replay = replayer(setup, jobs, nodes, waves, end, days, settled_s, reserve)
     results: dict[str, dict[str, Any]] = {}
     seconds: dict[str, float] = {}
     timed: list[tuple[str, Callable[[], dict[str, Any]]]] = [
@@ -130,16 +137,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"demand.py: {e}", file=sys.stderr)
         return 2
     budget = args.search or (6 if args.short else 40)
-    results, about = compare(trace, setup, nodes, days, waves, budget, DAY if record else 0.0)
+    results, about = compare(trace, setup, nodes, days, waves, budget, DAY if record else 0.0, args.slurm_backfill)
     checks = targets(results, trace.clock_right)
     if args.json:
         print(json.dumps({"policies": results, "nodes": nodes, "days": days, "jobs": len(trace.jobs),
-                          "trace": trace.name, "seed": args.seed, "start": trace.start.isoformat(), **about,
+                          "trace": trace.name, "seed": args.seed, "start": trace.start.isoformat(),
+                          "slurm_backfill": args.slurm_backfill, **about,
                           "targets": [{"target": t, "met": ok, "figures": f} for t, ok, f in checks]}, indent=1))
         return 0
     print(f"demand bench: trace {trace.name} from {trace.start:%a %Y-%m-%d %H:%M}, {len(trace.jobs)} jobs, {nodes} "
           f"nodes of {args.fleet}, {days:g} days, waves of {waves}; candidates {', '.join(setup.candidates.names)} "
-          f"({args.config})")
+          f"({args.config}); queue: {BACKFILL[args.slurm_backfill]}")
     print(table(results))
     print(f"fixed mix from accounting (GPUs): {about['accounting_gpus']}; best in hindsight: "
           f"{about['hindsight_gpus']} after {about['hindsight_replays']} replays")

@@ -43,7 +43,8 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     except (SacctError, ValidationError, ValueError, OSError) as e:
         print(shown(f"error: {e}"), file=sys.stderr)
         return Exit.INVALID
-    weighed = weigh(setup, record.trace.jobs, nodes, waves, record.end_s, days_of(record), args.search)
+    weighed = weigh(setup, record.trace.jobs, nodes, waves, record.end_s, days_of(record), args.search,
+                    reserve=args.slurm_backfill)
     written = []
     if args.suggest is not None:
         said = f"migctl what-if --sacct {args.sacct}: best fixed mix on {_nodes(nodes)} of {args.gpus} x {args.gpu}"
@@ -94,7 +95,8 @@ def _head(args: argparse.Namespace, record: Record, setup: Setup, nodes: int, wa
     skipped = "".join(f"; not replayed: {n} {why}" for why, n in sorted(record.skipped.items()))
     out = [f"what-if: {args.sacct}: {len(t.jobs)} jobs replayed{skipped}",
            f"from {t.start:%a %Y-%m-%d %H:%M} for {record.end_s / 3600:.1f} h, {_nodes(nodes)} of {args.gpus} x "
-           f"{args.gpu}, waves of {waves}; candidates {', '.join(setup.candidates.names)} ({args.config})"]
+           f"{args.gpu}, waves of {waves}; candidates {', '.join(setup.candidates.names)} ({args.config})"
+           + ("; Slurm's backfill with reservations" if args.slurm_backfill else "")]
     offered = {k for lay in setup.layouts.values() for k, _ in lay.capacity}
     for mig_type in sorted({j.gres for j in t.jobs} - offered):
         n = sum(1 for j in t.jobs if j.gres == mig_type)
@@ -120,5 +122,6 @@ def _doc(args: argparse.Namespace, record: Record, setup: Setup, nodes: int, w: 
     return {"sacct": args.sacct, "config": args.config, "start": record.trace.start.isoformat(),
             "hours": round(record.end_s / 3600, 2), "jobs": len(record.trace.jobs), "skipped": dict(record.skipped),
             "nodes": nodes, "gpu": args.gpu, "gpus": args.gpus, "candidates": list(setup.candidates.names),
+            "slurm_backfill": args.slurm_backfill,
             "policies": w.results, "best_fixed_gpus": dict(zip(setup.candidates.names, w.best, strict=True)),
             "best_fixed_nodes": list(w.best_nodes), "replays": w.replays}
