@@ -92,7 +92,7 @@ def compare(trace: Trace, setup: policies.Setup, nodes: int, days: float, waves:
     end = days * DAY
     jobs = [j for j in trace.jobs if j.submit_s < end]
 
-    replay = replayer(setup, jobs, nodes, waves, end, days, settled_s, reserve)
+    replay = replayer(setup, jobs, nodes, waves, end, days, settled_s, reserve=reserve)
     results: dict[str, dict[str, Any]] = {}
     seconds: dict[str, float] = {}
     timed: list[tuple[str, Callable[[], dict[str, Any]]]] = [

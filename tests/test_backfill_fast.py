@@ -6,14 +6,26 @@ overrunning jobs and a release delay."""
 
 from __future__ import annotations
 
+import json
 import random
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from migd.catalog.models import MODELS
+from migd.config.migdyaml import load_config
+from migd.ctl.migctl import main as migctl
 from migd.demand.inputs import Layout
+from migd.whatif import weigh
 from migd.whatif.backfill import BF_MAX_JOB_TEST, Backfill, overlaps, will_run
 from migd.whatif.jobs import TraceJob
+from migd.whatif.policies import Setup, fixed
 from migd.whatif.replay import Cluster, Job, Node, Policy, run
+
+REPO = Path(__file__).resolve().parents[1]
 
 SMALL = Layout.of("small", {"1g.10gb": 3})
 BALANCED = Layout.of("balanced", {"1g.10gb": 2, "2g.20gb": 1})
@@ -112,3 +124,45 @@ def test_a_pass_is_skipped_while_nothing_it_reads_changes_and_run_again_when_a_r
     assert bf.passes == 2 and waiting.start is None
     bf([a, b], pending, 900.0, 0.0)
     assert bf.passes == 3
+
+
+def test_with_reservations_a_younger_job_waits_for_an_older_ones_node() -> None:
+    """One H100 in balanced (one 2g): a 2g job runs, a second waits and reserves the node from the first's
+    limit; a 1g job with a long limit then starts at once first come per type, and with Slurm's
+    reservations (what --slurm-backfill replays) waits until the 2g job has started."""
+    cfg_text = (REPO / "bench" / "demand.yaml").read_text().replace("profiles_dir: ../profiles",
+                                                                     f"profiles_dir: {REPO / 'profiles'}")
+    setup = Setup.of(load_config(REPO / "migd.yaml", cfg_text), [MODELS["H100-SXM5-80GB"]], datetime(2026, 11, 28), 1)
+    jobs = [TraceJob(0, "a", "main", "2g.20gb", 1, 3600, 7200), TraceJob(60, "a", "main", "2g.20gb", 1, 600, 3600),
+            TraceJob(120, "a", "main", "1g.10gb", 1, 600, 36000)]
+    waits = {r: weigh.replayer(setup, jobs, 1, 1, 4 * 3600, 1 / 6, reserve=r)(fixed, ["balanced"])["p95_by_type_s"]
+             for r in (False, True)}
+    assert waits[False]["1g.10gb"] == 0 and waits[True]["1g.10gb"] == 3600 - 120
+
+
+def test_the_flag_reaches_the_model_from_the_bench_and_from_migctl_what_if(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    asked: list[bool] = []
+
+    def spy(real: Any) -> Any:
+        def call(*args: Any, reserve: bool = False, **kw: Any) -> Any:
+            asked.append(reserve)
+            return real(*args, reserve=reserve, **kw)
+        return call
+
+    monkeypatch.setattr("migd.ctl.whatif.weigh", spy(weigh.weigh))
+    cfg = tmp_path / "migd.yaml"
+    cfg.write_text((REPO / "bench" / "demand.yaml").read_text().replace("profiles_dir: ../profiles",
+                                                                        f"profiles_dir: {REPO / 'profiles'}"))
+    sacct = str(REPO / "tests" / "fixtures" / "slurm" / "sacct-parsable2.txt")
+    for flag in ([], ["--slurm-backfill"]):
+        assert migctl(["what-if", "--sacct", sacct, "--config", str(cfg), "--search", "2", "-o", "json", *flag]) == 0
+        assert json.loads(capsys.readouterr().out)["slurm_backfill"] == bool(flag)
+    sys.path.insert(0, str(REPO / "bench"))
+    import demand
+
+    monkeypatch.setattr(demand, "replayer", spy(weigh.replayer))
+    assert demand.main(["--nodes", "1", "--days", "0.05", "--search", "1", "--slurm-backfill"]) == 0
+    assert "queue: Slurm's backfill with reservations" in capsys.readouterr().out
+    assert asked == [False, True, True]
