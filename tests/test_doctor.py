@@ -99,6 +99,19 @@ def test_recorded_real_h100_doctor_run_was_clean() -> None:
     assert any(f["check"] == "profile 9" and f["verdict"] == "ok" for f in doc["findings"])
 
 
+def test_recorded_real_h200_doctor_runs_found_the_catalog_wrong_then_clean() -> None:
+    """`migctl doctor` on a real H200 (driver 580.159.04, MIG off), 2026-11-28: first with the catalog
+    as it was (memory sizes from an older driver's lgip), then with the catalog corrected to the
+    driver's answers. Both kept as they came back."""
+    before = json.loads((FIXTURES / "h200-580.159.04-doctor-before-fix.json").read_text())
+    wrong = {f["check"]: f["detail"] for f in before["findings"] if f["verdict"] == "mismatch"}
+    assert not before["ok"] and sorted(wrong) == ["profile 0", "profile 14", "profile 15", "profile 5", "profile 9"]
+    assert all("memorySizeMB" in d for d in wrong.values())
+    after = json.loads((FIXTURES / "h200-580.159.04-doctor.json").read_text())
+    assert after["ok"] and {f["verdict"] for f in after["findings"]} == {"ok", "info"}
+    assert any(f["check"] == "placements 9" and f["verdict"] == "ok" for f in after["findings"])
+
+
 @pytest.mark.integration
 def test_gpustat_sees_the_simulated_fleet(tmp_path: Path) -> None:
     if shutil.which("gpustat") is None and subprocess.run([sys.executable, "-c", "import gpustat"]).returncode:

@@ -2,7 +2,9 @@
 
 ``tests/fixtures/h100-sxm5-580.159.04-sampler-*.json`` are ``bench/sampler_probe.py`` on a real H100
 80GB HBM3 (driver 580.159.04, MIG off, read-only, 2026-11-24; ``-busy`` with a CUDA process holding
-memory).  The probe run here over the simulated ``single-h100`` must match them call for call."""
+memory).  The probe run here over the simulated ``single-h100`` must match them call for call; so must
+the run over ``hgx-h200`` match ``h200-580.159.04-sampler-idle.json`` (a real H200, same driver, MIG
+off, 2026-11-28), except in the GPU count (the simulated fleet has eight)."""
 
 from __future__ import annotations
 
@@ -57,3 +59,20 @@ def test_the_real_driver_listed_a_cuda_process_with_mig_off() -> None:
     assert busy["gpus"][0]["processes"] == 1
     assert 'migd_gpu_processes{gpu="0"' in "\n".join(busy["exposition"])
     assert shape(busy["exposition"]) == shape(recorded("idle")["exposition"])
+
+
+@pytest.mark.integration
+def test_simulated_sampling_asks_an_h200_what_the_real_one_was_asked() -> None:
+    r = subprocess.run([sys.executable, "bench/sampler_probe.py", "--sim", "hgx-h200"], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    sim, real = json.loads(r.stdout), json.loads((FIXTURES / "h200-580.159.04-sampler-idle.json").read_text())
+    assert real["gpus"] == [{"index": 0, "name": "NVIDIA H200", "mig": False, "instances": 0, "processes": 0}]
+    assert sim["gpus"][0] == real["gpus"][0] and len(sim["gpus"]) == 8
+    gpus = 8  # per-GPU calls scale with the count; per-node calls (the count itself) do not
+    per_gpu = {k: v for k, v in real["first_cycle"].items() if k != "nvmlDeviceGetCount"}
+    assert sim["first_cycle"] == {"nvmlDeviceGetCount": 1, **{k: v * gpus for k, v in per_gpu.items()}}
+    assert sim["steady_cycle"] == {"nvmlDeviceGetCount": 1, "nvmlDeviceGetMigMode": gpus,
+                                   "nvmlDeviceGetComputeRunningProcesses": gpus}
+    one = [ln for ln in sim["exposition"] if 'gpu="' not in ln or 'gpu="0"' in ln]
+    assert shape(one) == shape(real["exposition"])

@@ -27,7 +27,8 @@ from migd.sim.library import SimLibrary, load
 from migd.sim.state import StateStore, new_state
 
 FIXTURES = Path(__file__).parent / "fixtures"
-REAL_H100 = FIXTURES / "h100-sxm5-580.159.04-probe.json"  # bench/nvml_probe.py on a real H100, MIG off
+# bench/nvml_probe.py, `nvidia-smi mig -lgip` and `-lgipp` on lent machines, MIG off, driver 580.159.04
+RECORDED = {"single-h100": "h100-sxm5-580.159.04", "hgx-h200": "h200-580.159.04"}
 
 
 @pytest.fixture
@@ -221,11 +222,13 @@ def test_event_setup_skips_unsupported_gpus_and_frees_failed_sets(node: Any) -> 
     assert ev is not None and (ev.gpu_index, ev.xid) == (3, 31)  # the other GPUs stay watched
 
 
-def test_answers_match_a_recorded_real_h100(node: Any) -> None:
-    """MIG off on an H100 80GB HBM3, driver 580.159.04: the profile table, remaining capacity and an
-    empty instance list are answered (nvml.h says NOT_SUPPORTED for the last two)."""
-    real = json.loads(REAL_H100.read_text())["gpus"][0]
-    node("single-h100", mig=False)
+@pytest.mark.parametrize("fleet", sorted(RECORDED))
+def test_answers_match_a_recorded_real_gpu(node: Any, fleet: str) -> None:
+    """MIG off on an H100 80GB HBM3 and on an H200, driver 580.159.04: the profile table (memory sizes
+    are the driver's: the H200's differ from an older driver's lgip), remaining capacity and an empty
+    instance list are answered (nvml.h says NOT_SUPPORTED for the last two)."""
+    real = json.loads((FIXTURES / f"{RECORDED[fleet]}-probe.json").read_text())["gpus"][0]
+    node(fleet, mig=False)
     h = N.nvmlDeviceGetHandleByIndex(0)
     assert N.nvmlDeviceGetName(h) == real["name"]
     assert hex(N.nvmlDeviceGetPciInfo(h).pciDeviceId) == real["pci_device_id"]
@@ -336,14 +339,17 @@ def _rows(text: str) -> list[list[str]]:
 
 
 @pytest.mark.integration
-def test_fake_nvidia_smi_lists_profiles_as_a_real_h100_did(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fleet", sorted(RECORDED))
+def test_fake_nvidia_smi_lists_profiles_as_a_real_gpu_did(tmp_path: Path, fleet: str) -> None:
     state = tmp_path / "h.json"
-    smi = [sys.executable, "-m", "migd.sim.cli", "exec", "--sim-state", str(state), "--sim", "single-h100", "--",
+    smi = [sys.executable, "-m", "migd.sim.cli", "exec", "--sim-state", str(state), "--sim", fleet, "--",
            "nvidia-smi", "mig"]
     lgip = subprocess.run([*smi, "-lgip"], capture_output=True, text=True, check=True).stdout
-    assert _rows(lgip) == _rows((FIXTURES / "h100-sxm5-580.159.04-lgip.txt").read_text())
+    real = _rows((FIXTURES / f"{RECORDED[fleet]}-lgip.txt").read_text())
+    assert [r for r in _rows(lgip) if r[0] == "0"] == real  # (the H200 fleet has 8 GPUs; GPU 0 recorded)
     lgipp = subprocess.run([*smi, "-lgipp"], capture_output=True, text=True, check=True).stdout
-    assert lgipp.split() == (FIXTURES / "h100-sxm5-580.159.04-lgipp.txt").read_text().split()
+    first = [ln for ln in lgipp.splitlines() if ln.startswith("GPU  0 ")]
+    assert " ".join(first).split() == (FIXTURES / f"{RECORDED[fleet]}-lgipp.txt").read_text().split()
 
 
 @pytest.mark.integration

@@ -92,15 +92,17 @@ H100_96 = [
     Row("4g.48gb", "4g", 5, 1, 47616, 64, 4, 4, 0, 4, 0),
     Row("7g.96gb", "7g", 0, 1, 95232, 132, 8, 7, 0, 7, 1),
 ]
-# facts: gpus.H200-141GB (lgip from mig-parted#120 [S12])
+# facts: gpus.H200-141GB; every value as NVML and nvidia-smi answered on a real H200 (driver
+# 580.159.04, tests/fixtures/h200-580.159.04-*). mig-parted#120's lgip [S12], another driver, printed
+# 256 MB less for the 2-, 4- and 8-memory-slice rows (33024, 71168, 143104): memorySizeMB is the driver's.
 H200 = [
     Row("1g.18gb", "1g", 19, 7, 16384, 16, 1, 1, 0, 1, 0),
     Row("1g.18gb+me", "1g+me", 20, 1, 16384, 16, 1, 1, 0, 1, 1),
-    Row("1g.35gb", "1g.2m", 15, 4, 33024, 26, 1, 1, 0, 1, 0),
-    Row("2g.35gb", "2g", 14, 3, 33024, 32, 2, 2, 0, 2, 0),
-    Row("3g.71gb", "3g", 9, 2, 71168, 60, 3, 3, 0, 3, 0),
-    Row("4g.71gb", "4g", 5, 1, 71168, 64, 4, 4, 0, 4, 0),
-    Row("7g.141gb", "7g", 0, 1, 143104, 132, 8, 7, 0, 7, 1),
+    Row("1g.35gb", "1g.2m", 15, 4, 33280, 26, 1, 1, 0, 1, 0),
+    Row("2g.35gb", "2g", 14, 3, 33280, 32, 2, 2, 0, 2, 0),
+    Row("3g.71gb", "3g", 9, 2, 71424, 60, 3, 3, 0, 3, 0),
+    Row("4g.71gb", "4g", 5, 1, 71424, 64, 4, 4, 0, 4, 0),
+    Row("7g.141gb", "7g", 0, 1, 143360, 132, 8, 7, 0, 7, 1),
 ]
 # facts: gpus.GH200-144G-HBM3e: first four rows real lgip [S22]; the rest named by config-default
 # [S8,S17] with H200's SMs/engines (same GH100) and memory = slices/2 x the 2g row's.
@@ -220,8 +222,7 @@ ALL: tuple[GpuModel, ...] = (
              "total memory copied from GH200-96GB; SM count 78 is the product's, not observed by NVML"),
     _sibling("H100-96GB", "NVIDIA H100 96GB (device 0x233D)", 0x233D10DE, H, 97871, 132, H100_96, "GH200-96GB",
              "device 0x233D is only named 'H100-96GB' in mig-parted: NVML name and memory unknown"),
-    build_model("H200-141GB", "NVIDIA H200", 0x233510DE, H, 143771, 132, H200, ci_unconfirmed=_CI,
-                unconfirmed=(_PLACEMENTS,), identity_unconfirmed=_MEM + " (143771 MiB as users report)"),
+    build_model("H200-141GB", "NVIDIA H200", 0x233510DE, H, 143771, 132, H200, ci_unconfirmed=_CI),
     _sibling("H200-NVL-141GB", "NVIDIA H200 NVL", 0x233B10DE, H, 143771, 132, H200, "H200-141GB"),
     build_model("GH200-144GB", "NVIDIA GH200 144G HBM3e", 0x234810DE, H, 146831, 132, GH200_144,
                 ci_unconfirmed=_CI, unconfirmed=(_PLACEMENTS,), identity_unconfirmed=_MEM),
