@@ -12,9 +12,10 @@ from migd.catalog.models import MODELS
 from migd.config.migdyaml import load_config
 from migd.demand.capacity import node_layout
 from migd.demand.fair import fair_weights
-from migd.demand.inputs import Layout, NodeView, Pending, Running, Snapshot, slices_of
+from migd.demand.inputs import Layout, NodeView, Pending, Running, Seen, Snapshot, slices_of
 from migd.demand.mix import Candidates
 from migd.demand.rule import Params, decide
+from migd.demand.seen import LastSeen
 from migd.errors import ValidationError
 from migd.profiles.loader import load_profile
 from tests.helpers import PROFILES
@@ -172,6 +173,37 @@ def test_the_last_place_of_a_type_with_pending_work_is_never_taken() -> None:
     assert d.changes and any(MIXES[lay].count("2g.20gb") >= 1 for lay in after.values())
 
 
+def test_with_keep_place_a_type_seen_lately_keeps_its_last_place_between_its_jobs() -> None:
+    """Nothing of 2g is pending this minute, but a 2g job ran two hours ago.  With ``keep_place_s`` a
+    day, the one node that can start one keeps a layout that can, though a thousand notebooks would fill
+    it, and the change that would take the place is reported held, saying why; a day after the last 2g
+    job, or by default (off), the place goes to the notebooks."""
+    fleet = (*nodes(2, "day"), NodeView("gpu9", "night*7/balanced", OLD))
+    queue = notebooks(1000)
+    day = Params(keep_place_s=24 * 3600.0)
+
+    def decided(seen_ago_s: float, params: Params) -> tuple[dict[str, str], str]:
+        d = decide(Snapshot(queue, fleet, seen=(Seen("2g.20gb", seen_ago_s, 1),)), MIXES, params)
+        return {n.name: n.layout for n in fleet} | {c.node: c.new for c in d.changes}, " ".join(w for _, w in d.held)
+
+    kept, held = decided(2 * 3600.0, day)
+    assert any(MIXES[lay].count("2g.20gb") >= 1 for lay in kept.values())
+    assert kept["gpu9"] != "night*7/balanced"  # (it still changes: to a layout with the place and more 1g)
+    assert "held: it would take the last place of 2g.20gb, seen within 24 h (keep_place)" in held
+    for gone, _ in (decided(25 * 3600.0, day), decided(0.0, Params())):  # (off: not even a type seen now)
+        assert not any(MIXES[lay].count("2g.20gb") >= 1 for lay in gone.values())
+
+
+def test_last_seen_keeps_the_newest_sighting_and_the_fewest_instances() -> None:
+    seen = LastSeen()
+    seen.observe(100.0, [("2g.20gb", 2), ("7g.80gb", 1), ("2g.20gb", 3)])
+    seen.observe(500.0, [("7g.80gb", 4)])
+    assert seen.seen(700.0) == (Seen("2g.20gb", 600.0, 2), Seen("7g.80gb", 200.0, 1))
+    again = LastSeen()
+    again.load(seen.to_json())
+    assert again.seen(700.0) == seen.seen(700.0)
+
+
 def test_a_small_minority_waits_when_its_place_costs_more_than_its_work() -> None:
     """Every node busy for 6 more hours: draining one idles far more than the one 2g job's work."""
     fleet, queue = training(0, busy_h=6.0, k=2)
@@ -240,15 +272,17 @@ def test_a_queue_that_has_waited_long_keeps_its_supply_for_newer_larger_work() -
 
 
 def test_the_reversal_window_and_switch_time_are_knobs_of_migd_yaml(tmp_path: Path) -> None:
-    """``reversal_window`` and ``switch_time`` in ``slurm.demand`` reach the rule: with a 1-hour window the
-    node that switched two hours ago follows the turn of demand that the default 6 hours holds."""
+    """``reversal_window``, ``switch_time`` and ``keep_place`` in ``slurm.demand`` reach the rule: with a
+    1-hour window the node that switched two hours ago follows the turn of demand that the default 6 hours
+    holds."""
     cfg = tmp_path / "migd.yaml"
     demand = ("schedule:\n  - {profile: night, at: \"00:00\"}\n"
               f"profiles_dir: {PROFILES}\nslurm:\n  node: gpu0\n  partition: gpu\n  demand:\n    mode: on\n"
               "    planner: gpu0\n    candidates: [day, night]\n")
-    cfg.write_text(demand + "    reversal_window: 1h\n    switch_time: 10m\n")
+    cfg.write_text(demand + "    reversal_window: 1h\n    switch_time: 10m\n    keep_place: 12h\n")
     settings = load_config(cfg).slurm.demand  # type: ignore[union-attr]
     assert settings is not None and (settings.params.reverse_s, settings.params.switch_s) == (3600.0, 600.0)
+    assert settings.params.keep_place_s == 12 * 3600.0
     training_jobs = tuple(Pending(f"t{i}", "nlp", "7g.80gb", 2, 4 * 3600, age_s=OLD) for i in range(8))
     recent = NodeView("gpu0", "day", 2 * 3600.0, left="night")
     assert [c.new for c in decide(Snapshot(training_jobs, (recent,)), LAYOUTS, settings.params).changes] == ["night"]

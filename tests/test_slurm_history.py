@@ -195,3 +195,12 @@ def test_a_job_without_a_limit_teaches_nothing() -> None:
                       _line("3", "bio", 60, 60, "03:00:00")])
     runtimes = RunTimes()
     assert seed(runtimes, ended_jobs(text, "gpu")).jobs == 1 and list(runtimes.seen["bio"]) == [60 / 3600]
+
+
+def test_when_each_mig_type_was_last_seen_outlives_a_planner_restart(tmp_path: Path) -> None:
+    """demand.json keeps when the planner last saw a job of each MIG type, so that ``keep_place`` holds a
+    type's last place across a restart of the planner as it did before it."""
+    atomic_write_json(tmp_path / "demand.json", History({}, {}, {}, {"2g.20gb": (NOW - 3600.0, 1.0)}))
+    planner = _planner(tmp_path, Sacct(HEADER))
+    (seen,) = planner.seen.seen(NOW)
+    assert (seen.mig_type, seen.ago_s, seen.count) == ("2g.20gb", 3600.0, 1)

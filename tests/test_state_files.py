@@ -59,6 +59,11 @@ def test_what_the_files_say_is_read_back(tmp_path: Path) -> None:
     assert switch.before["GPU-1"].layout == entry.before
     history = load(STATE / "demand.json", History)
     assert history.switches == {"gpu1": (1795000000.0, 1795003600.5)} and history.left == {"gpu1": "day"}
+    assert history.seen == {"2g.20gb": (1795003000.0, 1.0)}
+    older = json.loads((STATE / "demand.json").read_text())
+    del older["seen"]  # (written before the planner kept when it last saw each MIG type)
+    (tmp_path / "demand.json").write_text(json.dumps(older))
+    assert load(tmp_path / "demand.json", History).seen == {}
 
 
 def test_a_journal_and_owners_from_before_versions_read_the_same(tmp_path: Path) -> None:

@@ -78,9 +78,24 @@ class Layout:
 
 
 @dataclass(frozen=True)
+class Seen:
+    """A MIG type the planner has seen a job of: how long ago it last did, and the fewest instances such
+    a job asked on one node.  A type used recently keeps its last place (the rule) though nothing of it
+    is pending at this moment: notebooks and inference come back, and a place taken away costs the next
+    job a drain and a switch."""
+
+    mig_type: str
+    ago_s: float
+    count: int
+
+
+@dataclass(frozen=True)
 class Snapshot:
     pending: tuple[Pending, ...]
     nodes: tuple[NodeView, ...]
     # per account, how much of its time limit a job actually runs (learned, migd/demand/runtime.py):
     # time limits are upper bounds; an account absent here is taken to run to its limits
     run_ratio: tuple[tuple[str, float], ...] = ()
+    # per MIG type the planner has seen a job of (pending or running): how long ago it last saw one and
+    # the fewest instances such a job asked on one node (migd/demand/seen.py)
+    seen: tuple[Seen, ...] = ()

@@ -11,7 +11,10 @@ while it drains and switches.  Changes are taken best first, one node at a time:
    change that gives one a place is made when the slices it idles while draining are no more than
    that type's pending work (not the thresholds below: a minority's work is small, and the majority's
    queue would fill the GPU it takes, so in slice-hours alone carving a place never pays, and the
-   minority waits for ever); none that takes the last place away is made;
+   minority waits for ever); none that takes the last place away is made; with ``keep_place_s``, one
+   that takes the last place from a type seen (pending or running) that recently is held: its next job
+   would wait for a drain and a switch (off by default: on the bench's traces it cost more waiting than
+   it saved, docs/demand.md);
 2. then the change that most shortens the longest expected wait of a MIG type (its oldest pending
    job's age plus the time the type's supply takes to run its work within the horizon), then best
    lifts the worst-served account, then the largest net gain, while one pays enough
@@ -50,6 +53,7 @@ class Params:
     max_changes_per_day: int = 4
     max_in_maintenance: int | None = None  # nodes draining or switching at once (fleet waves)
     reverse_s: float = 6 * 3600.0  # a change undoing the node's previous one this soon is held
+    keep_place_s: float = 0.0  # a MIG type seen this recently keeps its last place (0: pending work only)
 
     def horizon(self, run_ratio: Mapping[str, float]) -> Horizon:
         return Horizon(self.horizon_s, self.switch_s, run_ratio)
@@ -105,6 +109,7 @@ class Score:
     served: float  # slice-hours of work that can run
     wait_s: float = 0.0  # the longest expected wait of a MIG type (_Fleet.score)
     wait_type: str = "-"  # the type it is of
+    unkept: tuple[str, ...] = ()  # MIG types seen lately (none pending) that no node's layout can start
 
 
 class _Fleet:
@@ -112,11 +117,12 @@ class _Fleet:
     type with pending work has, with one node's part swappable (a trial costs O(types x accounts))."""
 
     def __init__(self, demand: Mapping[str, Mapping[str, float]], need: Mapping[str, int],
-                 oldest: Mapping[str, float], horizon_s: float) -> None:
+                 oldest: Mapping[str, float], horizon_s: float, keep: Mapping[str, int]) -> None:
         self.demand = demand  # type -> account -> slice-hours
         self.oldest = oldest  # type -> the age of its oldest pending job (s)
         self.horizon_s = horizon_s
         self.need = dict(sorted(need.items()))  # type -> instances its smallest pending job asks on one node
+        self.keep = {t: k for t, k in sorted(keep.items()) if t not in self.need}  # seen lately, none pending
         self.by_type = {t: sum(a.values()) for t, a in demand.items()}
         self.asked: dict[str, float] = defaultdict(float)
         for per in demand.values():
@@ -140,7 +146,7 @@ class _Fleet:
             self.places[t] += 1
 
     def _placed(self, layout: Layout) -> list[str]:
-        return [t for t, k in self.need.items() if layout.count(t) >= k]
+        return [t for t, k in (*self.need.items(), *self.keep.items()) if layout.count(t) >= k]
 
     def score(self, node: str | None = None, supply: Supply | None = None, layout: Layout | None = None) -> Score:
         """The fleet's score with ``node``'s part replaced by ``supply`` in ``layout``.  An account's share
@@ -162,14 +168,15 @@ class _Fleet:
             for account, work in self.demand[t].items():
                 got[account] += share * work
         worst = min((got[a] / w for a, w in self.asked.items() if w > 0), default=1.0)
-        unplaced = []
-        for t, k in self.need.items():
-            places = self.places[t]
-            if layout is not None and old_layout is not None:
-                places += (layout.count(t) >= k) - (old_layout.count(t) >= k)
-            if places <= 0:
-                unplaced.append(t)
-        return Score(tuple(unplaced), worst, total, wait[0], wait[1])
+        unplaced = tuple(t for t, k in self.need.items() if self._places(t, k, layout, old_layout) <= 0)
+        unkept = tuple(t for t, k in self.keep.items() if self._places(t, k, layout, old_layout) <= 0)
+        return Score(unplaced, worst, total, wait[0], wait[1], unkept)
+
+    def _places(self, t: str, k: int, layout: Layout | None, old_layout: Layout | None) -> int:
+        places = self.places[t]
+        if layout is not None and old_layout is not None:
+            places += (layout.count(t) >= k) - (old_layout.count(t) >= k)
+        return places
 
 
 WAIT_CAP = 10.0  # horizons: the expected wait of a type its supply would take longer to serve, or never
@@ -219,7 +226,8 @@ def decide(snap: Snapshot, layouts: Mapping[str, Layout], params: Params = Param
     """Which nodes change to which layout now (``Decision.changes``), and why the others do not."""
     snap = Snapshot(tuple(sorted(snap.pending, key=lambda p: (p.account, p.mig_type, p.job))),  # one order:
                     tuple(replace(n, running=tuple(sorted(n.running, key=lambda r: r.job)))  # the same sums
-                          for n in sorted(snap.nodes, key=lambda n: n.name)), tuple(sorted(snap.run_ratio)))
+                          for n in sorted(snap.nodes, key=lambda n: n.name)), tuple(sorted(snap.run_ratio)),
+                    tuple(sorted(snap.seen, key=lambda s: s.mig_type)))
     if not snap.nodes:
         return Decision((), (), (), ())
     h = params.horizon(dict(snap.run_ratio))
@@ -229,7 +237,9 @@ def decide(snap: Snapshot, layouts: Mapping[str, Layout], params: Params = Param
     oldest: dict[str, float] = {}
     for p in snap.pending:
         oldest[p.mig_type] = max(oldest.get(p.mig_type, 0.0), p.age_s)
-    fleet = _Fleet(demand, _need(snap.pending, layouts), oldest, params.horizon_s)
+    keep = {s.mig_type: s.count for s in snap.seen if s.ago_s < params.keep_place_s
+            and any(lay.count(s.mig_type) >= s.count for lay in layouts.values())}
+    fleet = _Fleet(demand, _need(snap.pending, layouts), oldest, params.horizon_s, keep)
     for n in snap.nodes:
         fleet.put(n.name, supply(n, layouts[n.layout], h, staying=not n.draining), layouts[n.layout])
     busy = sum(1 for n in snap.nodes if n.draining)
@@ -306,7 +316,7 @@ class _Search:
                 continue
             change = Change(node.name, node.layout, name, benefit, cost, ready, places,
                             Wait(now.wait_s, now.wait_type, after.wait_s, after.wait_type))
-            why = _hysteresis(node, self.params) or self._reversal(node, layout)
+            why = _hysteresis(node, self.params) or self._reversal(node, layout) or self._keeps(now, after)
             if why is not None:
                 self.held.setdefault(node.name, f"{change.reason}; held: {why}")
                 continue
@@ -314,6 +324,13 @@ class _Search:
                    -round(benefit - cost, 6))
             out.append(((*key, node.name, name), change, new))
         return out
+
+    def _keeps(self, now: Score, after: Score) -> str | None:
+        lost = [t for t in after.unkept if t not in now.unkept]
+        if not lost:
+            return None
+        return (f"it would take the last place of {', '.join(lost)}, seen within {self.params.keep_place_s / 3600:g} h "
+                "(keep_place)")
 
     def _reversal(self, node: NodeView, layout: Layout) -> str | None:
         left = self.layouts.get(node.left) if node.left is not None else None

@@ -22,7 +22,7 @@ from migd.kinds import Word
 from migd.yamlsrc import Node
 
 KEYS = ["mode", "planner", "candidates", "interval", "lease", "horizon", "min_dwell", "max_changes_per_day",
-        "min_gain", "switch_time", "reversal_window", "history"]
+        "min_gain", "switch_time", "reversal_window", "keep_place", "history"]
 HISTORY_S = 7 * 86400.0  # a week of ended jobs: every account's newest 200, on most clusters
 
 
@@ -57,7 +57,7 @@ def parse_demand(n: Node, profiles: Collection[str], partition: str | None,
         raise m["candidates"].error("needs at least two profiles to choose between")
     kw: dict[str, float | int] = {}
     for key, attr in (("horizon", "horizon_s"), ("min_dwell", "min_dwell_s"), ("switch_time", "switch_s"),
-                      ("reversal_window", "reverse_s")):
+                      ("reversal_window", "reverse_s"), ("keep_place", "keep_place_s")):
         if key in m:
             kw[attr] = m[key].duration()
     if "max_changes_per_day" in m:

@@ -23,6 +23,7 @@ from migd.apply.statefile import atomic_write_json, load
 from migd.demand.inputs import Layout, NodeView, Running, Snapshot
 from migd.demand.rule import Decision, decide
 from migd.demand.runtime import RunTimes
+from migd.demand.seen import LastSeen
 from migd.errors import ValidationError
 from migd.slurm.ctl import NodeInfo, SlurmCtl, SlurmError
 from migd.slurm.demandconf import DemandMode, DemandSettings
@@ -39,13 +40,15 @@ HISTORY_SCHEMA = "migd.demand/v1"
 @dataclass(frozen=True)
 class History:
     """``demand.json``: what the planner keeps across restarts: each node's switches (epoch, newest last,
-    the last day's), the layout each node held before its last switch, and per account how much of its
-    time limits ended jobs ran (``demand.runtime``)."""
+    the last day's), the layout each node held before its last switch, per account how much of its
+    time limits ended jobs ran (``demand.runtime``), and per MIG type when a job of it was last seen and
+    the fewest instances one asked (``demand.seen``: a type used lately keeps its last place)."""
 
     SCHEMA: ClassVar[str] = HISTORY_SCHEMA
     switches: dict[str, tuple[float, ...]]
     left: dict[str, str] = field(default_factory=dict)
     runtimes: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    seen: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
 
 def layout_of(gres: str, layouts: Mapping[str, Layout]) -> str | None:
@@ -66,6 +69,7 @@ class Planner:
         self.layouts = layouts
         self.left: dict[str, str] = {}  # node -> the layout it held before its last switch
         self.runtimes = RunTimes()  # per account: how much of its time limit a job runs
+        self.seen = LastSeen()  # per MIG type: when a job of it was last pending or running
         self._watched: dict[str, tuple[str, float, float]] = {}  # running job -> (account, started, limit)
         self.accounting = Accounting(ctl, partition, settings.history_s)  # run times at start, from slurmdbd
         self._history_path = history
@@ -87,6 +91,7 @@ class Planner:
             return {}
         self.left = dict(doc.left)
         self.runtimes.load(doc.runtimes)
+        self.seen.load(doc.seen)
         return {n: [float(t) for t in ts] for n, ts in doc.switches.items()}
 
     def due(self) -> bool:
@@ -104,8 +109,12 @@ class Planner:
             log.error("demand: cannot read Slurm, no decision: %s", e)
             return PlanSummary(now, self.s.mode.value, (), (), {}, (), 0, 0, str(e))
         self._learn(queue.running, now)
+        running = [r for rs in queue.running.values() for r in rs]
+        self.seen.observe(now, [(p.mig_type, p.count) for p in queue.pending] + [(r.mig_type, r.count)
+                                                                                 for r in running])
         views, skipped = self._views(nodes, queue, now)
-        decision = decide(Snapshot(queue.pending, tuple(views), self.runtimes.ratios()), self.layouts, self.s.params)
+        decision = decide(Snapshot(queue.pending, tuple(views), self.runtimes.ratios(), self.seen.seen(now)),
+                          self.layouts, self.s.params)
         writes = self._write(decision, views, now) if self.s.mode is DemandMode.ON else 0
         for c in decision.changes:
             log.info("demand%s: %s", " (dry-run)" if self.s.mode is DemandMode.DRY_RUN else "", c.reason)
@@ -182,7 +191,8 @@ class Planner:
         if changed:
             atomic_write_json(self._history_path, History({n: tuple(ts) for n, ts in self.history.items()},
                                                           dict(self.left),
-                                                          {a: tuple(v) for a, v in self.runtimes.to_json().items()}))
+                                                          {a: tuple(v) for a, v in self.runtimes.to_json().items()},
+                                                          {t: tuple(v) for t, v in self.seen.to_json().items()}))
         return writes
 
     def _learn(self, running: Mapping[str, tuple[Running, ...]], now: float) -> None:

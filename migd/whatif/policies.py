@@ -22,6 +22,7 @@ from migd.demand.inputs import Layout, NodeView, Pending, Running, Snapshot
 from migd.demand.mix import Candidates
 from migd.demand.rule import Params, decide
 from migd.demand.runtime import RunTimes
+from migd.demand.seen import LastSeen
 from migd.profiles.model import Profile
 from migd.slurm.slurmconf import SlurmSettings
 from migd.whatif.jobs import DAY
@@ -152,16 +153,19 @@ def _fits(free: Mapping[str, int], left: Mapping[str, list[int]]) -> tuple[int, 
 
 
 def migd(setup: Setup) -> Policy:
-    learned = RunTimes()
+    learned, seen = RunTimes(), LastSeen()
 
     def policy(now: float, c: Cluster) -> dict[str, Layout]:
         for j in c.ended:  # (as the planner sees a job it watched run leave Slurm's running set)
             learned.observe(j.spec.account, j.spec.duration_s, j.spec.time_limit_s)
         c.ended.clear()
+        seen.observe(now, ((j.spec.gres, j.spec.count) for q in (*c.pending.values(), *(n.running for n in c.nodes))
+                           for j in q))
         snap = Snapshot(tuple(Pending(str(id(j)), j.spec.account, j.spec.gres, j.spec.count, j.spec.time_limit_s,
                                       age_s=now - j.spec.submit_s) for q in c.pending.values() for j in q),
                         tuple(_view(n, now) for n in c.nodes if (n.target or n.layout).name in setup.mixes),
-                        learned.ratios())  # (a node in a layout of the schedule's only: skipped, as by the planner)
+                        learned.ratios(), seen.seen(now))
+        # (a node in a layout of the schedule's only is skipped, as by the planner)
         return {ch.node: setup.mixes[ch.new] for ch in decide(snap, setup.mixes, setup.params).changes}
     return policy
 
