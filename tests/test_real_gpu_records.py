@@ -76,3 +76,30 @@ def test_simulated_sampling_asks_an_h200_what_the_real_one_was_asked() -> None:
                                    "nvmlDeviceGetComputeRunningProcesses": gpus}
     one = [ln for ln in sim["exposition"] if 'gpu="' not in ln or 'gpu="0"' in ln]
     assert shape(one) == shape(real["exposition"])
+
+
+def _recorded_runs() -> dict[str, str]:
+    """``h200-580.159.04-migctl.txt``: migctl's reading commands on the real H200, MIG off, each output
+    under ``$ migctl CMD`` and followed by ``rc=N``."""
+    text = (FIXTURES / "h200-580.159.04-migctl.txt").read_text()
+    runs = re.findall(r"^\$ migctl ([^\n]+)\n(.*?)^rc=(\d+)$", text, flags=re.M | re.S)
+    return {cmd: out + f"rc={rc}" for cmd, out, rc in runs}
+
+
+def test_migctl_plans_on_the_simulated_h200_what_it_planned_on_the_real_one(tmp_path: Path) -> None:
+    """The same profiles planned over the simulated hgx-h200 and over a real H200's driver (MIG off): the
+    same operations, placements and compute instances for GPU 0, and the same exits."""
+    from tests.helpers import Migctl
+
+    real, m = _recorded_runs(), Migctl(tmp_path, "hgx-h200")
+    sim = m("plan", "profiles/balanced.yaml", "-o", "json")
+    doc = json.loads(real["plan profiles/balanced.yaml -o json"].rsplit("rc=", 1)[0])
+    assert sim.code == 0 and real["plan profiles/balanced.yaml -o json"].endswith("rc=0")
+    ours, theirs = sim.json()["gpus"][0], doc["gpus"][0]
+    assert {k: v for k, v in ours.items() if k != "uuid"} == {k: v for k, v in theirs.items() if k != "uuid"}
+    for cmd, gpu in (("plan profiles/day.yaml", "GPU 0 "), ("plan profiles/night.yaml", "GPU 0 "),
+                     ("assert profiles/night.yaml", "GPU 0: ")):
+        said = next(ln for ln in real[cmd].splitlines() if ln.startswith(gpu)).removeprefix(gpu)
+        r = m(*cmd.split())
+        assert f"{gpu.strip().replace('0', '0-7')} {said}" in r.out.splitlines(), cmd  # (the eight alike, grouped)
+        assert real[cmd].endswith(f"rc={int(r.code)}"), cmd
