@@ -20,7 +20,7 @@ from migd.config.migdyaml import load_config
 from migd.ctl.migctl import main as migctl
 from migd.demand.inputs import Layout
 from migd.whatif import weigh
-from migd.whatif.backfill import BF_MAX_JOB_TEST, Backfill, overlaps, will_run
+from migd.whatif.backfill import BF_MAX_JOB_TEST, Backfill, backfill, overlaps, will_run
 from migd.whatif.jobs import TraceJob
 from migd.whatif.policies import Setup, fixed
 from migd.whatif.replay import Cluster, Job, Node, Policy, run
@@ -102,6 +102,37 @@ def test_the_fast_pass_starts_every_job_when_and_where_the_plain_pass_does(seed:
     fast = replayed(seed, step_s, reference=False)
     assert fast == replayed(seed, step_s, reference=True)
     assert sum(1 for at, _ in fast if at is not None) > 40  # (the trace keeps the queue busy)
+
+
+def deep(seed: int) -> tuple[list[Node], dict[str, list[Job]]]:
+    """Nodes part full, some draining, some jobs past their limit's end; a deep queue of few shapes."""
+    rng = random.Random(seed)
+    nodes = [Node(f"gpu{i}", rng.choice(LAYOUTS), 7, target=SMALL if rng.random() < 0.15 else None)
+             for i in range(rng.randint(2, 5))]
+    for n in nodes:
+        for mig_type, room in n.layout.capacity:
+            for _ in range(rng.randint(0, room)):
+                start, limit = rng.uniform(-3000, 0), rng.choice((600.0, 1800.0, 3600.0))
+                n.running.append(Job(TraceJob(start, "a", "main", mig_type, 1, limit, limit), start=start, node=n.name))
+    pending: dict[str, list[Job]] = {}
+    for at in sorted(rng.uniform(-6000, 0) for _ in range(rng.randint(60, 160))):
+        mig_type = rng.choice(TYPES)
+        pending.setdefault(mig_type, []).append(Job(TraceJob(at, "a", "main", mig_type, rng.choice((1, 1, 2)), 60,
+                                                             rng.choice((600.0, 1800.0, 3600.0)))))
+    return nodes, pending
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_one_pass_over_a_deep_queue_decides_as_the_plain_pass(seed: int) -> None:
+    """Many jobs alike behind each other: most find a reservation only far out, many none in their 64
+    tries, so the pass's shortcuts (a shape that found no place) are taken often."""
+    fast, ref = deep(seed), deep(seed)
+    epoch = random.Random(seed).uniform(0, 60)
+    backfill(*fast, 0.0, epoch)
+    plain(*ref, 0.0, epoch)
+    assert [[(j.start, j.node) for j in n.running] for n in fast[0]] == [[(j.start, j.node) for j in n.running]
+                                                                        for n in ref[0]]
+    assert {t: len(q) for t, q in fast[1].items()} == {t: len(q) for t, q in ref[1].items()}
 
 
 def test_a_pass_is_skipped_while_nothing_it_reads_changes_and_run_again_when_a_reservation_turns() -> None:

@@ -85,8 +85,10 @@ class _Pass:
         self.index = {id(n): i for i, n in enumerate(nodes)}
         self.begins: list[list[float]] = [[] for _ in nodes]
         self.ends: list[list[float]] = [[] for _ in nodes]
+        self.rows = [(i, self.begins[i], self.ends[i]) for i in self.usable]
         self.estimates: dict[tuple[tuple[int, ...], str, int], tuple[float, Node] | None] = {}
         self.running: Running | None = None
+        self.nowhere: dict[tuple[str, int, float], float] = {}  # a job's shape -> how far its walk looked
         self.until = math.inf
 
     def run(self, queue: list[Job]) -> set[int]:
@@ -100,36 +102,54 @@ class _Pass:
                 job.start, job.node = self.now, self.nodes[i].name
                 self.nodes[i].running.append(job)
                 started.add(id(job))
-                self.estimates, self.running = {}, None
+                self.estimates, self.running, self.nowhere = {}, None, {}
             else:
+                self.nowhere = {shape: reach for shape, reach in self.nowhere.items() if reach < at}
                 x = bisect_right(self.ends[i], at)
                 self.begins[i].insert(x, at)
                 insort(self.ends[i], at + job.spec.time_limit_s)
         return started
 
     def place(self, job: Job) -> tuple[float, int] | None:
-        """Where and when ``job`` starts (``now``: at once) by Slurm's plan; None: no reservation."""
-        t, k, limit = job.spec.gres, job.spec.count, job.spec.time_limit_s
-        s = self.now
+        """Where and when ``job`` starts (``now``: at once) by Slurm's plan; None: no reservation.  A job
+        of the shape of one that found no place finds none either while no job has started and no
+        reservation was added within the reach of that one's walk (its every test would be the same)."""
+        shape = (job.spec.gres, job.spec.count, job.spec.time_limit_s)
+        self.turning(shape[2])  # (over the plan as it is now, whether or not the job walks)
+        if shape in self.nowhere:
+            return None
+        placed, reach = self.walk(*shape)
+        if placed is None:
+            self.nowhere[shape] = reach
+        return placed
+
+    def walk(self, t: str, k: int, limit: float) -> tuple[tuple[float, int] | None, float]:
+        """Slurm's tries for a job of MIG type ``t``, ``k`` instances, ``limit``: where and when it
+        starts (None: nowhere), and the latest moment a reservation was looked for up to."""
+        s, reach = self.now, -math.inf
         for _ in range(_TRIES):
+            reach = max(reach, s + limit)
             avail, later = self.open(s, limit)
-            got = self.estimate(avail, t, k)
+            got = self.estimates[avail, t, k] if (avail, t, k) in self.estimates else self.estimate(avail, t, k)
             if got is None:
                 if later is None:
-                    return None
+                    return None, reach
                 s = later
                 continue
             at, i = max(s, got[0]), self.index[id(got[1])]
             if at <= self.now:
-                return self.now, i
-            self.until = min(self.until, at)
+                return (self.now, i), reach
+            if at < self.until:
+                self.until = at
             if later is not None and at > later:
                 s = later
-            elif self.meets(i, at, at + limit):
+                continue
+            reach = max(reach, at + limit)
+            if self.meets(i, at, at + limit):
                 s = at
             else:
-                return at, i
-        return None
+                return (at, i), reach
+        return None, reach
 
     def meets(self, i: int, start: float, end: float) -> bool:
         """Whether node ``i`` has a reservation [b, e) with b <= end and e > start (``overlaps``)."""
@@ -138,21 +158,26 @@ class _Pass:
 
     def open(self, start: float, limit: float) -> tuple[tuple[int, ...], float | None]:
         """The usable nodes free of reservations over [start, start + limit], and the first end of a
-        reservation that meets it (None: none does).  At ``now`` it notes when these would turn: a
-        reservation's end passed, or one's begin reached by ``now`` plus the limit."""
-        avail, later, first, end = [], None, start == self.now, start + limit
-        for i in self.usable:
-            begins, ends = self.begins[i], self.ends[i]
+        reservation that meets it (None: none does)."""
+        avail, later, end = [], None, start + limit
+        for i, begins, ends in self.rows:
             x = bisect_right(ends, start)
             if x < len(begins) and begins[x] <= end:
-                later = ends[x] if later is None else min(later, ends[x])
+                e = ends[x]
+                if later is None or e < later:
+                    later = e
             else:
                 avail.append(i)
-            if first:
-                y = bisect_right(begins, end)
-                self.until = min(self.until, ends[x] if x < len(ends) else math.inf,
-                                 begins[y] - limit - _EPS if y < len(begins) else math.inf)
         return tuple(avail), later
+
+    def turning(self, limit: float) -> None:
+        """When the first test of a job of ``limit`` would turn: a reservation's end passed, or one's
+        begin reached by ``now`` plus the limit."""
+        end = self.now + limit
+        for _, begins, ends in self.rows:
+            x, y = bisect_right(ends, self.now), bisect_right(begins, end)
+            self.until = min(self.until, ends[x] if x < len(ends) else math.inf,
+                             begins[y] - limit - _EPS if y < len(begins) else math.inf)
 
     def estimate(self, avail: tuple[int, ...], mig_type: str, count: int) -> tuple[float, Node] | None:
         key = (avail, mig_type, count)
