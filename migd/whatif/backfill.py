@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right, insort
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from migd.whatif.fleet import Job, Node
@@ -35,6 +36,9 @@ _TRIES = 64  # TRY_LATER rounds for one job (each moves its earliest start on)
 _EPS = 1e-6  # margin on a moment computed as a sum (now + limit), so a skip is never taken late
 
 Running = list[tuple[float, str, Job]]
+Placed = tuple[float, int] | None  # (when, node index): at ``now``, a start; later, a reservation; None: neither
+Key = tuple[tuple[int, ...], str, int]  # an estimate's question: (nodes open, MIG type, count)
+Asked = tuple[tuple[Key, Any], ...]  # the estimates a walk read, with what they said
 Pass = Callable[[list[Node], dict[str, list[Job]], float, float], None]  # (nodes, pending, now, epoch_s)
 
 
@@ -44,12 +48,15 @@ class Backfill:
     node's layout, drain, switch or running jobs) or the clock reached a moment one of its comparisons
     with ``now`` turns at (a reservation's end, a reservation's start minus a job's limit, an expected
     start).  Between those the pass is a function of nothing that moved, so it would start nothing again
-    (a pass that starts a job changes what it reads).  The result is the same job for job as a pass every
-    step; this is what makes Slurm's reservations affordable over a week of the bench's traces."""
+    (a pass that starts a job changes what it reads).  A pass that is run takes from the last one each
+    job's place that still holds (``_Pass.run``).  The result is the same job for job as a pass made
+    afresh every step; this is what makes Slurm's reservations affordable over the bench's traces."""
 
     def __init__(self) -> None:
         self._reads: Any = None
         self._until = -math.inf
+        self._notes: dict[int, _Note] = {}  # the last pass's, per job
+        self._frame: Any = None  # what the notes hold for: the nodes, those usable, the clock's epoch
         self.passes = 0  # passes whose work was done (the rest were skipped)
 
     def __call__(self, nodes: list[Node], pending: dict[str, list[Job]], now: float, epoch_s: float) -> None:
@@ -59,9 +66,11 @@ class Backfill:
         if now < self._until and reads == self._reads:
             return
         p = _Pass(nodes, now, epoch_s)
+        frame = (tuple(map(id, nodes)), tuple(p.usable), epoch_s)
         self.passes += 1
-        started = p.run(queue)
+        started = p.run(queue, self._notes if frame == self._frame else {})
         self._reads, self._until = (None, -math.inf) if started else (reads, p.until)
+        self._notes, self._frame = p.notes, frame
         if started:
             for t, q in pending.items():
                 pending[t] = [j for j in q if id(j) not in started]
@@ -71,6 +80,18 @@ def backfill(nodes: list[Node], pending: dict[str, list[Job]], now: float, epoch
     """One pass over ``pending`` (MIG type -> its queue): start what may start now, reserve a node for
     the rest (the plan lives one pass).  ``epoch_s``: the wall clock at time 0."""
     Backfill()(nodes, pending, now, epoch_s)
+
+
+@dataclass(frozen=True)
+class _Note:
+    """What one job's place was, and what it was found from: the estimates read (the plan before it
+    aside) and the first moment a comparison with ``now`` it made would turn."""
+
+    job: Job
+    placed: Placed
+    asked: Asked
+    until: float
+    made: int  # reservations the pass had made before it (the plan it was placed in)
 
 
 class _Pass:
@@ -86,15 +107,31 @@ class _Pass:
         self.begins: list[list[float]] = [[] for _ in nodes]
         self.ends: list[list[float]] = [[] for _ in nodes]
         self.rows = [(i, self.begins[i], self.ends[i]) for i in self.usable]
-        self.estimates: dict[tuple[tuple[int, ...], str, int], tuple[float, Node] | None] = {}
+        self.estimates: dict[Key, tuple[float, Node] | None] = {}
         self.running: Running | None = None
-        self.nowhere: dict[tuple[str, int, float], float] = {}  # a job's shape -> how far its walk looked
+        self.nowhere: dict[tuple[str, int, float], tuple[float, Asked, float]] = {}  # a shape that found no
+        # place -> how far its walk looked, what it read, when a comparison it made turns
+        self.notes: dict[int, _Note] = {}
+        self.made = 0
         self.until = math.inf
 
-    def run(self, queue: list[Job]) -> set[int]:
+    def run(self, queue: list[Job], before: dict[int, _Note]) -> set[int]:
+        """The pass over ``queue``.  ``before``: the last pass's notes, over the same nodes.  While every
+        job so far was placed as then and the plan holds as many reservations as then (so it is the plan
+        it was), a job whose estimates still say what they said and whose comparisons with ``now`` have
+        not turned is placed as then, without a walk."""
         started: set[int] = set()
+        same = True
         for job in queue:
-            placed = self.place(job)
+            note = before.get(id(job)) if same else None
+            if note is not None and note.job is job and note.made == self.made and self.still(note):
+                placed = note.placed
+                self.notes[id(job)] = note
+                self.until = min(self.until, note.until)
+            else:
+                placed = self.place(job)  # (the same plan on only if it reserves what it did; a start differs)
+                same = same and placed == (note.placed if note is not None else None) and not (
+                    placed is not None and placed[0] <= self.now)
             if placed is None:
                 continue
             at, i = placed
@@ -104,41 +141,56 @@ class _Pass:
                 started.add(id(job))
                 self.estimates, self.running, self.nowhere = {}, None, {}
             else:
-                self.nowhere = {shape: reach for shape, reach in self.nowhere.items() if reach < at}
+                self.nowhere = {shape: got for shape, got in self.nowhere.items() if got[0] < at}
+                self.made += 1
                 x = bisect_right(self.ends[i], at)
                 self.begins[i].insert(x, at)
                 insort(self.ends[i], at + job.spec.time_limit_s)
         return started
 
-    def place(self, job: Job) -> tuple[float, int] | None:
+    def still(self, note: _Note) -> bool:
+        """Whether a job's last place holds: ``now`` before its turn, its estimates unchanged."""
+        return self.now < note.until and all(self.estimate(*key) == said for key, said in note.asked)
+
+    def place(self, job: Job) -> Placed:
         """Where and when ``job`` starts (``now``: at once) by Slurm's plan; None: no reservation.  A job
         of the shape of one that found no place finds none either while no job has started and no
         reservation was added within the reach of that one's walk (its every test would be the same)."""
         shape = (job.spec.gres, job.spec.count, job.spec.time_limit_s)
+        outer, self.until = self.until, math.inf
         self.turning(shape[2])  # (over the plan as it is now, whether or not the job walks)
         if shape in self.nowhere:
-            return None
-        placed, reach = self.walk(*shape)
-        if placed is None:
-            self.nowhere[shape] = reach
+            placed, (_, asked, turn) = None, self.nowhere[shape]
+            self.until = min(self.until, turn)
+        else:
+            placed, reach, asked = self.walk(*shape)
+            if placed is None:
+                self.nowhere[shape] = reach, asked, self.until
+        self.notes[id(job)] = _Note(job, placed, asked, self.until, self.made)
+        self.until = min(outer, self.until)
         return placed
 
-    def walk(self, t: str, k: int, limit: float) -> tuple[tuple[float, int] | None, float]:
+    def walk(self, t: str, k: int, limit: float) -> tuple[Placed, float, Asked]:
         """Slurm's tries for a job of MIG type ``t``, ``k`` instances, ``limit``: where and when it
-        starts (None: nowhere), and the latest moment a reservation was looked for up to."""
-        s, reach = self.now, -math.inf
+        starts (None: nowhere), the latest moment a reservation was looked for up to, the estimates read."""
+        placed, reach, asked = self._walk(t, k, limit)
+        return placed, reach, tuple((key, self.estimates[key]) for key in asked)
+
+    def _walk(self, t: str, k: int, limit: float) -> tuple[Placed, float, set[Key]]:
+        s, reach, asked = self.now, -math.inf, set()
         for _ in range(_TRIES):
             reach = max(reach, s + limit)
             avail, later = self.open(s, limit)
+            asked.add((avail, t, k))
             got = self.estimates[avail, t, k] if (avail, t, k) in self.estimates else self.estimate(avail, t, k)
             if got is None:
                 if later is None:
-                    return None, reach
+                    return None, reach, asked
                 s = later
                 continue
             at, i = max(s, got[0]), self.index[id(got[1])]
             if at <= self.now:
-                return (self.now, i), reach
+                return (self.now, i), reach, asked
             if at < self.until:
                 self.until = at
             if later is not None and at > later:
@@ -148,8 +200,8 @@ class _Pass:
             if self.meets(i, at, at + limit):
                 s = at
             else:
-                return (at, i), reach
-        return None, reach
+                return (at, i), reach, asked
+        return None, reach, asked
 
     def meets(self, i: int, start: float, end: float) -> bool:
         """Whether node ``i`` has a reservation [b, e) with b <= end and e > start (``overlaps``)."""
