@@ -50,11 +50,14 @@ def test_notebooks_pending_at_night_switch_the_node_and_start(night_node: Node) 
     doc = d.status.to_json()
     assert doc["active"]["reason"] == "demand" and doc["active"]["profile"] == "day"
     assert doc["demand"]["source"] == "planner" and doc["demand"]["plan"]["wanted_slice_h"] == {"1g.10gb": 50.0}
-    assert "demand (on, planner gpu1): planner: planner gpu1 wants day" in daemon_table(d.status.view())
+    table = daemon_table(d.status.view())
+    assert "demand (on, planner gpu1): planner: planner gpu1 wants day" in table
+    # (this cluster keeps no accounting, and the planner has seen no job end: limits are taken as they are)
+    assert "  run times: every account runs to its limits (fewer than 10 ended jobs seen)\n" in table
     metrics = {f.name: {tuple(smp.labels.values()): smp.value for smp in f.samples}
                for f in demand_families(d.status.demand)}  # type: ignore[arg-type]
     assert metrics["migd_demand_following"] == {("planner",): 1, ("schedule",): 0, ("held",): 0}
-    assert metrics["migd_demand_decision_changes"] == {("on",): 1}
+    assert metrics["migd_demand_decision_changes"] == {("on",): 1} and metrics["migd_demand_run_time_share"] == {}
     c.wait(lambda: all(c.job_state(j) in ("GONE", "COMPLETING") for j in jobs), "the notebooks to run", 90)
     time.sleep(1.1)  # (the planner's interval)
     d.reconcile("reconcile")  # the queue is empty now: the node keeps day (hysteresis, no demand to move)

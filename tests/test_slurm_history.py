@@ -197,6 +197,11 @@ def test_a_job_without_a_limit_teaches_nothing() -> None:
     assert seed(runtimes, ended_jobs(text, "gpu")).jobs == 1 and list(runtimes.seen["bio"]) == [60 / 3600]
 
 
+def test_without_accounting_the_decision_says_every_account_runs_to_its_limits(tmp_path: Path) -> None:
+    plan = _planner(tmp_path, Sacct(error=DISABLED)).tick()
+    assert plan.run_share == {} and plan.seeded_jobs is None
+
+
 def test_when_each_mig_type_was_last_seen_outlives_a_planner_restart(tmp_path: Path) -> None:
     """demand.json keeps when the planner last saw a job of each MIG type, so that ``keep_place`` holds a
     type's last place across a restart of the planner as it did before it."""

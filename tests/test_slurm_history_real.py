@@ -91,13 +91,15 @@ def test_a_planner_started_after_the_jobs_ended_knows_each_accounts_share(cluste
                       tmp_path / "demand.json")
     assert planner.runtimes.ratios() == ()  # nothing watched, nothing kept
     began = time.monotonic()
-    assert planner.tick().error is None  # (its first pass: the sacct call, then the queue and the decision)
+    plan = planner.tick()
+    assert plan.error is None  # (its first pass: the sacct call, then the queue and the decision)
     print(f"\nfirst pass {time.monotonic() - began:.2f} s; {planner.accounting.seeded}; "
           f"learned {planner.runtimes.ratios()}")  # (docs/demand.md's figures, with -s)
     assert planner.accounting.seeded is not None
     assert (planner.accounting.seeded.jobs, planner.accounting.seeded.accounts) == (21, 2)  # not the withdrawn one
     learned = dict(planner.runtimes.ratios())
     assert learned == dict(_expected(c).ratios())
+    assert plan.run_share == learned and plan.seeded_jobs == 21  # what migctl daemon and the metrics show
     assert 1 / 60 <= learned["bio"] <= 3 / 60 and 5 / 120 <= learned["physics"] <= 8 / 120, learned
     assert len(planner.runtimes.seen["physics"]) == 11 and len(planner.runtimes.seen["bio"]) == 10
     by_hand = _documented_sacct().replace("--partition=gpu", "--partition=main")

@@ -3,7 +3,7 @@ metrics): which layout it follows and why, and, on the planner, its last decisio
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from migd.kinds import Word
 
@@ -32,6 +32,10 @@ class PlanSummary:
     capacity_count: int = 0
     capacity_sum_s: float = 0.0
     capacity_last_s: float | None = None
+    # per account with enough ended jobs, the share of its time limits the rule expects a job to run
+    # (learned from accounting at the planner's start and from the jobs it watched end)
+    run_share: dict[str, float] = field(default_factory=dict)
+    seeded_jobs: int | None = None  # ended jobs read from accounting at start (None: not read)
 
 
 @dataclass(frozen=True)

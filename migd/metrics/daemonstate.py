@@ -169,6 +169,12 @@ def demand_families(view: DemandView) -> Iterator[Metric]:
     g = GaugeMetricFamily("migd_demand_slurm_unreadable", "1 if the planner's last read of Slurm failed (no decision)")
     g.add_metric([], 1 if plan.error else 0)
     yield g
+    g = GaugeMetricFamily("migd_demand_run_time_share", "Per account with 10 or more ended jobs, the share of its "
+                          "time limit the planner expects a job to run (nine in ten stayed within it)",
+                          labels=["account"])
+    for account, share in sorted(plan.run_share.items()):
+        g.add_metric([account], share)
+    yield g
     yield SummaryMetricFamily("migd_demand_time_to_capacity_seconds", "From the oldest pending job a layout change "
                               "was made for to the node serving the new layout", count_value=plan.capacity_count,
                               sum_value=plan.capacity_sum_s)

@@ -124,7 +124,9 @@ class Planner:
         return PlanSummary(now, self.s.mode.value, tuple(c.reason for c in decision.changes),
                            tuple(why for _, why in decision.held),  # (each reason names its node)
                            {t: round(v, 1) for t, v in decision.demand}, tuple(skipped),
-                           writes, queue.untyped, None, self.capacity_count, self.capacity_sum, self.capacity_last)
+                           writes, queue.untyped, None, self.capacity_count, self.capacity_sum, self.capacity_last,
+                           dict(self.runtimes.ratios()),
+                           self.accounting.seeded.jobs if self.accounting.seeded is not None else None)
 
     def _served(self, node: NodeInfo, current: str | None, now: float) -> None:
         """A node changed for pending work now serves its new layout: its time to capacity is observed."""
