@@ -197,3 +197,30 @@ def test_the_flag_reaches_the_model_from_the_bench_and_from_migctl_what_if(tmp_p
     assert demand.main(["--nodes", "1", "--days", "0.05", "--search", "1", "--slurm-backfill"]) == 0
     assert "queue: Slurm's backfill with reservations" in capsys.readouterr().out
     assert asked == [False, True, True]
+
+
+def test_a_skipped_pass_runs_again_when_a_reservation_comes_within_a_jobs_limit() -> None:
+    """At 0 nothing starts: O reserves gpuA's 2g from 870; Z (2 x 1g, limit 600) still sees gpuA free
+    over its limit, so its estimate over both nodes puts it on gpuB from 1020; Y (1g, limit 1100)
+    could start on gpuB's free 1g but its limit reaches Z's reservation.  At 300, with nothing
+    changed, O's reservation lies within Z's limit (870 <= 300 + 600): Z's estimate over gpuB alone
+    moves it to gpuB from 1470, past Y's limit, and Y starts.  The pass at 300 must be run, not skipped."""
+    def state() -> tuple[list[Node], dict[str, list[Job]]]:
+        a, b = Node("gpuA", BALANCED, 7), Node("gpuB", SMALL, 7)
+        for node, gres, end in ((a, "2g.20gb", 870.0), (a, "1g.10gb", 1010.0), (a, "1g.10gb", 1020.0),
+                                (b, "1g.10gb", 1000.0), (b, "1g.10gb", 5000.0)):
+            node.running.append(Job(TraceJob(-10, "a", "main", gres, 1, end, end), start=0.0, node=node.name))
+        return [b, a], {"2g.20gb": [Job(TraceJob(-3, "a", "main", "2g.20gb", 1, 60, 600))],  # O
+                        "1g.10gb": [Job(TraceJob(-2, "a", "main", "1g.10gb", 2, 60, 600)),  # Z
+                                    Job(TraceJob(-1, "a", "main", "1g.10gb", 1, 60, 1100))]}  # Y
+
+    nodes, pending = state()
+    y = pending["1g.10gb"][1]
+    bf = Backfill()
+    bf(nodes, pending, 0.0, 0.0)
+    assert all(j.start is None for q in pending.values() for j in q) and len(pending["1g.10gb"]) == 2
+    bf(nodes, pending, 300.0, 0.0)
+    assert (y.start, y.node, bf.passes) == (300.0, "gpuB", 2)
+    ref_nodes, ref_pending = state()
+    plain(ref_nodes, ref_pending, 300.0, 0.0)
+    assert [(j.spec.time_limit_s, j.start) for j in ref_nodes[0].running[2:]] == [(1100, 300.0)]
