@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from migd.api.demand import DemandView, PlanSummary, Source
-from migd.demand.mix import Candidates, MixError, mix_profile, parse_mix
+from migd.demand.mix import MixError, mix_profile, parse_mix, shapes
 from migd.hardware.inventory import GpuLister, survey
 from migd.profiles.model import Profile
 from migd.slurm.ctl import SlurmCtl, SlurmError
@@ -48,10 +48,10 @@ class DemandPass:
         """On the planner node, when due: read Slurm, decide, write (or, in dry-run, only report)."""
         if self.s.planner != self.node:
             return
-        if self.planner is None:  # (candidates resolved on this node's GPUs: the partition is taken as alike)
+        if self.planner is None:  # (candidates resolved on this node's GPUs, and on other counts of its model)
             models = [g.model for g in survey(gpus).gpus if g.model is not None]
-            layouts = Candidates.resolve(profiles, self.s.candidates, models).layouts()
-            self.planner = Planner(self.s, self.partition, self.node, self.ctl, layouts,
+            self.planner = Planner(self.s, self.partition, self.node, self.ctl, shapes(profiles, self.s.candidates,
+                                                                                     models),
                                    self._state_dir / "demand.json", self._clock)
         if self.planner.due():
             self.last_plan = self.planner.tick()

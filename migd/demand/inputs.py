@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 _SLICES = re.compile(r"^(\d+)g\.")
 
@@ -56,6 +56,7 @@ class NodeView:
     draining: bool = False  # drained for a switch already: counts against the maintenance limit
     changes_today: int = 0  # switches in the last 24 hours
     left: str | None = None  # the layout it held before its last switch (a change undoing that one is held)
+    shape: str = ""  # its GPUs, when they differ from the planner's: the key of its layouts in Shapes.other
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,26 @@ class Layout:
     @property
     def slices(self) -> int:
         return sum(slices_of(t) * n for t, n in self.capacity)
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """The layouts each node may take: ``own``, those of the planner's GPUs, and for a node whose GPUs
+    differ (fewer or more of the same model) its own, keyed by ``NodeView.shape``.  A candidate named
+    alike on both (``night``) offers what it offers on that node's GPUs."""
+
+    own: Mapping[str, Layout]
+    other: Mapping[str, Mapping[str, Layout]] = field(default_factory=dict)
+
+    def of(self, node: NodeView) -> Mapping[str, Layout]:
+        return self.other[node.shape] if node.shape else self.own
+
+    def slices(self, node: NodeView) -> int:
+        """The node's slices (its fullest layout's): what a drain idles."""
+        return max(lay.slices for lay in self.of(node).values())
+
+    def every(self) -> list[Layout]:
+        return [*self.own.values(), *(lay for shape in self.other.values() for lay in shape.values())]
 
 
 @dataclass(frozen=True)

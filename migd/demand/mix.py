@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from itertools import combinations_with_replacement
 
 from migd.catalog.gpumodel import GpuModel
-from migd.demand.inputs import Layout, slices_of
+from migd.demand.inputs import Layout, Shapes, slices_of
 from migd.plan.offline import fake_gpu
 from migd.profiles.model import GpuSection, Profile
 from migd.profiles.resolve import resolve_section
@@ -90,6 +90,21 @@ class Candidates:
                 count.update(dict(self.per_gpu[i][j].capacity))
             out[text] = Layout.of(text, count)
         return out
+
+
+MAX_GPUS = 8  # node shapes planned for besides the planner's own: 1 to 8 GPUs of its model
+
+
+def shapes(profiles: Mapping[str, Profile], names: Sequence[str], models: Sequence[GpuModel]) -> Shapes:
+    """The candidates and their mixes on the planner's GPUs and, when those are all one model, on every
+    other count of it up to ``MAX_GPUS`` (a partition's nodes may hold four GPUs of it, or eight): each
+    keyed by its count and model (``4xH100-SXM5-80GB``).  A node of another model has other MIG types:
+    no shape here matches its GRES, and the planner skips it, saying so."""
+    own = Candidates.resolve(profiles, names, models).layouts()
+    if len({m.key for m in models}) != 1:
+        return Shapes(own)
+    return Shapes(own, {f"{k}x{models[0].key}": Candidates.resolve(profiles, names, [models[0]] * k).layouts()
+                        for k in range(1, MAX_GPUS + 1) if k != len(models)})
 
 
 def _gpu_layout(profile: Profile, model: GpuModel, index: int) -> Layout:

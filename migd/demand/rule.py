@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from migd.demand.fair import fair_weights
-from migd.demand.inputs import Layout, NodeView, Pending, Snapshot, slices_of
+from migd.demand.inputs import Layout, NodeView, Pending, Shapes, Snapshot, slices_of
 from migd.demand.mix import moved_back
 from migd.demand.supply import Horizon, Supply, drain_cost, from_ready, ready_in_s, supply
 
@@ -213,17 +213,19 @@ def _demand(snap: Snapshot, offered: set[str], capacity: float, params: Params) 
     return {t: dict(a) for t, a in demand.items()}, unservable
 
 
-def _need(pending: tuple[Pending, ...], layouts: Mapping[str, Layout]) -> dict[str, int]:
+def _need(pending: tuple[Pending, ...], layouts: list[Layout]) -> dict[str, int]:
     """Per MIG type with pending work, the instances its smallest job asks (types no layout can start
     on one node are left out: no change gives them a place)."""
     need: dict[str, int] = {}
     for p in pending:
         need[p.mig_type] = min(need.get(p.mig_type, p.count), p.count)
-    return {t: k for t, k in need.items() if any(lay.count(t) >= k for lay in layouts.values())}
+    return {t: k for t, k in need.items() if any(lay.count(t) >= k for lay in layouts)}
 
 
-def decide(snap: Snapshot, layouts: Mapping[str, Layout], params: Params = Params()) -> Decision:
-    """Which nodes change to which layout now (``Decision.changes``), and why the others do not."""
+def decide(snap: Snapshot, layouts: Mapping[str, Layout] | Shapes, params: Params = Params()) -> Decision:
+    """Which nodes change to which layout now (``Decision.changes``), and why the others do not.
+    ``layouts``: every layout a node may take, or (nodes whose GPUs differ) Shapes."""
+    shapes = layouts if isinstance(layouts, Shapes) else Shapes(layouts)
     snap = Snapshot(tuple(sorted(snap.pending, key=lambda p: (p.account, p.mig_type, p.job))),  # one order:
                     tuple(replace(n, running=tuple(sorted(n.running, key=lambda r: r.job)))  # the same sums
                           for n in sorted(snap.nodes, key=lambda n: n.name)), tuple(sorted(snap.run_ratio)),
@@ -231,23 +233,24 @@ def decide(snap: Snapshot, layouts: Mapping[str, Layout], params: Params = Param
     if not snap.nodes:
         return Decision((), (), (), ())
     h = params.horizon(dict(snap.run_ratio))
-    offered = {t for lay in layouts.values() for t, _ in lay.capacity}
-    slices = max(lay.slices for lay in layouts.values())  # a node's slices (the fullest layout's)
-    demand, unservable = _demand(snap, offered, slices * len(snap.nodes), params)
+    every = shapes.every()
+    offered = {t for lay in every for t, _ in lay.capacity}
+    demand, unservable = _demand(snap, offered, sum(shapes.slices(n) for n in snap.nodes), params)
     oldest: dict[str, float] = {}
     for p in snap.pending:
         oldest[p.mig_type] = max(oldest.get(p.mig_type, 0.0), p.age_s)
     keep = {s.mig_type: s.count for s in snap.seen if s.ago_s < params.keep_place_s
-            and any(lay.count(s.mig_type) >= s.count for lay in layouts.values())}
-    fleet = _Fleet(demand, _need(snap.pending, layouts), oldest, params.horizon_s, keep)
+            and any(lay.count(s.mig_type) >= s.count for lay in every)}
+    fleet = _Fleet(demand, _need(snap.pending, every), oldest, params.horizon_s, keep)
     for n in snap.nodes:
-        fleet.put(n.name, supply(n, layouts[n.layout], h, staying=not n.draining), layouts[n.layout])
+        lay = shapes.of(n)[n.layout]
+        fleet.put(n.name, supply(n, lay, h, staying=not n.draining), lay)
     busy = sum(1 for n in snap.nodes if n.draining)
     changes: list[Change] = []
     held: dict[str, str] = {}
     free = [n for n in snap.nodes if not n.draining]
     while demand or fleet.need:
-        best = _Search(layouts, fleet, slices, params, h, held).best(free)
+        best = _Search(shapes, fleet, params, h, held).best(free)
         if best is None:
             break
         node, change, new_supply = best
@@ -256,7 +259,7 @@ def decide(snap: Snapshot, layouts: Mapping[str, Layout], params: Params = Param
                                f"max_in_maintenance is {params.max_in_maintenance}")
             break
         changes.append(change)
-        fleet.put(node.name, new_supply, layouts[change.new])
+        fleet.put(node.name, new_supply, shapes.of(node)[change.new])
         free.remove(node)
         busy += 1
     return Decision(tuple(changes), tuple(sorted((t, sum(a.values())) for t, a in demand.items())), unservable,
@@ -269,9 +272,8 @@ _Key = tuple[int, float, float, float, float, str, str]  # unplaced types, (a pl
 
 @dataclass(frozen=True)
 class _Search:
-    layouts: Mapping[str, Layout]
+    shapes: Shapes
     fleet: _Fleet
-    slices: int
     params: Params
     h: Horizon
     held: dict[str, str]
@@ -287,7 +289,7 @@ class _Search:
         seen: set[object] = set()
         for node in nodes:
             alike = (node.layout, tuple((r.mig_type, r.count, r.ends_in_s, r.account, r.limit_s) for r in node.running),
-                     node.left, _hysteresis(node, self.params))
+                     node.left, _hysteresis(node, self.params), node.shape)
             if alike in seen:
                 continue
             seen.add(alike)
@@ -298,12 +300,13 @@ class _Search:
 
     def _trials(self, node: NodeView, now: Score) -> list[tuple[_Key, Change, Supply]]:
         out = []
-        cost = drain_cost(node, self.slices, self.h)
+        cost = drain_cost(node, self.shapes.slices(node), self.h)
+        layouts = self.shapes.of(node)
         ready = ready_in_s(node, self.h)
-        for name in sorted(self.layouts):
+        for name in sorted(layouts):
             if name == node.layout:
                 continue
-            layout = self.layouts[name]
+            layout = layouts[name]
             new = from_ready(layout, ready, self.h)
             after = self.fleet.score(node.name, new, layout)
             if len(after.unplaced) > len(now.unplaced):
@@ -333,10 +336,11 @@ class _Search:
                 "(keep_place)")
 
     def _reversal(self, node: NodeView, layout: Layout) -> str | None:
-        left = self.layouts.get(node.left) if node.left is not None else None
+        layouts = self.shapes.of(node)
+        left = layouts.get(node.left) if node.left is not None else None
         if left is None or node.in_layout_s >= self.params.reverse_s:
             return None
-        if not moved_back(left, self.layouts[node.layout], layout):
+        if not moved_back(left, layouts[node.layout], layout):
             return None
         return (f"it would undo its change from {node.left} {node.in_layout_s / 3600:.1f} h ago: demand that turns "
                 f"around within {self.params.reverse_s / 3600:g} h is held")

@@ -20,7 +20,7 @@ from typing import ClassVar
 
 from migd.api.demand import PlanSummary
 from migd.apply.statefile import atomic_write_json, load
-from migd.demand.inputs import Layout, NodeView, Running, Snapshot
+from migd.demand.inputs import Layout, NodeView, Running, Shapes, Snapshot
 from migd.demand.rule import Decision, decide
 from migd.demand.runtime import RunTimes
 from migd.demand.seen import LastSeen
@@ -63,10 +63,11 @@ def layout_of(gres: str, layouts: Mapping[str, Layout]) -> str | None:
 
 class Planner:
     def __init__(self, settings: DemandSettings, partition: str, me: str, ctl: SlurmCtl,
-                 layouts: Mapping[str, Layout], history: Path, clock: Callable[[], float] = time.time) -> None:
-        """``layouts``: every layout a node may take (the candidates and their per-GPU mixes, by name)."""
+                 layouts: Mapping[str, Layout] | Shapes, history: Path, clock: Callable[[], float] = time.time) -> None:
+        """``layouts``: every layout a node may take (the candidates and their per-GPU mixes, by name), or
+        Shapes: those and, for nodes of other GPU counts, theirs."""
         self.s, self.partition, self.me, self.ctl = settings, partition, me, ctl
-        self.layouts = layouts
+        self.shapes = layouts if isinstance(layouts, Shapes) else Shapes(layouts)
         self.left: dict[str, str] = {}  # node -> the layout it held before its last switch
         self.runtimes = RunTimes()  # per account: how much of its time limit a job runs
         self.seen = LastSeen()  # per MIG type: when a job of it was last pending or running
@@ -114,12 +115,13 @@ class Planner:
                                                                                  for r in running])
         views, skipped = self._views(nodes, queue, now)
         decision = decide(Snapshot(queue.pending, tuple(views), self.runtimes.ratios(), self.seen.seen(now)),
-                          self.layouts, self.s.params)
+                          self.shapes, self.s.params)
         writes = self._write(decision, views, now) if self.s.mode is DemandMode.ON else 0
         for c in decision.changes:
             log.info("demand%s: %s", " (dry-run)" if self.s.mode is DemandMode.DRY_RUN else "", c.reason)
+        shape = {v.name: v for v in views}
         for c in decision.changes if self.s.mode is DemandMode.ON else ():
-            ages = [p.age_s for p in queue.pending if self.layouts[c.new].count(p.mig_type)]
+            ages = [p.age_s for p in queue.pending if self.shapes.of(shape[c.node])[c.new].count(p.mig_type)]
             self._coming[c.node] = (c.new, now - max(ages, default=0.0))
         return PlanSummary(now, self.s.mode.value, tuple(c.reason for c in decision.changes),
                            tuple(why for _, why in decision.held),  # (each reason names its node)
@@ -155,19 +157,29 @@ class Planner:
             if n.drained and not n.reason.startswith(DRAIN_REASON):
                 skipped.append(f"{n.name}: drained by an operator ({n.reason})")
                 continue
-            current = layout_of(n.gres, self.layouts)
+            shape, current = self._shape_of(n.gres)
             self._served(n, current, now)
             wanted = want.layout if ours and want is not None else current
-            if wanted is None or wanted not in self.layouts:
-                skipped.append(f"{n.name}: Gres={n.gres or '(none)'} is none of the candidate layouts or their mixes")
+            if wanted is None or wanted not in self.shapes.of(NodeView(n.name, "", 0.0, shape=shape)):
+                skipped.append(f"{n.name}: Gres={n.gres or '(none)'} is none of the candidate layouts or their mixes"
+                               " on this planner's GPU model")
                 continue
             switches = self.history.get(n.name, [])
             since = switches[-1] if switches else 0.0
             views.append(NodeView(n.name, wanted, now - since, queue.running.get(n.name, ()),
                                   draining=wanted != current or n.drained,
                                   changes_today=sum(1 for t in switches if t > now - DAY_S),
-                                  left=self.left.get(n.name)))
+                                  left=self.left.get(n.name), shape=shape))
         return views, skipped
+
+    def _shape_of(self, gres: str) -> tuple[str, str | None]:
+        """Which of the planner's layouts a node's ``Gres=`` is, and of which shape ("": the planner's own
+        GPUs, tried first); or ("", None)."""
+        for shape, layouts in (("", self.shapes.own), *sorted(self.shapes.other.items())):
+            name = layout_of(gres, layouts)
+            if name is not None:
+                return shape, name
+        return "", None
 
     def _write(self, decision: Decision, views: list[NodeView], now: float) -> int:
         """The changes, then a pin or a renewal for every other node planned for (each one scontrol call)."""

@@ -1,0 +1,71 @@
+"""A partition whose nodes hold different numbers of GPUs of one model: the planner plans each on its
+own layouts (migd/demand/mix.py ``shapes``; the rule's ``Shapes``), and skips a node of another model,
+saying so."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from migd.catalog.models import MODELS
+from migd.demand.inputs import NodeView, Pending, Snapshot
+from migd.demand.mix import shapes
+from migd.demand.rule import decide
+from migd.profiles.loader import load_profile
+from migd.slurm.ctl import SlurmCtl
+from migd.slurm.demandconf import DemandMode, DemandSettings
+from migd.slurm.demandplan import Planner
+from migd.slurm.queue import read_queue
+from tests.helpers import PROFILES
+
+H100 = MODELS["H100-SXM5-80GB"]
+NAMES = ("day", "night", "night-two", "balanced")
+PROFS = {n: load_profile(PROFILES / f"{n}.yaml") for n in NAMES}
+SHAPES = shapes(PROFS, NAMES, [H100] * 8)
+FOUR = "4xH100-SXM5-80GB"
+OLD = 6 * 3600.0
+NOW = 1795671590.0
+
+
+def notebooks(n: int) -> tuple[Pending, ...]:
+    return tuple(Pending(f"nb{i}", "teaching", "1g.10gb", 1, 2 * 3600.0, age_s=OLD) for i in range(n))
+
+
+def test_every_other_count_of_the_planners_model_has_its_layouts() -> None:
+    assert sorted(SHAPES.other) == [f"{k}xH100-SXM5-80GB" for k in (1, 2, 3, 4, 5, 6, 7)]
+    four = SHAPES.other[FOUR]
+    assert len(four) == 35 and four["night"].capacity == (("7g.80gb", 4),)  # C(4+3, 3) mixes of 4 candidates
+    assert dict(four["night*3/balanced"].capacity) == {"7g.80gb": 3, "3g.40gb": 1, "2g.20gb": 1, "1g.10gb": 2}
+    assert shapes(PROFS, NAMES, [H100, MODELS["A100-SXM4-80GB"]]).other == {}  # (a planner of two models: none)
+
+
+def test_a_four_gpu_node_is_weighed_with_its_own_layouts() -> None:
+    """Three hundred notebooks of 2 h (600 slice-hours) and one idle node of four H100s at night: it turns
+    day, and what it gains is what four GPUs of 1g slices offer in the 8 h horizon less the 3-minute
+    switch (28 slices x 7.95 h), for the 28 slices it idles while switching, not what the planner's eight
+    would."""
+    small = NodeView("small", "night", OLD, shape=FOUR)
+    (change,) = decide(Snapshot(notebooks(300), (small,)), SHAPES).changes
+    assert (change.node, change.new) == ("small", "day")
+    assert "gains 222.6 slice-hours of pending work for 1.4 idled" in change.reason
+    (big,) = decide(Snapshot(notebooks(300), (NodeView("big", "night", OLD),)), SHAPES).changes
+    assert "gains 445.2 slice-hours of pending work for 2.8 idled" in big.reason
+
+
+def test_the_planner_takes_each_nodes_shape_from_its_gres(tmp_path: Path) -> None:
+    lines = {"gpu1": "gpu:7g.80gb:8", "gpu2": "gpu:7g.80gb:4", "gpu3": "gpu:1g.5gb:7",
+             "gpu4": "gpu:7g.80gb:3,gpu:1g.10gb:2,gpu:2g.20gb:1,gpu:3g.40gb:1"}
+    text = "".join(f"NodeName={n} Arch=x86_64 Gres={g} State=IDLE Partitions=main Extra=(null) Reason=(null)\n"
+                   for n, g in lines.items())
+
+    def runner(argv: Sequence[str], timeout_s: float) -> str:
+        return text if argv[:2] == ("scontrol", "show") else ""
+
+    ctl = SlurmCtl("gpu1", runner)
+    settings = DemandSettings(DemandMode.DRY_RUN, "gpu1", NAMES, history_s=0)
+    planner = Planner(settings, "main", "gpu1", ctl, SHAPES, tmp_path / "demand.json", lambda: NOW)
+    views, skipped = planner._views(ctl.nodes(), read_queue("", "main", NOW), NOW)
+    assert [(v.name, v.layout, v.shape) for v in views] == [
+        ("gpu1", "night", ""), ("gpu2", "night", FOUR), ("gpu4", "night*3/balanced", FOUR)]
+    assert skipped == ["gpu3: Gres=gpu:1g.5gb:7 is none of the candidate layouts or their mixes on this planner's "
+                       "GPU model"]
