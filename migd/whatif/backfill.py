@@ -26,6 +26,7 @@ import math
 from bisect import bisect_right, insort
 from collections.abc import Callable
 from dataclasses import dataclass
+from heapq import heappop, heappush
 from typing import Any
 
 from migd.whatif.fleet import Job, Node
@@ -37,7 +38,7 @@ _EPS = 1e-6  # margin on a moment computed as a sum (now + limit), so a skip is 
 
 Running = list[tuple[float, str, Job]]
 Placed = tuple[float, int] | None  # (when, node index): at ``now``, a start; later, a reservation; None: neither
-Key = tuple[tuple[int, ...], str, int]  # an estimate's question: (nodes open, MIG type, count)
+Key = tuple[int, str, int]  # an estimate's question: (nodes open, a bit each by index; MIG type; count)
 Asked = tuple[tuple[Key, Any], ...]  # the estimates a walk read, with what they said
 Pass = Callable[[list[Node], dict[str, list[Job]], float, float], None]  # (nodes, pending, now, epoch_s)
 
@@ -178,9 +179,10 @@ class _Pass:
 
     def _walk(self, t: str, k: int, limit: float) -> tuple[Placed, float, set[Key]]:
         s, reach, asked = self.now, -math.inf, set()
+        sweep = _Sweep(self.rows, s, limit)
         for _ in range(_TRIES):
             reach = max(reach, s + limit)
-            avail, later = self.open(s, limit)
+            avail, later = sweep.move(s)
             asked.add((avail, t, k))
             got = self.estimates[avail, t, k] if (avail, t, k) in self.estimates else self.estimate(avail, t, k)
             if got is None:
@@ -208,20 +210,6 @@ class _Pass:
         x = bisect_right(self.ends[i], start)
         return x < len(self.begins[i]) and self.begins[i][x] <= end
 
-    def open(self, start: float, limit: float) -> tuple[tuple[int, ...], float | None]:
-        """The usable nodes free of reservations over [start, start + limit], and the first end of a
-        reservation that meets it (None: none does)."""
-        avail, later, end = [], None, start + limit
-        for i, begins, ends in self.rows:
-            x = bisect_right(ends, start)
-            if x < len(begins) and begins[x] <= end:
-                e = ends[x]
-                if later is None or e < later:
-                    later = e
-            else:
-                avail.append(i)
-        return tuple(avail), later
-
     def turning(self, limit: float) -> None:
         """When the first test of a job of ``limit`` would turn: a reservation's end passed, or one's
         begin reached by ``now`` plus the limit."""
@@ -231,14 +219,53 @@ class _Pass:
             self.until = min(self.until, ends[x] if x < len(ends) else math.inf,
                              begins[y] - limit - _EPS if y < len(begins) else math.inf)
 
-    def estimate(self, avail: tuple[int, ...], mig_type: str, count: int) -> tuple[float, Node] | None:
+    def estimate(self, avail: int, mig_type: str, count: int) -> tuple[float, Node] | None:
         key = (avail, mig_type, count)
         if key not in self.estimates:
             if self.running is None:
                 self.running = by_limit_end(self.nodes)
-            self.estimates[key] = will_run(self.nodes, [self.nodes[i] for i in avail], mig_type, count, self.now,
-                                           self.epoch_s, self.running)
+            self.estimates[key] = will_run(self.nodes, [self.nodes[i] for i in self.usable if avail >> i & 1],
+                                           mig_type, count, self.now, self.epoch_s, self.running)
         return self.estimates[key]
+
+
+class _Sweep:
+    """The usable nodes open to one job over [start, start + limit] as its tries move the start on (a
+    walk's start only grows): a node held by a reservation waits in a heap by that reservation's end,
+    an open one by its next reservation's begin, so a try looks only at the nodes whose state turns
+    (a reservation [b, e) holds the node over [start, end] if b <= end and e > start: ``overlaps``)."""
+
+    def __init__(self, rows: list[tuple[int, list[float], list[float]]], start: float, limit: float) -> None:
+        self.limit, self.open = limit, 0  # (open nodes: a bit each, by index)
+        self.rows = {i: (begins, ends) for i, begins, ends in rows}
+        self.next: dict[int, int] = {}  # node -> its first reservation ending after the start
+        self.held: list[tuple[float, int]] = []  # (end of the reservation holding it, node)
+        self.free: list[tuple[float, int]] = []  # (begin of its next reservation, node)
+        for i, _, ends in rows:
+            self.settle(i, bisect_right(ends, start), start + limit)
+
+    def settle(self, i: int, x: int, end: float) -> None:
+        begins, ends = self.rows[i]
+        self.next[i] = x
+        if x < len(begins) and begins[x] <= end:
+            heappush(self.held, (ends[x], i))
+            self.open &= ~(1 << i)
+        else:
+            self.open |= 1 << i
+            if x < len(begins):
+                heappush(self.free, (begins[x], i))
+
+    def move(self, start: float) -> tuple[int, float | None]:
+        """The nodes open over [start, start + limit], and the first end of a reservation that meets
+        it (None: none does)."""
+        end, turned = start + self.limit, []
+        while self.held and self.held[0][0] <= start:
+            turned.append(heappop(self.held)[1])
+        while self.free and self.free[0][0] <= end:
+            turned.append(heappop(self.free)[1])
+        for i in turned:
+            self.settle(i, bisect_right(self.rows[i][1], start, self.next[i]), end)
+        return self.open, self.held[0][0] if self.held else None
 
 
 def will_run(every: list[Node], nodes: list[Node], mig_type: str, count: int, now: float,
