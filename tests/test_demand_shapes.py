@@ -5,17 +5,23 @@ saying so."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 
+import pytest
+
 from migd.catalog.models import MODELS
+from migd.config.migdyaml import load_config
 from migd.demand.inputs import NodeView, Pending, Snapshot
 from migd.demand.mix import shapes
 from migd.demand.rule import decide
+from migd.errors import ValidationError
 from migd.profiles.loader import load_profile
 from migd.slurm.ctl import SlurmCtl
 from migd.slurm.demandconf import DemandMode, DemandSettings
 from migd.slurm.demandplan import Planner
 from migd.slurm.queue import read_queue
+from migd.whatif.policies import Setup
 from tests.helpers import PROFILES
 
 H100 = MODELS["H100-SXM5-80GB"]
@@ -69,3 +75,25 @@ def test_the_planner_takes_each_nodes_shape_from_its_gres(tmp_path: Path) -> Non
         ("gpu1", "night", ""), ("gpu2", "night", FOUR), ("gpu4", "night*3/balanced", FOUR)]
     assert skipped == ["gpu3: Gres=gpu:1g.5gb:7 is none of the candidate layouts or their mixes on this planner's "
                        "GPU model"]
+
+
+def test_mixes_false_keeps_every_node_whole_in_one_candidate(tmp_path: Path) -> None:
+    """``slurm.demand.mixes: false``: the planner and the what-if weigh each candidate whole, on every
+    shape (under Slurm's whole-node backfill reservations a mixed node's minority GPUs wait behind the
+    majority's reservations: docs/demand.md)."""
+    whole = shapes(PROFS, NAMES, [H100] * 8, mixed=False)
+    assert sorted(whole.own) == sorted(NAMES) and all(sorted(s) == sorted(NAMES) for s in whole.other.values())
+    cfg = tmp_path / "migd.yaml"
+    text = (f"profiles_dir: {PROFILES}\nschedule:\n  - {{profile: night, at: \"00:00\"}}\nslurm:\n  node: gpu1\n"
+            "  partition: main\n  demand:\n    mode: dry-run\n    planner: gpu1\n"
+            "    candidates: [day, night, night-two, balanced]\n")
+    cfg.write_text(text + "    mixes: false\n")
+    config = load_config(cfg)
+    assert config.slurm is not None and config.slurm.demand is not None and not config.slurm.demand.mixes
+    setup = Setup.of(config, [H100] * 8, datetime(2026, 11, 26), 1)
+    assert sorted(setup.mixes) == sorted(NAMES) and "night*7/balanced" in setup.layouts  # (the fixed mixes' own)
+    cfg.write_text(text)
+    assert load_config(cfg).slurm.demand.mixes  # type: ignore[union-attr]  (on by default)
+    cfg.write_text(text + "    mixes: sometimes\n")
+    with pytest.raises(ValidationError, match="mixes"):
+        load_config(cfg)

@@ -50,8 +50,8 @@ class DemandPass:
             return
         if self.planner is None:  # (candidates resolved on this node's GPUs, and on other counts of its model)
             models = [g.model for g in survey(gpus).gpus if g.model is not None]
-            self.planner = Planner(self.s, self.partition, self.node, self.ctl, shapes(profiles, self.s.candidates,
-                                                                                     models),
+            layouts = shapes(profiles, self.s.candidates, models, self.s.mixes)
+            self.planner = Planner(self.s, self.partition, self.node, self.ctl, layouts,
                                    self._state_dir / "demand.json", self._clock)
         if self.planner.due():
             self.last_plan = self.planner.tick()

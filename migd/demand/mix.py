@@ -95,15 +95,17 @@ class Candidates:
 MAX_GPUS = 8  # node shapes planned for besides the planner's own: 1 to 8 GPUs of its model
 
 
-def shapes(profiles: Mapping[str, Profile], names: Sequence[str], models: Sequence[GpuModel]) -> Shapes:
+def shapes(profiles: Mapping[str, Profile], names: Sequence[str], models: Sequence[GpuModel],
+           mixed: bool = True) -> Shapes:
     """The candidates and their mixes on the planner's GPUs and, when those are all one model, on every
     other count of it up to ``MAX_GPUS`` (a partition's nodes may hold four GPUs of it, or eight): each
     keyed by its count and model (``4xH100-SXM5-80GB``).  A node of another model has other MIG types:
-    no shape here matches its GRES, and the planner skips it, saying so."""
-    own = Candidates.resolve(profiles, names, models).layouts()
+    no shape here matches its GRES, and the planner skips it, saying so.  ``mixed`` False: each node
+    whole in one candidate (``slurm.demand.mixes: false``)."""
+    own = Candidates.resolve(profiles, names, models).layouts(mixed)
     if len({m.key for m in models}) != 1:
         return Shapes(own)
-    return Shapes(own, {f"{k}x{models[0].key}": Candidates.resolve(profiles, names, [models[0]] * k).layouts()
+    return Shapes(own, {f"{k}x{models[0].key}": Candidates.resolve(profiles, names, [models[0]] * k).layouts(mixed)
                         for k in range(1, MAX_GPUS + 1) if k != len(models)})
 
 

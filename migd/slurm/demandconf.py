@@ -22,7 +22,7 @@ from migd.kinds import Word
 from migd.yamlsrc import Node
 
 KEYS = ["mode", "planner", "candidates", "interval", "lease", "horizon", "min_dwell", "max_changes_per_day",
-        "min_gain", "switch_time", "reversal_window", "keep_place", "history"]
+        "min_gain", "switch_time", "reversal_window", "keep_place", "history", "mixes"]
 HISTORY_S = 7 * 86400.0  # a week of ended jobs: every account's newest 200, on most clusters
 
 
@@ -39,6 +39,7 @@ class DemandSettings:
     interval_s: float = 60.0
     lease_s: float = 7200.0
     history_s: float = HISTORY_S  # accounting read at the planner's start (slurm/history.py); 0: not read
+    mixes: bool = True  # per-GPU mixes of the candidates (demand/mix.py); False: each node in one candidate
     params: Params = field(default_factory=Params)
 
 
@@ -71,5 +72,7 @@ def parse_demand(n: Node, profiles: Collection[str], partition: str | None,
             f"lease ({lease:g}s) must be at least three planner intervals ({interval:g}s): it is renewed "
             "at half its length, and one missed renewal must not hand the node back to the schedule")
     history = m["history"].duration() if "history" in m else HISTORY_S
+    mixes = m["mixes"].bool() if "mixes" in m else True
     return DemandSettings(DemandMode(m["mode"].str(choices=list(DemandMode))), m["planner"].name(), tuple(candidates),
-                          interval, lease, history, Params(max_in_maintenance=max_in_maintenance, **kw))  # type: ignore[arg-type]
+                          interval, lease, history, mixes,
+                          Params(max_in_maintenance=max_in_maintenance, **kw))  # type: ignore[arg-type]

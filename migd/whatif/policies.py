@@ -83,8 +83,8 @@ class Setup:
         if demand is None:
             raise ValueError(f"{where}: needs slurm.demand.candidates (the layouts a node may take)")
         cands = Candidates.resolve(cfg.profiles, demand.candidates, models)
-        mixes = cands.layouts()
-        layouts = dict(mixes)
+        mixes = cands.layouts(demand.mixes)
+        layouts = cands.layouts()  # (a fixed mix of the baselines is laid over the nodes per GPU either way)
         for e in cfg.schedule.entries:
             layouts.setdefault(e.profile, node_layout(cfg.profiles[e.profile], models))
         params = replace(demand.params, max_in_maintenance=waves)
