@@ -7,6 +7,7 @@ overrunning jobs and a release delay."""
 from __future__ import annotations
 
 import json
+import math
 import random
 import sys
 from datetime import datetime
@@ -20,7 +21,7 @@ from migd.config.migdyaml import load_config
 from migd.ctl.migctl import main as migctl
 from migd.demand.inputs import Layout
 from migd.whatif import weigh
-from migd.whatif.backfill import BF_MAX_JOB_TEST, Backfill, backfill, overlaps, will_run
+from migd.whatif.backfill import BF_MAX_JOB_TEST, YEAR_S, Backfill, backfill, overlaps, will_run
 from migd.whatif.jobs import TraceJob
 from migd.whatif.policies import Setup, fixed
 from migd.whatif.replay import Cluster, Job, Node, Policy, run
@@ -224,3 +225,15 @@ def test_a_skipped_pass_runs_again_when_a_reservation_comes_within_a_jobs_limit(
     ref_nodes, ref_pending = state()
     plain(ref_nodes, ref_pending, 300.0, 0.0)
     assert [(j.spec.time_limit_s, j.start) for j in ref_nodes[0].running[2:]] == [(1100, 300.0)]
+
+
+def test_a_running_job_with_no_time_limit_is_expected_to_end_a_year_after_its_start() -> None:
+    """sacct's UNLIMITED: Slurm reckons such a job's end a year on, so a job waiting for its instance
+    reserves the node from then (the pass no longer fails on an infinite end)."""
+    node = Node("gpu1", Layout.of("one", {"1g.10gb": 1}), 7)
+    node.running.append(Job(TraceJob(0, "a", "main", "1g.10gb", 1, 100, math.inf), start=0.0, node="gpu1"))
+    got = will_run([node], [node], "1g.10gb", 1, now=10.0, epoch_s=0.0)
+    assert got is not None and got[0] == YEAR_S
+    waiting = Job(TraceJob(1, "a", "main", "1g.10gb", 1, 10, 60))
+    backfill([node], {"1g.10gb": [waiting]}, 10.0, 0.0)
+    assert waiting.start is None

@@ -34,6 +34,7 @@ from migd.whatif.fleet import Job, Node
 BF_MAX_JOB_TEST = 500  # slurm.conf(5) default: jobs past it are not tested
 WILL_RUN_WINDOW_S = 30  # cons_tres _will_run's first window (doubled for each batch after it)
 _TRIES = 64  # TRY_LATER rounds for one job (each moves its earliest start on)
+YEAR_S = 365 * 24 * 3600.0  # a running job with no time limit is expected to end this long after its start
 _EPS = 1e-6  # margin on a moment computed as a sum (now + limit), so a skip is never taken late
 
 Running = list[tuple[float, str, Job]]
@@ -320,5 +321,7 @@ def by_limit_end(nodes: list[Node]) -> Running:
 
 
 def _limit_end(j: Job) -> float:
+    """When Slurm expects a running job to end: its start plus its limit, or a year on for an unlimited
+    one (slurmctld's job_end_time_reset: ``start_time + 365 * 24 * 60 * 60``)."""
     assert j.start is not None
-    return j.start + j.spec.time_limit_s
+    return j.start + (j.spec.time_limit_s if math.isfinite(j.spec.time_limit_s) else YEAR_S)
