@@ -141,3 +141,23 @@ def test_doctor_names_the_unconfirmed_catalog_facts_of_a_newer_gpu(tmp_path: Pat
     m_h100 = Migctl(tmp_path / "h", "single-h100")
     (note,) = [f["detail"] for f in m_h100("doctor", "-o", "json").json()["findings"] if f["check"] == "catalog"]
     assert "placements assumed" not in note  # observed on an H100 80GB: only the CI split is assumed
+
+
+def test_a_memory_size_that_moves_with_the_driver_is_said_not_failed() -> None:
+    """memorySizeMB differs by driver (an H200's 2-slice profiles: 33024 MB on an older driver, 33280 on
+    580.159.04): within 1% of the catalog it is information; further off, or with another field, a mismatch."""
+    from types import SimpleNamespace
+
+    from migd.catalog.models import MODELS
+    from migd.hardware.doctor import Verdict, _profile
+
+    p = next(x for x in MODELS["H200-141GB"].profiles if x.profile_id == 14)
+    fields = {"sliceCount": p.slices, "instanceCount": p.instance_count, "multiprocessorCount": p.sm,
+              "copyEngineCount": p.ce, "decoderCount": p.dec, "encoderCount": p.enc, "jpegCount": p.jpeg,
+              "ofaCount": p.ofa, "name": f"MIG {p.name}".encode(), "id": p.profile_id}
+    older = _profile(0, p, SimpleNamespace(**fields, memorySizeMB=33024))
+    assert older.verdict is Verdict.INFO and "memorySizeMB 33024 (catalog 33280: within 1%" in older.detail
+    assert _profile(0, p, SimpleNamespace(**fields, memorySizeMB=33280)).verdict is Verdict.OK
+    assert _profile(0, p, SimpleNamespace(**fields, memorySizeMB=30000)).verdict is Verdict.MISMATCH
+    fewer_sms = {**fields, "multiprocessorCount": p.sm - 2}
+    assert _profile(0, p, SimpleNamespace(**fewer_sms, memorySizeMB=33024)).verdict is Verdict.MISMATCH

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from migd.api.demand import PlanSummary
 from migd.apply.statefile import atomic_write_json
 from migd.config.migdyaml import load_config
 from migd.demand.runtime import RunTimes
@@ -209,3 +210,29 @@ def test_when_each_mig_type_was_last_seen_outlives_a_planner_restart(tmp_path: P
     planner = _planner(tmp_path, Sacct(HEADER))
     (seen,) = planner.seen.seen(NOW)
     assert (seen.mig_type, seen.ago_s, seen.count) == ("2g.20gb", 3600.0, 1)
+
+
+def test_a_damaged_number_in_demand_json_is_one_line_not_a_dead_planner(tmp_path: Path,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "demand.json").write_text('{"schema": "migd.demand/v1", "switches": {}, '
+                                          '"seen": {"2g.20gb": [1795000000.0, NaN]}}')
+    with caplog.at_level(logging.ERROR):
+        planner = _planner(tmp_path, Sacct(HEADER))
+    assert planner.seen.seen(NOW) == () and planner.tick().error is None
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "demand.json" in line and "starting without what it learned" in line and "\n" not in line
+
+
+def test_a_decision_says_the_run_times_even_when_slurm_cannot_be_read(tmp_path: Path) -> None:
+    from migd.ctl.daemon_table import _run_times
+    from migd.slurm.ctl import SlurmCtl
+
+    def broken(argv: Sequence[str], timeout_s: float) -> str:
+        raise SlurmError("scontrol exited 1: Unable to contact slurm controller")
+
+    settings = DemandSettings(DemandMode.DRY_RUN, "gpu1", ("day", "night"), history_s=0)
+    atomic_write_json(tmp_path / "demand.json", History({}, {}, {"nlp": (0.25,) * 10}))
+    plan = Planner(settings, "gpu", "gpu1", SlurmCtl("gpu1", broken), {}, tmp_path / "demand.json", lambda: NOW).tick()
+    assert plan.error is not None and plan.run_share == {"nlp": 0.25}
+    older = PlanSummary(NOW, "on", (), (), {}, (), 0, 0)  # (from a migd that does not say its run times)
+    assert older.run_share is None and _run_times(older) == []

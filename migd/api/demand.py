@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from migd.kinds import Word
+from migd.wire import OMIT_NONE
 
 
 class Source(Word):
@@ -34,7 +35,7 @@ class PlanSummary:
     capacity_last_s: float | None = None
     # per account with enough ended jobs, the share of its time limits the rule expects a job to run
     # (learned from accounting at the planner's start and from the jobs it watched end)
-    run_share: dict[str, float] = field(default_factory=dict)
+    run_share: dict[str, float] | None = field(default=None, metadata=OMIT_NONE)  # (None: not said)
     seeded_jobs: int | None = None  # ended jobs read from accounting at start (None: not read)
 
 

@@ -17,6 +17,7 @@ from migd.api.access import AccessView
 from migd.api.daemon import Active, Applying, DaemonDoc, GpuView, LastApply, Outcome, Progress, Reason, SimClock
 from migd.api.demand import DemandView, PlanSummary
 from migd.api.plan import SignalSent
+from migd.demand.runtime import MIN_JOBS
 from migd.printable import text_lines
 from migd.profiles.model import index_ranges
 
@@ -197,12 +198,15 @@ def _active_line(active: Active | None, when: When) -> str:
     return f"active profile: {active.profile} (schedule)"
 
 
-def _run_times(plan: PlanSummary) -> str:
-    """What the rule takes a job to run, per account: a share of its time limit (docs/demand.md, item 1)."""
+def _run_times(plan: PlanSummary) -> list[str]:
+    """What the rule takes a job to run, per account: a share of its time limit (docs/demand.md, item 1);
+    nothing from a migd that does not say it."""
+    if plan.run_share is None:
+        return []
     shares = ", ".join(f"{a} {s:.2g}" for a, s in sorted(plan.run_share.items()))
     seeded = "" if plan.seeded_jobs is None else f"; {plan.seeded_jobs} ended job(s) read from accounting at start"
-    return (f"  run times (share of the time limit): {shares}; other accounts run to their limits{seeded}" if shares
-            else f"  run times: every account runs to its limits (fewer than 10 ended jobs seen){seeded}")
+    return [f"  run times (share of the time limit): {shares}; other accounts run to their limits{seeded}" if shares
+            else f"  run times: every account runs to its limits (fewer than {MIN_JOBS} ended jobs seen){seeded}"]
 
 
 def _demand_lines(dm: DemandView | None, when: When) -> list[str]:
@@ -215,7 +219,7 @@ def _demand_lines(dm: DemandView | None, when: When) -> list[str]:
         wanted = ", ".join(f"{t} {v:g}" for t, v in plan.wanted_slice_h.items()) or "none"
         lines.append(f"  last decision at {when(plan.at)}: wanted slice-hours {wanted}; {plan.writes} write(s)"
                      + (f"; Slurm not read: {plan.error}" if plan.error else ""))
-        lines.append(_run_times(plan))
+        lines += _run_times(plan)
         lines += [f"  change {c}" for c in plan.changes] + [f"  held {h}" for h in plan.held]
         lines += [f"  skipped {s}" for s in plan.skipped]
     return lines

@@ -6,7 +6,7 @@ or from the profiles; the rule reads nothing else, so the same snapshot gives th
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 _SLICES = re.compile(r"^(\d+)g\.")
@@ -86,6 +86,7 @@ class Shapes:
 
     own: Mapping[str, Layout]
     other: Mapping[str, Mapping[str, Layout]] = field(default_factory=dict)
+    choices: frozenset[str] | None = None  # the layouts a change may go to (None: all; a node in another is read)
 
     def of(self, node: NodeView) -> Mapping[str, Layout]:
         return self.other[node.shape] if node.shape else self.own
@@ -94,8 +95,10 @@ class Shapes:
         """The node's slices (its fullest layout's): what a drain idles."""
         return max(lay.slices for lay in self.of(node).values())
 
-    def every(self) -> list[Layout]:
-        return [*self.own.values(), *(lay for shape in self.other.values() for lay in shape.values())]
+    def every(self, nodes: Iterable[NodeView]) -> list[Layout]:
+        """Every layout of the shapes ``nodes`` have (a count no node has offers nothing)."""
+        return [lay for shape in sorted({n.shape for n in nodes}) for lay in (self.other[shape] if shape
+                                                                              else self.own).values()]
 
 
 @dataclass(frozen=True)

@@ -100,13 +100,15 @@ def shapes(profiles: Mapping[str, Profile], names: Sequence[str], models: Sequen
     """The candidates and their mixes on the planner's GPUs and, when those are all one model, on every
     other count of it up to ``MAX_GPUS`` (a partition's nodes may hold four GPUs of it, or eight): each
     keyed by its count and model (``4xH100-SXM5-80GB``).  A node of another model has other MIG types:
-    no shape here matches its GRES, and the planner skips it, saying so.  ``mixed`` False: each node
-    whole in one candidate (``slurm.demand.mixes: false``)."""
-    own = Candidates.resolve(profiles, names, models).layouts(mixed)
+    no shape here matches its GRES, and the planner skips it, saying so.  ``mixed`` False: a change takes
+    a node whole into one candidate (``slurm.demand.mixes: false``); a node already in a mix is still
+    read as one."""
+    own = Candidates.resolve(profiles, names, models).layouts()  # (every mix read: a node may be in one)
+    choices = None if mixed else frozenset(names)
     if len({m.key for m in models}) != 1:
-        return Shapes(own)
-    return Shapes(own, {f"{k}x{models[0].key}": Candidates.resolve(profiles, names, [models[0]] * k).layouts(mixed)
-                        for k in range(1, MAX_GPUS + 1) if k != len(models)})
+        return Shapes(own, choices=choices)
+    return Shapes(own, {f"{k}x{models[0].key}": Candidates.resolve(profiles, names, [models[0]] * k).layouts()
+                        for k in range(1, MAX_GPUS + 1) if k != len(models)}, choices)
 
 
 def _gpu_layout(profile: Profile, model: GpuModel, index: int) -> Layout:

@@ -233,7 +233,7 @@ def decide(snap: Snapshot, layouts: Mapping[str, Layout] | Shapes, params: Param
     if not snap.nodes:
         return Decision((), (), (), ())
     h = params.horizon(dict(snap.run_ratio))
-    every = shapes.every()
+    every = shapes.every(snap.nodes)
     offered = {t for lay in every for t, _ in lay.capacity}
     demand, unservable = _demand(snap, offered, sum(shapes.slices(n) for n in snap.nodes), params)
     oldest: dict[str, float] = {}
@@ -304,7 +304,7 @@ class _Search:
         layouts = self.shapes.of(node)
         ready = ready_in_s(node, self.h)
         for name in sorted(layouts):
-            if name == node.layout:
+            if name == node.layout or (self.shapes.choices is not None and name not in self.shapes.choices):
                 continue
             layout = layouts[name]
             new = from_ready(layout, ready, self.h)

@@ -14,9 +14,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Mapping
 
+MIN_JOBS = 10  # ended jobs of an account before its share is used (fewer: it runs to its limits)
+
 
 class RunTimes:
-    def __init__(self, keep: int = 200, min_jobs: int = 10, q: float = 0.9) -> None:
+    def __init__(self, keep: int = 200, min_jobs: int = MIN_JOBS, q: float = 0.9) -> None:
         self.keep, self.min_jobs, self.q = keep, min_jobs, q
         self.seen: dict[str, deque[float]] = {}
 

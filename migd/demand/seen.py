@@ -25,8 +25,8 @@ class LastSeen:
     def seen(self, now: float) -> tuple[Seen, ...]:
         return tuple(Seen(t, max(0.0, now - at), k) for t, (at, k) in sorted(self.at.items()))
 
-    def to_json(self) -> dict[str, list[float]]:
-        return {t: [at, k] for t, (at, k) in sorted(self.at.items())}
+    def to_json(self) -> dict[str, tuple[float, float]]:
+        return {t: (at, float(k)) for t, (at, k) in sorted(self.at.items())}
 
     def load(self, doc: Mapping[str, Iterable[float]]) -> None:
         for mig_type, (at, k) in ((t, tuple(v)) for t, v in doc.items()):

@@ -172,11 +172,23 @@ def _name(info: Any) -> str:
     return name.removeprefix("MIG ") or f"profile {info.id}"
 
 
+MEMORY_DRIFT = 0.01  # memorySizeMB moves with the driver: an H200's 2-slice profiles, 33024 MB on an older
+# driver (mig-parted#120's lgip), 33280 on 580.159.04 (tests/fixtures/h200-580.159.04-probe.json)
+
+
 def _profile(index: int, p: GiProfile, info: Any) -> Finding:
+    """A profile field by field; memory within MEMORY_DRIFT of the catalog's is the driver's own (info),
+    not a catalog error: planning takes the driver's table either way."""
     diffs = [f"{c} {int(getattr(info, c))} (catalog {getattr(p, ours)})" for c, ours in _FIELDS
              if int(getattr(info, c)) != getattr(p, ours)]
     if _name(info) != p.name:
         diffs.insert(0, f"name {_name(info)} (catalog {p.name})")
+    memory = int(info.memorySizeMB)
+    drift = diffs == [f"memorySizeMB {memory} (catalog {p.memory_mib})"] and \
+        abs(memory - p.memory_mib) <= MEMORY_DRIFT * p.memory_mib
+    if drift:
+        return Finding(index, f"profile {p.profile_id}", Verdict.INFO, f"{p.name}: memorySizeMB {memory} (catalog "
+                       f"{p.memory_mib}: within {MEMORY_DRIFT:.0%}, a size that moves with the driver)")
     return Finding(index, f"profile {p.profile_id}", Verdict.MISMATCH if diffs else Verdict.OK,
                    f"{p.name}: " + ("; ".join(diffs) if diffs else "as in the catalog"))
 

@@ -172,7 +172,7 @@ def demand_families(view: DemandView) -> Iterator[Metric]:
     g = GaugeMetricFamily("migd_demand_run_time_share", "Per account with 10 or more ended jobs, the share of its "
                           "time limit the planner expects a job to run (nine in ten stayed within it)",
                           labels=["account"])
-    for account, share in sorted(plan.run_share.items()):
+    for account, share in sorted((plan.run_share or {}).items()):
         g.add_metric([account], share)
     yield g
     yield SummaryMetricFamily("migd_demand_time_to_capacity_seconds", "From the oldest pending job a layout change "

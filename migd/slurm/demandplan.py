@@ -34,6 +34,7 @@ from migd.slurm.want import Want, stamp
 
 log = logging.getLogger(__name__)
 DAY_S = 86400.0
+SAVE_EVERY_S = 600.0  # demand.json is written on a switch, and at least this often (what it learned)
 HISTORY_SCHEMA = "migd.demand/v1"
 
 
@@ -48,7 +49,7 @@ class History:
     switches: dict[str, tuple[float, ...]]
     left: dict[str, str] = field(default_factory=dict)
     runtimes: dict[str, tuple[float, ...]] = field(default_factory=dict)
-    seen: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    seen: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 def layout_of(gres: str, layouts: Mapping[str, Layout]) -> str | None:
@@ -81,6 +82,8 @@ class Planner:
         self.capacity_count, self.capacity_sum = 0, 0.0  # time to capacity: observations and their sum
         self.capacity_last: float | None = None
         self.history: dict[str, list[float]] = self._load()  # node -> its switches (epoch), newest last
+        self._saved = 0.0  # when demand.json was last written
+        self._shape: dict[str, str] = {}  # node -> the shape its Gres= last matched
 
     def _load(self) -> dict[str, list[float]]:
         try:
@@ -91,8 +94,11 @@ class Planner:
             log.error("demand: %s; starting without switch history", e)
             return {}
         self.left = dict(doc.left)
-        self.runtimes.load(doc.runtimes)
-        self.seen.load(doc.seen)
+        try:
+            self.runtimes.load(doc.runtimes)
+            self.seen.load(doc.seen)
+        except (ValueError, OverflowError) as e:  # (a number the schema lets through, e.g. NaN)
+            log.error("demand: %s: %s; starting without what it learned", self._history_path, e)
         return {n: [float(t) for t in ts] for n, ts in doc.switches.items()}
 
     def due(self) -> bool:
@@ -108,7 +114,8 @@ class Planner:
             queue = read_queue(self.ctl.all_jobs(), self.partition, now)
         except SlurmError as e:
             log.error("demand: cannot read Slurm, no decision: %s", e)
-            return PlanSummary(now, self.s.mode.value, (), (), {}, (), 0, 0, str(e))
+            return PlanSummary(now, self.s.mode.value, (), (), {}, (), 0, 0, str(e),
+                               run_share=dict(self.runtimes.ratios()))
         self._learn(queue.running, now)
         running = [r for rs in queue.running.values() for r in rs]
         self.seen.observe(now, [(p.mig_type, p.count) for p in queue.pending] + [(r.mig_type, r.count)
@@ -117,6 +124,8 @@ class Planner:
         decision = decide(Snapshot(queue.pending, tuple(views), self.runtimes.ratios(), self.seen.seen(now)),
                           self.shapes, self.s.params)
         writes = self._write(decision, views, now) if self.s.mode is DemandMode.ON else 0
+        if (decision.changes and self.s.mode is DemandMode.ON) or now - self._saved >= SAVE_EVERY_S:
+            self._save(now)
         for c in decision.changes:
             log.info("demand%s: %s", " (dry-run)" if self.s.mode is DemandMode.DRY_RUN else "", c.reason)
         shape = {v.name: v for v in views}
@@ -157,10 +166,10 @@ class Planner:
             if n.drained and not n.reason.startswith(DRAIN_REASON):
                 skipped.append(f"{n.name}: drained by an operator ({n.reason})")
                 continue
-            shape, current = self._shape_of(n.gres)
+            shape, current = self._shape_of(n.name, n.gres)
             self._served(n, current, now)
             wanted = want.layout if ours and want is not None else current
-            if wanted is None or wanted not in self.shapes.of(NodeView(n.name, "", 0.0, shape=shape)):
+            if shape is None or wanted is None or wanted not in self.shapes.of(NodeView(n.name, "", 0.0, shape=shape)):
                 skipped.append(f"{n.name}: Gres={n.gres or '(none)'} is none of the candidate layouts or their mixes"
                                " on this planner's GPU model")
                 continue
@@ -172,14 +181,16 @@ class Planner:
                                   left=self.left.get(n.name), shape=shape))
         return views, skipped
 
-    def _shape_of(self, gres: str) -> tuple[str, str | None]:
+    def _shape_of(self, node: str, gres: str) -> tuple[str | None, str | None]:
         """Which of the planner's layouts a node's ``Gres=`` is, and of which shape ("": the planner's own
-        GPUs, tried first); or ("", None)."""
+        GPUs, tried first).  A ``Gres=`` that is none (a node mid-switch) keeps the shape it last matched;
+        never matched, and with other shapes possible: (None, None), its GPU count is not known."""
         for shape, layouts in (("", self.shapes.own), *sorted(self.shapes.other.items())):
             name = layout_of(gres, layouts)
             if name is not None:
+                self._shape[node] = shape
                 return shape, name
-        return "", None
+        return self._shape.get(node, None if self.shapes.other else ""), None
 
     def _write(self, decision: Decision, views: list[NodeView], now: float) -> int:
         """The changes, then a pin or a renewal for every other node planned for (each one scontrol call)."""
@@ -202,12 +213,19 @@ class Planner:
             if v.name in changed:
                 self.history[v.name] = [t for t in self.history.get(v.name, []) if t > now - DAY_S] + [now]
                 self.left[v.name] = v.layout
-        if changed:
+        return writes
+
+    def _save(self, now: float) -> None:
+        """demand.json: the switches, the layouts left, the run times and when each MIG type was seen."""
+        try:
             atomic_write_json(self._history_path, History({n: tuple(ts) for n, ts in self.history.items()},
                                                           dict(self.left),
                                                           {a: tuple(v) for a, v in self.runtimes.to_json().items()},
-                                                          {t: tuple(v) for t, v in self.seen.to_json().items()}))
-        return writes
+                                                          self.seen.to_json()))
+        except OSError as e:
+            log.error("demand: cannot write %s: %s", self._history_path, e)
+            return
+        self._saved = now
 
     def _learn(self, running: Mapping[str, tuple[Running, ...]], now: float) -> None:
         """A job seen running at the last tick and gone now has ended: it ran from its start (its limit
