@@ -88,8 +88,11 @@ class Shapes:
     other: Mapping[str, Mapping[str, Layout]] = field(default_factory=dict)
     choices: frozenset[str] | None = None  # the layouts a change may go to (None: all; a node in another is read)
 
+    def named(self, shape: str) -> Mapping[str, Layout]:
+        return self.other[shape] if shape else self.own
+
     def of(self, node: NodeView) -> Mapping[str, Layout]:
-        return self.other[node.shape] if node.shape else self.own
+        return self.named(node.shape)
 
     def slices(self, node: NodeView) -> int:
         """The node's slices (its fullest layout's): what a drain idles."""
@@ -97,8 +100,7 @@ class Shapes:
 
     def every(self, nodes: Iterable[NodeView]) -> list[Layout]:
         """Every layout of the shapes ``nodes`` have (a count no node has offers nothing)."""
-        return [lay for shape in sorted({n.shape for n in nodes}) for lay in (self.other[shape] if shape
-                                                                              else self.own).values()]
+        return [lay for shape in sorted({n.shape for n in nodes}) for lay in self.named(shape).values()]
 
 
 @dataclass(frozen=True)

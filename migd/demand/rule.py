@@ -214,11 +214,16 @@ def _demand(snap: Snapshot, offered: set[str], capacity: float, params: Params) 
 
 
 def _need(pending: tuple[Pending, ...], layouts: list[Layout]) -> dict[str, int]:
-    """Per MIG type with pending work, the instances its smallest job asks (types no layout can start
-    on one node are left out: no change gives them a place)."""
+    """Per MIG type with pending work, the instances its smallest job asks."""
     need: dict[str, int] = {}
     for p in pending:
         need[p.mig_type] = min(need.get(p.mig_type, p.count), p.count)
+    return _startable(need, layouts)
+
+
+def _startable(need: Mapping[str, int], layouts: list[Layout]) -> dict[str, int]:
+    """Those of ``need`` (MIG type -> instances on one node) some layout can start: for the others no
+    change gives or keeps a place."""
     return {t: k for t, k in need.items() if any(lay.count(t) >= k for lay in layouts)}
 
 
@@ -239,8 +244,7 @@ def decide(snap: Snapshot, layouts: Mapping[str, Layout] | Shapes, params: Param
     oldest: dict[str, float] = {}
     for p in snap.pending:
         oldest[p.mig_type] = max(oldest.get(p.mig_type, 0.0), p.age_s)
-    keep = {s.mig_type: s.count for s in snap.seen if s.ago_s < params.keep_place_s
-            and any(lay.count(s.mig_type) >= s.count for lay in every)}
+    keep = _startable({s.mig_type: s.count for s in snap.seen if s.ago_s < params.keep_place_s}, every)
     fleet = _Fleet(demand, _need(snap.pending, every), oldest, params.horizon_s, keep)
     for n in snap.nodes:
         lay = shapes.of(n)[n.layout]

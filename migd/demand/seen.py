@@ -28,6 +28,6 @@ class LastSeen:
     def to_json(self) -> dict[str, tuple[float, float]]:
         return {t: (at, float(k)) for t, (at, k) in sorted(self.at.items())}
 
-    def load(self, doc: Mapping[str, Iterable[float]]) -> None:
-        for mig_type, (at, k) in ((t, tuple(v)) for t, v in doc.items()):
+    def load(self, doc: Mapping[str, tuple[float, float]]) -> None:
+        for mig_type, (at, k) in doc.items():
             self.at[mig_type] = (float(at), max(1, int(k)))

@@ -128,9 +128,9 @@ class Planner:
             self._save(now)
         for c in decision.changes:
             log.info("demand%s: %s", " (dry-run)" if self.s.mode is DemandMode.DRY_RUN else "", c.reason)
-        shape = {v.name: v for v in views}
+        view = {v.name: v for v in views}
         for c in decision.changes if self.s.mode is DemandMode.ON else ():
-            ages = [p.age_s for p in queue.pending if self.shapes.of(shape[c.node])[c.new].count(p.mig_type)]
+            ages = [p.age_s for p in queue.pending if self.shapes.of(view[c.node])[c.new].count(p.mig_type)]
             self._coming[c.node] = (c.new, now - max(ages, default=0.0))
         return PlanSummary(now, self.s.mode.value, tuple(c.reason for c in decision.changes),
                            tuple(why for _, why in decision.held),  # (each reason names its node)
@@ -169,7 +169,7 @@ class Planner:
             shape, current = self._shape_of(n.name, n.gres)
             self._served(n, current, now)
             wanted = want.layout if ours and want is not None else current
-            if shape is None or wanted is None or wanted not in self.shapes.of(NodeView(n.name, "", 0.0, shape=shape)):
+            if shape is None or wanted is None or wanted not in self.shapes.named(shape):
                 skipped.append(f"{n.name}: Gres={n.gres or '(none)'} is none of the candidate layouts or their mixes"
                                " on this planner's GPU model")
                 continue

@@ -18,7 +18,7 @@ from typing import Protocol
 
 from migd.catalog.models import GpuModel
 from migd.demand.capacity import node_layout
-from migd.demand.inputs import Layout, NodeView, Pending, Running, Snapshot
+from migd.demand.inputs import Layout, NodeView, Pending, Running, Shapes, Snapshot
 from migd.demand.mix import Candidates
 from migd.demand.rule import Params, decide
 from migd.demand.runtime import RunTimes
@@ -69,11 +69,13 @@ class Setup:
 
     candidates: Candidates
     mixes: Mapping[str, Layout]  # every candidate and per-GPU mix of them, by name: what migd may choose
+    # (all of them, less what ``choices`` leaves out)
     layouts: Mapping[str, Layout]  # those and the schedule's profiles
     schedule: ScheduleLike
     start: datetime  # the trace's second 0, in the configuration's time zone
     params: Params
     gpus: int
+    choices: frozenset[str] | None = None  # the layouts migd may change to (None: every mix; mixes: false)
 
     @classmethod
     def of(cls, cfg: SiteConfig, models: Sequence[GpuModel], start: datetime, waves: int,
@@ -83,12 +85,14 @@ class Setup:
         if demand is None:
             raise ValueError(f"{where}: needs slurm.demand.candidates (the layouts a node may take)")
         cands = Candidates.resolve(cfg.profiles, demand.candidates, models)
-        mixes = cands.layouts(demand.mixes)
-        layouts = cands.layouts()  # (a fixed mix of the baselines is laid over the nodes per GPU either way)
+        mixes = cands.layouts()
+        layouts = dict(mixes)
         for e in cfg.schedule.entries:
             layouts.setdefault(e.profile, node_layout(cfg.profiles[e.profile], models))
         params = replace(demand.params, max_in_maintenance=waves)
-        return cls(cands, mixes, layouts, cfg.schedule, start.replace(tzinfo=cfg.timezone), params, len(models))
+        choices = None if demand.mixes else frozenset(cands.names)  # (``mixes: false``, as the planner's shapes)
+        return cls(cands, mixes, layouts, cfg.schedule, start.replace(tzinfo=cfg.timezone), params, len(models),
+                   choices)
 
     def scheduled(self, now: float) -> Layout:
         entry = self.schedule.active(self.start + timedelta(seconds=now))
@@ -166,7 +170,8 @@ def migd(setup: Setup) -> Policy:
                         tuple(_view(n, now) for n in c.nodes if (n.target or n.layout).name in setup.mixes),
                         learned.ratios(), seen.seen(now))
         # (a node in a layout of the schedule's only is skipped, as by the planner)
-        return {ch.node: setup.mixes[ch.new] for ch in decide(snap, setup.mixes, setup.params).changes}
+        changes = decide(snap, Shapes(setup.mixes, choices=setup.choices), setup.params).changes
+        return {ch.node: setup.mixes[ch.new] for ch in changes}
     return policy
 
 
