@@ -150,17 +150,36 @@ def training(n: int, busy_h: float = 2.0, k: int = 5) -> tuple[tuple[NodeView, .
     return fleet, tuple(Pending(f"t{i}", "nlp", "7g.80gb", 1, 8 * 3600, age_s=OLD) for i in range(n))
 
 
+def minority(age_s: float = OLD) -> tuple[Pending, ...]:
+    return tuple(Pending(f"s{i}", "serving", "2g.20gb", 1, 2 * 3600, age_s=age_s) for i in range(3)) + \
+        tuple(Pending(f"v{i}", "vision", "3g.40gb", 1, 3 * 3600, age_s=age_s) for i in range(2))
+
+
 def test_a_minority_type_gets_a_place_carved_from_one_gpu_of_the_soonest_free_node() -> None:
     """Three 2g and two 3g jobs behind a 7g queue that would fill every GPU: carving a place never pays in
-    slice-hours, yet without one they wait for ever.  The node free soonest keeps seven whole GPUs and
-    carves one; the decision says which types it gives a place."""
+    slice-hours, yet without one they wait for ever.  Where nothing reserves whole nodes (the bench's
+    plain model), the node free soonest keeps seven whole GPUs and carves one; the decision says which
+    types it gives a place."""
     fleet, queue = training(40)
-    minority = tuple(Pending(f"s{i}", "serving", "2g.20gb", 1, 2 * 3600, age_s=OLD) for i in range(3)) + \
-        tuple(Pending(f"v{i}", "vision", "3g.40gb", 1, 3 * 3600, age_s=OLD) for i in range(2))
-    d = decide(Snapshot(queue + minority, fleet), MIXES)
+    plain = Params(reserves=False)
+    d = decide(Snapshot(queue + minority(), fleet), MIXES, plain)
     assert [(c.node, c.new) for c in d.changes] == [("gpu0", "night*7/balanced")]
     assert d.changes[0].reason.endswith("gives 2g.20gb, 3g.40gb a place to run")
-    assert decide(Snapshot(queue, fleet), MIXES).changes == ()  # no minority waiting: nothing carved
+    assert decide(Snapshot(queue, fleet), MIXES, plain).changes == ()  # no minority waiting: nothing carved
+
+
+def test_under_slurms_reservations_a_place_behind_an_older_queue_is_a_whole_node() -> None:
+    """Slurm reserves a whole node for each older pending job that cannot start (backfill.c
+    _add_reservation): a GPU carved on a night node would serve the 2g and 3g jobs only once the forty
+    older 7g jobs, which reserve that node too, have run.  So the place is a node of no 7g; and where the
+    2g jobs are older than the 7g queue, their reservations come first and GPUs carved on a night node
+    serve them (one each: none of them waits to reserve the node)."""
+    fleet, queue = training(40)
+    behind = decide(Snapshot(queue + minority(OLD - 60), fleet), MIXES)
+    assert [(c.node, MIXES[c.new].count("7g.80gb")) for c in behind.changes] == [("gpu0", 0)], behind.changes
+    assert behind.changes[0].places == ("2g.20gb", "3g.40gb")
+    ahead = decide(Snapshot(queue + minority(OLD + 60)[:3], fleet), MIXES)
+    assert [(c.node, c.new, c.places) for c in ahead.changes] == [("gpu0", "night*5/balanced*3", ("2g.20gb",))]
 
 
 def test_the_last_place_of_a_type_with_pending_work_is_never_taken() -> None:

@@ -18,7 +18,7 @@ from migd.demand.rule import decide
 from migd.errors import ValidationError
 from migd.profiles.loader import load_profile
 from migd.slurm.ctl import SlurmCtl
-from migd.slurm.demandconf import DemandMode, DemandSettings
+from migd.slurm.demandconf import DemandMode, DemandSettings, Mixes
 from migd.slurm.demandplan import Planner
 from migd.slurm.queue import read_queue
 from migd.whatif.policies import Setup
@@ -77,29 +77,35 @@ def test_the_planner_takes_each_nodes_shape_from_its_gres(tmp_path: Path) -> Non
                        "GPU model"]
 
 
-def test_mixes_false_keeps_every_node_whole_in_one_candidate(tmp_path: Path) -> None:
-    """``slurm.demand.mixes: false``: the planner and the what-if weigh each candidate whole, on every
-    shape (under Slurm's whole-node backfill reservations a mixed node's minority GPUs wait behind the
-    majority's reservations: docs/demand.md)."""
+def test_mixes_false_keeps_every_node_whole_in_one_candidate_and_auto_does_under_reservations(
+        tmp_path: Path) -> None:
+    """``slurm.demand.mixes``: ``false`` weighs each candidate whole, on every shape; ``auto`` (the default)
+    does so where Slurm reserves whole nodes for pending jobs (under its backfill a mixed node's minority
+    GPUs wait behind the majority's reservations: docs/demand.md), and weighs every mix in the bench's
+    plain model, where nothing reserves; ``true`` weighs every mix."""
     whole = shapes(PROFS, NAMES, [H100] * 8, mixed=False)
     assert whole.choices == frozenset(NAMES) and len(whole.own) == 165  # (a node in a mix is still read as one)
     cfg = tmp_path / "migd.yaml"
     text = (f"profiles_dir: {PROFILES}\nschedule:\n  - {{profile: night, at: \"00:00\"}}\nslurm:\n  node: gpu1\n"
             "  partition: main\n  demand:\n    mode: dry-run\n    planner: gpu1\n"
             "    candidates: [day, night, night-two, balanced]\n")
-    cfg.write_text(text + "    mixes: false\n")
-    config = load_config(cfg)
-    assert config.slurm is not None and config.slurm.demand is not None and not config.slurm.demand.mixes
-    setup = Setup.of(config, [H100] * 8, datetime(2026, 11, 26), 1)
-    assert setup.choices == frozenset(NAMES) and "night*7/balanced" in setup.layouts  # (the fixed mixes' own)
-    cfg.write_text(text)
-    assert load_config(cfg).slurm.demand.mixes  # type: ignore[union-attr]  (on by default)
-    cfg.write_text(text + "    mixes: sometimes\n")
-    with pytest.raises(ValidationError, match="mixes"):
-        load_config(cfg)
+
+    def setup(extra: str) -> Setup:
+        cfg.write_text(text + extra)
+        return Setup.of(load_config(cfg), [H100] * 8, datetime(2026, 11, 26), 1)
+
+    off, auto, on = setup("    mixes: false\n"), setup(""), setup("    mixes: true\n")
+    assert (off.mixing, auto.mixing, on.mixing) == (Mixes.OFF, Mixes.AUTO, Mixes.ON)
+    assert off.choices == frozenset(NAMES) and "night*7/balanced" in off.layouts  # (the fixed mixes' own)
+    assert off.reserving(False).choices == frozenset(NAMES)
+    assert auto.params.reserves and auto.choices == frozenset(NAMES)  # (Slurm: whole nodes)
+    assert auto.reserving(False).choices is None and not auto.reserving(False).params.reserves  # (plain model)
+    assert on.choices is None and on.reserving(False).choices is None
+    with pytest.raises(ValidationError, match="mixes.*sometimes.*allowed: auto, true, false"):
+        setup("    mixes: sometimes\n")
 
 
-def _planner(tmp_path: Path, gres: dict[str, str], mixed: bool = True,
+def _planner(tmp_path: Path, gres: dict[str, str], mixes: Mixes = Mixes.ON,
              extra: dict[str, str] | None = None) -> tuple[Planner, SlurmCtl]:
     def runner(argv: Sequence[str], timeout_s: float) -> str:
         if argv[:2] != ("scontrol", "show"):
@@ -108,8 +114,8 @@ def _planner(tmp_path: Path, gres: dict[str, str], mixed: bool = True,
                        f"Extra={(extra or {}).get(n, '(null)')} Reason=(null)\n" for n, g in gres.items())
 
     ctl = SlurmCtl("gpu1", runner)
-    settings = DemandSettings(DemandMode.DRY_RUN, "gpu1", NAMES, history_s=0, mixes=mixed)
-    layouts = shapes(PROFS, NAMES, [H100] * 8, mixed=mixed)
+    settings = DemandSettings(DemandMode.DRY_RUN, "gpu1", NAMES, history_s=0, mixes=mixes)
+    layouts = shapes(PROFS, NAMES, [H100] * 8, mixed=not mixes.whole(settings.params.reserves))
     return Planner(settings, "main", "gpu1", ctl, layouts, tmp_path / "demand.json", lambda: NOW), ctl
 
 
@@ -128,7 +134,7 @@ def test_a_node_between_layouts_keeps_the_shape_it_last_had_and_an_unknown_one_i
 
 def test_with_mixes_off_a_node_in_a_mix_is_still_read_and_changes_only_whole(tmp_path: Path) -> None:
     planner, ctl = _planner(tmp_path, {"gpu1": "gpu:7g.80gb:7,gpu:1g.10gb:2,gpu:2g.20gb:1,gpu:3g.40gb:1"},
-                            mixed=False)
+                            mixes=Mixes.OFF)
     views, skipped = planner._views(ctl.nodes(), read_queue("", "main", NOW), NOW)
     assert [(v.name, v.layout) for v in views] == [("gpu1", "night*7/balanced")] and skipped == []
     (change,) = decide(Snapshot(notebooks(300), (NodeView("gpu1", "night*7/balanced", OLD),)), planner.shapes).changes

@@ -50,7 +50,7 @@ class DemandPass:
             return
         if self.planner is None:  # (candidates resolved on this node's GPUs, and on other counts of its model)
             models = [g.model for g in survey(gpus).gpus if g.model is not None]
-            layouts = shapes(profiles, self.s.candidates, models, self.s.mixes)
+            layouts = shapes(profiles, self.s.candidates, models, not self.s.mixes.whole(self.s.params.reserves))
             self.planner = Planner(self.s, self.partition, self.node, self.ctl, layouts,
                                    self._state_dir / "demand.json", self._clock)
         if self.planner.due():

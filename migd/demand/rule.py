@@ -38,7 +38,9 @@ from dataclasses import dataclass, replace
 from migd.demand.fair import fair_weights
 from migd.demand.inputs import Layout, NodeView, Pending, Shapes, Snapshot, slices_of
 from migd.demand.mix import moved_back
-from migd.demand.supply import Horizon, Supply, drain_cost, from_ready, ready_in_s, supply
+from migd.demand.reserve import NONE, Ahead
+from migd.demand.scoring import Fleet, Part, Queue, Score
+from migd.demand.supply import Horizon, drain_cost, from_ready, ready_in_s, supply
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ class Params:
     max_in_maintenance: int | None = None  # nodes draining or switching at once (fleet waves)
     reverse_s: float = 6 * 3600.0  # a change undoing the node's previous one this soon is held
     keep_place_s: float = 0.0  # a MIG type seen this recently keeps its last place (0: pending work only)
+    reserves: bool = True  # Slurm reserves whole nodes for older pending jobs (sched/backfill: reserve.py)
 
     def horizon(self, run_ratio: Mapping[str, float]) -> Horizon:
         return Horizon(self.horizon_s, self.switch_s, run_ratio)
@@ -100,86 +103,6 @@ class Decision:
     demand: tuple[tuple[str, float], ...]  # fair-weighted slice-hours of work per MIG type within the horizon
     unservable: tuple[str, ...]  # MIG types asked for that no candidate layout offers
     held: tuple[tuple[str, str], ...]  # (node, why a paying change was not made)
-
-
-@dataclass(frozen=True)
-class Score:
-    unplaced: tuple[str, ...]  # MIG types with pending work that no node's layout can start
-    worst: float  # the worst-served account's fraction of its work that can run
-    served: float  # slice-hours of work that can run
-    wait_s: float = 0.0  # the longest expected wait of a MIG type (_Fleet.score)
-    wait_type: str = "-"  # the type it is of
-    unkept: tuple[str, ...] = ()  # MIG types seen lately (none pending) that no node's layout can start
-
-
-class _Fleet:
-    """Supply per type over the nodes against the demand per type and account, and the places each
-    type with pending work has, with one node's part swappable (a trial costs O(types x accounts))."""
-
-    def __init__(self, demand: Mapping[str, Mapping[str, float]], need: Mapping[str, int],
-                 oldest: Mapping[str, float], horizon_s: float, keep: Mapping[str, int]) -> None:
-        self.demand = demand  # type -> account -> slice-hours
-        self.oldest = oldest  # type -> the age of its oldest pending job (s)
-        self.horizon_s = horizon_s
-        self.need = dict(sorted(need.items()))  # type -> instances its smallest pending job asks on one node
-        self.keep = {t: k for t, k in sorted(keep.items()) if t not in self.need}  # seen lately, none pending
-        self.by_type = {t: sum(a.values()) for t, a in demand.items()}
-        self.asked: dict[str, float] = defaultdict(float)
-        for per in demand.values():
-            for account, work in per.items():
-                self.asked[account] += work
-        self.total: Supply = defaultdict(float)
-        self.places: dict[str, int] = defaultdict(int)
-        self.part: dict[str, tuple[Supply, Layout]] = {}
-
-    def put(self, node: str, supply: Supply, layout: Layout) -> None:
-        old = self.part.get(node)
-        if old is not None:
-            for t, n in old[0].items():
-                self.total[t] -= n
-            for t in self._placed(old[1]):
-                self.places[t] -= 1
-        self.part[node] = (supply, layout)
-        for t, n in supply.items():
-            self.total[t] += n
-        for t in self._placed(layout):
-            self.places[t] += 1
-
-    def _placed(self, layout: Layout) -> list[str]:
-        return [t for t, k in (*self.need.items(), *self.keep.items()) if layout.count(t) >= k]
-
-    def score(self, node: str | None = None, supply: Supply | None = None, layout: Layout | None = None) -> Score:
-        """The fleet's score with ``node``'s part replaced by ``supply`` in ``layout``.  An account's share
-        of a type's supply is its share of that type's demand.  A type's expected wait is its oldest
-        pending job's age plus the time its supply takes to run its work (``horizon x demand / supply``,
-        at most ``WAIT_CAP`` horizons: a type offered nothing waits that long)."""
-        old_supply, old_layout = self.part[node] if node is not None else ({}, None)
-        new = supply or {}
-        got = dict.fromkeys(self.asked, 0.0)
-        total = 0.0
-        wait: tuple[float, str] = (0.0, "-")
-        for t, d in self.by_type.items():
-            offered = self.total[t] - old_supply.get(t, 0.0) + new.get(t, 0.0)
-            clear = self.horizon_s * min(WAIT_CAP, d / offered if offered > 0 else WAIT_CAP)
-            wait = max(wait, (self.oldest.get(t, 0.0) + clear, t))
-            run = d if offered >= d else offered
-            total += run
-            share = run / d
-            for account, work in self.demand[t].items():
-                got[account] += share * work
-        worst = min((got[a] / w for a, w in self.asked.items() if w > 0), default=1.0)
-        unplaced = tuple(t for t, k in self.need.items() if self._places(t, k, layout, old_layout) <= 0)
-        unkept = tuple(t for t, k in self.keep.items() if self._places(t, k, layout, old_layout) <= 0)
-        return Score(unplaced, worst, total, wait[0], wait[1], unkept)
-
-    def _places(self, t: str, k: int, layout: Layout | None, old_layout: Layout | None) -> int:
-        places = self.places[t]
-        if layout is not None and old_layout is not None:
-            places += (layout.count(t) >= k) - (old_layout.count(t) >= k)
-        return places
-
-
-WAIT_CAP = 10.0  # horizons: the expected wait of a type its supply would take longer to serve, or never
 
 
 def _work(p: Pending, params: Params, ratio: Mapping[str, float]) -> float:
@@ -245,10 +168,11 @@ def decide(snap: Snapshot, layouts: Mapping[str, Layout] | Shapes, params: Param
     for p in snap.pending:
         oldest[p.mig_type] = max(oldest.get(p.mig_type, 0.0), p.age_s)
     keep = _startable({s.mig_type: s.count for s in snap.seen if s.ago_s < params.keep_place_s}, every)
-    fleet = _Fleet(demand, _need(snap.pending, every), oldest, params.horizon_s, keep)
-    for n in snap.nodes:
-        lay = shapes.of(n)[n.layout]
-        fleet.put(n.name, supply(n, lay, h, staying=not n.draining), lay)
+    ratio = dict(snap.run_ratio)
+    ahead = Ahead.of(snap.pending, lambda p: _work(p, params, ratio)) if params.reserves else NONE
+    fleet = Fleet(Queue(demand, _need(snap.pending, every), oldest, keep, ahead), params.horizon_s)
+    fleet.put({n.name: Part(supply(n, lay, h, staying=not n.draining), lay)
+               for n in snap.nodes for lay in (shapes.of(n)[n.layout],)})
     busy = sum(1 for n in snap.nodes if n.draining)
     changes: list[Change] = []
     held: dict[str, str] = {}
@@ -257,13 +181,13 @@ def decide(snap: Snapshot, layouts: Mapping[str, Layout] | Shapes, params: Param
         best = _Search(shapes, fleet, params, h, held).best(free)
         if best is None:
             break
-        node, change, new_supply = best
+        node, change, new_part = best
         if params.max_in_maintenance is not None and busy >= params.max_in_maintenance:
             held[node.name] = (f"{change.reason}; waits: {busy} node(s) in maintenance, "
                                f"max_in_maintenance is {params.max_in_maintenance}")
             break
         changes.append(change)
-        fleet.put(node.name, new_supply, shapes.of(node)[change.new])
+        fleet.put({node.name: new_part})
         free.remove(node)
         busy += 1
     return Decision(tuple(changes), tuple(sorted((t, sum(a.values())) for t, a in demand.items())), unservable,
@@ -277,19 +201,19 @@ _Key = tuple[int, float, float, float, float, str, str]  # unplaced types, (a pl
 @dataclass(frozen=True)
 class _Search:
     shapes: Shapes
-    fleet: _Fleet
+    fleet: Fleet
     params: Params
     h: Horizon
     held: dict[str, str]
 
-    def best(self, nodes: list[NodeView]) -> tuple[NodeView, Change, Supply] | None:
+    def best(self, nodes: list[NodeView]) -> tuple[NodeView, Change, Part] | None:
         """The change that gives the most unplaced types a place (soonest), then most shortens the longest
         expected wait of a type, then best lifts the worst-served account, then gains the most net (ties:
         node, then layout name).  Nodes alike (same layout, same running jobs, same history) are tried
         once: the first by name stands for them all."""
         now = self.fleet.score()
         found: _Key | None = None
-        pick: tuple[NodeView, Change, Supply] | None = None
+        pick: tuple[NodeView, Change, Part] | None = None
         seen: set[object] = set()
         for node in nodes:
             alike = (node.layout, tuple((r.mig_type, r.count, r.ends_in_s, r.account, r.limit_s) for r in node.running),
@@ -302,7 +226,7 @@ class _Search:
                     found, pick = key, (node, change, new)
         return pick
 
-    def _trials(self, node: NodeView, now: Score) -> list[tuple[_Key, Change, Supply]]:
+    def _trials(self, node: NodeView, now: Score) -> list[tuple[_Key, Change, Part]]:
         out = []
         cost = drain_cost(node, self.shapes.slices(node), self.h)
         layouts = self.shapes.of(node)
@@ -311,8 +235,8 @@ class _Search:
             if name == node.layout or (self.shapes.choices is not None and name not in self.shapes.choices):
                 continue
             layout = layouts[name]
-            new = from_ready(layout, ready, self.h)
-            after = self.fleet.score(node.name, new, layout)
+            new = Part(from_ready(layout, ready, self.h), layout)
+            after = self.fleet.score(node.name, new)
             if len(after.unplaced) > len(now.unplaced):
                 continue
             places = tuple(t for t in now.unplaced if t not in after.unplaced)
@@ -327,7 +251,8 @@ class _Search:
             if why is not None:
                 self.held.setdefault(node.name, f"{change.reason}; held: {why}")
                 continue
-            key = (len(after.unplaced), ready if places else 0.0, round(after.wait_s, 3), -round(after.worst, 6),
+            opens = ready + self.h.horizon_s * max((self.fleet.held(node.name, new, t) for t in places), default=0.0)
+            key = (len(after.unplaced), opens if places else 0.0, round(after.wait_s, 3), -round(after.worst, 6),
                    -round(benefit - cost, 6))
             out.append(((*key, node.name, name), change, new))
         return out

@@ -10,6 +10,7 @@
         interval: 60s              # how often the planner reads the queue
         lease: 2h                  # a wanted layout holds this long unless renewed; then the schedule
         history: 168h              # at start, run times from the jobs accounting saw end this long back; 0: off
+        mixes: auto                # per-GPU mixes unless Slurm reserves whole nodes (sched/backfill); true | false
 """
 
 from __future__ import annotations
@@ -26,6 +27,28 @@ KEYS = ["mode", "planner", "candidates", "interval", "lease", "horizon", "min_dw
 HISTORY_S = 7 * 86400.0  # a week of ended jobs: every account's newest 200, on most clusters
 
 
+class Mixes(Word):
+    """Whether a change may give a node a per-GPU mix of the candidates (demand/mix.py).  Under Slurm's
+    backfill every pending job that cannot start reserves a whole node, so on a node mixed for a
+    minority the majority's older jobs keep the minority off its GPU (demand/reserve.py); measured
+    over the bench's traces with those reservations, whole nodes wait less (docs/demand.md)."""
+
+    AUTO = "auto"  # mixes where the scheduler does not reserve whole nodes; whole nodes where it does
+    ON = "true"
+    OFF = "false"
+
+    def whole(self, reserves: bool) -> bool:
+        """Whether each change takes a node whole into one candidate, on a cluster whose scheduler
+        reserves whole nodes for pending jobs (``reserves``) or not."""
+        return self is Mixes.OFF or (self is Mixes.AUTO and reserves)
+
+    @classmethod
+    def read(cls, n: Node) -> Mixes:
+        if n.is_scalar() and str(n.node.tag) == "tag:yaml.org,2002:bool":
+            return cls.ON if n.bool() else cls.OFF
+        return cls(n.str(choices=[cls.AUTO.value, cls.ON.value, cls.OFF.value]))
+
+
 class DemandMode(Word):
     ON = "on"
     DRY_RUN = "dry-run"  # the planner decides, logs and exports; it writes nothing to Slurm
@@ -39,7 +62,7 @@ class DemandSettings:
     interval_s: float = 60.0
     lease_s: float = 7200.0
     history_s: float = HISTORY_S  # accounting read at the planner's start (slurm/history.py); 0: not read
-    mixes: bool = True  # per-GPU mixes of the candidates (demand/mix.py); False: each node in one candidate
+    mixes: Mixes = Mixes.AUTO
     params: Params = field(default_factory=Params)
 
 
@@ -72,7 +95,7 @@ def parse_demand(n: Node, profiles: Collection[str], partition: str | None,
             f"lease ({lease:g}s) must be at least three planner intervals ({interval:g}s): it is renewed "
             "at half its length, and one missed renewal must not hand the node back to the schedule")
     history = m["history"].duration() if "history" in m else HISTORY_S
-    mixes = m["mixes"].bool() if "mixes" in m else True
+    mixes = Mixes.read(m["mixes"]) if "mixes" in m else Mixes.AUTO
     return DemandSettings(DemandMode(m["mode"].str(choices=list(DemandMode))), m["planner"].name(), tuple(candidates),
                           interval, lease, history, mixes,
                           Params(max_in_maintenance=max_in_maintenance, **kw))  # type: ignore[arg-type]

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from heapq import heappop, heappush
 from typing import Any
 
+from migd.demand.reserve import BF_MAX_JOB_TEST
 from migd.whatif.fleet import Job, Node
 
-BF_MAX_JOB_TEST = 500  # slurm.conf(5) default: jobs past it are not tested
 WILL_RUN_WINDOW_S = 30  # cons_tres _will_run's first window (doubled for each batch after it)
 _TRIES = 64  # TRY_LATER rounds for one job (each moves its earliest start on)
 YEAR_S = 365 * 24 * 3600.0  # a running job with no time limit is expected to end this long after its start

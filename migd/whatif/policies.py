@@ -24,6 +24,7 @@ from migd.demand.rule import Params, decide
 from migd.demand.runtime import RunTimes
 from migd.demand.seen import LastSeen
 from migd.profiles.model import Profile
+from migd.slurm.demandconf import Mixes
 from migd.slurm.slurmconf import SlurmSettings
 from migd.whatif.jobs import DAY
 from migd.whatif.replay import Cluster, Node
@@ -75,7 +76,8 @@ class Setup:
     start: datetime  # the trace's second 0, in the configuration's time zone
     params: Params
     gpus: int
-    choices: frozenset[str] | None = None  # the layouts migd may change to (None: every mix; mixes: false)
+    choices: frozenset[str] | None = None  # the layouts migd may change to (None: every mix; whole: the candidates)
+    mixing: Mixes = Mixes.AUTO  # the configuration's slurm.demand.mixes
 
     @classmethod
     def of(cls, cfg: SiteConfig, models: Sequence[GpuModel], start: datetime, waves: int,
@@ -90,9 +92,16 @@ class Setup:
         for e in cfg.schedule.entries:
             layouts.setdefault(e.profile, node_layout(cfg.profiles[e.profile], models))
         params = replace(demand.params, max_in_maintenance=waves)
-        choices = None if demand.mixes else frozenset(cands.names)  # (``mixes: false``, as the planner's shapes)
         return cls(cands, mixes, layouts, cfg.schedule, start.replace(tzinfo=cfg.timezone), params, len(models),
-                   choices)
+                   mixing=demand.mixes).reserving(params.reserves)
+
+    def reserving(self, reserves: bool) -> Setup:
+        """This setup on a cluster whose scheduler reserves whole nodes for pending jobs (sched/backfill:
+        the replay's ``reserve``) or does not (the plain model): migd's rule weighs what it is told, as
+        the planner weighs what Slurm's SchedulerType says."""
+        whole = self.mixing.whole(reserves)  # (as the planner's shapes)
+        return replace(self, params=replace(self.params, reserves=reserves),
+                       choices=frozenset(self.candidates.names) if whole else None)
 
     def scheduled(self, now: float) -> Layout:
         entry = self.schedule.active(self.start + timedelta(seconds=now))

@@ -1,0 +1,65 @@
+"""Slurm's whole-node reservations, as the demand rule weighs them.
+
+Under sched/backfill, Slurm's default scheduler, every pending job that cannot start now, in priority
+order (priority/basic: submission order), at most ``bf_max_job_test`` of them, reserves a whole node
+from its expected start to that plus its time limit: ``_add_reservation`` in
+src/plugins/sched/backfill/backfill.c takes the node out of the plan for that window.  A younger job
+starts on that node only if its own time limit ends before the reservation begins, whatever MIG type
+it asks and however many of the node's instances are free.  So on a node that offers several MIG
+types, one type's free instances serve it only while the older pending jobs of the node's other types
+have not reserved the node: on a node mixed for a minority (``night*7/balanced``), the majority's queue
+keeps the minority off its GPU.  The replay on real Slurm checks this model job by job
+(migd/whatif/backfill.py, docs/demand.md).
+
+The rule weighs it as an expectation: the node is held for the older pending jobs of its other types
+for as long as the fleet's supply of those types takes to run them, and a type's supply on the node is
+what is left of the horizon (``share``).  Per node that is first come, first served across the types
+it offers, as Slurm's priority order makes it; whole nodes of one type lose nothing to it (their own
+type's jobs start in priority order anyway), and a node mixed for a minority behind a long queue of its
+majority's older jobs offers the minority little.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from migd.demand.inputs import Layout, Pending
+
+BF_MAX_JOB_TEST = 500  # slurm.conf(5) bf_max_job_test's default: jobs past it reserve nothing
+
+
+Work = Callable[[Pending], float]  # a pending job's slice-hours within the horizon
+
+
+@dataclass(frozen=True)
+class Ahead:
+    """Per MIG type, the work (slice-hours) of each other type's pending jobs that Slurm tests before that
+    type's oldest pending job (all of it, for a type with none pending: its next job comes last)."""
+
+    before: Mapping[str, Mapping[str, float]]  # MIG type -> other type -> its work ahead
+    everyone: Mapping[str, float]  # type -> its pending work tested: what is ahead of a type with none pending
+
+    @classmethod
+    def of(cls, pending: Iterable[Pending], work: Work) -> Ahead:
+        queue = sorted(pending, key=lambda p: (-p.age_s, p.job))[:BF_MAX_JOB_TEST]
+        before: dict[str, dict[str, float]] = {}
+        seen: dict[str, float] = defaultdict(float)
+        for p in queue:
+            if p.mig_type not in before:  # its oldest: what is ahead of it is what came before
+                before[p.mig_type] = {t: w for t, w in seen.items() if t != p.mig_type}
+            seen[p.mig_type] += work(p)
+        return cls(before, dict(seen))
+
+    def share(self, layout: Layout, mig_type: str, supply: Mapping[str, float]) -> float:
+        """The share of ``mig_type``'s slice-hours in ``layout`` that older jobs of the layout's other
+        types leave: each holds the node for the part of the horizon the fleet's ``supply`` of its type
+        (slice-hours before reservations) takes to run it."""
+        held = sum(w / supply[t] if supply.get(t, 0.0) > 0 else 1.0
+                   for t, w in self.before.get(mig_type, self.everyone).items()
+                   if t != mig_type and w > 0 and layout.count(t) > 0)
+        return max(0.0, 1.0 - held)
+
+
+NONE = Ahead({}, {})  # no reservations weighed (a scheduler other than sched/backfill)

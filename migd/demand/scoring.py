@@ -1,0 +1,142 @@
+"""The fleet as the demand rule scores it: supply per MIG type over the nodes against the demand per type
+and account, and the places each type with pending work has, with one node's part swappable so that a
+trial change costs O(types x accounts).
+
+A node's supply of a type is what Slurm's reservations leave of it (migd/demand/reserve.py): older
+pending jobs of the node's other types reserve the whole node.  How likely that is depends on how many
+nodes offer those types; a trial change counts itself in that number, the other nodes keep the figures
+of the fleet as it stands until the change is taken (``put``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from migd.demand.inputs import Layout
+from migd.demand.reserve import Ahead
+from migd.demand.supply import Supply
+
+WAIT_CAP = 10.0  # horizons: the expected wait of a type its supply would take longer to serve, or never
+
+
+@dataclass(frozen=True)
+class Score:
+    unplaced: tuple[str, ...]  # MIG types with pending work that no node's layout can start
+    worst: float  # the worst-served account's fraction of its work that can run
+    served: float  # slice-hours of work that can run
+    wait_s: float = 0.0  # the longest expected wait of a MIG type (Fleet.score)
+    wait_type: str = "-"  # the type it is of
+    unkept: tuple[str, ...] = ()  # MIG types seen lately (none pending) that no node's layout can start
+
+
+@dataclass(frozen=True)
+class Queue:
+    """What the fleet's supply is weighed against: demand (type -> account -> slice-hours), the
+    instances the smallest pending job of each type asks on one node (``need``), the types seen lately
+    with none pending (``keep``), each type's oldest pending job's age, and who is ahead of whom in
+    Slurm's reservations."""
+
+    demand: Mapping[str, Mapping[str, float]]
+    need: Mapping[str, int]
+    oldest: Mapping[str, float]
+    keep: Mapping[str, int]
+    ahead: Ahead
+
+
+@dataclass(frozen=True)
+class Part:
+    """One node's part: its supply before reservations, in its layout."""
+
+    supply: Supply
+    layout: Layout
+
+
+class Fleet:
+    def __init__(self, queue: Queue, horizon_s: float) -> None:
+        self.demand = queue.demand
+        self.oldest = queue.oldest
+        self.ahead = queue.ahead
+        self.horizon_s = horizon_s
+        self.need = dict(sorted(queue.need.items()))
+        self.keep = {t: k for t, k in sorted(queue.keep.items()) if t not in self.need}  # none pending
+        self.by_type = {t: sum(a.values()) for t, a in queue.demand.items()}
+        self.asked: dict[str, float] = defaultdict(float)
+        for per in queue.demand.values():
+            for account, work in per.items():
+                self.asked[account] += work
+        self.raw: dict[str, Part] = {}
+        self.offer: Counter[str] = Counter()  # the fleet's supply before reservations, per type
+        self.total: dict[str, float] = defaultdict(float)
+        self.places: dict[str, int] = defaultdict(int)
+        self.part: dict[str, Supply] = {}  # node -> its supply as reservations leave it
+
+    def put(self, parts: Mapping[str, Part]) -> None:
+        """Each node of ``parts`` now offers its part; every node's is weighed again (the nodes offering a
+        type and its free instances set how likely its older jobs reserve each)."""
+        self.raw.update(parts)
+        self.offer = Counter()
+        for p in self.raw.values():
+            self.offer.update(p.supply)
+        self.total.clear()
+        self.places.clear()
+        for name, p in self.raw.items():
+            self.part[name] = left = self._left(p.supply, p.layout, self.offer)
+            for t, n in left.items():
+                self.total[t] += n
+            for t in self._placed(p.layout):
+                self.places[t] += 1
+
+    def _left(self, supply: Supply, layout: Layout, offer: Mapping[str, float]) -> Supply:
+        return {t: n * self.ahead.share(layout, t, offer) for t, n in supply.items()}
+
+    def _placed(self, layout: Layout) -> list[str]:
+        """The types with pending work (or seen lately) ``layout`` can start."""
+        return [t for t, k in (*self.need.items(), *self.keep.items())
+                if layout.count(t) >= k]
+
+    def held(self, node: str, trial: Part, mig_type: str) -> float:
+        """The part of the horizon ``node`` in ``trial`` is held for older jobs of its other types before
+        it serves ``mig_type`` (reserve.py): how much later a place there opens than the node is ready."""
+        return 1.0 - self.ahead.share(trial.layout, mig_type, self._with(node, trial))
+
+    def _with(self, node: str, trial: Part) -> Counter[str]:
+        """The fleet's supply before reservations with ``node``'s part replaced by ``trial``."""
+        offer = Counter(self.offer)
+        offer.subtract(self.raw[node].supply)
+        offer.update(trial.supply)
+        return offer
+
+    def score(self, node: str | None = None, trial: Part | None = None) -> Score:
+        """The fleet's score with ``node``'s part replaced by ``trial``.  An account's share
+        of a type's supply is its share of that type's demand.  A type's expected wait is its oldest
+        pending job's age plus the time its supply takes to run its work (``horizon x demand / supply``,
+        at most ``WAIT_CAP`` horizons: a type offered nothing waits that long)."""
+        old: Supply = {}
+        new: Supply = {}
+        offer: Mapping[str, float] = self.offer
+        if node is not None and trial is not None:
+            old, offer = self.part[node], self._with(node, trial)
+            new = self._left(trial.supply, trial.layout, offer)
+        got = dict.fromkeys(self.asked, 0.0)
+        total = 0.0
+        wait: tuple[float, str] = (0.0, "-")
+        for t, d in self.by_type.items():
+            offered = self.total[t] - old.get(t, 0.0) + new.get(t, 0.0)
+            clear = self.horizon_s * min(WAIT_CAP, d / offered if offered > 0 else WAIT_CAP)
+            wait = max(wait, (self.oldest.get(t, 0.0) + clear, t))
+            run = d if offered >= d else offered
+            total += run
+            share = run / d
+            for account, work in self.demand[t].items():
+                got[account] += share * work
+        worst = min((got[a] / w for a, w in self.asked.items() if w > 0), default=1.0)
+        places = self.places
+        if node is not None and trial is not None:
+            places = Counter(self.places)
+            places.subtract(self._placed(self.raw[node].layout))
+            places.update(self._placed(trial.layout))
+        unplaced = tuple(t for t in self.need if places.get(t, 0) <= 0)
+        unkept = tuple(t for t in self.keep if places.get(t, 0) <= 0)
+        return Score(unplaced, worst, total, wait[0], wait[1], unkept)
