@@ -38,27 +38,31 @@ class Ahead:
     """Per MIG type, the work (slice-hours) of each other type's pending jobs that Slurm tests before that
     type's oldest pending job (all of it, for a type with none pending: its next job comes last)."""
 
-    before: Mapping[str, Mapping[str, float]]  # MIG type -> other type -> its work ahead
-    everyone: Mapping[str, float]  # type -> its pending work tested: what is ahead of a type with none pending
+    before: Mapping[str, Mapping[str, tuple[float, int]]]  # MIG type -> other type -> (work, instances) ahead
+    everyone: Mapping[str, tuple[float, int]]  # type -> all its pending (work, instances) tested
 
     @classmethod
     def of(cls, pending: Iterable[Pending], work: Work) -> Ahead:
         queue = sorted(pending, key=lambda p: (-p.age_s, p.job))[:BF_MAX_JOB_TEST]
-        before: dict[str, dict[str, float]] = {}
-        seen: dict[str, float] = defaultdict(float)
+        before: dict[str, dict[str, tuple[float, int]]] = {}
+        seen: dict[str, tuple[float, int]] = defaultdict(lambda: (0.0, 0))
         for p in queue:
             if p.mig_type not in before:  # its oldest: what is ahead of it is what came before
                 before[p.mig_type] = {t: w for t, w in seen.items() if t != p.mig_type}
-            seen[p.mig_type] += work(p)
+            w, n = seen[p.mig_type]
+            seen[p.mig_type] = (w + work(p), n + p.count)
         return cls(before, dict(seen))
 
-    def share(self, layout: Layout, mig_type: str, supply: Mapping[str, float]) -> float:
+    def share(self, layout: Layout, mig_type: str, supply: Mapping[str, float], free: Mapping[str, int]) -> float:
         """The share of ``mig_type``'s slice-hours in ``layout`` that older jobs of the layout's other
-        types leave: each holds the node for the part of the horizon the fleet's ``supply`` of its type
-        (slice-hours before reservations) takes to run it."""
-        held = sum(w / supply[t] if supply.get(t, 0.0) > 0 else 1.0
-                   for t, w in self.before.get(mig_type, self.everyone).items()
-                   if t != mig_type and w > 0 and layout.count(t) > 0)
+        types leave: those the fleet's ``free`` instances of their type cannot start at once reserve,
+        and hold the node for the part of the horizon the fleet's ``supply`` of their type (slice-hours
+        before reservations) takes to run them."""
+        held = 0.0
+        for t, (w, n) in self.before.get(mig_type, self.everyone).items():
+            if t != mig_type and w > 0 and layout.count(t) > 0:
+                waiting = w * max(0, n - free.get(t, 0)) / n
+                held += waiting / supply[t] if supply.get(t, 0.0) > 0 else float(waiting > 0)
         return max(0.0, 1.0 - held)
 
 

@@ -171,8 +171,7 @@ def decide(snap: Snapshot, layouts: Mapping[str, Layout] | Shapes, params: Param
     ratio = dict(snap.run_ratio)
     ahead = Ahead.of(snap.pending, lambda p: _work(p, params, ratio)) if params.reserves else NONE
     fleet = Fleet(Queue(demand, _need(snap.pending, every), oldest, keep, ahead), params.horizon_s)
-    fleet.put({n.name: Part(supply(n, lay, h, staying=not n.draining), lay)
-               for n in snap.nodes for lay in (shapes.of(n)[n.layout],)})
+    fleet.put({n.name: _part(n, shapes.of(n)[n.layout], h) for n in snap.nodes})
     busy = sum(1 for n in snap.nodes if n.draining)
     changes: list[Change] = []
     held: dict[str, str] = {}
@@ -235,7 +234,7 @@ class _Search:
             if name == node.layout or (self.shapes.choices is not None and name not in self.shapes.choices):
                 continue
             layout = layouts[name]
-            new = Part(from_ready(layout, ready, self.h), layout)
+            new = Part(from_ready(layout, ready, self.h), layout, dict(layout.capacity))
             after = self.fleet.score(node.name, new)
             if len(after.unplaced) > len(now.unplaced):
                 continue
@@ -273,6 +272,17 @@ class _Search:
             return None
         return (f"it would undo its change from {node.left} {node.in_layout_s / 3600:.1f} h ago: demand that turns "
                 f"around within {self.params.reverse_s / 3600:g} h is held")
+
+
+def _part(node: NodeView, layout: Layout, h: Horizon) -> Part:
+    """``node``'s part as it stands: in its layout, or draining, in the one it changes to."""
+    if node.draining:
+        return Part(supply(node, layout, h, staying=False), layout, dict(layout.capacity))
+    free = dict(layout.capacity)
+    for r in node.running:
+        if r.mig_type in free:
+            free[r.mig_type] -= r.count
+    return Part(supply(node, layout, h, staying=True), layout, free)
 
 
 def _hysteresis(node: NodeView, params: Params) -> str | None:

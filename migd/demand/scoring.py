@@ -47,10 +47,12 @@ class Queue:
 
 @dataclass(frozen=True)
 class Part:
-    """One node's part: its supply before reservations, in its layout."""
+    """One node's part: its supply before reservations, in its layout, and its instances free now (all
+    of them, once a node changing to the layout is ready)."""
 
     supply: Supply
     layout: Layout
+    free: Mapping[str, int]
 
 
 class Fleet:
@@ -68,6 +70,7 @@ class Fleet:
                 self.asked[account] += work
         self.raw: dict[str, Part] = {}
         self.offer: Counter[str] = Counter()  # the fleet's supply before reservations, per type
+        self.free: Counter[str] = Counter()  # the fleet's free instances, per type
         self.total: dict[str, float] = defaultdict(float)
         self.places: dict[str, int] = defaultdict(int)
         self.part: dict[str, Supply] = {}  # node -> its supply as reservations leave it
@@ -76,20 +79,21 @@ class Fleet:
         """Each node of ``parts`` now offers its part; every node's is weighed again (the nodes offering a
         type and its free instances set how likely its older jobs reserve each)."""
         self.raw.update(parts)
-        self.offer = Counter()
+        self.offer, self.free = Counter(), Counter()
         for p in self.raw.values():
             self.offer.update(p.supply)
+            self.free.update(p.free)
         self.total.clear()
         self.places.clear()
         for name, p in self.raw.items():
-            self.part[name] = left = self._left(p.supply, p.layout, self.offer)
+            self.part[name] = left = self._left(p.supply, p.layout, self.offer, self.free)
             for t, n in left.items():
                 self.total[t] += n
             for t in self._placed(p.layout):
                 self.places[t] += 1
 
-    def _left(self, supply: Supply, layout: Layout, offer: Mapping[str, float]) -> Supply:
-        return {t: n * self.ahead.share(layout, t, offer) for t, n in supply.items()}
+    def _left(self, supply: Supply, layout: Layout, offer: Mapping[str, float], free: Mapping[str, int]) -> Supply:
+        return {t: n * self.ahead.share(layout, t, offer, free) for t, n in supply.items()}
 
     def _placed(self, layout: Layout) -> list[str]:
         """The types with pending work (or seen lately) ``layout`` can start."""
@@ -99,14 +103,17 @@ class Fleet:
     def held(self, node: str, trial: Part, mig_type: str) -> float:
         """The part of the horizon ``node`` in ``trial`` is held for older jobs of its other types before
         it serves ``mig_type`` (reserve.py): how much later a place there opens than the node is ready."""
-        return 1.0 - self.ahead.share(trial.layout, mig_type, self._with(node, trial))
+        return 1.0 - self.ahead.share(trial.layout, mig_type, *self._with(node, trial))
 
-    def _with(self, node: str, trial: Part) -> Counter[str]:
-        """The fleet's supply before reservations with ``node``'s part replaced by ``trial``."""
-        offer = Counter(self.offer)
+    def _with(self, node: str, trial: Part) -> tuple[Counter[str], Counter[str]]:
+        """The fleet's supply before reservations and its free instances with ``node``'s part replaced
+        by ``trial``."""
+        offer, free = Counter(self.offer), Counter(self.free)
         offer.subtract(self.raw[node].supply)
         offer.update(trial.supply)
-        return offer
+        free.subtract(self.raw[node].free)
+        free.update(trial.free)
+        return offer, free
 
     def score(self, node: str | None = None, trial: Part | None = None) -> Score:
         """The fleet's score with ``node``'s part replaced by ``trial``.  An account's share
@@ -115,10 +122,9 @@ class Fleet:
         at most ``WAIT_CAP`` horizons: a type offered nothing waits that long)."""
         old: Supply = {}
         new: Supply = {}
-        offer: Mapping[str, float] = self.offer
         if node is not None and trial is not None:
-            old, offer = self.part[node], self._with(node, trial)
-            new = self._left(trial.supply, trial.layout, offer)
+            old = self.part[node]
+            new = self._left(trial.supply, trial.layout, *self._with(node, trial))
         got = dict.fromkeys(self.asked, 0.0)
         total = 0.0
         wait: tuple[float, str] = (0.0, "-")
