@@ -166,6 +166,6 @@ def _what_if_options(sp: argparse.ArgumentParser) -> None:
                     "migd.yaml whose schedule holds it (DIR/profiles/whatif-1.yaml, DIR/migd.whatif-1.yaml), and "
                     "as mig-parted configs (DIR/mig-parted.yaml)")
     sp.add_argument("--slurm-backfill", action="store_true", help="replay with Slurm's backfill reservations "
-                    "(every pending job reserves a node, as sched/backfill does; slower); default: first come "
-                    "per MIG type")
+                    "(every pending job reserves a node, as sched/backfill does; slower), migd deciding as its "
+                    "planner does on Slurm; default: first come per MIG type")
     sp.add_argument("-o", "--output", choices=("table", "json"), default="table", help="output format")
