@@ -12,15 +12,19 @@ import pytest
 
 from migd.catalog.models import MODELS
 from migd.config.migdyaml import load_config
+from migd.daemon.demandpass import DemandPass
 from migd.demand.inputs import NodeView, Pending, Snapshot
 from migd.demand.mix import shapes
 from migd.demand.rule import decide
 from migd.errors import ValidationError
+from migd.hardware.types import GpuInfo
+from migd.plan.offline import fake_gpu
 from migd.profiles.loader import load_profile
 from migd.slurm.ctl import SlurmCtl
 from migd.slurm.demandconf import DemandMode, DemandSettings, Mixes
 from migd.slurm.demandplan import Planner
 from migd.slurm.queue import read_queue
+from migd.slurm.slurmconf import SlurmSettings
 from migd.whatif.policies import Setup
 from tests.helpers import PROFILES
 
@@ -149,3 +153,29 @@ def test_what_the_planner_learned_is_kept_without_a_switch_and_read_after_a_rest
     planner.tick()
     again, _ = _planner(tmp_path, {"gpu1": "gpu:7g.80gb:8"})
     assert [(s.mig_type, s.ago_s) for s in again.seen.seen(NOW + 60)] == [("2g.20gb", 60.0)]
+
+
+class _Gpus:
+    """Eight H100s as NVML describes them (the GpuLister the planner's first pass surveys)."""
+
+    def gpu_count(self) -> int:
+        return 8
+
+    def gpu(self, index: int) -> GpuInfo:
+        return fake_gpu(H100, index)
+
+
+@pytest.mark.parametrize(("mixes", "whole"), [(Mixes.AUTO, True), (Mixes.OFF, True), (Mixes.ON, False)])
+def test_the_daemons_planner_keeps_nodes_whole_on_slurm_unless_told_mixes_true(
+        tmp_path: Path, mixes: Mixes, whole: bool) -> None:
+    """The planner a migd builds (DemandPass) decides as Slurm schedules: every Slurm scheduler holds a
+    younger job behind older ones, so with ``mixes: auto`` (the default) a change takes a node whole
+    into one candidate, as the measurements under reservations chose (docs/demand.md)."""
+    _, ctl = _planner(tmp_path, {"gpu1": "gpu:7g.80gb:8"})
+    settings = DemandSettings(DemandMode.DRY_RUN, "gpu1", NAMES, history_s=0, mixes=mixes)
+    slurm = SlurmSettings("gpu1", tmp_path / "slurm.conf", tmp_path / "gres.conf", partition="main", demand=settings)
+    demand = DemandPass(slurm, settings, ctl, tmp_path, clock=lambda: NOW)
+    demand.plan(PROFS, _Gpus())
+    assert demand.planner is not None and settings.params.reserves
+    assert demand.planner.shapes.choices == (frozenset(NAMES) if whole else None)
+    assert len(demand.planner.shapes.own) == 165  # (a node in a mix is read as one either way)
