@@ -9,14 +9,17 @@ it asks and however many of the node's instances are free.  So on a node that of
 types, one type's free instances serve it only while the older pending jobs of the node's other types
 have not reserved the node: on a node mixed for a minority (``night*7/balanced``), the majority's queue
 keeps the minority off its GPU.  The replay on real Slurm checks this model job by job
-(migd/whatif/backfill.py, docs/demand.md).
+(migd/whatif/backfill.py, docs/demand.md).  sched/builtin, the other scheduler, is stricter still: no
+job past the first that cannot start is started at all.
 
 The rule weighs it as an expectation: the node is held for the older pending jobs of its other types
-for as long as the fleet's supply of those types takes to run them, and a type's supply on the node is
-what is left of the horizon (``share``).  Per node that is first come, first served across the types
-it offers, as Slurm's priority order makes it; whole nodes of one type lose nothing to it (their own
-type's jobs start in priority order anyway), and a node mixed for a minority behind a long queue of its
-majority's older jobs offers the minority little.
+that the fleet's free instances of their type cannot start at once (a job that starts reserves
+nothing), for as long as the fleet's supply of those types takes to run them, and a type's supply on
+the node is what is left of the horizon (``share``).  Which node each job reserves is Slurm's choice
+at each pass; the expectation spreads it over every node offering the type.  Per node that is first
+come, first served across the types it offers, as Slurm's priority order makes it; whole nodes of one
+type lose nothing to it (their own type's jobs start in priority order anyway), and a node mixed for a
+minority behind a long queue of its majority's older jobs offers the minority little.
 """
 
 from __future__ import annotations
@@ -66,4 +69,4 @@ class Ahead:
         return max(0.0, 1.0 - held)
 
 
-NONE = Ahead({}, {})  # no reservations weighed (a scheduler other than sched/backfill)
+NONE = Ahead({}, {})  # no reservations weighed: the bench's plain model, where none are made

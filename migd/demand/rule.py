@@ -56,7 +56,8 @@ class Params:
     max_in_maintenance: int | None = None  # nodes draining or switching at once (fleet waves)
     reverse_s: float = 6 * 3600.0  # a change undoing the node's previous one this soon is held
     keep_place_s: float = 0.0  # a MIG type seen this recently keeps its last place (0: pending work only)
-    reserves: bool = True  # Slurm reserves whole nodes for older pending jobs (sched/backfill: reserve.py)
+    reserves: bool = True  # older pending jobs hold whole nodes, as on every Slurm (reserve.py); False: the
+    # bench's plain model, where nothing does
 
     def horizon(self, run_ratio: Mapping[str, float]) -> Horizon:
         return Horizon(self.horizon_s, self.switch_s, run_ratio)
