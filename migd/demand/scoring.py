@@ -3,9 +3,9 @@ and account, and the places each type with pending work has, with one node's par
 trial change costs O(types x accounts).
 
 A node's supply of a type is what Slurm's reservations leave of it (migd/demand/reserve.py): older
-pending jobs of the node's other types reserve the whole node.  How likely that is depends on how many
-nodes offer those types; a trial change counts itself in that number, the other nodes keep the figures
-of the fleet as it stands until the change is taken (``put``).
+pending jobs of the node's other types reserve the whole node.  How long they hold it depends on the
+fleet's supply and free instances of those types; a trial change counts its own in them, the other
+nodes keep the figures of the fleet as it stands until the change is taken (``put``).
 """
 
 from __future__ import annotations
@@ -76,8 +76,8 @@ class Fleet:
         self.part: dict[str, Supply] = {}  # node -> its supply as reservations leave it
 
     def put(self, parts: Mapping[str, Part]) -> None:
-        """Each node of ``parts`` now offers its part; every node's is weighed again (the nodes offering a
-        type and its free instances set how likely its older jobs reserve each)."""
+        """Each node of ``parts`` now offers its part; every node's is weighed again (the fleet's supply
+        and free instances of a type set how long its older jobs hold each node)."""
         self.raw.update(parts)
         self.offer, self.free = Counter(), Counter()
         for p in self.raw.values():
@@ -97,8 +97,7 @@ class Fleet:
 
     def _placed(self, layout: Layout) -> list[str]:
         """The types with pending work (or seen lately) ``layout`` can start."""
-        return [t for t, k in (*self.need.items(), *self.keep.items())
-                if layout.count(t) >= k]
+        return [t for t, k in (*self.need.items(), *self.keep.items()) if layout.count(t) >= k]
 
     def held(self, node: str, trial: Part, mig_type: str) -> float:
         """The part of the horizon ``node`` in ``trial`` is held for older jobs of its other types before
