@@ -22,9 +22,9 @@ pytestmark = pytest.mark.integration  # a real Slurm cluster
 
 
 def demand(mode: str = "on", planner: str = "gpu1", interval: str = "1s", lease: str = "1h",
-           candidates: str = "day, night") -> str:
+           candidates: str = "day, night", mixes: str | None = None) -> str:
     return (f"  demand:\n    mode: {mode}\n    planner: {planner}\n    candidates: [{candidates}]\n"
-            f"    interval: {interval}\n    lease: {lease}\n")
+            f"    interval: {interval}\n    lease: {lease}\n" + (f"    mixes: {mixes}\n" if mixes else ""))
 
 
 def notebooks(node: Node, n: int) -> list[str]:
@@ -171,14 +171,19 @@ def test_demand_that_turns_around_does_not_flip_the_node_back(night_node: Node) 
 
 def test_a_per_gpu_mix_is_wanted_applied_published_and_served(pair_node: Node) -> None:  # noqa: F811
     """Two H100 NVL, both whole (night); a 7g job runs and a 2g job queues.  No candidate serves both
-    on one node, a mix does: the planner wants night/balanced (GPU 0 whole, GPU 1 balanced), the node
-    drains until the 7g job ends, applies the candidates' own sections per GPU, Slurm gets the GRES of
-    both, and the 2g job runs."""
+    on one node, a mix does (``mixes: true``; the default keeps nodes whole on Slurm, and its dry-run
+    wants balanced): the planner wants night/balanced (GPU 0 whole, GPU 1 balanced), the node drains
+    until the 7g job ends, applies the candidates' own sections per GPU, Slurm gets the GRES of both,
+    and the 2g job runs."""
     c = pair_node.cluster
     train = c.submit("gpu:7g.94gb:1", "sleep 8", "-t", "60", "-A", "nlp")
     c.wait(lambda: c.job_state(train) == "RUNNING", "the 7g job to start on the night layout", 60)
     serve = c.submit("gpu:2g.24gb:1", "sleep 1", "-t", "60", "-A", "serving")
-    d = pair_node.daemon(Clock(NIGHT), settings=demand(candidates="day, night, balanced"))
+    whole = pair_node.daemon(Clock(NIGHT), settings=demand("dry-run", candidates="day, night, balanced"))
+    whole.reconcile("demand")
+    assert whole.slurm is not None and whole.slurm.demand is not None and whole.slurm.demand.last_plan is not None
+    assert [c.split(":")[1] for c in whole.slurm.demand.last_plan.changes] == [" night -> balanced"]
+    d = pair_node.daemon(Clock(NIGHT), settings=demand(candidates="day, night, balanced", mixes="true"))
     d.reconcile("demand")
     assert d.slurm is not None and d.slurm.demand is not None and d.slurm.demand.last_plan is not None
     plan = d.slurm.demand.last_plan
