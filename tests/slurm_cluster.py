@@ -16,6 +16,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -75,7 +76,8 @@ SlurmdTimeout=30
 
 
 class SlurmCluster:
-    def __init__(self, gpus: int, nodes: tuple[str, ...] = (NODE,)) -> None:
+    def __init__(self, gpus: int | Mapping[str, int], nodes: tuple[str, ...] = (NODE,)) -> None:
+        """``gpus``: each node's GPU count, or one for all."""
         self.dir = Path(tempfile.mkdtemp(prefix="migd-slurm-", dir="/tmp"))  # short: socket paths
         for sub in ("run", "log", "spool/ctld", "etc"):
             (self.dir / sub).mkdir(parents=True)
@@ -83,7 +85,8 @@ class SlurmCluster:
         self.nodes = nodes
         self.node = nodes[0]
         self.devs = {n: self.dir / ("dev" if k == 0 else f"dev-{n}") for k, n in enumerate(nodes)}
-        self.minors = {n: make_device_nodes(d, gpus) for n, d in self.devs.items()}
+        count = gpus if isinstance(gpus, Mapping) else dict.fromkeys(nodes, gpus)
+        self.minors = {n: make_device_nodes(d, count[n]) for n, d in self.devs.items()}
         self.dev, self.mig_minors = self.devs[self.node], self.minors[self.node]
         self.conf = self.dir / "etc" / "slurm.conf"
         self.gres_conf = self.dir / "etc" / "gres.conf"

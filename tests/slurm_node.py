@@ -127,20 +127,22 @@ def pair_node(tmp_path: Path) -> Iterator[Node]:
 
 
 @contextmanager
-def migd_fleet(tmp_path: Path, layouts: Mapping[str, str], config: str, fleet: str = FLEET, catalog: str = CATALOG,
-               cpus: int = 2, settings: str = "") -> Iterator[tuple[SlurmCluster, dict[str, MigdProcess]]]:
+def migd_fleet(tmp_path: Path, layouts: Mapping[str, str], config: str, fleet: str | Mapping[str, str] = FLEET,
+               catalog: str = CATALOG, cpus: int = 2,
+               settings: str = "") -> Iterator[tuple[SlurmCluster, dict[str, MigdProcess]]]:
     """Nodes named as ``layouts``' keys, each a slurmd of one cluster (Slurm's multiple-slurmd mode) and
     its own migd process (configured with ``config`` and the node's ``slurm:`` section, not started) over
-    its own simulated ``fleet``, whose GPUs hold the node's layout.  Every migd's log is checked for a
-    traceback at the end."""
+    its own simulated ``fleet`` (one for all, or each node's), whose GPUs hold the node's layout.  Every
+    migd's log is checked for a traceback at the end."""
     skip_without_slurm()
-    cluster = SlurmCluster(gpus=len(FLEETS[fleet]), nodes=tuple(layouts))
+    fleets = fleet if isinstance(fleet, Mapping) else dict.fromkeys(layouts, fleet)
+    cluster = SlurmCluster(gpus={n: len(FLEETS[f]) for n, f in fleets.items()}, nodes=tuple(layouts))
     migds: dict[str, MigdProcess] = {}
     try:
         gres, conf = {}, ""
         for n, layout in layouts.items():
             (tmp_path / n).mkdir()
-            m = migds[n] = MigdProcess(tmp_path / n, fleet)
+            m = migds[n] = MigdProcess(tmp_path / n, fleets[n])
             assert m.migctl("apply", str(PROFILES / f"{layout}.yaml")).code == 0
             backend = sim_backend(m.migctl.state, m.fleet)
             try:

@@ -130,3 +130,27 @@ def test_slurmctld_killed_mid_wave_leaves_no_conflict_and_recovers(
         assert show["Gres"] in ("gpu:1g.10gb:7", "gpu:7g.80gb:1") and want.layout == layout, show
         assert migds[n].assert_profile(layout)  # the GPUs hold what Slurm advertises
     assert sum(1 for n in NAMES if c.show(n)["Gres"] == "gpu:1g.10gb:7") >= 1
+
+
+def test_a_node_of_fewer_gpus_is_planned_on_its_own_layouts_and_serves(tmp_path: Path) -> None:
+    """A partition of a node with two A100s (the planner's) and one with a single A100: the planner reads
+    the small node's GPU count from its Gres=, weighs it with its own slices, and the small node, idle,
+    takes the day layout on its one GPU (seven 1g instances) while the planner's node runs training."""
+    nodes = {"gpu1": "night", "gpu2": "night"}
+    with migd_fleet(tmp_path, nodes, CONFIG + "{slurm}" + DEMAND, fleet={"gpu1": "a100-vm", "gpu2": "single-a100"}) as (
+            c, migds):
+        assert c.show("gpu1")["Gres"] == "gpu:7g.80gb:2" and c.show("gpu2")["Gres"] == "gpu:7g.80gb:1"
+        training = c.submit("gpu:7g.80gb:1", "sleep 600", "-w", "gpu1", "-t", "60", "-A", "nlp")
+        c.wait(lambda: c.job_state(training) == "RUNNING", "the training job to start")
+        notebooks = [c.submit("gpu:1g.10gb:1", "sleep 2", "-t", "60", "-A", "teaching") for _ in range(8)]
+        for m in migds.values():
+            m.start(now="2026-11-23T19:00:05")
+        for m in migds.values():
+            m.wait_ready(60)
+        c.wait(lambda: c.show("gpu2").get("Gres") == "gpu:1g.10gb:7" and "DRAIN" not in c.state("gpu2"),
+               "gpu2 to serve the day layout on its one GPU", 120)
+        c.wait(lambda: all(c.job_state(j) in ("GONE", "COMPLETING") for j in notebooks), "the notebooks to run", 120)
+        plan = status(migds["gpu1"])["demand"]["plan"]  # type: ignore[index]
+        assert plan["error"] is None and plan["skipped"] == [], plan
+        assert migds["gpu2"].assert_profile("day") and c.show("gpu1")["Gres"].startswith("gpu:7g.80gb:")
+        assert c.job_state(training) == "RUNNING"
