@@ -4,14 +4,17 @@ candidates: migd/demand/mix.py), and why (docs/demand.md).
 Benefit and cost are both in GPU-slice-hours.  The benefit of a change is the pending work (fair-
 weighted, valued up to ``horizon_s``, each job at its account's learned share of its time limit) that
 the fleet's supply could then start and cannot now, each node's supply counted from when it will be
-ready (after its running jobs end: nothing is killed); the cost is the slices the node leaves idle
-while it drains and switches.  Changes are taken best first, one node at a time:
+ready (after its running jobs end: nothing is killed) and less what Slurm's reservations for older
+pending jobs of its other types hold of it (reserve.py; ``reserves``); the cost is the slices the node
+leaves idle while it drains and switches.  Changes are taken best first, one node at a time:
 
 1. a MIG type with pending work keeps at least one node whose layout can start its smallest job: a
    change that gives one a place is made when the slices it idles while draining are no more than
    that type's pending work (not the thresholds below: a minority's work is small, and the majority's
    queue would fill the GPU it takes, so in slice-hours alone carving a place never pays, and the
-   minority waits for ever); none that takes the last place away is made; with ``keep_place_s``, one
+   minority waits for ever), where the place opens soonest (the node ready soonest, less what the
+   older jobs of the layout's other types hold of it); none that takes the last place away is made;
+   with ``keep_place_s``, one
    that takes the last place from a type seen (pending or running) that recently is held: its next job
    would wait for a drain and a switch (off by default: on the bench's traces it cost more waiting than
    it saved, docs/demand.md);
@@ -194,8 +197,8 @@ def decide(snap: Snapshot, layouts: Mapping[str, Layout] | Shapes, params: Param
                     tuple(sorted(held.items())))
 
 
-_Key = tuple[int, float, float, float, float, str, str]  # unplaced types, (a place's) readiness, longest expected
-# wait, worst, -net, node, layout
+_Key = tuple[int, float, float, float, float, str, str]  # unplaced types, when (a place) opens, longest
+# expected wait, worst, -net, node, layout
 
 
 @dataclass(frozen=True)
