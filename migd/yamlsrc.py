@@ -79,6 +79,10 @@ class Node:
     def is_sequence(self) -> bool:
         return isinstance(self.node, yaml.SequenceNode)
 
+    def is_bool(self) -> bool:
+        """A YAML boolean (``true``, ``no``, ...): for a key that takes one or a word (``mixes: auto``)."""
+        return self.is_scalar() and str(self.node.tag) == "tag:yaml.org,2002:bool"
+
     def mapping(self, allowed: Iterable[str] | None = None, required: Iterable[str] = ()) -> dict[str, Node]:
         if not isinstance(self.node, yaml.MappingNode):
             raise self.error(f"must be a mapping, not {self._kind()}")

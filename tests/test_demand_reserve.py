@@ -4,10 +4,13 @@ supply there."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from migd.demand.inputs import Layout, Pending
 from migd.demand.reserve import BF_MAX_JOB_TEST, NONE, Ahead
+from migd.demand.scoring import Fleet, Part, Queue
 
 MIXED = Layout.of("night*7/balanced", {"7g.80gb": 7, "1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1})
 BALANCED = Layout.of("balanced", {"1g.10gb": 16, "2g.20gb": 8, "3g.40gb": 8})
@@ -31,6 +34,22 @@ def test_what_is_ahead_of_a_type_is_the_other_types_older_jobs() -> None:
     assert ahead.everyone == {"3g.40gb": (3.0, 1), "7g.80gb": (21.0, 3), "2g.20gb": (2.0, 1)}
 
 
+def test_slurms_order_is_priority_then_submission_then_job_id() -> None:
+    """Slurm tests a higher priority first, then the older job, then the lower job id (compared as
+    numbers: 999 before 1000; array tasks 12_2 before 12_10); a job waiting on a dependency or its
+    begin time is not tested."""
+    def first(*jobs: Pending) -> str:
+        (t,) = [t for t, ahead in Ahead.of(jobs, hours).before.items() if not ahead]
+        return t
+
+    assert first(job("a", "2g.20gb", 100), job("b", "7g.80gb", 900)) == "7g.80gb"
+    assert first(job("a", "2g.20gb", 100), replace(job("b", "7g.80gb", 900), priority=-1)) == "2g.20gb"
+    assert first(job("1000", "2g.20gb", 100), job("999", "7g.80gb", 100)) == "7g.80gb"
+    assert first(job("12_10", "2g.20gb", 100), job("12_2", "7g.80gb", 100)) == "7g.80gb"
+    waiting = replace(job("b", "7g.80gb", 900), startable=False)
+    assert Ahead.of([job("a", "2g.20gb", 100), waiting], hours).before == {"2g.20gb": {}}
+
+
 def test_only_the_jobs_slurm_tests_reserve() -> None:
     """bf_max_job_test (500 by default): a job past it reserves nothing, so it holds no node."""
     queue = [job(f"t{i}", "7g.80gb", 10_000 - i) for i in range(BF_MAX_JOB_TEST + 100)]
@@ -52,3 +71,28 @@ def test_a_minority_on_a_mixed_node_gets_what_the_majoritys_older_work_leaves() 
     assert ahead.share(BALANCED, "2g.20gb", {"7g.80gb": 7.0}, {}) == 1.0
     assert ahead.share(MIXED, "7g.80gb", {"2g.20gb": 1.0}, {}) == 1.0  # (the 2g job is younger: nothing ahead)
     assert NONE.share(MIXED, "2g.20gb", {}, {}) == 1.0  # (the plain model: nothing reserves)
+
+
+def test_a_trial_weighed_exactly_scores_what_taking_it_gives() -> None:
+    """A change moves the fleet's supply and free instances of its types, and so how long their older jobs
+    hold every other node offering them: weighed exactly, a trial scores what ``put`` then gives; the
+    search's cheaper ranking keeps the other nodes as they stand, and can differ."""
+    night = Layout.of("night", {"7g.80gb": 8})
+    day = Layout.of("day", {"1g.10gb": 56})
+    pending = ([job(f"t{i:02d}", "7g.80gb", 9000) for i in range(30)] + [job(f"s{i:02d}", "2g.20gb", 8000)
+                                                                        for i in range(20)]
+               + [job(f"n{i:02d}", "1g.10gb", 100) for i in range(50)])
+    demand = {t: {"acct": 50.0} for t in ("7g.80gb", "2g.20gb", "1g.10gb")}
+
+    def fleet() -> Fleet:
+        f = Fleet(Queue(demand, {"7g.80gb": 1, "2g.20gb": 1, "1g.10gb": 1}, {}, {}, Ahead.of(pending, hours)), 8 * 3600)
+        f.put({n: Part({t: 8.0 * k * int(t[0]) for t, k in lay.capacity}, lay, dict(lay.capacity))
+               for n, lay in (("a", MIXED), ("b", night), ("c", night))})
+        return f
+
+    trial = Part({"1g.10gb": 8.0 * 56}, day, dict(day.capacity))
+    f = fleet()
+    exact, ranked = f.score("b", trial, exact=True), f.score("b", trial)
+    f.put({"b": trial})
+    assert exact == f.score()
+    assert ranked != exact  # (a's 2g, behind the 7g jobs that lose b's instances, is held longer)

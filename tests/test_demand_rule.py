@@ -256,17 +256,21 @@ def test_demand_that_turns_around_within_six_hours_is_held() -> None:
     assert [c.new for c in decide(Snapshot(training_jobs, (later,)), LAYOUTS).changes] == ["night"]
 
 
-def test_mixes_decide_the_same_whatever_the_input_order() -> None:
+@pytest.mark.parametrize("reserves", [True, False])
+def test_mixes_decide_the_same_whatever_the_input_order(reserves: bool) -> None:
+    """With Slurm's reservations weighed (jobs ahead of others in Slurm's order: ages tie here, so the job
+    id decides) and in the bench's plain model."""
     fleet, queue = training(20)
     pending = list(queue + notebooks(200) + tuple(Pending(f"v{i}", "vision", "3g.40gb", 2, 3 * 3600, age_s=OLD)
                                                   for i in range(6)))
     views = list(fleet) + [NodeView("gpu8", "day", OLD), NodeView("gpu9", "day", OLD)]
-    first = decide(Snapshot(tuple(pending), tuple(views)), MIXES)
+    params = Params(reserves=reserves)
+    first = decide(Snapshot(tuple(pending), tuple(views)), MIXES, params)
     rng = random.Random(5)
     for _ in range(3):
         rng.shuffle(pending)
         rng.shuffle(views)
-        assert decide(Snapshot(tuple(pending), tuple(views)), MIXES) == first
+        assert decide(Snapshot(tuple(pending), tuple(views)), MIXES, params) == first
     assert first.changes
 
 

@@ -40,6 +40,17 @@ def test_running_jobs_are_read_per_node_with_their_end() -> None:
     assert read_queue((FIX / "show-job-od.txt").read_text(), "other", NOW).pending == ()
 
 
+def test_a_job_not_yet_eligible_is_demand_that_reserves_nothing() -> None:
+    """squeue(1)'s Dependency and BeginTime: the job is still work to come, but Slurm's backfill does not
+    test it, so it holds no node (demand/reserve.py)."""
+    line = ("JobId=9 Account=a JobState=PENDING Reason={} Partition=main NumNodes=1 NumTasks=1 "
+            "TimeLimit=60 SubmitTime=2026-11-26T05:00:00 TresPerNode=gres/gpu:3g.40gb=2")
+    read = {r: read_queue(line.format(r), "main", NOW).pending[0].startable
+            for r in ("Priority", "Resources", "Dependency", "DependencyNeverSatisfied", "BeginTime")}
+    assert read == {"Priority": True, "Resources": True, "Dependency": False, "DependencyNeverSatisfied": False,
+                    "BeginTime": False}
+
+
 def test_later_slurm_formats_and_time_limits() -> None:
     line = ("JobId=9 Account=a JobState=PENDING Reason=Priority Partition=main NumNodes=1 NumTasks=1 "
             "TimeLimit=2-00:00:00 SubmitTime=2026-11-26T05:00:00 TresPerNode=gres/gpu:3g.40gb=2")

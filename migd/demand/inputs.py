@@ -32,6 +32,7 @@ class Pending:
     time_limit_s: float
     priority: int = 0
     age_s: float = 0.0
+    startable: bool = True  # False: waiting on a dependency or its begin time (Slurm's backfill skips it)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ minority behind a long queue of its majority's older jobs offers the minority li
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -46,7 +47,10 @@ class Ahead:
 
     @classmethod
     def of(cls, pending: Iterable[Pending], work: Work) -> Ahead:
-        queue = sorted(pending, key=lambda p: (-p.age_s, p.job))[:BF_MAX_JOB_TEST]
+        """What is ahead of whom in the order Slurm's backfill tests pending jobs: priority first, then
+        submission, then job id (numerically: 999 before 1000, 12_2 before 12_10); a job waiting on a
+        dependency or its begin time is not tested and reserves nothing."""
+        queue = sorted((p for p in pending if p.startable), key=_order)[:BF_MAX_JOB_TEST]
         before: dict[str, dict[str, tuple[float, int]]] = {}
         seen: dict[str, tuple[float, int]] = defaultdict(lambda: (0.0, 0))
         for p in queue:
@@ -63,10 +67,19 @@ class Ahead:
         before reservations) takes to run them."""
         held = 0.0
         for t, (w, n) in self.before.get(mig_type, self.everyone).items():
-            if t != mig_type and w > 0 and layout.count(t) > 0:
+            if t != mig_type and w > 0 and n > 0 and layout.count(t) > 0:
                 waiting = w * max(0, n - free.get(t, 0)) / n
                 held += waiting / supply[t] if supply.get(t, 0.0) > 0 else float(waiting > 0)
         return max(0.0, 1.0 - held)
+
+    @property
+    def holds(self) -> bool:
+        """Whether any pending job may hold a node (none: a node's supply is all its own)."""
+        return bool(self.everyone)
+
+
+def _order(p: Pending) -> tuple[int, float, tuple[str | int, ...]]:
+    return -p.priority, -p.age_s, tuple(int(x) if x.isdigit() else x for x in re.split(r"(\d+)", p.job))
 
 
 NONE = Ahead({}, {})  # no reservations weighed: the bench's plain model, where none are made

@@ -12,12 +12,11 @@ leaves idle while it drains and switches.  Changes are taken best first, one nod
    change that gives one a place is made when the slices it idles while draining are no more than
    that type's pending work (not the thresholds below: a minority's work is small, and the majority's
    queue would fill the GPU it takes, so in slice-hours alone carving a place never pays, and the
-   minority waits for ever), where the place opens soonest (the node ready soonest, less what the
-   older jobs of the layout's other types hold of it); none that takes the last place away is made;
-   with ``keep_place_s``, one
-   that takes the last place from a type seen (pending or running) that recently is held: its next job
-   would wait for a drain and a switch (off by default: on the bench's traces it cost more waiting than
-   it saved, docs/demand.md);
+   minority waits for ever), where the place opens soonest (when the node is ready, plus the part of
+   the horizon the older jobs of the layout's other types hold it); none that takes the last place
+   away is made; with ``keep_place_s``, one that takes the last place from a type seen (pending or
+   running) that recently is held: its next job would wait for a drain and a switch (off by default:
+   on the bench's traces it cost more waiting than it saved, docs/demand.md);
 2. then the change that most shortens the longest expected wait of a MIG type (its oldest pending
    job's age plus the time the type's supply takes to run its work within the horizon), then best
    lifts the worst-served account, then the largest net gain, while one pays enough
@@ -180,11 +179,16 @@ def decide(snap: Snapshot, layouts: Mapping[str, Layout] | Shapes, params: Param
     changes: list[Change] = []
     held: dict[str, str] = {}
     free = [n for n in snap.nodes if not n.draining]
+    refused: set[tuple[str, str]] = set()
     while demand or fleet.need:
-        best = _Search(shapes, fleet, params, h, held).best(free)
+        search = _Search(shapes, fleet, params, h, held, refused)
+        best = search.best(free)
         if best is None:
             break
-        node, change, new_part = best
+        node, ranked, new_part = best
+        change = search.confirm(node, ranked, new_part)
+        if change is None:
+            continue
         if params.max_in_maintenance is not None and busy >= params.max_in_maintenance:
             held[node.name] = (f"{change.reason}; waits: {busy} node(s) in maintenance, "
                                f"max_in_maintenance is {params.max_in_maintenance}")
@@ -208,6 +212,7 @@ class _Search:
     params: Params
     h: Horizon
     held: dict[str, str]
+    refused: set[tuple[str, str]]  # (node, layout): ranked best, then found not to pay when weighed exactly
 
     def best(self, nodes: list[NodeView]) -> tuple[NodeView, Change, Part] | None:
         """The change that gives the most unplaced types a place (soonest), then most shortens the longest
@@ -242,14 +247,10 @@ class _Search:
             after = self.fleet.score(node.name, new)
             if len(after.unplaced) > len(now.unplaced):
                 continue
-            places = tuple(t for t in now.unplaced if t not in after.unplaced)
-            benefit = after.served - now.served
-            if cost > sum(self.fleet.by_type.get(t, 0.0) for t in places) if places else (
-                    benefit - cost < self.params.min_gain_slice_h or after.worst < now.worst - 1e-9
-                    or after.wait_s > now.wait_s + 1e-3 or benefit < self.params.gain_ratio * cost):
+            change = self._paying(node, name, now, after, cost, ready)
+            if change is None or (node.name, name) in self.refused:
                 continue
-            change = Change(node.name, node.layout, name, benefit, cost, ready, places,
-                            Wait(now.wait_s, now.wait_type, after.wait_s, after.wait_type))
+            places, benefit = change.places, change.benefit_slice_h
             why = _hysteresis(node, self.params) or self._reversal(node, layout) or self._keeps(now, after)
             if why is not None:
                 self.held.setdefault(node.name, f"{change.reason}; held: {why}")
@@ -259,6 +260,31 @@ class _Search:
                    -round(benefit - cost, 6))
             out.append(((*key, node.name, name), change, new))
         return out
+
+    def _paying(self, node: NodeView, name: str, now: Score, after: Score, cost: float,
+                ready: float) -> Change | None:
+        """The change of ``node`` to ``name`` that scores ``after``, if it pays: it gives a type a place for
+        no more idling than that type's work, or it gains enough, lengthens no type's expected wait and
+        leaves no account worse served."""
+        if len(after.unplaced) > len(now.unplaced):
+            return None
+        places = tuple(t for t in now.unplaced if t not in after.unplaced)
+        benefit = after.served - now.served
+        if cost > sum(self.fleet.by_type.get(t, 0.0) for t in places) if places else (
+                benefit - cost < self.params.min_gain_slice_h or after.worst < now.worst - 1e-9
+                or after.wait_s > now.wait_s + 1e-3 or benefit < self.params.gain_ratio * cost):
+            return None
+        return Change(node.name, node.layout, name, benefit, cost, ready, places,
+                      Wait(now.wait_s, now.wait_type, after.wait_s, after.wait_type))
+
+    def confirm(self, node: NodeView, change: Change, part: Part) -> Change | None:
+        """``change`` as taking it scores, every node weighed again (the search ranked it with the others
+        as they stand): None, and not tried again, if it no longer pays."""
+        after = self.fleet.score(node.name, part, exact=True)
+        exact = self._paying(node, change.new, self.fleet.score(), after, change.cost_slice_h, change.ready_in_s)
+        if exact is None:
+            self.refused.add((node.name, change.new))
+        return exact
 
     def _keeps(self, now: Score, after: Score) -> str | None:
         lost = [t for t in after.unkept if t not in now.unkept]

@@ -4,8 +4,7 @@ trial change costs O(types x accounts).
 
 A node's supply of a type is what Slurm's reservations leave of it (migd/demand/reserve.py): older
 pending jobs of the node's other types reserve the whole node.  How long they hold it depends on the
-fleet's supply and free instances of those types; a trial change counts its own in them, the other
-nodes keep the figures of the fleet as it stands until the change is taken (``put``).
+fleet's supply and free instances of those types, which a change moves for every node offering them.
 """
 
 from __future__ import annotations
@@ -47,8 +46,10 @@ class Queue:
 
 @dataclass(frozen=True)
 class Part:
-    """One node's part: its supply before reservations, in its layout, and its instances free now (all
-    of them, once a node changing to the layout is ready)."""
+    """One node's part: its supply before reservations, in its layout, and its instances free now.  A node
+    changing (a trial, or draining) counts all of its new layout's instances free: jobs that would
+    start on them once it is ready reserve nothing elsewhere meanwhile, a simplification the estimate of
+    reserve.py carries (it is an expectation over the horizon, not a timeline)."""
 
     supply: Supply
     layout: Layout
@@ -56,6 +57,9 @@ class Part:
 
 
 class Fleet:
+    """Each node's part, the fleet's totals over them, and the places each type has; ``score`` weighs
+    the fleet as it stands or with one node's part replaced by a trial, ``put`` takes parts."""
+
     def __init__(self, queue: Queue, horizon_s: float) -> None:
         self.demand = queue.demand
         self.oldest = queue.oldest
@@ -114,21 +118,39 @@ class Fleet:
         free.update(trial.free)
         return offer, free
 
-    def score(self, node: str | None = None, trial: Part | None = None) -> Score:
-        """The fleet's score with ``node``'s part replaced by ``trial``.  An account's share
+    def _weighed(self, node: str, trial: Part) -> Supply:
+        """The fleet's supply per type as reservations leave it with ``node``'s part replaced by ``trial``.
+        The trial moves the fleet's supply and free instances of its types, and so how long their older
+        jobs hold every other node offering them: each node is weighed again, so that a trial scores
+        exactly what taking it (``put``) gives."""
+        offer, free = self._with(node, trial)
+        out: dict[str, float] = defaultdict(float)
+        for name, p in self.raw.items():
+            q = trial if name == node else p
+            for t, n in self._left(q.supply, q.layout, offer, free).items():
+                out[t] += n
+        return out
+
+    def score(self, node: str | None = None, trial: Part | None = None, exact: bool = False) -> Score:
+        """The fleet's score with ``node``'s part replaced by ``trial``: ``exact``, every node weighed again
+        (what taking the trial gives), else the other nodes as the fleet stands (cheaper: what the search
+        ranks trials by; the change it picks is checked exactly before it is taken).  An account's share
         of a type's supply is its share of that type's demand.  A type's expected wait is its oldest
         pending job's age plus the time its supply takes to run its work (``horizon x demand / supply``,
         at most ``WAIT_CAP`` horizons: a type offered nothing waits that long)."""
         old: Supply = {}
         new: Supply = {}
+        weighed: Supply | None = None
         if node is not None and trial is not None:
-            old = self.part[node]
-            new = self._left(trial.supply, trial.layout, *self._with(node, trial))
+            if exact and self.ahead.holds:
+                weighed = self._weighed(node, trial)
+            else:  # (the other nodes as the fleet stands: what the search ranks trials by)
+                old, new = self.part[node], self._left(trial.supply, trial.layout, *self._with(node, trial))
         got = dict.fromkeys(self.asked, 0.0)
         total = 0.0
         wait: tuple[float, str] = (0.0, "-")
         for t, d in self.by_type.items():
-            offered = self.total[t] - old.get(t, 0.0) + new.get(t, 0.0)
+            offered = weighed.get(t, 0.0) if weighed is not None else self.total[t] - old.get(t, 0.0) + new.get(t, 0.0)
             clear = self.horizon_s * min(WAIT_CAP, d / offered if offered > 0 else WAIT_CAP)
             wait = max(wait, (self.oldest.get(t, 0.0) + clear, t))
             run = d if offered >= d else offered

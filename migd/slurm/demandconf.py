@@ -10,7 +10,7 @@
         interval: 60s              # how often the planner reads the queue
         lease: 2h                  # a wanted layout holds this long unless renewed; then the schedule
         history: 168h              # at start, run times from the jobs accounting saw end this long back; 0: off
-        mixes: auto                # per-GPU mixes unless Slurm reserves whole nodes (sched/backfill); true | false
+        mixes: auto                # whole nodes on Slurm (per-GPU mixes only in the bench's plain model); true | false
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ class Mixes(Word):
     minority the majority's older jobs keep the minority off its GPU (demand/reserve.py); measured
     over the bench's traces with those reservations, whole nodes wait less (docs/demand.md)."""
 
-    AUTO = "auto"  # mixes where the scheduler does not reserve whole nodes; whole nodes where it does
+    AUTO = "auto"  # whole nodes where older jobs hold whole nodes (every Slurm); mixes where none do (the bench's
+    # plain model)
     ON = "true"
     OFF = "false"
 
@@ -44,7 +45,7 @@ class Mixes(Word):
 
     @classmethod
     def read(cls, n: Node) -> Mixes:
-        if n.is_scalar() and str(n.node.tag) == "tag:yaml.org,2002:bool":
+        if n.is_bool():
             return cls.ON if n.bool() else cls.OFF
         return cls(n.str(choices=[cls.AUTO.value, cls.ON.value, cls.OFF.value]))
 

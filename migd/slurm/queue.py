@@ -19,6 +19,9 @@ from migd.slurm.ctl import allocated_gres, fields, hostnames
 
 _TRES = re.compile(r"gres[:/]gpu:([^:=,\s]+)[:=](\d+)")
 _ALLOC = re.compile(r"gpu:([^:(,\s]+):(\d+)")
+# squeue(1) reason codes of a job not yet eligible (Dependency, DependencyNeverSatisfied, BeginTime): Slurm's
+# backfill does not test it, so it reserves no node (demand/reserve.py), though its work is still wanted
+WAITING_ON = ("Dependency", "BeginTime")
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,7 @@ def read_queue(jobs_output: str, partition: str, now: float) -> Queue:
                     untyped += 1
                     continue
                 pending.append(Pending(job, account, mig_type, count, limit, int(f.get("Priority", "0") or 0),
-                                       max(0.0, now - submitted)))
+                                       max(0.0, now - submitted), not f.get("Reason", "").startswith(WAITING_ON)))
         elif state in ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED"):
             end = _when(f.get("EndTime", "")) or now + limit
             for node in _nodes_of(line):

@@ -96,9 +96,9 @@ class Setup:
                    mixing=demand.mixes).reserving(params.reserves)
 
     def reserving(self, reserves: bool) -> Setup:
-        """This setup on a cluster whose scheduler reserves whole nodes for pending jobs (sched/backfill:
-        the replay's ``reserve``) or does not (the plain model): migd's rule weighs what it is told, as
-        the planner weighs what Slurm's SchedulerType says."""
+        """This setup on a cluster whose scheduler reserves whole nodes for pending jobs (Slurm's backfill:
+        the replay's ``reserve``, and what the planner always assumes) or does not (the bench's plain
+        model): migd's rule weighs what it is told."""
         whole = self.mixing.whole(reserves)  # (as the planner's shapes)
         return replace(self, params=replace(self.params, reserves=reserves),
                        choices=frozenset(self.candidates.names) if whole else None)
