@@ -39,21 +39,29 @@ def status(m: MigdProcess) -> dict[str, object]:
     return m.control({"cmd": "status"})["daemon"]  # type: ignore[no-any-return]
 
 
-def test_notebooks_at_night_switch_one_idle_node_and_leave_training_alone(
-        fleet: tuple[SlurmCluster, dict[str, MigdProcess]]) -> None:
-    c, migds = fleet
+def _notebooks_at_night(c: SlurmCluster, migds: dict[str, MigdProcess], n: int) -> str:
+    """A training job on gpu1, then ``n`` notebooks of an hour; every migd started at Monday 19:00:05 in
+    Seoul (the schedule says night everywhere): gpu2 comes to serve the day layout and the notebooks
+    run.  The training job's id."""
     training = c.submit("gpu:7g.80gb:1", "sleep 600", "-w", "gpu1", "-t", "60", "-A", "nlp")
     c.wait(lambda: c.job_state(training) == "RUNNING", "the training job to start")
-    notebooks = [c.submit("gpu:1g.10gb:1", "sleep 3", "-t", "60", "-A", "teaching") for _ in range(10)]
-    for m in migds.values():  # Monday 19:00:05 in Seoul: the schedule says night everywhere
+    notebooks = [c.submit("gpu:1g.10gb:1", "sleep 2", "-t", "60", "-A", "teaching") for _ in range(n)]
+    for m in migds.values():
         m.start(now="2026-11-23T19:00:05")
     for m in migds.values():
         m.wait_ready(60)
-    # 10 notebooks of an hour just submitted: 50 slice-hours expected within the horizon; one day node
-    # offers 55.6: one node switches, the idle one first (gpu1 runs the training job; gpu2 < gpu3)
     c.wait(lambda: c.show("gpu2").get("Gres") == "gpu:1g.10gb:7" and "DRAIN" not in c.state("gpu2"),
            "gpu2 to serve the day layout", 120)
     c.wait(lambda: all(c.job_state(j) in ("GONE", "COMPLETING") for j in notebooks), "the notebooks to run", 120)
+    return training
+
+
+def test_notebooks_at_night_switch_one_idle_node_and_leave_training_alone(
+        fleet: tuple[SlurmCluster, dict[str, MigdProcess]]) -> None:
+    c, migds = fleet
+    # 10 notebooks of an hour just submitted: 50 slice-hours expected within the horizon; one day node
+    # offers 55.6: one node switches, the idle one first (gpu1 runs the training job; gpu2 < gpu3)
+    training = _notebooks_at_night(c, migds, 10)
     assert c.show("gpu1")["Gres"] == "gpu:7g.80gb:1" and c.show("gpu3")["Gres"] == "gpu:7g.80gb:1"
     assert c.job_state(training) == "RUNNING" and "Restarts=0" in c.cmd("scontrol", "show", "job", training)
     assert migds["gpu2"].assert_profile("day") and migds["gpu3"].assert_profile("night")
@@ -140,16 +148,7 @@ def test_a_node_of_fewer_gpus_is_planned_on_its_own_layouts_and_serves(tmp_path:
     with migd_fleet(tmp_path, nodes, CONFIG + "{slurm}" + DEMAND, fleet={"gpu1": "a100-vm", "gpu2": "single-a100"}) as (
             c, migds):
         assert c.show("gpu1")["Gres"] == "gpu:7g.80gb:2" and c.show("gpu2")["Gres"] == "gpu:7g.80gb:1"
-        training = c.submit("gpu:7g.80gb:1", "sleep 600", "-w", "gpu1", "-t", "60", "-A", "nlp")
-        c.wait(lambda: c.job_state(training) == "RUNNING", "the training job to start")
-        notebooks = [c.submit("gpu:1g.10gb:1", "sleep 2", "-t", "60", "-A", "teaching") for _ in range(8)]
-        for m in migds.values():
-            m.start(now="2026-11-23T19:00:05")
-        for m in migds.values():
-            m.wait_ready(60)
-        c.wait(lambda: c.show("gpu2").get("Gres") == "gpu:1g.10gb:7" and "DRAIN" not in c.state("gpu2"),
-               "gpu2 to serve the day layout on its one GPU", 120)
-        c.wait(lambda: all(c.job_state(j) in ("GONE", "COMPLETING") for j in notebooks), "the notebooks to run", 120)
+        training = _notebooks_at_night(c, migds, 8)  # (gpu2's day: seven 1g instances on its one GPU)
         plan = status(migds["gpu1"])["demand"]["plan"]  # type: ignore[index]
         assert plan["error"] is None and plan["skipped"] == [], plan
         assert migds["gpu2"].assert_profile("day") and c.show("gpu1")["Gres"].startswith("gpu:7g.80gb:")
