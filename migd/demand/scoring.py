@@ -49,7 +49,9 @@ class Part:
     """One node's part: its supply before reservations, in its layout, and its instances free now.  A node
     changing (a trial, or draining) counts all of its new layout's instances free: jobs that would
     start on them once it is ready reserve nothing elsewhere meanwhile, a simplification the estimate of
-    reserve.py carries (it is an expectation over the horizon, not a timeline)."""
+    reserve.py carries (it is an expectation over the horizon, not a timeline; counting a trial's
+    instances free only when it is ready within minutes moved no figure of the bench's `--short`,
+    8-node and shifting replays with reservations beyond 0.1%, 2026-11-28)."""
 
     supply: Supply
     layout: Layout
