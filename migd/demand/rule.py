@@ -171,8 +171,7 @@ def decide(snap: Snapshot, layouts: Mapping[str, Layout] | Shapes, params: Param
     for p in snap.pending:
         oldest[p.mig_type] = max(oldest.get(p.mig_type, 0.0), p.age_s)
     keep = _startable({s.mig_type: s.count for s in snap.seen if s.ago_s < params.keep_place_s}, every)
-    ratio = dict(snap.run_ratio)
-    ahead = Ahead.of(snap.pending, lambda p: _work(p, params, ratio)) if params.reserves else NONE
+    ahead = Ahead.of(snap.pending, lambda p: _work(p, params, h.ratio)) if params.reserves else NONE
     fleet = Fleet(Queue(demand, _need(snap.pending, every), oldest, keep, ahead), params.horizon_s)
     fleet.put({n.name: _part(n, shapes.of(n)[n.layout], h) for n in snap.nodes})
     busy = sum(1 for n in snap.nodes if n.draining)
@@ -242,13 +241,13 @@ class _Search:
         for name in sorted(layouts):
             if name == node.layout or (self.shapes.choices is not None and name not in self.shapes.choices):
                 continue
+            if (node.name, name) in self.refused:
+                continue
             layout = layouts[name]
             new = Part(from_ready(layout, ready, self.h), layout, dict(layout.capacity))
             after = self.fleet.score(node.name, new)
-            if len(after.unplaced) > len(now.unplaced):
-                continue
             change = self._paying(node, name, now, after, cost, ready)
-            if change is None or (node.name, name) in self.refused:
+            if change is None:
                 continue
             places, benefit = change.places, change.benefit_slice_h
             why = _hysteresis(node, self.params) or self._reversal(node, layout) or self._keeps(now, after)

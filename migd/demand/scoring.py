@@ -10,7 +10,7 @@ fleet's supply and free instances of those types, which a change moves for every
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from migd.demand.inputs import Layout
@@ -77,7 +77,7 @@ class Fleet:
         self.raw: dict[str, Part] = {}
         self.offer: Counter[str] = Counter()  # the fleet's supply before reservations, per type
         self.free: Counter[str] = Counter()  # the fleet's free instances, per type
-        self.total: dict[str, float] = defaultdict(float)
+        self.total: Supply = {}
         self.places: dict[str, int] = defaultdict(int)
         self.part: dict[str, Supply] = {}  # node -> its supply as reservations leave it
 
@@ -89,14 +89,17 @@ class Fleet:
         for p in self.raw.values():
             self.offer.update(p.supply)
             self.free.update(p.free)
-        self.total.clear()
+        self.part = self._weigh(self.raw, self.offer, self.free)
+        self.total = _summed(self.part.values())
         self.places.clear()
-        for name, p in self.raw.items():
-            self.part[name] = left = self._left(p.supply, p.layout, self.offer, self.free)
-            for t, n in left.items():
-                self.total[t] += n
+        for p in self.raw.values():
             for t in self._placed(p.layout):
                 self.places[t] += 1
+
+    def _weigh(self, parts: Mapping[str, Part], offer: Mapping[str, float],
+               free: Mapping[str, int]) -> dict[str, Supply]:
+        """Each node's supply as reservations leave it, the fleet's supply and free instances being these."""
+        return {name: self._left(p.supply, p.layout, offer, free) for name, p in parts.items()}
 
     def _left(self, supply: Supply, layout: Layout, offer: Mapping[str, float], free: Mapping[str, int]) -> Supply:
         return {t: n * self.ahead.share(layout, t, offer, free) for t, n in supply.items()}
@@ -125,13 +128,7 @@ class Fleet:
         The trial moves the fleet's supply and free instances of its types, and so how long their older
         jobs hold every other node offering them: each node is weighed again, so that a trial scores
         exactly what taking it (``put``) gives."""
-        offer, free = self._with(node, trial)
-        out: dict[str, float] = defaultdict(float)
-        for name, p in self.raw.items():
-            q = trial if name == node else p
-            for t, n in self._left(q.supply, q.layout, offer, free).items():
-                out[t] += n
-        return out
+        return _summed(self._weigh({**self.raw, node: trial}, *self._with(node, trial)).values())
 
     def score(self, node: str | None = None, trial: Part | None = None, exact: bool = False) -> Score:
         """The fleet's score with ``node``'s part replaced by ``trial``: ``exact``, every node weighed again
@@ -142,17 +139,19 @@ class Fleet:
         at most ``WAIT_CAP`` horizons: a type offered nothing waits that long)."""
         old: Supply = {}
         new: Supply = {}
-        weighed: Supply | None = None
+        base = self.total
         if node is not None and trial is not None:
             if exact and self.ahead.holds:
-                weighed = self._weighed(node, trial)
-            else:  # (the other nodes as the fleet stands: what the search ranks trials by)
+                base = self._weighed(node, trial)
+            elif self.ahead.holds:  # (the other nodes as the fleet stands: what the search ranks trials by)
                 old, new = self.part[node], self._left(trial.supply, trial.layout, *self._with(node, trial))
+            else:  # (nothing reserves: a part is its supply)
+                old, new = self.part[node], trial.supply
         got = dict.fromkeys(self.asked, 0.0)
         total = 0.0
         wait: tuple[float, str] = (0.0, "-")
         for t, d in self.by_type.items():
-            offered = weighed.get(t, 0.0) if weighed is not None else self.total[t] - old.get(t, 0.0) + new.get(t, 0.0)
+            offered = base.get(t, 0.0) - old.get(t, 0.0) + new.get(t, 0.0)
             clear = self.horizon_s * min(WAIT_CAP, d / offered if offered > 0 else WAIT_CAP)
             wait = max(wait, (self.oldest.get(t, 0.0) + clear, t))
             run = d if offered >= d else offered
@@ -169,3 +168,12 @@ class Fleet:
         unplaced = tuple(t for t in self.need if places.get(t, 0) <= 0)
         unkept = tuple(t for t in self.keep if places.get(t, 0) <= 0)
         return Score(unplaced, worst, total, wait[0], wait[1], unkept)
+
+
+def _summed(parts: Iterable[Supply]) -> Supply:
+    """Supplies added up per type."""
+    out: dict[str, float] = defaultdict(float)
+    for part in parts:
+        for t, n in part.items():
+            out[t] += n
+    return out
