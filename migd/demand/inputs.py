@@ -8,10 +8,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cache, cached_property
 
 _SLICES = re.compile(r"^(\d+)g\.")
 
 
+@cache  # (the rule asks it millions of times a replay, of a handful of names)
 def slices_of(mig_type: str) -> int:
     """The compute slices of a MIG type (``3g.40gb`` -> 3; ``1g.10gb+me`` -> 1): the unit demand and
     supply are weighed in (NVIDIA's MIG user guide: an A100/H100 has 7)."""
@@ -74,7 +76,7 @@ class Layout:
     def count(self, mig_type: str) -> int:
         return dict(self.capacity).get(mig_type, 0)
 
-    @property
+    @cached_property
     def slices(self) -> int:
         return sum(slices_of(t) * n for t, n in self.capacity)
 

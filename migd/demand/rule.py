@@ -236,8 +236,11 @@ class _Search:
     def _trials(self, node: NodeView, now: Score) -> list[tuple[_Key, Change, Part]]:
         out = []
         cost = drain_cost(node, self.shapes.slices(node), self.h)
+        if not now.unplaced and self.fleet.work - now.served - cost < self.params.min_gain_slice_h - 1e-6:
+            return out  # (no layout could gain enough: what is left unserved is too little)
         layouts = self.shapes.of(node)
         ready = ready_in_s(node, self.h)
+        stuck = _hysteresis(node, self.params)  # (the node's, whichever layout: its first paying change says it)
         for name in sorted(layouts):
             if name == node.layout or (self.shapes.choices is not None and name not in self.shapes.choices):
                 continue
@@ -250,9 +253,11 @@ class _Search:
             if change is None:
                 continue
             places, benefit = change.places, change.benefit_slice_h
-            why = _hysteresis(node, self.params) or self._reversal(node, layout) or self._keeps(now, after)
+            why = stuck or self._reversal(node, layout) or self._keeps(now, after)
             if why is not None:
                 self.held.setdefault(node.name, f"{change.reason}; held: {why}")
+                if stuck:
+                    return out
                 continue
             opens = ready + self.h.horizon_s * max((self.fleet.held(node.name, new, t) for t in places), default=0.0)
             key = (len(after.unplaced), opens if places else 0.0, round(after.wait_s, 3), -round(after.worst, 6),

@@ -70,6 +70,9 @@ class Fleet:
         self.need = dict(sorted(queue.need.items()))
         self.keep = {t: k for t, k in sorted(queue.keep.items()) if t not in self.need}  # none pending
         self.by_type = {t: sum(a.values()) for t, a in queue.demand.items()}
+        self.work = 0.0  # all of it: no trial serves more (summed in score's order, so the bound is exact)
+        for d in self.by_type.values():
+            self.work += d
         self.asked: dict[str, float] = defaultdict(float)
         for per in queue.demand.values():
             for account, work in per.items():
@@ -80,6 +83,7 @@ class Fleet:
         self.total: Supply = {}
         self.places: dict[str, int] = defaultdict(int)
         self.part: dict[str, Supply] = {}  # node -> its supply as reservations leave it
+        self._placing: dict[Layout, frozenset[str]] = {}  # _placed, per layout (need and keep are fixed)
 
     def put(self, parts: Mapping[str, Part]) -> None:
         """Each node of ``parts`` now offers its part; every node's is weighed again (the fleet's supply
@@ -104,9 +108,13 @@ class Fleet:
     def _left(self, supply: Supply, layout: Layout, offer: Mapping[str, float], free: Mapping[str, int]) -> Supply:
         return {t: n * self.ahead.share(layout, t, offer, free) for t, n in supply.items()}
 
-    def _placed(self, layout: Layout) -> list[str]:
+    def _placed(self, layout: Layout) -> frozenset[str]:
         """The types with pending work (or seen lately) ``layout`` can start."""
-        return [t for t, k in (*self.need.items(), *self.keep.items()) if layout.count(t) >= k]
+        got = self._placing.get(layout)
+        if got is None:
+            got = self._placing[layout] = frozenset(
+                t for t, k in (*self.need.items(), *self.keep.items()) if layout.count(t) >= k)
+        return got
 
     def held(self, node: str, trial: Part, mig_type: str) -> float:
         """The part of the horizon ``node`` in ``trial`` is held for older jobs of its other types before
@@ -160,13 +168,15 @@ class Fleet:
             for account, work in self.demand[t].items():
                 got[account] += share * work
         worst = min((got[a] / w for a, w in self.asked.items() if w > 0), default=1.0)
-        places = self.places
+        gone: frozenset[str] = frozenset()
+        came: frozenset[str] = frozenset()
         if node is not None and trial is not None:
-            places = Counter(self.places)
-            places.subtract(self._placed(self.raw[node].layout))
-            places.update(self._placed(trial.layout))
-        unplaced = tuple(t for t in self.need if places.get(t, 0) <= 0)
-        unkept = tuple(t for t in self.keep if places.get(t, 0) <= 0)
+            gone, came = self._placed(self.raw[node].layout), self._placed(trial.layout)
+
+        def left(t: str) -> bool:
+            return self.places.get(t, 0) - (t in gone) + (t in came) <= 0
+        unplaced = tuple(t for t in self.need if left(t))
+        unkept = tuple(t for t in self.keep if left(t))
         return Score(unplaced, worst, total, wait[0], wait[1], unkept)
 
 
