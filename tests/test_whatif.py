@@ -17,10 +17,12 @@ from migd.config.migdyaml import Config, load_config
 from migd.ctl.migctl import main as migctl
 from migd.demand.capacity import node_layout
 from migd.profiles.loader import load_profile
+from migd.whatif import policies
+from migd.whatif.jobs import TraceJob
 from migd.whatif.policies import Setup
 from migd.whatif.sacct import SacctError, read_sacct
 from migd.whatif.suggest import write_mig_parted, write_suggestion
-from migd.whatif.weigh import BEST, CURRENT, MIGD, weigh
+from migd.whatif.weigh import BEST, CURRENT, MIGD, replayer, weigh
 
 REPO = Path(__file__).resolve().parents[1]
 FIX = REPO / "tests" / "fixtures" / "slurm"
@@ -130,10 +132,11 @@ def test_parsable_with_its_trailing_bar_is_read(tmp_path: Path) -> None:
     assert [j.gres for j in rec.trace.jobs] == ["1g.10gb"]
 
 
-def _setup(tmp_path: Path, start: datetime) -> tuple[Config, Setup]:
+def _setup(tmp_path: Path, start: datetime, top: str = "", demand: str = "") -> tuple[Config, Setup]:
+    """bench/demand.yaml, with ``top`` put before it and ``demand`` after (its slurm.demand section is last)."""
     cfg_path = tmp_path / "migd.yaml"
-    cfg_path.write_text((REPO / "bench" / "demand.yaml").read_text().replace(
-        "profiles_dir: ../profiles", f"profiles_dir: {REPO / 'profiles'}"))
+    cfg_path.write_text(top + (REPO / "bench" / "demand.yaml").read_text().replace(
+        "profiles_dir: ../profiles", f"profiles_dir: {REPO / 'profiles'}") + demand)
     cfg = load_config(cfg_path, cfg_path.read_text())
     return cfg, Setup.of(cfg, [MODELS["H100-SXM5-80GB"]] * 2, start, 1)
 
@@ -157,6 +160,23 @@ def test_the_three_are_weighed_and_the_best_fixed_mix_loads_in_migd(tmp_path: Pa
     write_mig_parted(tmp_path / "mig-parted.yaml", written, setup.candidates, "test")
     parted = load_profile(tmp_path / "mig-parted.yaml", config="whatif-1")  # as migd reads a mig-parted file
     assert node_layout(parted, [MODELS["H100-SXM5-80GB"]] * 2).capacity == held.capacity
+
+
+@pytest.mark.parametrize("top,demand,wait", [
+    ("", "", 260.0),  # decided at 180 s, read by the node at 210 s, switched by 390 s
+    ("reconcile_interval: 40s\n", "    interval: 2m\n", 320.0),  # decided at 240 s, read at 260 s (the 270 s step)
+])
+def test_migd_is_replayed_deciding_at_the_planners_interval_and_read_by_its_node_a_half_pass_later(
+        tmp_path: Path, top: str, demand: str, wait: float) -> None:
+    """A 2g job at 130 s on a node in night-two (no 2g): the planner decides at its ``interval`` (60 s by
+    default, as the daemon), the node's migd reads the want on its next pass (on average half a
+    ``reconcile_interval`` later), then the switch's 180 s: the job's wait says all three (the model's
+    steps are 30 s)."""
+    _, setup = _setup(tmp_path, datetime(2026, 11, 28), top, demand)  # a Saturday: night-two
+    assert setup.scheduled(0.0).name == "night-two"
+    jobs = [TraceJob(130.0, "bio", "gpu", "2g.20gb", 2, 1800.0, 4 * 3600.0)]
+    figures = replayer(setup, jobs, 1, 1, 3 * 3600.0, 0.125, settled_s=86400.0)(policies.migd(setup), None)
+    assert figures["p95_by_type_s"]["2g.20gb"] == wait
 
 
 def test_migctl_what_if_prints_the_three_side_by_side(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -63,6 +63,9 @@ class SiteConfig(Protocol):
     @property
     def slurm(self) -> SlurmSettings | None: ...
 
+    @property
+    def reconcile_interval_s(self) -> float: ...
+
 
 @dataclass(frozen=True)
 class Setup:
@@ -78,6 +81,10 @@ class Setup:
     gpus: int
     choices: frozenset[str] | None = None  # the layouts migd may change to (None: every mix; whole: the candidates)
     mixing: Mixes = Mixes.AUTO  # the configuration's slurm.demand.mixes
+    interval_s: float = 60.0  # the planner decides this often (slurm.demand.interval): every policy is asked so
+    # a change the planner writes reaches its node on the node's next pass (reconcile_interval): on
+    # average half an interval later
+    lag_s: float = 30.0
 
     @classmethod
     def of(cls, cfg: SiteConfig, models: Sequence[GpuModel], start: datetime, waves: int,
@@ -93,7 +100,8 @@ class Setup:
             layouts.setdefault(e.profile, node_layout(cfg.profiles[e.profile], models))
         params = replace(demand.params, max_in_maintenance=waves)
         return cls(cands, mixes, layouts, cfg.schedule, start.replace(tzinfo=cfg.timezone), params, len(models),
-                   mixing=demand.mixes).reserving(params.reserves)
+                   mixing=demand.mixes, interval_s=demand.interval_s,
+                   lag_s=cfg.reconcile_interval_s / 2).reserving(params.reserves)
 
     def reserving(self, reserves: bool) -> Setup:
         """This setup on a cluster whose scheduler reserves whole nodes for pending jobs (Slurm's backfill:
@@ -165,7 +173,19 @@ def _fits(free: Mapping[str, int], left: Mapping[str, list[int]]) -> tuple[int, 
     return started, rest
 
 
-def migd(setup: Setup) -> Policy:
+@dataclass(frozen=True)
+class Planner:
+    """migd's policy as the daemon runs it: its changes drain their nodes ``lag_s`` after it decides
+    (the replay's ``drain_lag_s``), when each node's own migd reads its want."""
+
+    decide: Policy
+    lag_s: float
+
+    def __call__(self, now: float, c: Cluster) -> Mapping[str, Layout]:
+        return self.decide(now, c)
+
+
+def migd(setup: Setup) -> Planner:
     learned, seen = RunTimes(), LastSeen()
 
     def policy(now: float, c: Cluster) -> dict[str, Layout]:
@@ -176,17 +196,23 @@ def migd(setup: Setup) -> Policy:
                            for j in q))
         snap = Snapshot(tuple(Pending(str(id(j)), j.spec.account, j.spec.gres, j.spec.count, j.spec.time_limit_s,
                                       age_s=now - j.spec.submit_s) for q in c.pending.values() for j in q),
-                        tuple(_view(n, now) for n in c.nodes if (n.target or n.layout).name in setup.mixes),
+                        tuple(_view(n, now, c) for n in c.nodes if _heading(n, c).name in setup.mixes),
                         learned.ratios(), seen.seen(now))
         # (a node in a layout of the schedule's only is skipped, as by the planner)
         changes = decide(snap, Shapes(setup.mixes, choices=setup.choices), setup.params).changes
         return {ch.node: setup.mixes[ch.new] for ch in changes}
-    return policy
+    return Planner(policy, setup.lag_s)
 
 
-def _view(n: Node, now: float) -> NodeView:
+def _heading(n: Node, c: Cluster) -> Layout:
+    """The layout ``n`` is in or changing to: one the planner wanted and its node has not yet read counts
+    (the planner reads its wants back as changes under way)."""
+    return n.target or (c.ordered[n.name][0] if n.name in c.ordered else n.layout)
+
+
+def _view(n: Node, now: float, c: Cluster) -> NodeView:
     running = tuple(Running(str(id(j)), j.spec.gres, j.spec.count, (j.start or 0) + j.spec.time_limit_s - now,
                             j.spec.account, now - j.spec.submit_s, j.spec.time_limit_s) for j in n.running)
-    draining = n.target is not None or n.ready_at is not None
-    return NodeView(n.name, (n.target or n.layout).name, now - n.since, running, draining,
+    draining = n.target is not None or n.ready_at is not None or n.name in c.ordered
+    return NodeView(n.name, _heading(n, c).name, now - n.since, running, draining,
                     sum(1 for s in n.switches if s > now - DAY), n.history[-1][1].name if n.history else None)

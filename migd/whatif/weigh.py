@@ -32,7 +32,8 @@ def replayer(setup: policies.Setup, jobs: Sequence[TraceJob], nodes: int, waves:
         first = [setup.layouts[n] for n in initial] if initial else None
         c = policies.cluster(setup, nodes, waves, first, settled_s)
         c.reserve, c.epoch_s = reserve, setup.start.timestamp()
-        return measure(run(list(jobs), c, policy, end_s), end_s, days)
+        c.drain_lag_s = policy.lag_s if isinstance(policy, policies.Planner) else 0.0
+        return measure(run(list(jobs), c, policy, end_s, decide_every_s=setup.interval_s), end_s, days)
     return replay
 
 
