@@ -234,7 +234,7 @@ class _Search:
         return pick
 
     def _trials(self, node: NodeView, now: Score) -> list[tuple[_Key, Change, Part]]:
-        out = []
+        out: list[tuple[_Key, Change, Part]] = []
         cost = drain_cost(node, self.shapes.slices(node), self.h)
         if not now.unplaced and self.fleet.work - now.served - cost < self.params.min_gain_slice_h - 1e-6:
             return out  # (no layout could gain enough: what is left unserved is too little)
