@@ -95,6 +95,12 @@ class Candidates:
 MAX_GPUS = 8  # node shapes planned for besides the planner's own: 1 to 8 GPUs of its model
 
 
+def choices(names: Sequence[str], mixed: bool) -> frozenset[str] | None:
+    """The layouts a change may take a node to (Shapes.choices): any mix of the candidates ``names``
+    (None), or, not ``mixed``, each candidate whole."""
+    return None if mixed else frozenset(names)
+
+
 def shapes(profiles: Mapping[str, Profile], names: Sequence[str], models: Sequence[GpuModel],
            mixed: bool = True) -> Shapes:
     """The candidates and their mixes on the planner's GPUs and, when those are all one model, on every
@@ -104,11 +110,11 @@ def shapes(profiles: Mapping[str, Profile], names: Sequence[str], models: Sequen
     a node whole into one candidate (``slurm.demand.mixes: false``); a node already in a mix is still
     read as one."""
     own = Candidates.resolve(profiles, names, models).layouts()  # (every mix read: a node may be in one)
-    choices = None if mixed else frozenset(names)
+    to = choices(names, mixed)
     if len({m.key for m in models}) != 1:
-        return Shapes(own, choices=choices)
+        return Shapes(own, choices=to)
     return Shapes(own, {f"{k}x{models[0].key}": Candidates.resolve(profiles, names, [models[0]] * k).layouts()
-                        for k in range(1, MAX_GPUS + 1) if k != len(models)}, choices)
+                        for k in range(1, MAX_GPUS + 1) if k != len(models)}, to)
 
 
 def _gpu_layout(profile: Profile, model: GpuModel, index: int) -> Layout:

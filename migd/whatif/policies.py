@@ -19,7 +19,7 @@ from typing import Protocol
 from migd.catalog.models import GpuModel
 from migd.demand.capacity import node_layout
 from migd.demand.inputs import Layout, NodeView, Pending, Running, Shapes, Snapshot
-from migd.demand.mix import Candidates
+from migd.demand.mix import Candidates, choices
 from migd.demand.rule import Params, decide
 from migd.demand.runtime import RunTimes
 from migd.demand.seen import LastSeen
@@ -107,9 +107,8 @@ class Setup:
         """This setup on a cluster whose scheduler reserves whole nodes for pending jobs (Slurm's backfill:
         the replay's ``reserve``, and what the planner always assumes) or does not (the bench's plain
         model): migd's rule weighs what it is told."""
-        whole = self.mixing.whole(reserves)  # (as the planner's shapes)
         return replace(self, params=replace(self.params, reserves=reserves),
-                       choices=frozenset(self.candidates.names) if whole else None)
+                       choices=choices(self.candidates.names, not self.mixing.whole(reserves)))
 
     def scheduled(self, now: float) -> Layout:
         entry = self.schedule.active(self.start + timedelta(seconds=now))
