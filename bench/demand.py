@@ -14,8 +14,9 @@ Policies (migd/whatif/policies.py, migd/whatif/fixedmix.py): ``clock`` (the conf
 schedule, by the calendar), ``greedy`` (nos-like), ``migd`` (migd.demand.rule over per-GPU mixes of
 the configured candidates), ``fixed-accounting`` (a fixed mix sized from the trace's slice-hours per
 MIG type) and ``fixed-hindsight`` (the best fixed mix a hill climb over replays finds).  All run
-through the same queue model (migd/whatif/replay.py) with the same fleet waves, decide every 5
-minutes and never kill a job.  Each figure is printed beside the others from the same run.
+through the same queue model (migd/whatif/replay.py) with the same fleet waves, decide at the
+configuration's planner interval (60 s by default; migd's changes reach their nodes half a
+reconcile_interval later) and never kill a job.  Each figure is printed beside the others from the same run.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from migd.whatif.policies import Setup
 from migd.whatif.sacct import SacctError, read_sacct
 from migd.whatif.suggest import write_mig_parted, write_suggestion
 from migd.whatif.weigh import BEST, CURRENT, MIGD, replayer, weigh
+from tests.helpers import check_golden
 
 REPO = Path(__file__).resolve().parents[1]
 FIX = REPO / "tests" / "fixtures" / "slurm"
@@ -192,6 +193,16 @@ def test_migctl_what_if_prints_the_three_side_by_side(tmp_path: Path, capsys: py
         line[:24].strip() for line in out.splitlines()}
     assert "7 jobs replayed; not replayed: 1 ended before starting" in out
     assert ", 1 node of 2 x H100-SXM5-80GB, " in out  # the record's one node, not "1 nodes"
+
+
+def test_the_documented_what_if_of_the_recording_is_what_migctl_prints(monkeypatch: pytest.MonkeyPatch,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/demand.md's what-if of the recorded sacct, as its command prints it (the replay is
+    deterministic: nothing to mask)."""
+    monkeypatch.chdir(REPO)
+    code = migctl(["what-if", "--sacct", "tests/fixtures/slurm/sacct-parsable2.txt", "--config", "bench/demand.yaml"])
+    assert code == 0
+    check_golden("whatif-recorded.txt", capsys.readouterr().out)
 
 
 @pytest.mark.parametrize("argv,said", [
