@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import demand_policies as policies  # noqa: E402
 from demand_gen import GENERATED, THURSDAY  # noqa: E402
+from demand_pool import pool  # noqa: E402
 from demand_trace import DAY, Trace, TraceError, read_csv  # noqa: E402
 
 from migd.errors import ValidationError  # noqa: E402
@@ -108,7 +109,8 @@ def compare(trace: Trace, setup: policies.Setup, nodes: int, days: float, waves:
     best, figures, replays = hindsight(setup, acc, lambda mix: replay(policies.fixed, mix), objective, budget)
     results["fixed-hindsight"] = figures
     seconds["fixed-hindsight"] = time.process_time() - t0
-    about = {"accounting_gpus": dict(zip(setup.candidates.names, acc, strict=True)),
+    about = {"pool": pool(jobs, nodes * 7 * setup.gpus, end),
+             "accounting_gpus": dict(zip(setup.candidates.names, acc, strict=True)),
              "hindsight_gpus": dict(zip(setup.candidates.names, best, strict=True)), "hindsight_replays": replays,
              "cpu_seconds": {k: round(v, 1) for k, v in seconds.items()}}
     return results, about
@@ -152,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     print(table(results))
     print(f"fixed mix from accounting (GPUs): {about['accounting_gpus']}; best in hindsight: "
           f"{about['hindsight_gpus']} after {about['hindsight_replays']} replays")
+    p = about["pool"]
+    print(f"one pool of the fleet's slices, nothing partitioned or switched (what no policy reaches): p95 "
+          f"{p['wait_p95_s']} s, worst type {p['worst_type_p95_s']} s ({p['worst_type']})")
     print("model CPU seconds: " + ", ".join(f"{n} {s}" for n, s in about["cpu_seconds"].items()))
     for t, ok, f in checks:
         print(f"target {'met    ' if ok else 'NOT MET'}  {t}: {f}")

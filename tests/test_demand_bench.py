@@ -21,10 +21,11 @@ sys.path.insert(0, str(REPO / "bench"))
 import demand_policies as policies  # noqa: E402
 from demand_alibaba import mig_type  # noqa: E402
 from demand_gen import THURSDAY, clock_right, shifting, synthetic  # noqa: E402
+from demand_pool import pool  # noqa: E402
 from demand_trace import DAY, TraceJob, read_csv, write_csv  # noqa: E402
 
 from migd.demand.inputs import Layout  # noqa: E402
-from migd.whatif.figures import reversals  # noqa: E402
+from migd.whatif.figures import pct, reversals  # noqa: E402
 from migd.whatif.fixedmix import accounting, hindsight, spread  # noqa: E402
 from migd.whatif.replay import Cluster, run  # noqa: E402
 
@@ -164,6 +165,18 @@ def test_the_short_bench_reports_every_policy_and_target() -> None:
     assert doc["start"].startswith("2026-11-26T00:00") and doc["hindsight_replays"] <= 6
     assert {t["target"].split(" (")[0] for t in doc["targets"]} >= {
         "p95 <= fixed mix from accounting", "0 jobs killed", "under 10% of changes reversed within 6 h"}
+    assert set(doc["pool"]) >= {"wait_p95_s", "worst_type_p95_s", "p95_by_type_s", "never_started"}
+    assert all(doc["pool"]["wait_p95_s"] <= p["wait_p95_s"] for p in doc["policies"].values())  # none reaches it
+
+
+def test_the_pool_starts_a_job_on_any_free_slices_in_arrival_order_passing_one_that_does_not_fit() -> None:
+    """Seven slices pooled: a 7g job runs; a 1g job behind it waits for its end, whatever the types; then
+    a 7g job that cannot fit beside the 1g waits while a later 2g job that fits starts at once."""
+    jobs = [job(0, "7g.80gb", 600), job(30, "1g.10gb", 900), job(720, "7g.80gb", 300), job(750, "2g.20gb", 60)]
+    got = pool(jobs, 7, 3600)
+    assert got["p95_by_type_s"] == {"1g.10gb": 570, "2g.20gb": 0, "7g.80gb": round(pct([0.0, 780.0], 95))}
+    assert got["never_started"] == 0
+    assert pool([job(0, "7g.80gb", 600)], 6, 300)["never_started"] == 1  # more than the pool: never, censored
 
 
 def test_the_candidates_come_from_the_configuration(tmp_path: Path) -> None:
