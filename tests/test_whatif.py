@@ -20,6 +20,7 @@ from migd.profiles.loader import load_profile
 from migd.whatif import policies
 from migd.whatif.jobs import TraceJob
 from migd.whatif.policies import Setup
+from migd.whatif.replay import run
 from migd.whatif.sacct import SacctError, read_sacct
 from migd.whatif.suggest import write_mig_parted, write_suggestion
 from migd.whatif.weigh import BEST, CURRENT, MIGD, replayer, weigh
@@ -178,6 +179,23 @@ def test_migd_is_replayed_deciding_at_the_planners_interval_and_read_by_its_node
     jobs = [TraceJob(130.0, "bio", "gpu", "2g.20gb", 2, 1800.0, 4 * 3600.0)]
     figures = replayer(setup, jobs, 1, 1, 3 * 3600.0, 0.125, settled_s=86400.0)(policies.migd(setup), None)
     assert figures["p95_by_type_s"]["2g.20gb"] == wait
+
+
+def test_a_want_its_node_has_not_read_yet_counts_as_a_change_under_way(tmp_path: Path) -> None:
+    """With passes of 10 minutes a want waits 5 minutes for its node (on average), and the node takes
+    jobs meanwhile: a 3g job starts on gpu000 after the planner wanted it balanced for a 2g job.  The
+    planner, deciding every minute, reads that want back as a change under way (the 2g job's place), as
+    the real planner reads its wants, and does not change gpu001 too; gpu000 switches when the 3g job
+    has run."""
+    _, setup = _setup(tmp_path, datetime(2026, 11, 28), "reconcile_interval: 10m\n")
+    assert (setup.interval_s, setup.lag_s) == (60.0, 300.0)
+    jobs = [TraceJob(130.0, "bio", "gpu", "2g.20gb", 2, 1800.0, 4 * 3600.0),
+            TraceJob(200.0, "cv", "gpu", "3g.40gb", 2, 7200.0, 4 * 3600.0)]
+    c = policies.cluster(setup, 2, 2, None, 86400.0)
+    c.drain_lag_s = setup.lag_s
+    run(jobs, c, policies.migd(setup), 3 * 3600.0, decide_every_s=setup.interval_s)
+    assert [[(t, a.name, b.name) for t, a, b in n.history] for n in c.nodes] == [
+        [(210.0 + 7200.0, "night-two", "balanced")], []]  # (the 3g job started at the 210 s step)
 
 
 def test_migctl_what_if_prints_the_three_side_by_side(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
