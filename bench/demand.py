@@ -109,7 +109,7 @@ def compare(trace: Trace, setup: policies.Setup, nodes: int, days: float, waves:
     best, figures, replays = hindsight(setup, acc, lambda mix: replay(policies.fixed, mix), objective, budget)
     results["fixed-hindsight"] = figures
     seconds["fixed-hindsight"] = time.process_time() - t0
-    about = {"pool": pool(jobs, nodes * 7 * setup.gpus, end),
+    about = {"pool": pool(jobs, nodes * max(lay.slices for lay in setup.layouts.values()), end),
              "accounting_gpus": dict(zip(setup.candidates.names, acc, strict=True)),
              "hindsight_gpus": dict(zip(setup.candidates.names, best, strict=True)), "hindsight_replays": replays,
              "cpu_seconds": {k: round(v, 1) for k, v in seconds.items()}}

@@ -22,7 +22,9 @@ def pool(jobs: Sequence[TraceJob], slices: int, end_s: float, step_s: float = 30
     until then (censored, as in every replay)."""
     arrivals = iter(sorted(jobs, key=lambda j: j.submit_s))
     nxt = next(arrivals, None)
-    free, t, queue, running = slices, 0.0, [], []  # running: (end, slices), soonest first
+    free, t = slices, 0.0
+    queue: list[TraceJob] = []
+    running: list[tuple[float, int]] = []  # (end, slices), soonest first
     waits: dict[str, list[float]] = {}
     while t < end_s:
         moved = False

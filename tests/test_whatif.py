@@ -9,6 +9,7 @@ import json
 import math
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +17,8 @@ from migd.catalog.models import MODELS
 from migd.config.migdyaml import Config, load_config
 from migd.ctl.migctl import main as migctl
 from migd.demand.capacity import node_layout
+from migd.demand.inputs import Snapshot
+from migd.demand.rule import decide as rule_decide
 from migd.profiles.loader import load_profile
 from migd.whatif import policies
 from migd.whatif.jobs import TraceJob
@@ -198,6 +201,29 @@ def test_a_want_its_node_has_not_read_yet_counts_as_a_change_under_way(tmp_path:
         [(210.0 + 7200.0, "night-two", "balanced")], []]  # (the 3g job started at the 210 s step)
 
 
+def test_two_replays_of_one_trace_decide_alike_to_the_last_digit(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rule orders jobs by their ids, and sums in that order: the replay names each job by when it
+    first saw it, not by ``id()`` (another in every run), so the same trace gives the same figures."""
+    _, setup = _setup(tmp_path, datetime(2026, 11, 26))
+    jobs = [TraceJob(60.0 * i, f"a{i % 3}", "gpu", ("1g.10gb", "2g.20gb", "3g.40gb")[i % 3], 1 + i % 2,
+                     600.0 + 37.0 * i, 3600.0) for i in range(120)]
+    seen: list[list[tuple[str, str, float, float]]] = []
+    named: set[str] = set()
+
+    def decide(snap: Snapshot, *args: Any, **kwargs: Any) -> Any:
+        named.update(p.job for p in snap.pending)
+        d = rule_decide(snap, *args, **kwargs)
+        seen[-1].extend((c.node, c.new, c.benefit_slice_h, c.cost_slice_h) for c in d.changes)
+        return d
+    monkeypatch.setattr(policies, "decide", decide)
+    for _ in range(2):
+        seen.append([])
+        replayer(setup, jobs, 2, 1, 4 * 3600.0, 1 / 6)(policies.migd(setup), None)
+    assert seen[0] and seen[0] == seen[1]
+    assert named == {str(i) for i in range(len(named))}  # numbered as first seen, not by id()
+
+
 def test_migctl_what_if_prints_the_three_side_by_side(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = tmp_path / "migd.yaml"
     cfg.write_text((REPO / "bench" / "demand.yaml").read_text().replace(
@@ -215,12 +241,14 @@ def test_migctl_what_if_prints_the_three_side_by_side(tmp_path: Path, capsys: py
 
 def test_the_documented_what_if_of_the_recording_is_what_migctl_prints(monkeypatch: pytest.MonkeyPatch,
                                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    """docs/demand.md's what-if of the recorded sacct, as its command prints it (the replay is
+    """docs/demand.md's what-if of the recorded sacct is what its command prints, pinned (the replay is
     deterministic: nothing to mask)."""
     monkeypatch.chdir(REPO)
     code = migctl(["what-if", "--sacct", "tests/fixtures/slurm/sacct-parsable2.txt", "--config", "bench/demand.yaml"])
     assert code == 0
-    check_golden("whatif-recorded.txt", capsys.readouterr().out)
+    out = capsys.readouterr().out
+    check_golden("whatif-recorded.txt", out)
+    assert f"```\n{out}```\n" in (REPO / "docs" / "demand.md").read_text()  # as the docs show it
 
 
 @pytest.mark.parametrize("argv,said", [

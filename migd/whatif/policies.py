@@ -27,7 +27,7 @@ from migd.profiles.model import Profile
 from migd.slurm.demandconf import Mixes
 from migd.slurm.slurmconf import SlurmSettings
 from migd.whatif.jobs import DAY
-from migd.whatif.replay import Cluster, Node
+from migd.whatif.replay import Cluster, Job, Node
 
 GREEDY_LOOK = 500  # pending jobs per type the greedy rule tries to fit (a node fits at most 56)
 Policy = Callable[[float, Cluster], Mapping[str, Layout]]
@@ -186,6 +186,11 @@ class Planner:
 
 def migd(setup: Setup) -> Planner:
     learned, seen = RunTimes(), LastSeen()
+    ids: dict[int, str] = {}  # a job's id for the rule: its number in the order it was first seen
+
+    def named(j: Job) -> str:
+        """The same number in every run (the rule orders jobs by it; ``id()`` differs between runs)."""
+        return ids.setdefault(id(j), str(len(ids)))
 
     def policy(now: float, c: Cluster) -> dict[str, Layout]:
         for j in c.ended:  # (as the planner sees a job it watched run leave Slurm's running set)
@@ -193,9 +198,9 @@ def migd(setup: Setup) -> Planner:
         c.ended.clear()
         seen.observe(now, ((j.spec.gres, j.spec.count) for q in (*c.pending.values(), *(n.running for n in c.nodes))
                            for j in q))
-        snap = Snapshot(tuple(Pending(str(id(j)), j.spec.account, j.spec.gres, j.spec.count, j.spec.time_limit_s,
+        snap = Snapshot(tuple(Pending(named(j), j.spec.account, j.spec.gres, j.spec.count, j.spec.time_limit_s,
                                       age_s=now - j.spec.submit_s) for q in c.pending.values() for j in q),
-                        tuple(_view(n, now, c) for n in c.nodes if _heading(n, c).name in setup.mixes),
+                        tuple(_view(n, now, c, named) for n in c.nodes if _heading(n, c).name in setup.mixes),
                         learned.ratios(), seen.seen(now))
         # (a node in a layout of the schedule's only is skipped, as by the planner)
         changes = decide(snap, Shapes(setup.mixes, choices=setup.choices), setup.params).changes
@@ -209,8 +214,8 @@ def _heading(n: Node, c: Cluster) -> Layout:
     return n.target or (c.ordered[n.name][0] if n.name in c.ordered else n.layout)
 
 
-def _view(n: Node, now: float, c: Cluster) -> NodeView:
-    running = tuple(Running(str(id(j)), j.spec.gres, j.spec.count, (j.start or 0) + j.spec.time_limit_s - now,
+def _view(n: Node, now: float, c: Cluster, named: Callable[[Job], str]) -> NodeView:
+    running = tuple(Running(named(j), j.spec.gres, j.spec.count, (j.start or 0) + j.spec.time_limit_s - now,
                             j.spec.account, now - j.spec.submit_s, j.spec.time_limit_s) for j in n.running)
     draining = n.target is not None or n.ready_at is not None or n.name in c.ordered
     return NodeView(n.name, _heading(n, c).name, now - n.since, running, draining,
