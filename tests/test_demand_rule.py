@@ -138,6 +138,20 @@ def test_recent_arrivals_are_expected_to_go_on() -> None:
     assert dict(flowing.demand)["1g.10gb"] == 10 * 2 * (1 + 4)
 
 
+def test_forecast_work_weighs_a_change_but_starts_none() -> None:
+    """Nothing pending at night; the last hour's four 7g jobs started on gpu0 and are carried forward
+    for four hours (140 slice-hours of forecast 7g work).  Draining the idle day node for it would
+    start no job that waits: it stays.  With one 7g job pending as well, the same forecast weighs the
+    change that gives 7g more, and it is made."""
+    started = NodeView("gpu0", "night", OLD, tuple(Running(f"r{g}", "7g.80gb", 1, 7 * 3600, "nlp", 600.0,
+                                                           8 * 3600) for g in range(4)))
+    idle = NodeView("gpu1", "day", OLD)
+    quiet = decide(Snapshot((), (started, idle)), LAYOUTS)
+    assert quiet.changes == () and dict(quiet.demand)["7g.80gb"] > 100
+    waiting = decide(Snapshot((Pending("t1", "nlp", "7g.80gb", 1, 8 * 3600, age_s=600.0),), (started, idle)), LAYOUTS)
+    assert [(c.node, c.new) for c in waiting.changes] == [("gpu1", "night")]
+
+
 MIXES = Candidates.resolve({n: load_profile(PROFILES / f"{n}.yaml") for n in NAMES}, NAMES, H100x8).layouts()
 
 

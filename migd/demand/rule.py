@@ -23,7 +23,10 @@ leaves idle while it drains and switches.  Changes are taken best first, one nod
    (``min_gain_slice_h`` and ``gain_ratio``); never one that lengthens that wait or leaves the
    worst-served account worse off.  Slice-hours alone are blind to when work runs: a type whose queue
    the horizon still covers looks fully served however late its jobs start, and its supply would be
-   taken for a type whose (forecast) work is larger;
+   taken for a type whose (forecast) work is larger.  A change must offer more instances of a type a
+   pending job waits for: the forecast (recent arrivals carried forward) weighs changes, it does not
+   start one.  Drained for work no job had asked yet, a quiet night's nodes went to the last hour's
+   training and held it, long jobs and all, when the morning's notebooks came (docs/demand.md);
 3. held: a node that has not held its layout ``min_dwell_s`` or has no switches left today, and a
    change that would undo the node's previous one within ``reverse_s`` (demand that turned around);
 4. never more nodes in maintenance than the limit.
@@ -239,6 +242,7 @@ class _Search:
         if not now.unplaced and self.fleet.work - now.served - cost < self.params.min_gain_slice_h - 1e-6:
             return out  # (no layout could gain enough: what is left unserved is too little)
         layouts = self.shapes.of(node)
+        here = layouts[node.layout]
         ready = ready_in_s(node, self.h)
         stuck = _hysteresis(node, self.params)  # (the node's, whichever layout: its first paying change says it)
         for name in sorted(layouts):
@@ -247,6 +251,8 @@ class _Search:
             if (node.name, name) in self.refused:
                 continue
             layout = layouts[name]
+            if not any(layout.count(t) > here.count(t) for t in self.fleet.need):
+                continue  # (it would start no job that waits: forecast work weighs a change, starts none)
             new = Part(from_ready(layout, ready, self.h), layout, dict(layout.capacity))
             after = self.fleet.score(node.name, new)
             change = self._paying(node, name, now, after, cost, ready)
