@@ -182,7 +182,7 @@ def decide(snap: Snapshot, layouts: Mapping[str, Layout] | Shapes, params: Param
     held: dict[str, str] = {}
     free = [n for n in snap.nodes if not n.draining]
     refused: set[tuple[str, str]] = set()
-    while demand or fleet.need:
+    while fleet.need:  # (a change must start a waiting job: with none, none is made)
         search = _Search(shapes, fleet, params, h, held, refused)
         best = search.best(free)
         if best is None:
@@ -226,17 +226,19 @@ class _Search:
         pick: tuple[NodeView, Change, Part] | None = None
         seen: set[object] = set()
         for node in nodes:
+            stuck = _hysteresis(node, self.params)
             alike = (node.layout, tuple((r.mig_type, r.count, r.ends_in_s, r.account, r.limit_s) for r in node.running),
-                     node.left, _hysteresis(node, self.params), node.shape)
+                     node.left, stuck, node.shape)
             if alike in seen:
                 continue
             seen.add(alike)
-            for key, change, new in self._trials(node, now):
+            for key, change, new in self._trials(node, now, stuck):
                 if found is None or key < found:
                     found, pick = key, (node, change, new)
         return pick
 
-    def _trials(self, node: NodeView, now: Score) -> list[tuple[_Key, Change, Part]]:
+    def _trials(self, node: NodeView, now: Score, stuck: str | None) -> list[tuple[_Key, Change, Part]]:
+        """``stuck``: why the node's hysteresis holds it (whichever layout: its first paying change says it)."""
         out: list[tuple[_Key, Change, Part]] = []
         cost = drain_cost(node, self.shapes.slices(node), self.h)
         if not now.unplaced and self.fleet.work - now.served - cost < self.params.min_gain_slice_h - 1e-6:
@@ -244,7 +246,6 @@ class _Search:
         layouts = self.shapes.of(node)
         here = layouts[node.layout]
         ready = ready_in_s(node, self.h)
-        stuck = _hysteresis(node, self.params)  # (the node's, whichever layout: its first paying change says it)
         for name in sorted(layouts):
             if name == node.layout or (self.shapes.choices is not None and name not in self.shapes.choices):
                 continue
