@@ -14,7 +14,7 @@ from typing import Any
 from demand_trace import TraceJob
 
 from migd.demand.inputs import slices_of
-from migd.whatif.figures import pct
+from migd.whatif.figures import type_waits
 
 
 def pool(jobs: Sequence[TraceJob], slices: int, end_s: float, step_s: float = 30.0) -> dict[str, Any]:
@@ -47,7 +47,4 @@ def pool(jobs: Sequence[TraceJob], slices: int, end_s: float, step_s: float = 30
         t += step_s
     for j in queue:
         waits.setdefault(j.gres, []).append(end_s - j.submit_s)
-    types = {g: round(pct(w, 95)) for g, w in sorted(waits.items())}
-    worst = max(types.items(), key=lambda kv: (kv[1], kv[0]), default=("-", 0))
-    return {"wait_p95_s": round(pct([w for ws in waits.values() for w in ws], 95)), "worst_type": worst[0],
-            "worst_type_p95_s": worst[1], "p95_by_type_s": types, "never_started": len(queue)}
+    return {**type_waits(waits), "never_started": len(queue)}
