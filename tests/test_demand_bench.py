@@ -236,3 +236,32 @@ def test_a_clusters_sacct_replays_in_the_bench(tmp_path: Path) -> None:
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "jobs.sacct:2: Start: 'x' is not a time" in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_the_seeds_bench_gives_each_draw_as_the_bench_does_and_counts_the_targets_met(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """bench/demand_seeds.py: one row per seed with migd's, the accounting mix's and the hindsight mix's
+    figures exactly as bench/demand.py --seed N prints them, and each target met on as many seeds as
+    the rows do not list it missed; a bad --seeds is one line, exit 2."""
+    import demand_seeds
+
+    assert demand_seeds.main(["--nodes", "2", "--days", "1", "--seeds", "1,2", "--search", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = {int(line.split()[0]): line for line in lines[1:3]}
+    for seed, row in rows.items():
+        r = subprocess.run([sys.executable, str(REPO / "bench" / "demand.py"), "--nodes", "2", "--days", "1",
+                            "--seed", str(seed), "--search", "1", "--json"],
+                           capture_output=True, text=True, timeout=120)
+        doc = json.loads(r.stdout)
+        figures = [int(x) for x in row.split()[1:12] if x.isdigit()]
+        assert figures == [doc["policies"][p][k] for p in ("migd", "fixed-accounting", "fixed-hindsight")
+                           for k in ("wait_p95_s", "worst_type_p95_s")]
+        missed = {t["target"].split(" (")[0] for t in doc["targets"] if not t["met"]}
+        assert {m for m in row.split("  ")[-1].split("; ") if m != "-"} == missed
+    counts = [line.split(" seeds: ") for line in lines if line.startswith("met on ")]
+    assert len(counts) >= 4
+    for head, target in counts:
+        assert head == f"met on {sum(1 for row in rows.values() if target.split(' (')[0] not in row)} of 2"
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "demand_seeds.py"), "--seeds", "5-2"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "'5-2': the range ends before it starts" in r.stderr and "Traceback" not in r.stderr

@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""The demand bench over many draws of one generated trace: how often migd meets each target.
+
+    python3 bench/demand_seeds.py --nodes 8 --seeds 1-8 --search 16
+    python3 bench/demand_seeds.py --nodes 4 --seeds 1-8 --search 16 --slurm-backfill
+
+A rule like migd's moves a whole trace's figures by tens of percent on a small change (docs/demand.md),
+so one draw cannot rank two rules: each seed here is bench/demand.py's replay of the same generator
+drawn again (its ``--seed``), every policy as that bench replays it; one row per seed (migd, the fixed
+mix from accounting, the best fixed mix in hindsight, migd's ratios to each, the targets it missed), then
+for each target on how many seeds it was met, and the geometric mean of migd's ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import demand_policies as policies  # noqa: E402
+from demand import CONFIG, compare  # noqa: E402
+from demand_gen import GENERATED  # noqa: E402
+
+from migd.whatif.figures import targets  # noqa: E402
+
+ACC, BEST = "fixed-accounting", "fixed-hindsight"
+
+
+def seeds(text: str) -> list[int]:
+    """``1-8`` or ``1,3,7``: the seeds drawn."""
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        try:
+            first, last = int(lo), int(hi or lo)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: seeds are N, N-M or a comma list of them") from None
+        if last < first:
+            raise argparse.ArgumentTypeError(f"{part!r}: the range ends before it starts")
+        out += range(first, last + 1)
+    return out
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", type=Path, default=CONFIG, help="a migd.yaml (default bench/demand.yaml)")
+    p.add_argument("--trace", default="synthetic", choices=sorted(GENERATED), help="the generated trace")
+    p.add_argument("--nodes", type=int, default=8)
+    p.add_argument("--days", type=int, default=4)
+    p.add_argument("--seeds", type=seeds, default=seeds("1-8"), help="N-M or a comma list (default 1-8)")
+    p.add_argument("--search", type=int, default=16, help="replays the hindsight search may make per seed")
+    p.add_argument("--slurm-backfill", action="store_true", help="with Slurm's backfill reservations in the model")
+    return p.parse_args(argv)
+
+
+def ratio(m: dict[str, float], ref: dict[str, float]) -> tuple[float, float]:
+    """migd's p95 over all jobs and worst type's p95 over ``ref``'s (one step where ``ref`` waits none)."""
+    return (m["wait_p95_s"] / max(30, ref["wait_p95_s"]), m["worst_type_p95_s"] / max(30, ref["worst_type_p95_s"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    met: dict[str, int] = {}
+    logs: dict[str, list[float]] = {"accounting": [], "hindsight": []}
+    print(f"{'seed':>4}  {'migd':>15}  {'from accounting':>15}  {'best in hindsight':>17}  "
+          f"{'/ accounting':>12}  {'/ hindsight':>12}  targets missed")
+    for seed in args.seeds:
+        trace = GENERATED[args.trace](args.nodes, args.days, seed=seed)
+        waves = max(1, args.nodes // 8)
+        setup = policies.Setup.load(args.config, "dgx-h100", trace.start, waves)
+        results, _ = compare(trace, setup, args.nodes, args.days, waves, args.search, 0.0, args.slurm_backfill)
+        m, acc, best = results["migd"], results[ACC], results[BEST]
+        ra, rb = ratio(m, acc), ratio(m, best)
+        logs["accounting"] += [math.log(r) for r in ra]
+        logs["hindsight"] += [math.log(r) for r in rb]
+        missed = []
+        for what, ok, _ in targets(results, trace.clock_right):
+            met[what] = met.get(what, 0) + ok
+            if not ok:
+                missed.append(what.split(" (")[0])
+        fig = "{wait_p95_s:>7} / {worst_type_p95_s:<7}".format
+        print(f"{seed:>4}  {fig(**m)}  {fig(**acc)}  {fig(**best):>17}  {ra[0]:5.2f} / {ra[1]:4.2f}  "
+              f"{rb[0]:5.2f} / {rb[1]:4.2f}  {'; '.join(missed) or '-'}", flush=True)
+    n = len(args.seeds)
+    for what, k in met.items():
+        print(f"met on {k} of {n} seeds: {what}")
+    for ref, xs in logs.items():
+        print(f"geometric mean of migd's ratios to the {ref} mix (all jobs and worst type together): "
+              f"{math.exp(sum(xs) / len(xs)):.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
