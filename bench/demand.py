@@ -74,6 +74,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def waves(nodes: int) -> int:
+    """Nodes in maintenance at once, for every policy alike: one in eight (at least one)."""
+    return max(1, nodes // 8)
+
+
 def load_trace(args: argparse.Namespace, nodes: int, days: float) -> Trace:
     start = datetime.fromisoformat(args.start) if args.start else None
     if args.trace in GENERATED:
@@ -132,15 +137,16 @@ def main(argv: list[str] | None = None) -> int:
     if nodes < 1 or days <= 0:
         print("demand.py: --nodes and --days must be positive", file=sys.stderr)
         return 2
-    waves = max(1, nodes // 8)
+    fleet_waves = waves(nodes)
     try:
         trace = record.trace if record else load_trace(args, nodes, days)
-        setup = policies.Setup.load(args.config, args.fleet, trace.start, waves)
+        setup = policies.Setup.load(args.config, args.fleet, trace.start, fleet_waves)
     except (TraceError, ValidationError, ValueError, OSError) as e:
         print(f"demand.py: {e}", file=sys.stderr)
         return 2
     budget = args.search or (6 if args.short else 40)
-    results, about = compare(trace, setup, nodes, days, waves, budget, DAY if record else 0.0, args.slurm_backfill)
+    results, about = compare(trace, setup, nodes, days, fleet_waves, budget, DAY if record else 0.0,
+                             args.slurm_backfill)
     checks = targets(results, trace.clock_right)
     if args.json:
         print(json.dumps({"policies": results, "nodes": nodes, "days": days, "jobs": len(trace.jobs),
@@ -149,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
                           "targets": [{"target": t, "met": ok, "figures": f} for t, ok, f in checks]}, indent=1))
         return 0
     print(f"demand bench: trace {trace.name} from {trace.start:%a %Y-%m-%d %H:%M}, {len(trace.jobs)} jobs, {nodes} "
-          f"nodes of {args.fleet}, {days:g} days, waves of {waves}; candidates {', '.join(setup.candidates.names)} "
+          f"nodes of {args.fleet}, {days:g} days, waves of {fleet_waves}; "
+          f"candidates {', '.join(setup.candidates.names)} "
           f"({args.config}); queue: {BACKFILL[args.slurm_backfill]}")
     print(table(results))
     print(f"fixed mix from accounting (GPUs): {about['accounting_gpus']}; best in hindsight: "

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import demand_policies as policies  # noqa: E402
-from demand import CONFIG, compare  # noqa: E402
+from demand import CONFIG, compare, waves  # noqa: E402
 from demand_gen import GENERATED  # noqa: E402
 
 from migd.whatif.figures import targets  # noqa: E402
@@ -71,9 +71,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{'/ accounting':>12}  {'/ hindsight':>12}  targets missed")
     for seed in args.seeds:
         trace = GENERATED[args.trace](args.nodes, args.days, seed=seed)
-        waves = max(1, args.nodes // 8)
-        setup = policies.Setup.load(args.config, "dgx-h100", trace.start, waves)
-        results, _ = compare(trace, setup, args.nodes, args.days, waves, args.search, 0.0, args.slurm_backfill)
+        setup = policies.Setup.load(args.config, "dgx-h100", trace.start, waves(args.nodes))
+        results, _ = compare(trace, setup, args.nodes, args.days, waves(args.nodes), args.search, 0.0,
+                             args.slurm_backfill)
         m, acc, best = results["migd"], results[ACC], results[BEST]
         ra, rb = ratio(m, acc), ratio(m, best)
         logs["accounting"] += [math.log(r) for r in ra]

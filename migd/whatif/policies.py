@@ -217,6 +217,5 @@ def _heading(n: Node, c: Cluster) -> Layout:
 def _view(n: Node, now: float, c: Cluster, named: Callable[[Job], str]) -> NodeView:
     running = tuple(Running(named(j), j.spec.gres, j.spec.count, (j.start or 0) + j.spec.time_limit_s - now,
                             j.spec.account, now - j.spec.submit_s, j.spec.time_limit_s) for j in n.running)
-    draining = n.target is not None or n.ready_at is not None or n.name in c.ordered
-    return NodeView(n.name, _heading(n, c).name, now - n.since, running, draining,
+    return NodeView(n.name, _heading(n, c).name, now - n.since, running, c.changing(n),
                     sum(1 for s in n.switches if s > now - DAY), n.history[-1][1].name if n.history else None)

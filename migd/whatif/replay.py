@@ -52,15 +52,15 @@ class Cluster:
     backfill: Pass = field(default_factory=Backfill, repr=False, compare=False)  # its pass, skipped when idle
 
     def in_maintenance(self) -> int:
-        return sum(1 for n in self.nodes if self._changing(n))
+        return sum(1 for n in self.nodes if self.changing(n))
 
-    def _changing(self, n: Node) -> bool:
+    def changing(self, n: Node) -> bool:
         """Ordered to change, draining or switching: out of the next wave, and counted in this one."""
         return n.target is not None or n.ready_at is not None or n.name in self.ordered
 
     def order(self, node: Node, layout: Layout, now: float) -> bool:
         """A policy's change: drain ``node`` towards ``layout`` (False: the wave is full)."""
-        if layout.name == node.layout.name or self._changing(node):
+        if layout.name == node.layout.name or self.changing(node):
             return False
         if self.in_maintenance() >= self.max_in_maintenance:
             return False
