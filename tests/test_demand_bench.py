@@ -64,6 +64,19 @@ def test_a_job_for_a_type_the_layout_lacks_waits_for_that_layout() -> None:
     assert c.done == [] and len(c.pending["1g.10gb"]) == 1
 
 
+def test_slices_idle_while_a_job_waits_are_counted_apart_from_the_drain() -> None:
+    """A 1g job waits on a night node from 0 to 300 s: every slice idles while it waits; then the node
+    drains (nothing running: the switch's 180 s are drain, not idle-while-waiting); once the day layout
+    serves, the job starts and nothing waits (idle slices then count nowhere)."""
+    c = one_node("night")
+    day = c.layouts["day"]
+    run([job(0, "1g.10gb", 60)], c, lambda now, cl: {"gpu000": day} if now == 300 else {}, 3600,
+        decide_every_s=300)
+    assert [j.start for j in c.done] == [480.0]  # switched at 300, ready after the switch's 180 s
+    assert c.idle_waiting_slice_s == pytest.approx(56 * 300)
+    assert c.drain_slice_s == pytest.approx(56 * 180)
+
+
 def test_the_clock_follows_the_calendar_from_the_traces_start() -> None:
     """Thursday 00:00 is second 0: Friday 10:00 is day, Saturday and Sunday night-two, and Monday 10:00
     is day again (a trace longer than four days is not one long weekend)."""
@@ -157,7 +170,8 @@ def short(*extra: str) -> dict[str, Any]:
 def test_the_short_bench_reports_every_policy_and_target() -> None:
     doc = short()
     keys = {"wait_p50_s", "wait_p95_s", "worst_type", "worst_type_p95_s", "p95_by_type_s", "p95_by_account_s",
-            "never_started", "reversals_6h", "reconfigs_per_node_day", "drain_slice_hours", "jobs_killed"}
+            "never_started", "reversals_6h", "reconfigs_per_node_day", "drain_slice_hours", "idle_waiting_slice_hours",
+            "jobs_killed"}
     assert set(doc["policies"]) == {"clock", "greedy", "migd", "fixed-accounting", "fixed-hindsight"}
     for p in doc["policies"].values():
         assert keys <= set(p) and p["jobs_killed"] == 0 and 0 < p["utilization"] < 1

@@ -5,6 +5,11 @@ Waits: from submission to start, to the model's 30-second step; a job still pend
 until then (censored, never dropped), and is counted in ``never_started``.  A reversal is a switch
 that undoes at least half of the same node's previous switch (in slices moved between MIG types,
 migd.demand.mix.moved_back) less than 6 hours after it.
+
+Idle while jobs wait: slice-hours of serving nodes (not draining or switching) left idle while any job
+is pending, whatever its type.  A layout wrong for the queue shows here (a fixed mix's 3g instances idle
+while notebooks queue); it bounds what any other layouts could have run of the waiting work on the same
+nodes, and a policy that changes layouts pays its drains on top (``drain_slice_hours``).
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ def measure(c: Cluster, end_s: float, days: float) -> dict[str, Any]:
             "changes": switches, "reversals_6h": reversals(c),
             "reconfigs_per_node_day": round(switches / len(c.nodes) / days, 2),
             "drain_slice_hours": round(c.drain_slice_s / 3600, 1),
+            "idle_waiting_slice_hours": round(c.idle_waiting_slice_s / 3600, 1),
             "utilization": round(c.busy_slice_s / (sum(n.slices for n in c.nodes) * end_s), 4)}
 
 
@@ -101,6 +107,7 @@ ROWS = (("wait p50", "wait_p50_s", "{} s"), ("wait p95", "wait_p95_s", "{} s"),
         ("changes", "changes", "{}"), ("reversed within 6 h", "reversals_6h", "{}"),
         ("reconfigs/node/day", "reconfigs_per_node_day", "{:.2f}"), ("drain slice-hours", "drain_slice_hours",
                                                                      "{:.1f}"),
+        ("slice-hours idle, queued", "idle_waiting_slice_hours", "{:.1f}"),
         ("jobs killed", "jobs_killed", "{}"), ("utilization", "utilization", "{:.1%}"))
 
 

@@ -41,6 +41,7 @@ class Cluster:
     ended: list[Job] = field(default_factory=list)  # ended since a policy last looked (it may learn from them)
     busy_slice_s: float = 0.0
     drain_slice_s: float = 0.0
+    idle_waiting_slice_s: float = 0.0  # slices idle on serving nodes while a job waits (idle_waiting)
     killed: int = 0
     reserve: bool = False  # Slurm's backfill and its reservations (above); off: first-come per type
     release_s: float = 0.0  # an ended job's instances serve again this much later (Slurm: its end seen, a pass)
@@ -88,11 +89,14 @@ class Cluster:
             self.backfill(self.nodes, self.pending, now, self.epoch_s)
         else:
             self._schedule(now)
+        waiting = any(self.pending.values())
         for n in self.nodes:
             busy = n.busy_slices()
             self.busy_slice_s += busy * dt
             if n.target is not None or n.ready_at is not None:
                 self.drain_slice_s += (n.slices - busy) * dt
+            elif waiting:
+                self.idle_waiting_slice_s += (n.slices - busy) * dt
 
     def _schedule(self, now: float) -> None:
         for mig_type, queue in self.pending.items():
