@@ -69,11 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     logs: dict[str, list[float]] = {"accounting": [], "hindsight": []}
     print(f"{'seed':>4}  {'migd':>15}  {'from accounting':>15}  {'best in hindsight':>17}  "
           f"{'/ accounting':>12}  {'/ hindsight':>12}  targets missed")
+    fleet_waves = waves(args.nodes)
     for seed in args.seeds:
         trace = GENERATED[args.trace](args.nodes, args.days, seed=seed)
-        setup = policies.Setup.load(args.config, "dgx-h100", trace.start, waves(args.nodes))
-        results, _ = compare(trace, setup, args.nodes, args.days, waves(args.nodes), args.search, 0.0,
-                             args.slurm_backfill)
+        setup = policies.Setup.load(args.config, "dgx-h100", trace.start, fleet_waves)
+        results, _ = compare(trace, setup, args.nodes, args.days, fleet_waves, args.search, 0.0, args.slurm_backfill)
         m, acc, best = results["migd"], results[ACC], results[BEST]
         ra, rb = ratio(m, acc), ratio(m, best)
         logs["accounting"] += [math.log(r) for r in ra]

@@ -70,8 +70,8 @@ class Fleet:
         self.need = dict(sorted(queue.need.items()))
         self.keep = {t: k for t, k in sorted(queue.keep.items()) if t not in self.need}  # none pending
         self.by_type = {t: sum(a.values()) for t, a in queue.demand.items()}
-        self.work = sum(self.by_type.values(), 0.0)  # all of it: no trial serves more (summed in score's
-        # order, so the bound is exact)
+        # all of it: no trial serves more (summed in score's order, so the bound is exact)
+        self.work = sum(self.by_type.values(), 0.0)
         self.asked: dict[str, float] = defaultdict(float)
         for per in queue.demand.values():
             for account, work in per.items():

@@ -41,7 +41,7 @@ class Cluster:
     ended: list[Job] = field(default_factory=list)  # ended since a policy last looked (it may learn from them)
     busy_slice_s: float = 0.0
     drain_slice_s: float = 0.0
-    idle_waiting_slice_s: float = 0.0  # slices idle on serving nodes while a job waits (idle_waiting)
+    idle_waiting_slice_s: float = 0.0  # slices idle on serving nodes while any job waits (figures.py)
     killed: int = 0
     reserve: bool = False  # Slurm's backfill and its reservations (above); off: first-come per type
     release_s: float = 0.0  # an ended job's instances serve again this much later (Slurm: its end seen, a pass)
