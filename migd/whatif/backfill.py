@@ -31,6 +31,7 @@ from typing import Any
 
 from migd.demand.reserve import BF_MAX_JOB_TEST
 from migd.whatif.fleet import Job, Node
+from migd.whatif.place import best_fit
 
 WILL_RUN_WINDOW_S = 30  # cons_tres _will_run's first window (doubled for each batch after it)
 _TRIES = 64  # TRY_LATER rounds for one job (each moves its earliest start on)
@@ -277,9 +278,14 @@ def will_run(every: list[Node], nodes: list[Node], mig_type: str, count: int, no
     ``nodes`` is passed over without ending the batch, so a batch reaches past it (Slurm's loop
     ``continue``s before its window test).  ``running``: ``by_limit_end(every)``, if already sorted."""
     used = {n.name: sum(j.spec.count for j in n.running if j.spec.gres == mig_type) for n in nodes}
-    fits = [n for n in nodes if n.layout.count(mig_type) - used[n.name] >= count]
-    if fits:
-        return now, fits[0]
+    left = {n.name: len(n.running) for n in nodes}  # jobs each still runs (its CPUs in use)
+
+    def fit() -> Node | None:
+        return best_fit(every, {n.name for n in nodes if n.layout.count(mig_type) - used[n.name] >= count},
+                        lambda n: left[n.name])
+
+    if (node := fit()) is not None:
+        return now, node
     if not any(n.layout.count(mig_type) >= count for n in nodes):
         return None
     if running is None:
@@ -294,6 +300,7 @@ def will_run(every: list[Node], nodes: list[Node], mig_type: str, count: int, no
             if barrier is None:  # aligned on a wall-clock multiple of the window, as Slurm's epoch seconds
                 barrier = end + window - math.floor(epoch_s + end) % window
             last = end
+            left[name] -= 1
             if j.spec.gres == mig_type:
                 used[name] -= j.spec.count
             if i >= len(running) or running[i][0] > barrier + window:
@@ -303,9 +310,8 @@ def will_run(every: list[Node], nodes: list[Node], mig_type: str, count: int, no
         window *= 2
         while i < len(running) and running[i][0] > barrier + window:
             window *= 2
-        fits = [n for n in nodes if n.layout.count(mig_type) - used[n.name] >= count]
-        if fits:
-            return last, fits[0]
+        if (node := fit()) is not None:
+            return last, node
     return None
 
 

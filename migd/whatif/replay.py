@@ -23,6 +23,7 @@ from migd.demand.inputs import Layout
 from migd.whatif.backfill import Backfill, Pass
 from migd.whatif.fleet import Job, Node
 from migd.whatif.jobs import TraceJob
+from migd.whatif.place import best_fit
 
 __all__ = ["Cluster", "Job", "Node", "Policy", "run"]  # Job and Node live in fleet.py, shared with backfill.py
 
@@ -105,7 +106,7 @@ class Cluster:
                 continue
             started = []
             for job in queue:
-                node = next((n for n in self.nodes if free[n.name] >= job.spec.count), None)
+                node = best_fit(self.nodes, {name for name, k in free.items() if k >= job.spec.count})
                 if node is None:
                     continue
                 job.start, job.node = now, node.name

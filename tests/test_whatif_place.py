@@ -1,0 +1,67 @@
+"""The queue model starts a job where select/cons_tres's best fit does (migd/whatif/place.py; measured on
+real Slurm in tests/test_slurm_placement.py): in the tightest set of consecutive usable nodes, on the
+node with the fewest CPUs free, not on the first node that fits.  Where jobs go decides which node
+empties first, so it decides what a layout change costs."""
+
+from __future__ import annotations
+
+from migd.demand.inputs import Layout
+from migd.whatif.backfill import backfill, will_run
+from migd.whatif.jobs import TraceJob
+from migd.whatif.place import best_fit
+from migd.whatif.replay import Cluster, Job, Node
+
+DAY = Layout.of("day", {"1g.10gb": 7})
+NIGHT = Layout.of("night", {"7g.80gb": 1})
+
+
+def node(name: str, layout: Layout, jobs: int = 0) -> Node:
+    n = Node(name, layout, 7)
+    n.running = [Job(TraceJob(0, "a", "main", "1g.10gb", 1, 600, 1200), start=0, node=name) for _ in range(jobs)]
+    return n
+
+
+def fits_1g(nodes: list[Node]) -> set[str]:
+    return {n.name for n in nodes if n.free("1g.10gb") >= 1}
+
+
+def test_the_busiest_node_of_a_set_is_taken_not_the_first() -> None:
+    nodes = [node("gpu1", DAY), node("gpu2", DAY, jobs=2), node("gpu3", DAY, jobs=1)]
+    assert best_fit(nodes, fits_1g(nodes)) is nodes[1]
+
+
+def test_the_tightest_set_is_taken_before_the_busiest_node() -> None:
+    """gpu3 cannot run a 1g job, so the sets are gpu1-gpu2 and gpu4: gpu4 alone has fewer CPUs free
+    than the pair, though gpu2 is the busiest node."""
+    nodes = [node("gpu1", DAY), node("gpu2", DAY, jobs=1), node("gpu3", NIGHT), node("gpu4", DAY)]
+    assert best_fit(nodes, fits_1g(nodes)) is nodes[3]
+
+
+def test_of_equal_nodes_the_first_and_none_where_nothing_fits() -> None:
+    nodes = [node("gpu1", DAY, jobs=1), node("gpu2", DAY, jobs=1)]
+    assert best_fit(nodes, fits_1g(nodes)) is nodes[0]
+    assert best_fit([node("gpu1", NIGHT)], fits_1g([node("gpu1", NIGHT)])) is None
+
+
+def test_the_replay_starts_a_job_on_the_busier_node_with_and_without_reservations() -> None:
+    for reserve in (False, True):
+        quiet, busy = node("gpu1", DAY), node("gpu2", DAY, jobs=3)
+        c = Cluster([quiet, busy], {}, reserve=reserve)
+        j = Job(TraceJob(5, "a", "main", "1g.10gb", 1, 60, 120))
+        c.pending["1g.10gb"].append(j)
+        if reserve:
+            backfill(c.nodes, c.pending, 10, 0.0)
+        else:
+            c.step(10, 30)
+        assert (j.start, j.node) == (10, "gpu2"), reserve
+
+
+def test_a_backfill_estimate_places_the_job_by_the_nodes_load_then() -> None:
+    """Both nodes' 1g instances are taken until 600 s; by then gpu2 still runs a longer 2g job, so the job
+    is expected to start on gpu2, the busier then, not on gpu1, the first."""
+    gpu1, gpu2 = Node("gpu1", DAY, 7), Node("gpu2", Layout.of("two", {"1g.10gb": 1, "2g.20gb": 1}), 7)
+    gpu1.running = [Job(TraceJob(0, "a", "main", "1g.10gb", 7, 600, 600), start=0, node="gpu1")]
+    gpu2.running = [Job(TraceJob(0, "a", "main", "1g.10gb", 1, 600, 600), start=0, node="gpu2"),
+                    Job(TraceJob(0, "a", "main", "2g.20gb", 1, 5000, 5000), start=0, node="gpu2")]
+    got = will_run([gpu1, gpu2], [gpu1, gpu2], "1g.10gb", 1, 10, 0.0)
+    assert got is not None and (got[0], got[1].name) == (600, "gpu2")
