@@ -272,8 +272,9 @@ class _Sweep:
 
 def will_run(every: list[Node], nodes: list[Node], mig_type: str, count: int, now: float,
              epoch_s: float, running: Running | None = None) -> tuple[float, Node] | None:
-    """cons_tres's estimate on ``nodes``: ``now`` on the first with the instances free, else the end (by
-    time limit) of the last job of the batch whose removal frees them; None: never on these nodes.
+    """cons_tres's estimate on ``nodes``: ``now`` if some have the instances free, else the end (by time
+    limit) of the last job of the batch whose removal frees them; None: never on these nodes.  The node
+    is cons_tres's best fit then (place.py: in a batch's estimate, the jobs removed no longer count).
     Every running job (``every`` node's) is walked in order of its limit's end; one on a node not in
     ``nodes`` is passed over without ending the batch, so a batch reaches past it (Slurm's loop
     ``continue``s before its window test).  ``running``: ``by_limit_end(every)``, if already sorted."""
