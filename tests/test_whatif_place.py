@@ -65,3 +65,16 @@ def test_a_backfill_estimate_places_the_job_by_the_nodes_load_then() -> None:
                     Job(TraceJob(0, "a", "main", "2g.20gb", 1, 5000, 5000), start=0, node="gpu2")]
     got = will_run([gpu1, gpu2], [gpu1, gpu2], "1g.10gb", 1, 10, 0.0)
     assert got is not None and (got[0], got[1].name) == (600, "gpu2")
+
+
+def test_a_backfill_estimate_counts_only_the_jobs_still_running_then() -> None:
+    """gpu1 runs three jobs that all end by 600 s, gpu2 two of which one runs on to 5000 s: now gpu1 is
+    the busier, but at 600 s, when a 1g instance frees on each, gpu2 is (one job against none)."""
+    gpu1 = Node("gpu1", Layout.of("x", {"1g.10gb": 1, "2g.20gb": 2}), 7)
+    gpu2 = Node("gpu2", Layout.of("y", {"1g.10gb": 1, "2g.20gb": 1}), 7)
+    gpu1.running = [Job(TraceJob(0, "a", "main", t, 1, 600, 600), start=0, node="gpu1")
+                    for t in ("1g.10gb", "2g.20gb", "2g.20gb")]
+    gpu2.running = [Job(TraceJob(0, "a", "main", "1g.10gb", 1, 600, 600), start=0, node="gpu2"),
+                    Job(TraceJob(0, "a", "main", "2g.20gb", 1, 5000, 5000), start=0, node="gpu2")]
+    got = will_run([gpu1, gpu2], [gpu1, gpu2], "1g.10gb", 1, 10, 0.0)
+    assert got is not None and (got[0], got[1].name) == (600, "gpu2")

@@ -6,12 +6,12 @@ nothing and keeps its running jobs; a node switches layout only once it is empty
 never kills a job: ``jobs_killed`` counts any job a switch would have cut short, and must stay 0),
 then is out of service ``switch_s`` (apply, GRES, Slurm restart, registration).  Scheduling is
 first-come per MIG type with backfill: a job that fits starts even if an older one of its type does
-not, on the node select/cons_tres's best fit picks (place.py: the busiest that can take it, not the
-first).  With ``reserve`` it is Slurm 22.05's sched/backfill over select/cons_tres, as read in Slurm's
-source and checked against a replay on a real cluster (migd/whatif/backfill.py): every pending job in
-submission order reserves a whole node from cons_tres's estimate of its start, and a younger job of any
-MIG type starts only where its time limit meets no reservation.  Steps of ``step_s`` seconds: waits
-are measured to a step.
+not, on the node select/cons_tres's best fit picks (place.py: the busiest node of the tightest set of
+consecutive nodes that can take it, not the first).  With ``reserve`` it is Slurm 22.05's
+sched/backfill over select/cons_tres, as read in Slurm's source and checked against a replay on a
+real cluster (migd/whatif/backfill.py): every pending job in submission order reserves a whole node
+from cons_tres's estimate of its start, and a younger job of any MIG type starts only where its time
+limit meets no reservation.  Steps of ``step_s`` seconds: waits are measured to a step.
 """
 
 from __future__ import annotations
