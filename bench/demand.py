@@ -98,7 +98,7 @@ def compare(trace: Trace, setup: policies.Setup, nodes: int, days: float, waves:
     ``reserve``: Slurm's backfill reservations in every replay (``--slurm-backfill``)."""
     end = days * DAY
     jobs = [j for j in trace.jobs if j.submit_s < end]
-    setup = setup.reserving(reserve)
+    setup = setup.reserving(reserve, nodes)
     replay = replayer(setup, jobs, nodes, waves, end, days, settled_s, reserve=reserve)
     results: dict[str, dict[str, Any]] = {}
     seconds: dict[str, float] = {}

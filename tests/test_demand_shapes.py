@@ -104,6 +104,9 @@ def test_mixes_false_keeps_every_node_whole_in_one_candidate_and_auto_does_under
     assert off.reserving(False).choices == frozenset(NAMES)
     assert auto.params.reserves and auto.choices == frozenset(NAMES)  # (Slurm: whole nodes)
     assert auto.reserving(False).choices is None and not auto.reserving(False).params.reserves  # (plain model)
+    # (plain, on a fleet: whole nodes from as many nodes as candidates, mixes below)
+    assert auto.reserving(False, 4).choices == frozenset(NAMES) and auto.reserving(False, 3).choices is None
+    assert on.reserving(False, 8).choices is None and off.reserving(False, 1).choices == frozenset(NAMES)
     assert on.choices is None and on.reserving(False).choices is None
     with pytest.raises(ValidationError, match="mixes.*sometimes.*allowed: auto, true, false"):
         setup("    mixes: sometimes\n")

@@ -10,7 +10,7 @@
         interval: 60s              # how often the planner reads the queue
         lease: 2h                  # a wanted layout holds this long unless renewed; then the schedule
         history: 168h              # at start, run times from the jobs accounting saw end this long back; 0: off
-        mixes: auto                # whole nodes on Slurm (per-GPU mixes only in the bench's plain model); true | false
+        mixes: auto                # whole nodes (mixes only on small fleets of the plain model); true | false
 """
 
 from __future__ import annotations
@@ -30,18 +30,25 @@ HISTORY_S = 7 * 86400.0  # a week of ended jobs: every account's newest 200, on 
 class Mixes(Word):
     """Whether a change may give a node a per-GPU mix of the candidates (demand/mix.py).  Under Slurm's
     backfill every pending job that cannot start reserves a whole node, so on a node mixed for a
-    minority the majority's older jobs keep the minority off its GPU (demand/reserve.py); measured
-    over the bench's traces with those reservations, whole nodes wait less (docs/demand.md)."""
+    minority the majority's older jobs keep the minority off its GPU (demand/reserve.py).  Where nothing
+    reserves (the bench's plain model) a node mixed for every type runs long jobs of some type on some
+    GPU, and Slurm starts each job on the busiest node of a set (whatif/place.py), so no change of it is
+    cheap again; only a fleet with fewer nodes than candidates needs mixes to offer every candidate at
+    once.  Measured over the bench's traces, whole nodes wait less with reservations, and without them on
+    4 nodes and more; mixes on 1 and 2 (docs/demand.md)."""
 
-    AUTO = "auto"  # whole nodes where older jobs hold whole nodes (every Slurm); mixes where none do (the bench's
-    # plain model)
+    AUTO = "auto"  # whole nodes where older jobs hold whole nodes (every Slurm) and, where none do (the
+    # bench's plain model), on a fleet of at least as many nodes as candidates; mixes on a smaller one
     ON = "true"
     OFF = "false"
 
-    def whole(self, reserves: bool) -> bool:
+    def whole(self, reserves: bool, nodes: int | None = None, candidates: int = 0) -> bool:
         """Whether each change takes a node whole into one candidate, on a cluster whose scheduler
-        reserves whole nodes for pending jobs (``reserves``) or not."""
-        return self is Mixes.OFF or (self is Mixes.AUTO and reserves)
+        reserves whole nodes for pending jobs (``reserves``) or not, of ``nodes`` nodes (None: unknown)
+        choosing among ``candidates``."""
+        if self is not Mixes.AUTO:
+            return self is Mixes.OFF
+        return reserves or (nodes is not None and nodes >= candidates)
 
     @classmethod
     def read(cls, n: Node) -> Mixes:

@@ -103,12 +103,13 @@ class Setup:
                    mixing=demand.mixes, interval_s=demand.interval_s,
                    lag_s=cfg.reconcile_interval_s / 2).reserving(params.reserves)
 
-    def reserving(self, reserves: bool) -> Setup:
-        """This setup on a cluster whose scheduler reserves whole nodes for pending jobs (Slurm's backfill:
-        the replay's ``reserve``, and what the planner always assumes) or does not (the bench's plain
-        model): migd's rule weighs what it is told."""
+    def reserving(self, reserves: bool, nodes: int | None = None) -> Setup:
+        """This setup on a cluster of ``nodes`` (None: not known) whose scheduler reserves whole nodes for
+        pending jobs (Slurm's backfill: the replay's ``reserve``, and what the planner always assumes) or
+        does not (the bench's plain model): migd's rule weighs what it is told."""
+        whole = self.mixing.whole(reserves, nodes, len(self.candidates.names))
         return replace(self, params=replace(self.params, reserves=reserves),
-                       choices=choices(self.candidates.names, not self.mixing.whole(reserves)))
+                       choices=choices(self.candidates.names, not whole))
 
     def scheduled(self, now: float) -> Layout:
         entry = self.schedule.active(self.start + timedelta(seconds=now))

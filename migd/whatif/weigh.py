@@ -48,7 +48,7 @@ class Weighed:
 
 def weigh(setup: policies.Setup, jobs: Sequence[TraceJob], nodes: int, waves: int, end_s: float, days: float,
           budget: int, reserve: bool = False) -> Weighed:
-    setup = setup.reserving(reserve)
+    setup = setup.reserving(reserve, nodes)
     replay = replayer(setup, jobs, nodes, waves, end_s, days, settled_s=DAY, reserve=reserve)
     acc = accounting(setup, jobs, nodes)
     best, figures, replays = hindsight(setup, acc, lambda mix: replay(policies.fixed, mix), objective, budget)
