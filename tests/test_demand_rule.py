@@ -139,12 +139,12 @@ def test_recent_arrivals_are_expected_to_go_on() -> None:
 
 
 def test_forecast_work_weighs_a_change_but_starts_none() -> None:
-    """Nothing pending at night; the last hour's four 7g jobs started on gpu0 and are carried forward
-    for four hours (140 slice-hours of forecast 7g work).  Draining the idle day node for it would
-    start no job that waits: it stays.  With one 7g job pending as well, the same forecast weighs the
-    change that gives 7g more, and it is made."""
+    """Nothing pending at night; the last hour's eight 7g jobs started on gpu0 and are carried forward
+    for four hours (280 slice-hours of forecast 7g work).  Draining the idle day node for it would
+    start no job that waits: it stays.  With one 7g job pending as well (gpu0 is full), the same
+    forecast weighs the change that gives 7g more, and it is made."""
     started = NodeView("gpu0", "night", OLD, tuple(Running(f"r{g}", "7g.80gb", 1, 7 * 3600, "nlp", 600.0,
-                                                           8 * 3600) for g in range(4)))
+                                                           8 * 3600) for g in range(8)))
     idle = NodeView("gpu1", "day", OLD)
     quiet = decide(Snapshot((), (started, idle)), LAYOUTS)
     assert quiet.changes == () and dict(quiet.demand)["7g.80gb"] > 100
@@ -289,19 +289,20 @@ def test_mixes_decide_the_same_whatever_the_input_order(reserves: bool) -> None:
 
 
 def test_a_queue_that_has_waited_long_keeps_its_supply_for_newer_larger_work() -> None:
-    """Twenty 2g jobs have waited 10 hours; the balanced node runs them within the 8 h horizon, so in
+    """Eight 2g jobs have waited 13 hours; the balanced node runs them within the 8 h horizon, so in
     slice-hours alone they are fully served and three of its GPUs would go to three 7g jobs queued two
     hours ago (56 slice-hours more of work run).  By expected wait the 2g queue is the worse off
-    (10 h + 5 h to run against 2 h + 12 h): taking its GPUs would lengthen the longest wait, so the node
-    keeps them; with the 2g jobs fresh, the 7g work's wait is the longest and the node carves GPUs for it."""
+    (13 h + 2 h to run against 2 h + 12 h): taking its GPUs would lengthen the longest wait, so the node
+    keeps them; with the 2g jobs fresh, the 7g work's wait is the longest and the node carves GPUs for
+    it (replayed, the 7g jobs start at once instead of in 6 hours, three 2g jobs 2 hours later)."""
     training = NodeView("gpu1", "night", OLD, tuple(Running(f"r{g}", "7g.80gb", 1, 6 * 3600, "nlp", OLD, 10 * 3600)
                                                     for g in range(8)))
     serving = NodeView("gpu0", "balanced", OLD)
     nlp = tuple(Pending(f"t{i}", "nlp", "7g.80gb", 1, 8 * 3600, age_s=2 * 3600) for i in range(3))
 
     def inference(age_s: float) -> tuple[Pending, ...]:
-        return tuple(Pending(f"s{i}", "serving", "2g.20gb", 1, 2 * 3600, age_s=age_s) for i in range(20))
-    d = decide(Snapshot(inference(10 * 3600) + nlp, (serving, training)), MIXES)
+        return tuple(Pending(f"s{i}", "serving", "2g.20gb", 1, 2 * 3600, age_s=age_s) for i in range(8))
+    d = decide(Snapshot(inference(13 * 3600) + nlp, (serving, training)), MIXES)
     assert d.changes == ()
     d = decide(Snapshot(inference(2 * 3600) + nlp, (serving, training)), MIXES)
     assert [c.node for c in d.changes] == ["gpu0"] and MIXES[d.changes[0].new].count("7g.80gb") >= 1
@@ -326,3 +327,22 @@ def test_the_reversal_window_and_switch_time_are_knobs_of_migd_yaml(tmp_path: Pa
     cfg.write_text(demand + "    reversal_window: soon\n")
     with pytest.raises(ValidationError, match="reversal_window"):
         load_config(cfg)
+
+
+def test_a_change_that_pays_in_slice_hours_but_delays_the_waiting_jobs_is_held() -> None:
+    """Twenty fresh 2g jobs queue for the balanced node's eight 2g instances, three 7g jobs behind a
+    night node busy for 6 more hours.  Carving GPUs of the balanced node for 7g gains slice-hours and
+    shortens the longest expected wait, but replayed the 7g jobs would start 6 hours sooner while the
+    2g jobs' waits grow by more (three rounds of 2 hours become four): the jobs waiting now would wait
+    longer on average, and the node keeps its layout, saying so."""
+    training = NodeView("gpu1", "night", OLD, tuple(Running(f"r{g}", "7g.80gb", 1, 6 * 3600, "nlp", OLD, 10 * 3600)
+                                                    for g in range(8)))
+    serving = NodeView("gpu0", "balanced", OLD)
+    nlp = tuple(Pending(f"t{i}", "nlp", "7g.80gb", 1, 8 * 3600, age_s=2 * 3600) for i in range(3))
+    inference = tuple(Pending(f"s{i}", "serving", "2g.20gb", 1, 2 * 3600, age_s=2 * 3600) for i in range(20))
+    d = decide(Snapshot(inference + nlp, (serving, training)), MIXES)
+    assert d.changes == ()
+    why = dict(d.held)["gpu0"]
+    assert "longest expected wait 14.0 h (7g.80gb) -> " in why
+    assert why.endswith("(replayed); held: the jobs waiting now would not wait less with it"), why
+    assert "the jobs waiting now wait 4.2 h on average -> " in why

@@ -50,7 +50,7 @@ class Ahead:
         """What is ahead of whom in the order Slurm's backfill tests pending jobs: priority first, then
         submission, then job id (numerically: 999 before 1000, 12_2 before 12_10); a job waiting on a
         dependency or its begin time is not tested and reserves nothing."""
-        queue = sorted((p for p in pending if p.startable), key=_order)[:BF_MAX_JOB_TEST]
+        queue = sorted((p for p in pending if p.startable), key=priority_order)[:BF_MAX_JOB_TEST]
         before: dict[str, dict[str, tuple[float, int]]] = {}
         seen: dict[str, tuple[float, int]] = defaultdict(lambda: (0.0, 0))
         for p in queue:
@@ -78,7 +78,8 @@ class Ahead:
         return bool(self.everyone)
 
 
-def _order(p: Pending) -> tuple[int, float, tuple[str | int, ...]]:
+def priority_order(p: Pending) -> tuple[int, float, tuple[str | int, ...]]:
+    """The order Slurm's backfill tests pending jobs in (``Ahead.of``): the sort key."""
     return -p.priority, -p.age_s, tuple(int(x) if x.isdigit() else x for x in re.split(r"(\d+)", p.job))
 
 

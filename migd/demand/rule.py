@@ -45,6 +45,7 @@ from migd.demand.inputs import Layout, NodeView, Pending, Shapes, Snapshot, slic
 from migd.demand.mix import moved_back
 from migd.demand.reserve import NONE, Ahead
 from migd.demand.scoring import Fleet, Part, Queue, Score
+from migd.demand.starts import Starts
 from migd.demand.supply import Horizon, drain_cost, from_ready, ready_in_s, supply
 
 
@@ -78,14 +79,17 @@ class Change:
     ready_in_s: float  # when its new layout can serve (its running jobs' end, then the switch)
     places: tuple[str, ...] = ()  # MIG types with pending work that had no place to run and get one
     wait: Wait | None = None  # the longest expected wait of a MIG type before and after it
+    replayed: tuple[float, float] | None = None  # the mean wait of the jobs waiting now, without and with it
 
     @property
     def reason(self) -> str:
         place = f"; gives {', '.join(self.places)} a place to run" if self.places else ""
         wait = f"; {self.wait}" if self.wait is not None else ""
+        replayed = (f"; the jobs waiting now wait {self.replayed[0] / 3600:.1f} h on average -> "
+                    f"{self.replayed[1] / 3600:.1f} h (replayed)" if self.replayed is not None else "")
         return (f"{self.node}: {self.old} -> {self.new}: gains {self.benefit_slice_h:.1f} slice-hours of pending "
                 f"work for {self.cost_slice_h:.1f} idled while it drains (ready in {self.ready_in_s / 60:.0f} min)"
-                + wait + place)
+                + wait + replayed + place)
 
 
 @dataclass(frozen=True)
@@ -182,8 +186,9 @@ def decide(snap: Snapshot, layouts: Mapping[str, Layout] | Shapes, params: Param
     held: dict[str, str] = {}
     free = [n for n in snap.nodes if not n.draining]
     refused: set[tuple[str, str]] = set()
+    starts = Starts(snap.nodes, snap.pending, shapes, h)
     while fleet.need:  # (a change must start a waiting job: with none, none is made)
-        search = _Search(shapes, fleet, params, h, held, refused)
+        search = _Search(shapes, fleet, params, h, held, refused, starts)
         best = search.best(free)
         if best is None:
             break
@@ -197,6 +202,7 @@ def decide(snap: Snapshot, layouts: Mapping[str, Layout] | Shapes, params: Param
             break
         changes.append(change)
         fleet.put({node.name: new_part})
+        starts.take(node.name, change.new)
         free.remove(node)
         busy += 1
     return Decision(tuple(changes), tuple(sorted((t, sum(a.values())) for t, a in demand.items())), unservable,
@@ -215,6 +221,7 @@ class _Search:
     h: Horizon
     held: dict[str, str]
     refused: set[tuple[str, str]]  # (node, layout): ranked best, then found not to pay when weighed exactly
+    starts: Starts  # the jobs waiting now, replayed (starts.py)
 
     def best(self, nodes: list[NodeView]) -> tuple[NodeView, Change, Part] | None:
         """The change that gives the most unplaced types a place (soonest), then most shortens the longest
@@ -290,9 +297,17 @@ class _Search:
 
     def confirm(self, node: NodeView, change: Change, part: Part) -> Change | None:
         """``change`` as taking it scores, every node weighed again (the search ranked it with the others
-        as they stand): None, and not tried again, if it no longer pays."""
+        as they stand), and unless it gives a type a place, the jobs waiting now replayed with and
+        without it: None, and not tried again, if it no longer pays or they would wait longer."""
         after = self.fleet.score(node.name, part, exact=True)
         exact = self._paying(node, change.new, self.fleet.score(), after, change.cost_slice_h, change.ready_in_s)
+        if exact is not None and not exact.places:
+            before, with_it = self.starts.waits_s(), self.starts.waits_s(node.name, change.new)
+            exact = replace(exact, replayed=(before, with_it))
+            if with_it >= before - 1e-6:
+                self.held.setdefault(node.name, f"{exact.reason}; held: the jobs waiting now would not wait less "
+                                                "with it")
+                exact = None
         if exact is None:
             self.refused.add((node.name, change.new))
         return exact

@@ -1,0 +1,99 @@
+"""When the jobs waiting now would start: the queue as it stands replayed over the horizon, with and
+without a change.  The check every change the rule ranks must pass before it is made (rule.py).
+
+The rule weighs a change in slice-hours: the work the fleet could run within the horizon with it,
+less the slices its drain idles.  That arithmetic cannot see when each job starts.  A change can gain
+slice-hours for a type whose queue is long in work but short in jobs, while the many jobs waiting
+for the instances it takes away start hours later; and a node drained for a queue that another node
+will serve within the hour idles for nothing.  So a change is made only if, replayed, the jobs
+waiting now wait less in all with it than without it.  Replayed from the accounting mix itself, the
+rule without this check left the fleet waiting longer than keeping that mix would have on five draws
+of eight (docs/demand.md, "The same demand drawn again").
+
+The replay: each node's instances of each MIG type free when the running job on them is expected to
+end (supply.remaining_s); a node changing (this change, one already decided this pass, or one
+draining) offers all of its new layout when it is ready (its drain, then the switch:
+supply.ready_in_s).  The pending jobs Slurm's backfill tests (at most ``BF_MAX_JOB_TEST``, in its
+order: reserve.py), each on the node where the instances it asks are free soonest (the first of
+equals), for its expected run time (its account's learned share of its time limit); a job that
+would not start within the horizon counts as starting at its end.  No job arrives in it: the
+forecast weighs a change, it starts none.  Slurm's whole-node reservations are not replayed here:
+replayed with them, the check did no better with Slurm's reservations in the bench (docs/demand.md).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping, Sequence
+
+from migd.demand.inputs import Layout, NodeView, Pending, Shapes
+from migd.demand.reserve import BF_MAX_JOB_TEST, priority_order
+from migd.demand.supply import Horizon, ready_in_s, remaining_s
+
+Slots = dict[str, list[float]]  # MIG type -> when each of the node's instances of it is free (sorted)
+
+
+def slots(node: NodeView, layout: Layout, h: Horizon, changing: bool) -> Slots:
+    """``node``'s instances in ``layout`` and when each is free: all when it is ready if ``changing``
+    (or draining), else each as the job running on it ends."""
+    if changing or node.draining:
+        ready = ready_in_s(node, h)
+        return {t: [ready] * n for t, n in layout.capacity}
+    out: Slots = {t: [0.0] * n for t, n in layout.capacity}
+    for r in node.running:
+        free = out.get(r.mig_type, [])
+        for _ in range(min(r.count, free.count(0.0))):
+            free[free.index(0.0)] = remaining_s(r, h)
+    for free in out.values():
+        free.sort()
+    return out
+
+
+def total_wait_s(fleet: Sequence[Slots], pending: Sequence[Pending], h: Horizon) -> float:
+    """The waits of ``pending`` (in the order given) summed: each job's age plus when it starts, the
+    fleet being ``fleet`` (copied: it is not changed)."""
+    free = [{t: list(s) for t, s in node.items()} for node in fleet]
+    total = 0.0
+    for p in pending:
+        at, best = h.horizon_s, None
+        for node in free:
+            s = node.get(p.mig_type)
+            if s is not None and len(s) >= p.count and s[p.count - 1] < at:
+                at, best = s[p.count - 1], s
+        if best is not None:
+            i = bisect.bisect_right(best, at)
+            del best[i - p.count:i]
+            for _ in range(p.count):
+                bisect.insort(best, at + p.time_limit_s * h.ratio.get(p.account, 1.0))
+        total += p.age_s + at
+    return total
+
+
+class Starts:
+    """The fleet as a pass of the rule leaves it (each change decided is taken), and what the jobs
+    waiting now would wait with one more node changing."""
+
+    def __init__(self, nodes: Sequence[NodeView], pending: Sequence[Pending], shapes: Shapes, h: Horizon) -> None:
+        self.nodes, self.shapes, self.h = list(nodes), shapes, h
+        self.pending = sorted((p for p in pending if p.startable), key=priority_order)[:BF_MAX_JOB_TEST]
+        self.taken: dict[str, str] = {}
+        self._now: float | None = None
+
+    def take(self, node: str, layout: str) -> None:
+        self.taken[node] = layout
+        self._now = None
+
+    def waits_s(self, node: str | None = None, layout: str | None = None) -> float:
+        """The mean wait of the jobs waiting now (0 with none): the fleet as it stands, or with ``node``
+        changing to ``layout``."""
+        if not self.pending:
+            return 0.0
+        if node is None and self._now is not None:
+            return self._now
+        changing: Mapping[str, str] = {**self.taken, node: layout} if node and layout else self.taken
+        fleet = [slots(n, self.shapes.of(n)[changing.get(n.name, n.layout)], self.h, n.name in changing)
+                 for n in self.nodes]
+        mean = total_wait_s(fleet, self.pending, self.h) / len(self.pending)
+        if node is None:
+            self._now = mean
+        return mean
