@@ -26,7 +26,10 @@ leaves idle while it drains and switches.  Changes are taken best first, one nod
    taken for a type whose (forecast) work is larger.  A change must offer more instances of a type a
    pending job waits for: the forecast (recent arrivals carried forward) weighs changes, it does not
    start one.  Drained for work no job had asked yet, a quiet night's nodes went to the last hour's
-   training and held it, long jobs and all, when the morning's notebooks came (docs/demand.md);
+   training and held it, long jobs and all, when the morning's notebooks came (docs/demand.md).
+   Such a change is made only if the jobs waiting now, replayed over the horizon (starts.py), wait
+   less on average with it than without: slice-hours cannot see when each job starts, and a change
+   that gains them for a queue long in work but short in jobs can start the many waiting jobs later;
 3. held: a node that has not held its layout ``min_dwell_s`` or has no switches left today, and a
    change that would undo the node's previous one within ``reverse_s`` (demand that turned around);
 4. never more nodes in maintenance than the limit.
