@@ -346,3 +346,22 @@ def test_a_change_that_pays_in_slice_hours_but_delays_the_waiting_jobs_is_held()
     assert "longest expected wait 14.0 h (7g.80gb) -> " in why
     assert why.endswith("(replayed); held: the jobs waiting now would not wait less with it"), why
     assert "the jobs waiting now wait 4.2 h on average -> " in why
+
+
+def test_a_change_need_not_gain_twice_its_cost_when_the_waiting_jobs_start_sooner() -> None:
+    """Four 7g jobs wait behind a night node busy for 6 more hours; the day node's twenty notebooks end
+    in 2.5 hours, and draining it idles about 93 slice-hours for 112 more of 7g work run.  Replayed, the
+    7g jobs start 3.5 hours sooner and nobody else waits: the change is made, though it gains less than
+    twice its cost (the margin asked until the replay checked each change, ``gain_ratio: 2``)."""
+    training = NodeView("gpu1", "night", OLD, tuple(Running(f"r{g}", "7g.80gb", 1, 6 * 3600, "nlp", OLD, 10 * 3600)
+                                                    for g in range(8)))
+    notebooks_ending = NodeView("gpu0", "day", OLD, tuple(Running(f"n{i}", "1g.10gb", 1, 2.5 * 3600, "teaching", OLD,
+                                                                  4 * 3600) for i in range(20)))
+    nlp = tuple(Pending(f"t{i}", "nlp", "7g.80gb", 1, 8 * 3600, age_s=2 * 3600.0) for i in range(4))
+    snap = Snapshot(nlp, (notebooks_ending, training))
+    d = decide(snap, LAYOUTS)
+    assert [(c.node, c.new) for c in d.changes] == [("gpu0", "night")]
+    change = d.changes[0]
+    assert change.cost_slice_h < change.benefit_slice_h < 2 * change.cost_slice_h, change.reason
+    assert "(replayed)" in change.reason
+    assert decide(snap, LAYOUTS, Params(gain_ratio=2.0)).changes == ()
