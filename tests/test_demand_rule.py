@@ -294,7 +294,7 @@ def test_a_queue_that_has_waited_long_keeps_its_supply_for_newer_larger_work() -
     hours ago (56 slice-hours more of work run).  By expected wait the 2g queue is the worse off
     (13 h + 2 h to run against 2 h + 12 h): taking its GPUs would lengthen the longest wait, so the node
     keeps them; with the 2g jobs fresh, the 7g work's wait is the longest and the node carves GPUs for
-    it (replayed, the 7g jobs start at once instead of in 6 hours, three 2g jobs 2 hours later)."""
+    it (replayed, the 7g jobs start at once instead of in 6 hours, four 2g jobs 2 hours later)."""
     training = NodeView("gpu1", "night", OLD, tuple(Running(f"r{g}", "7g.80gb", 1, 6 * 3600, "nlp", OLD, 10 * 3600)
                                                     for g in range(8)))
     serving = NodeView("gpu0", "balanced", OLD)
@@ -331,10 +331,10 @@ def test_the_reversal_window_and_switch_time_are_knobs_of_migd_yaml(tmp_path: Pa
 
 def test_a_change_that_pays_in_slice_hours_but_delays_the_waiting_jobs_is_held() -> None:
     """Twenty fresh 2g jobs queue for the balanced node's eight 2g instances, three 7g jobs behind a
-    night node busy for 6 more hours.  Carving GPUs of the balanced node for 7g gains slice-hours and
-    shortens the longest expected wait, but replayed the 7g jobs would start 6 hours sooner while the
-    2g jobs' waits grow by more (three rounds of 2 hours become four): the jobs waiting now would wait
-    longer on average, and the node keeps its layout, saying so."""
+    night node busy for 6 more hours.  Carving two GPUs of the balanced node for 7g gains slice-hours
+    and shortens the longest expected wait, but replayed two of the 7g jobs would start 6 hours sooner
+    while the 2g jobs' waits grow by more (three rounds of 2 hours become four): the jobs waiting now
+    would wait longer on average, and the node keeps its layout, saying so."""
     training = NodeView("gpu1", "night", OLD, tuple(Running(f"r{g}", "7g.80gb", 1, 6 * 3600, "nlp", OLD, 10 * 3600)
                                                     for g in range(8)))
     serving = NodeView("gpu0", "balanced", OLD)

@@ -48,3 +48,12 @@ def test_a_change_is_weighed_on_the_fleet_as_the_pass_leaves_it() -> None:
     assert starts.waits_s() == (4 * (3600 + 180) + 3600) / 5
     assert starts.waits_s("n1", "day") == (4 * (3600 + 180) + 3600 + H.horizon_s) / 5
     assert Starts(nodes, [], SHAPES, H).waits_s("n0", "day") == 0.0
+
+
+def test_an_unlimited_job_holds_its_instance_whatever_its_account_learned() -> None:
+    """An account whose jobs all ended at once has learned a share of 0; its job without a time limit
+    still holds its instance for good (not for a run time of infinity x 0, which is no number)."""
+    h = Horizon(8 * 3600.0, 180.0, {"x": 0.0})
+    unlimited = Pending("u", "x", "1g.10gb", 1, float("inf"))
+    waits = total_wait_s([{"1g.10gb": [0.0, 100.0]}], [unlimited, job("a"), job("b")], h)
+    assert waits == 0.0 + 100 + 3700  # (u at once for good; a at 100; b when a ends)

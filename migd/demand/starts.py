@@ -7,7 +7,7 @@ slice-hours for a type whose queue is long in work but short in jobs, while the 
 for the instances it takes away start hours later; and a node drained for a queue that another node
 will serve within the hour idles for nothing.  So a change is made only if, replayed, the jobs
 waiting now wait less in all with it than without it.  Replayed from the accounting mix itself, the
-rule without this check left the fleet waiting longer than keeping that mix would have on five draws
+rule without this check left 4 nodes waiting longer than keeping that mix would have on five draws
 of eight (docs/demand.md, "The same demand drawn again").
 
 The replay: each node's instances of each MIG type free when the running job on them is expected to
@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 
 from migd.demand.inputs import Layout, NodeView, Pending, Shapes
 from migd.demand.reserve import BF_MAX_JOB_TEST, priority_order
-from migd.demand.supply import Horizon, ready_in_s, remaining_s
+from migd.demand.supply import Horizon, expected_s, ready_in_s, remaining_s
 
 Slots = dict[str, list[float]]  # MIG type -> when each of the node's instances of it is free (sorted)
 
@@ -64,7 +64,7 @@ def total_wait_s(fleet: Sequence[Slots], pending: Sequence[Pending], h: Horizon)
             i = bisect.bisect_right(best, at)
             del best[i - p.count:i]
             for _ in range(p.count):
-                bisect.insort(best, at + p.time_limit_s * h.ratio.get(p.account, 1.0))
+                bisect.insort(best, at + expected_s(p.time_limit_s, h.ratio.get(p.account, 1.0)))
         total += p.age_s + at
     return total
 

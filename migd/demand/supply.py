@@ -35,6 +35,12 @@ def remaining_s(r: Running, h: Horizon) -> float:
     return min(r.ends_in_s, expected - elapsed) if elapsed < expected else r.ends_in_s
 
 
+def expected_s(limit_s: float, ratio: float) -> float:
+    """How long a job of time limit ``limit_s`` is expected to run, its account running ``ratio`` of its
+    limits: an unlimited job runs on (however short its account's other jobs ran)."""
+    return limit_s * ratio if limit_s < float("inf") else float("inf")
+
+
 def ready_in_s(node: NodeView, h: Horizon) -> float:
     """When a change of ``node`` can serve: its running jobs' expected end, then the switch itself."""
     return max((remaining_s(r, h) for r in node.running), default=0.0) + h.switch_s
