@@ -24,10 +24,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from demand import load_trace  # noqa: E402
 from demand_gen import GENERATED  # noqa: E402
-from demand_trace import DAY, TraceError, read_csv  # noqa: E402
+from demand_trace import DAY, TraceError  # noqa: E402
 
-from migd.demand.inputs import slices_of  # noqa: E402
+from migd.whatif.fixedmix import slice_hours  # noqa: E402
 from migd.whatif.jobs import TraceJob  # noqa: E402
 
 Mix = dict[str, float]  # MIG type -> slice-hours
@@ -35,11 +36,11 @@ Mix = dict[str, float]  # MIG type -> slice-hours
 
 def windows(jobs: Iterable[TraceJob], window_s: float, end_s: float) -> list[Mix]:
     """Slice-hours asked per MIG type by the jobs submitted in each window of ``window_s`` before ``end_s``."""
-    out: list[Mix] = [defaultdict(float) for _ in range(max(1, int(-(-end_s // window_s))))]
+    out: list[list[TraceJob]] = [[] for _ in range(max(1, int(-(-end_s // window_s))))]
     for j in jobs:
         if 0 <= j.submit_s < end_s:
-            out[int(j.submit_s // window_s)][j.gres] += slices_of(j.gres) * j.count * j.duration_s / 3600
-    return [dict(w) for w in out]
+            out[int(j.submit_s // window_s)].append(j)
+    return [slice_hours(w) for w in out]
 
 
 def distance(a: Mapping[str, float], b: Mapping[str, float]) -> float:
@@ -69,8 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hours", type=float, default=6.0, help="the window (default 6 hours: day and night apart)")
     a = p.parse_args(argv)
     try:
-        jobs = read_csv(Path(a.trace)) if a.trace not in GENERATED else list(
-            GENERATED[a.trace](a.nodes, int(-(-a.days // 1)), **({"seed": a.seed} if a.seed is not None else {})).jobs)
+        jobs = load_trace(argparse.Namespace(trace=a.trace, seed=a.seed, start=None), a.nodes, a.days).jobs
     except TraceError as e:
         print(f"demand_shift.py: {e}", file=sys.stderr)
         return 2

@@ -63,8 +63,9 @@ def total_wait_s(fleet: Sequence[Slots], pending: Sequence[Pending], h: Horizon)
         if best is not None:
             i = bisect.bisect_right(best, at)
             del best[i - p.count:i]
+            end = at + expected_s(p.time_limit_s, h.ratio.get(p.account, 1.0))
             for _ in range(p.count):
-                bisect.insort(best, at + expected_s(p.time_limit_s, h.ratio.get(p.account, 1.0)))
+                bisect.insort(best, end)
         total += p.age_s + at
     return total
 
@@ -78,6 +79,7 @@ class Starts:
         self.pending = sorted((p for p in pending if p.startable), key=priority_order)[:BF_MAX_JOB_TEST]
         self.taken: dict[str, str] = {}
         self._now: float | None = None
+        self._as_is: list[Slots] | None = None  # each node's slots in its layout (the same for every trial)
 
     def take(self, node: str, layout: str) -> None:
         self.taken[node] = layout
@@ -91,8 +93,10 @@ class Starts:
         if node is None and self._now is not None:
             return self._now
         changing: Mapping[str, str] = {**self.taken, node: layout} if node and layout else self.taken
-        fleet = [slots(n, self.shapes.of(n)[changing.get(n.name, n.layout)], self.h, n.name in changing)
-                 for n in self.nodes]
+        if self._as_is is None:
+            self._as_is = [slots(n, self.shapes.of(n)[n.layout], self.h, False) for n in self.nodes]
+        fleet = [slots(n, self.shapes.of(n)[changing[n.name]], self.h, True) if n.name in changing else as_is
+                 for n, as_is in zip(self.nodes, self._as_is, strict=True)]
         mean = total_wait_s(fleet, self.pending, self.h) / len(self.pending)
         if node is None:
             self._now = mean
