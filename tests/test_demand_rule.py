@@ -206,24 +206,23 @@ def test_the_last_place_of_a_type_with_pending_work_is_never_taken() -> None:
     assert d.changes and any(MIXES[lay].count("2g.20gb") >= 1 for lay in after.values())
 
 
-def test_with_keep_place_a_type_seen_lately_keeps_its_last_place_between_its_jobs() -> None:
-    """Nothing of 2g is pending this minute, but a 2g job ran two hours ago.  With ``keep_place_s`` a
-    day, the one node that can start one keeps a layout that can, though a thousand notebooks would fill
-    it, and the change that would take the place is reported held, saying why; a day after the last 2g
-    job, or by default (off), the place goes to the notebooks."""
+def test_a_type_seen_within_a_day_keeps_its_last_place_between_its_jobs_by_default() -> None:
+    """Nothing of 2g is pending this minute, but a 2g job ran two hours ago.  By default (``keep_place_s``
+    a day) the one node that can start one keeps a layout that can, though a thousand notebooks would
+    fill it, and the change that would take the place is reported held, saying why; a day after the
+    last 2g job, or with ``keep_place`` 0 (off), the place goes to the notebooks."""
     fleet = (*nodes(2, "day"), NodeView("gpu9", "night*7/balanced", OLD))
     queue = notebooks(1000)
-    day = Params(keep_place_s=24 * 3600.0)
 
     def decided(seen_ago_s: float, params: Params) -> tuple[dict[str, str], str]:
         d = decide(Snapshot(queue, fleet, seen=(Seen("2g.20gb", seen_ago_s, 1),)), MIXES, params)
         return {n.name: n.layout for n in fleet} | {c.node: c.new for c in d.changes}, " ".join(w for _, w in d.held)
 
-    kept, held = decided(2 * 3600.0, day)
+    kept, held = decided(2 * 3600.0, Params())
     assert any(MIXES[lay].count("2g.20gb") >= 1 for lay in kept.values())
     assert kept["gpu9"] != "night*7/balanced"  # (it still changes: to a layout with the place and more 1g)
     assert "held: it would take the last place of 2g.20gb, seen within 24 h (keep_place)" in held
-    for gone, _ in (decided(25 * 3600.0, day), decided(0.0, Params())):  # (off: not even a type seen now)
+    for gone, _ in (decided(25 * 3600.0, Params()), decided(2 * 3600.0, Params(keep_place_s=0.0))):
         assert not any(MIXES[lay].count("2g.20gb") >= 1 for lay in gone.values())
 
 

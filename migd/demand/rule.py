@@ -14,9 +14,11 @@ leaves idle while it drains and switches.  Changes are taken best first, one nod
    queue would fill the GPU it takes, so in slice-hours alone carving a place never pays, and the
    minority waits for ever), where the place opens soonest (when the node is ready, plus the part of
    the horizon the older jobs of the layout's other types hold it); none that takes the last place
-   away is made; with ``keep_place_s``, one that takes the last place from a type seen (pending or
-   running) that recently is held: its next job would wait for a drain and a switch (off by default:
-   on the bench's traces it cost more waiting than it saved, docs/demand.md);
+   away is made; and one that takes the last place from a type seen (pending or running) within
+   ``keep_place_s`` (a day by default) is held: its next job would wait for a drain and a switch, and
+   a type that ran today comes back (on a fleet loaded past its size and cut whole, a quiet hour
+   otherwise gave a type's last node to the others minutes before its next jobs came, which then
+   waited hours for a drain: docs/demand.md);
 2. then the change that most shortens the longest expected wait of a MIG type (its oldest pending
    job's age plus the time the type's supply takes to run its work within the horizon), then best
    lifts the worst-served account, then the largest net gain, while one pays enough
@@ -66,7 +68,7 @@ class Params:
     max_changes_per_day: int = 4
     max_in_maintenance: int | None = None  # nodes draining or switching at once (fleet waves)
     reverse_s: float = 6 * 3600.0  # a change undoing the node's previous one this soon is held
-    keep_place_s: float = 0.0  # a MIG type seen this recently keeps its last place (0: pending work only)
+    keep_place_s: float = 24 * 3600.0  # a MIG type seen this recently keeps its last place (0: pending work only)
     reserves: bool = True  # older pending jobs hold whole nodes, as on every Slurm (reserve.py); False: the
     # bench's plain model, where nothing does
 
