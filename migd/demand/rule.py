@@ -33,9 +33,7 @@ leaves idle while it drains and switches.  Changes are taken best first, one nod
    less on average with it than without: slice-hours cannot see when each job starts, and a change
    that gains them for a queue long in work but short in jobs can start the many waiting jobs later;
 3. held: a node that has not held its layout ``min_dwell_s`` or has no switches left today, and a
-   change that would undo the node's previous one within ``reverse_s`` (demand that turned around),
-   unless a type starves: its longest expected wait is past ``starve_horizons`` horizons and the change
-   at least halves it (the hold guards against flapping, and a queue waiting days is no flap);
+   change that would undo the node's previous one within ``reverse_s`` (demand that turned around);
 4. never more nodes in maintenance than the limit.
 
 Ties break by node then layout name: the same snapshot always gives the same decision.
@@ -70,7 +68,6 @@ class Params:
     max_changes_per_day: int = 4
     max_in_maintenance: int | None = None  # nodes draining or switching at once (fleet waves)
     reverse_s: float = 6 * 3600.0  # a change undoing the node's previous one this soon is held
-    starve_horizons: float = 2.0  # ... unless it halves a longest expected wait past this many horizons
     keep_place_s: float = 24 * 3600.0  # a MIG type seen this recently keeps its last place (0: pending work only)
     reserves: bool = True  # older pending jobs hold whole nodes, as on every Slurm (reserve.py); False: the
     # bench's plain model, where nothing does
@@ -90,7 +87,6 @@ class Change:
     places: tuple[str, ...] = ()  # MIG types with pending work that had no place to run and get one
     wait: Wait | None = None  # the longest expected wait of a MIG type before and after it
     replayed: tuple[float, float] | None = None  # the mean wait of the jobs waiting now, without and with it
-    undoes: str | None = None  # the node's previous change it undoes within the reversal window, and why
 
     @property
     def reason(self) -> str:
@@ -100,7 +96,7 @@ class Change:
                     f"{self.replayed[1] / 3600:.1f} h (replayed)" if self.replayed is not None else "")
         return (f"{self.node}: {self.old} -> {self.new}: gains {self.benefit_slice_h:.1f} slice-hours of pending "
                 f"work for {self.cost_slice_h:.1f} idled while it drains (ready in {self.ready_in_s / 60:.0f} min)"
-                + wait + replayed + place + (f"; {self.undoes}" if self.undoes else ""))
+                + wait + replayed + place)
 
 
 @dataclass(frozen=True)
@@ -279,12 +275,7 @@ class _Search:
             if change is None:
                 continue
             places, benefit = change.places, change.benefit_slice_h
-            undo = self._reversal(node, layout)
-            if undo is not None and self._starving(now, after):
-                change, undo = replace(change, undoes=(
-                    f"undoes its change from {node.left} {node.in_layout_s / 3600:.1f} h ago: {now.wait_type}'s "
-                    f"expected wait is past {self.params.starve_horizons:g} horizons ({self.params.starve_horizons * self.h.horizon_s / 3600:g} h)")), None
-            why = stuck or undo or self._keeps(now, after)
+            why = stuck or self._reversal(node, layout) or self._keeps(now, after)
             if why is not None:
                 self.held.setdefault(node.name, f"{change.reason}; held: {why}")
                 if stuck:
@@ -316,14 +307,8 @@ class _Search:
         """``change`` as taking it scores, every node weighed again (the search ranked it with the others
         as they stand), and unless it gives a type a place, the jobs waiting now replayed with and
         without it: None, and not tried again, if it no longer pays or they would wait longer."""
-        now, after = self.fleet.score(), self.fleet.score(node.name, part, exact=True)
-        exact = self._paying(node, change.new, now, after, change.cost_slice_h, change.ready_in_s)
-        if exact is not None and change.undoes is not None:  # (a reversal only while its type still starves)
-            if self._starving(now, after):
-                exact = replace(exact, undoes=change.undoes)
-            else:
-                self.held.setdefault(node.name, f"{exact.reason}; held: {self._reversal(node, part.layout)}")
-                exact = None
+        after = self.fleet.score(node.name, part, exact=True)
+        exact = self._paying(node, change.new, self.fleet.score(), after, change.cost_slice_h, change.ready_in_s)
         if exact is not None and not exact.places:
             before, with_it = self.starts.waits_s(), self.starts.waits_s(node.name, change.new)
             exact = replace(exact, replayed=(before, with_it))
@@ -341,9 +326,6 @@ class _Search:
             return None
         return (f"it would take the last place of {', '.join(lost)}, seen within {self.params.keep_place_s / 3600:g} h "
                 "(keep_place)")
-
-    def _starving(self, now: Score, after: Score) -> bool:
-        return now.wait_s > self.params.starve_horizons * self.h.horizon_s and after.wait_s <= now.wait_s / 2
 
     def _reversal(self, node: NodeView, layout: Layout) -> str | None:
         layouts = self.shapes.of(node)
