@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     budget = args.search or (6 if args.short else 40)
     results, about = compare(trace, setup, nodes, days, fleet_waves, budget, DAY if record else 0.0,
                              args.slurm_backfill)
-    checks = targets(results, trace.clock_right)
+    checks = targets(results, trace.clock_right, about["pool"])
     if args.json:
         print(json.dumps({"policies": results, "nodes": nodes, "days": days, "jobs": len(trace.jobs),
                           "trace": trace.name, "seed": args.seed, "start": trace.start.isoformat(),

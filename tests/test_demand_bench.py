@@ -25,7 +25,7 @@ from demand_pool import pool  # noqa: E402
 from demand_trace import DAY, TraceJob, read_csv, write_csv  # noqa: E402
 
 from migd.demand.inputs import Layout  # noqa: E402
-from migd.whatif.figures import pct, reversals  # noqa: E402
+from migd.whatif.figures import pct, reversals, targets  # noqa: E402
 from migd.whatif.fixedmix import accounting, hindsight, spread  # noqa: E402
 from migd.whatif.replay import Cluster, run  # noqa: E402
 
@@ -181,6 +181,27 @@ def test_the_short_bench_reports_every_policy_and_target() -> None:
         "p95 <= fixed mix from accounting", "0 jobs killed", "under 10% of changes reversed within 6 h"}
     assert set(doc["pool"]) >= {"wait_p95_s", "worst_type_p95_s", "p95_by_type_s", "never_started"}
     assert all(doc["pool"]["wait_p95_s"] <= p["wait_p95_s"] for p in doc["policies"].values())  # none reaches it
+
+
+def test_a_hindsight_target_below_the_pool_is_said_to_be_out_of_any_policys_reach() -> None:
+    """A week whose best fixed mix waits the model's one step (28 s) cannot be waited 0.85x of: the pool of
+    the fleet's slices, which no policy beats, waits as long.  The target stays not met, and says why;
+    where the pool waits less, a miss is only a miss."""
+    def fig(p95: int, worst: int) -> dict[str, Any]:
+        return {"wait_p95_s": p95, "worst_type_p95_s": worst, "worst_type": "7g.80gb", "reversals_6h": 0,
+                "changes": 5, "jobs_killed": 0, "reconfigs_per_node_day": 0.1}
+    results = {"migd": fig(28, 28), "fixed-accounting": fig(28, 3178), "fixed-hindsight": fig(28, 28),
+               "clock": fig(9999, 9999)}
+
+    def hindsight_target(pool: dict[str, Any] | None) -> tuple[bool, str]:
+        (_, ok, figures), = [t for t in targets(results, False, pool) if "hindsight" in t[0]]
+        return ok, figures
+    ok, figures = hindsight_target(fig(28, 28))
+    assert not ok and figures == ("28 / 28 s against 0.85 x 28 / 28 s; out of any policy's reach: one pool of "
+                                  "the fleet's slices waits 28 / 28 s")
+    for below in (fig(10, 12), None):
+        ok, figures = hindsight_target(below)
+        assert not ok and figures == "28 / 28 s against 0.85 x 28 / 28 s"
 
 
 def test_the_pool_starts_a_job_on_any_free_slices_in_arrival_order_passing_one_that_does_not_fit() -> None:
