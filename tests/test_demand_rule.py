@@ -226,6 +226,17 @@ def test_a_type_seen_within_a_day_keeps_its_last_place_between_its_jobs_by_defau
         assert not any(MIXES[lay].count("2g.20gb") >= 1 for lay in gone.values())
 
 
+def test_a_type_waiting_with_no_place_outranks_the_last_place_of_a_type_only_seen() -> None:
+    """One whole node, in night; a 7g job ran an hour ago and none waits; three 2g jobs wait with no place
+    to run.  keep_place would keep 7g its place, but a waiting type's place comes first (step 1): the
+    node goes to balanced, saying it gives 2g a place, and nothing is held."""
+    whole = {n: node_layout(load_profile(PROFILES / f"{n}.yaml"), H100x8) for n in ("day", "night", "balanced")}
+    serving = tuple(Pending(f"s{i}", "serving", "2g.20gb", 1, 2 * 3600, age_s=OLD) for i in range(3))
+    d = decide(Snapshot(serving, (NodeView("gpu0", "night", OLD),), seen=(Seen("7g.80gb", 3600.0, 1),)), whole)
+    assert [(c.node, c.new) for c in d.changes] == [("gpu0", "balanced")] and d.held == ()
+    assert d.changes[0].reason.endswith("gives 2g.20gb a place to run")
+
+
 def test_last_seen_keeps_the_newest_sighting_and_the_fewest_instances() -> None:
     seen = LastSeen()
     seen.observe(100.0, [("2g.20gb", 2), ("7g.80gb", 1), ("2g.20gb", 3)])

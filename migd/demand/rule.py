@@ -15,7 +15,8 @@ leaves idle while it drains and switches.  Changes are taken best first, one nod
    minority waits for ever), where the place opens soonest (when the node is ready, plus the part of
    the horizon the older jobs of the layout's other types hold it); none that takes the last place
    away is made; and one that takes the last place from a type seen (pending or running) within
-   ``keep_place_s`` (a day by default) is held: its next job would wait for a drain and a switch, and
+   ``keep_place_s`` (a day by default) is held, unless it gives a waiting type its place: the seen
+   type's next job would wait for a drain and a switch, and
    a type that ran today comes back (on a fleet loaded past its size and cut whole, a quiet hour
    otherwise gave a type's last node to the others minutes before its next jobs came, which then
    waited hours for a drain: docs/demand.md);
@@ -275,7 +276,8 @@ class _Search:
             if change is None:
                 continue
             places, benefit = change.places, change.benefit_slice_h
-            why = stuck or self._reversal(node, layout) or self._keeps(now, after)
+            # (a type waiting with no place outranks one only seen lately: keep_place never holds its place)
+            why = stuck or self._reversal(node, layout) or (None if places else self._keeps(now, after))
             if why is not None:
                 self.held.setdefault(node.name, f"{change.reason}; held: {why}")
                 if stuck:
