@@ -4,7 +4,7 @@
     python3 bench/demand_seeds.py --nodes 8 --seeds 1-8 --search 16
     python3 bench/demand_seeds.py --nodes 4 --seeds 1-8 --search 16 --slurm-backfill
 
-A rule like migd's moves a whole trace's figures by tens of percent on a small change (docs/demand.md),
+A rule like migd's moves a whole trace's figures by tens of percent on a small change (docs/demand-tried.md),
 so one draw cannot rank two rules: each seed here is bench/demand.py's replay of the same generator
 drawn again (its ``--seed``), every policy as that bench replays it; one row per seed (migd, the fixed
 mix from accounting, the best fixed mix in hindsight, migd's ratios to each, the targets it missed), then

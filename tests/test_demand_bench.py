@@ -184,9 +184,10 @@ def test_the_short_bench_reports_every_policy_and_target() -> None:
 
 
 def test_a_hindsight_target_below_the_pool_is_said_to_be_out_of_any_policys_reach() -> None:
-    """A week whose best fixed mix waits the model's one step (28 s) cannot be waited 0.85x of: the pool of
-    the fleet's slices, which no policy beats, waits as long.  The target stays not met, and says why;
-    where the pool waits less, a miss is only a miss."""
+    """A week whose best fixed mix waits 28 s, the model's floor (it moves in 30-s steps), cannot be waited
+    0.85x of: the pool of the fleet's slices, whose p95 no policy beats, waits as long.  The target stays
+    not met, and says why; where the pool waits less over all jobs (its worst type may wait longer: it
+    passes a large job), a miss is only a miss."""
     def fig(p95: int, worst: int) -> dict[str, Any]:
         return {"wait_p95_s": p95, "worst_type_p95_s": worst, "worst_type": "7g.80gb", "reversals_6h": 0,
                 "changes": 5, "jobs_killed": 0, "reconfigs_per_node_day": 0.1}
@@ -198,8 +199,8 @@ def test_a_hindsight_target_below_the_pool_is_said_to_be_out_of_any_policys_reac
         return ok, figures
     ok, figures = hindsight_target(fig(28, 28))
     assert not ok and figures == ("28 / 28 s against 0.85 x 28 / 28 s; out of any policy's reach: one pool of "
-                                  "the fleet's slices waits 28 / 28 s")
-    for below in (fig(10, 12), None):
+                                  "the fleet's slices waits 28 s over all jobs")
+    for below in (fig(10, 12), fig(20, 900), None):
         ok, figures = hindsight_target(below)
         assert not ok and figures == "28 / 28 s against 0.85 x 28 / 28 s"
 

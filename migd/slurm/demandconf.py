@@ -35,7 +35,7 @@ class Mixes(Word):
     GPU, and Slurm starts each job on the busiest node of a set (whatif/place.py), so no change of it is
     cheap again; only a fleet with fewer nodes than candidates needs mixes to offer every candidate at
     once.  Measured over the bench's traces, whole nodes wait less with reservations, and without them on
-    4 nodes and more; mixes on 1 and 2 (docs/demand.md)."""
+    4 nodes and more; mixes on 1 and 2 (docs/demand-tried.md)."""
 
     AUTO = "auto"  # whole nodes where older jobs hold whole nodes (every Slurm) and, where none do (the
     # bench's plain model), on a fleet of at least as many nodes as candidates; mixes on a smaller one

@@ -79,19 +79,19 @@ def objective(r: Mapping[str, Any]) -> tuple[float, float]:
 def targets(results: Mapping[str, Mapping[str, Any]], clock_right: bool,
             pool: Mapping[str, Any] | None = None) -> list[tuple[str, bool, str]]:
     """Each target as (what, met, the figures).  ``pool``: the figures of the fleet as one pool of slices
-    (bench/demand_pool.py), which no policy beats: a target below them is out of any policy's reach, and
-    the figures say so (where a trace's best fixed mix already waits the model's one step, as on a
-    week whose mix holds, 0.85x of it is)."""
+    (bench/demand_pool.py), whose p95 over all jobs no policy beats: a target below it is out of any
+    policy's reach, and the figures say so (where a trace's best fixed mix already waits the model's
+    floor, as on a week whose mix holds, 0.85x of it is).  Not its worst type's p95: the pool starts
+    jobs in arrival order, passing one that does not fit, and can keep passing a large one."""
     m, acc, best, clk = results["migd"], results["fixed-accounting"], results.get("fixed-hindsight"), results["clock"]
     out = [_at_most("p95 <= fixed mix from accounting", m, acc, 1.0)]
     if clock_right:
         out.append(_at_most("p95 <= 1.5x clock (the clock is right here)", m, clk, 1.5))
     elif best is not None:
         what, ok, figures = _at_most("p95 <= 0.85x best fixed mix in hindsight", m, best, 0.85)
-        if not ok and pool is not None and (pool["wait_p95_s"] > 0.85 * best["wait_p95_s"]
-                                            or pool["worst_type_p95_s"] > 0.85 * best["worst_type_p95_s"]):
-            figures += (f"; out of any policy's reach: one pool of the fleet's slices waits "
-                        f"{pool['wait_p95_s']} / {pool['worst_type_p95_s']} s")
+        if not ok and pool is not None and pool["wait_p95_s"] > 0.85 * best["wait_p95_s"]:
+            figures += (f"; out of any policy's reach: one pool of the fleet's slices waits {pool['wait_p95_s']} s "
+                        "over all jobs")
         out.append((what, ok, figures))
     ratio = m["worst_type_p95_s"] / max(1, m["wait_p95_s"])
     out.append(("no type's p95 above 3x the overall p95", ratio <= 3,
