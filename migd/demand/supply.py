@@ -31,7 +31,7 @@ def remaining_s(r: Running, h: Horizon) -> float:
     if ratio >= 1.0 or not 0 < r.limit_s < float("inf"):
         return r.ends_in_s
     elapsed = r.limit_s - r.ends_in_s
-    expected = ratio * r.limit_s
+    expected = expected_s(r.limit_s, ratio)
     return min(r.ends_in_s, expected - elapsed) if elapsed < expected else r.ends_in_s
 
 
