@@ -16,10 +16,9 @@ leaves idle while it drains and switches.  Changes are taken best first, one nod
    the horizon the older jobs of the layout's other types hold it); none that takes the last place
    away is made; and one that takes the last place from a type seen (pending or running) within
    ``keep_place_s`` (a day by default) is held, unless it gives a waiting type its place: the seen
-   type's next job would wait for a drain and a switch, and
-   a type that ran today comes back (on a fleet loaded past its size and cut whole, a quiet hour
-   otherwise gave a type's last node to the others minutes before its next jobs came, which then
-   waited hours for a drain: docs/demand.md);
+   type's next job would wait for a drain and a switch, and a type that ran today comes back (on a
+   fleet loaded past its size and cut whole, a quiet hour otherwise gave a type's last node to the
+   others minutes before its next jobs came, which then waited hours for a drain: docs/demand.md);
 2. then the change that most shortens the longest expected wait of a MIG type (its oldest pending
    job's age plus the time the type's supply takes to run its work within the horizon), then best
    lifts the worst-served account, then the largest net gain, while one pays enough
@@ -64,7 +63,7 @@ class Params:
     min_gain_slice_h: float = 7.0  # hysteresis: a change must gain this much (one GPU-hour) net
     gain_ratio: float = 1.0  # and its benefit be this many times its cost (1: no margin past min_gain; with
     # each change replayed against the waiting jobs (starts.py), dropping the twofold margin met more of
-    # the bench's targets: docs/demand.md)
+    # the bench's targets: docs/demand-tried.md)
     switch_s: float = 180.0  # one switch's own time: apply, GRES, Slurm restart, registration
     max_changes_per_day: int = 4
     max_in_maintenance: int | None = None  # nodes draining or switching at once (fleet waves)

@@ -8,7 +8,7 @@ for the instances it takes away start hours later; and a node drained for a queu
 will serve within the hour idles for nothing.  So a change is made only if, replayed, the jobs
 waiting now wait less in all with it than without it.  Replayed from the accounting mix itself, the
 rule without this check left 4 nodes waiting longer than keeping that mix would have on five draws
-of eight (docs/demand.md, "The same demand drawn again").
+of eight (docs/demand-tried.md).
 
 The replay: each node's instances of each MIG type free when the running job on them is expected to
 end (supply.remaining_s); a node changing (this change, one already decided this pass, or one
@@ -18,7 +18,7 @@ order: reserve.py), each on the node where the instances it asks are free soones
 equals), for its expected run time (its account's learned share of its time limit); a job that
 would not start within the horizon counts as starting at its end.  No job arrives in it: the
 forecast weighs a change, it starts none.  Slurm's whole-node reservations are not replayed here:
-replayed with them, the check did no better with Slurm's reservations in the bench (docs/demand.md).
+replayed with them, the check did no better with Slurm's reservations in the bench (docs/demand-tried.md).
 """
 
 from __future__ import annotations
