@@ -50,7 +50,7 @@ class Ahead:
         """What is ahead of whom in the order Slurm's backfill tests pending jobs: priority first, then
         submission, then job id (numerically: 999 before 1000, 12_2 before 12_10); a job waiting on a
         dependency or its begin time is not tested and reserves nothing."""
-        queue = sorted((p for p in pending if p.startable), key=priority_order)[:BF_MAX_JOB_TEST]
+        queue = tested(pending)
         before: dict[str, dict[str, tuple[float, int]]] = {}
         seen: dict[str, tuple[float, int]] = defaultdict(lambda: (0.0, 0))
         for p in queue:
@@ -76,6 +76,12 @@ class Ahead:
     def holds(self) -> bool:
         """Whether any pending job may hold a node (none: a node's supply is all its own)."""
         return bool(self.everyone)
+
+
+def tested(pending: Iterable[Pending]) -> list[Pending]:
+    """The pending jobs Slurm's backfill tests, in its order: those it may start (no dependency or begin
+    time to wait for), by ``priority_order``, at most ``BF_MAX_JOB_TEST``."""
+    return sorted((p for p in pending if p.startable), key=priority_order)[:BF_MAX_JOB_TEST]
 
 
 def priority_order(p: Pending) -> tuple[int, float, tuple[str | int, ...]]:

@@ -27,7 +27,7 @@ import bisect
 from collections.abc import Mapping, Sequence
 
 from migd.demand.inputs import Layout, NodeView, Pending, Shapes
-from migd.demand.reserve import BF_MAX_JOB_TEST, priority_order
+from migd.demand.reserve import tested
 from migd.demand.supply import Horizon, expected_s, ready_in_s, remaining_s
 
 Slots = dict[str, list[float]]  # MIG type -> when each of the node's instances of it is free (sorted)
@@ -76,7 +76,7 @@ class Starts:
 
     def __init__(self, nodes: Sequence[NodeView], pending: Sequence[Pending], shapes: Shapes, h: Horizon) -> None:
         self.nodes, self.shapes, self.h = list(nodes), shapes, h
-        self.pending = sorted((p for p in pending if p.startable), key=priority_order)[:BF_MAX_JOB_TEST]
+        self.pending = tested(pending)
         self.taken: dict[str, str] = {}
         self._now: float | None = None
         self._as_is: list[Slots] | None = None  # each node's slots in its layout (the same for every trial)
