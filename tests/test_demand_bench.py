@@ -28,6 +28,7 @@ from migd.demand.inputs import Layout  # noqa: E402
 from migd.whatif.figures import pct, reversals, targets  # noqa: E402
 from migd.whatif.fixedmix import accounting, hindsight, spread  # noqa: E402
 from migd.whatif.replay import Cluster, run  # noqa: E402
+from migd.whatif.shift import SHIFTS  # noqa: E402
 
 CONFIG = REPO / "bench" / "demand.yaml"
 SETUP = policies.Setup.load(CONFIG, "dgx-h100", THURSDAY, 1)
@@ -205,6 +206,45 @@ def test_a_hindsight_target_below_the_pool_is_said_to_be_out_of_any_policys_reac
         assert not ok and figures == "28 / 28 s against 0.85 x 28 / 28 s"
 
 
+def test_the_hindsight_target_does_not_apply_where_the_traces_mix_holds() -> None:
+    """The 0.85x-hindsight target is for demand that shifts: below SHIFTS (migd/whatif/shift.py) it is
+    said not to apply (met None) with its figures, at SHIFTS or above, or unmeasured, it is weighed."""
+    def fig(p95: int, worst: int) -> dict[str, Any]:
+        return {"wait_p95_s": p95, "worst_type_p95_s": worst, "worst_type": "7g.80gb", "reversals_6h": 0,
+                "changes": 5, "jobs_killed": 0, "reconfigs_per_node_day": 0.1}
+    results = {"migd": fig(28, 28), "fixed-accounting": fig(28, 3178), "fixed-hindsight": fig(28, 28),
+               "clock": fig(9999, 9999)}
+
+    def hindsight_target(shifts: float | None) -> tuple[bool | None, str]:
+        (_, ok, figures), = [t for t in targets(results, False, None, shifts) if "hindsight" in t[0]]
+        return ok, figures
+    assert hindsight_target(0.03) == (None, "does not apply: the trace's mix holds (distance 0.03, under 0.10); "
+                                            "28 / 28 s against 0.85 x 28 / 28 s")
+    for weighed in (SHIFTS, 0.4, None):
+        assert hindsight_target(weighed) == (False, "28 / 28 s against 0.85 x 28 / 28 s")
+    results["migd"] = fig(20, 20)
+    assert hindsight_target(0.2) == (True, "20 / 20 s against 0.85 x 28 / 28 s")
+
+
+def test_the_bench_says_the_hindsight_target_does_not_apply_to_a_steady_trace(tmp_path: Path) -> None:
+    """A trace asking the same mix every hour: bench/demand.py measures its shift (0) and prints the
+    hindsight target as not applying, in its text and its JSON (met null), the other targets weighed."""
+    path = tmp_path / "steady.csv"
+    write_csv(path, [TraceJob(h * 1800.0 + k, "a", "gpu", gres, 1, 1500.0, 3600.0)
+                     for h in range(40) for k, gres in enumerate(("1g.10gb", "7g.80gb"))])
+    args = [sys.executable, str(REPO / "bench" / "demand.py"), "--trace", str(path), "--nodes", "1", "--days", "1",
+            "--search", "1"]
+    doc = json.loads(subprocess.run(args + ["--json"], capture_output=True, text=True, timeout=120, check=True).stdout)
+    assert doc["shift"] == 0.0
+    (hind,) = [t for t in doc["targets"] if "hindsight" in t["target"]]
+    assert hind["met"] is None and hind["figures"].startswith("does not apply: the trace's mix holds (distance 0.00")
+    assert all(isinstance(t["met"], bool) for t in doc["targets"] if t is not hind)
+    out = subprocess.run(args, capture_output=True, text=True, timeout=120, check=True).stdout.splitlines()
+    assert "how far the trace's mix shifts (migd/whatif/shift.py; it shifts from 0.10): 0.00" in out
+    assert [x for x in out if x.startswith("target n/a")] == [
+        f"target n/a      p95 <= 0.85x best fixed mix in hindsight (all jobs / worst type): {hind['figures']}"]
+
+
 def test_the_pool_starts_a_job_on_any_free_slices_in_arrival_order_passing_one_that_does_not_fit() -> None:
     """Seven slices pooled: a 7g job runs; a 1g job behind it waits for its end, whatever the types; then
     a 7g job that cannot fit beside the 1g waits while a later 2g job that fits starts at once."""
@@ -292,7 +332,7 @@ def test_the_seeds_bench_gives_each_draw_as_the_bench_does_and_counts_the_target
         figures = [int(x) for x in row.split()[1:12] if x.isdigit()]
         assert figures == [doc["policies"][p][k] for p in ("migd", "fixed-accounting", "fixed-hindsight")
                            for k in ("wait_p95_s", "worst_type_p95_s")]
-        missed = {t["target"].split(" (")[0] for t in doc["targets"] if not t["met"]}
+        missed = {t["target"].split(" (")[0] for t in doc["targets"] if t["met"] is False}
         assert {m for m in row.split("  ")[-1].split("; ") if m != "-"} == missed
     counts = [line.split(" seeds: ") for line in lines if line.startswith("met on ")]
     assert len(counts) >= 4

@@ -1,5 +1,5 @@
-"""bench/demand_shift.py: how far each window's mix of MIG types is from the whole trace's, the figure
-docs/demand.md reads to tell a trace whose demand shifts from one whose mix holds."""
+"""migd/whatif/shift.py and bench/demand_shift.py: how far each window's mix of MIG types is from the
+whole trace's, the figure the bench reads to tell a trace whose demand shifts from one whose mix holds."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
-from demand_shift import distance, main, shift, windows  # noqa: E402
+from demand_shift import main  # noqa: E402
 from demand_trace import TraceJob  # noqa: E402
+
+from migd.whatif.shift import distance, shift, windows  # noqa: E402
 
 
 def job(submit_h: float, gres: str, hours: float = 1.0, count: int = 1) -> TraceJob:
