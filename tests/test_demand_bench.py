@@ -184,14 +184,17 @@ def test_the_short_bench_reports_every_policy_and_target() -> None:
     assert all(doc["pool"]["wait_p95_s"] <= p["wait_p95_s"] for p in doc["policies"].values())  # none reaches it
 
 
+def fig(p95: int, worst: int) -> dict[str, Any]:
+    """A policy's figures as targets() reads them: p95 over all jobs and the worst type's, the rest met."""
+    return {"wait_p95_s": p95, "worst_type_p95_s": worst, "worst_type": "7g.80gb", "reversals_6h": 0,
+            "changes": 5, "jobs_killed": 0, "reconfigs_per_node_day": 0.1}
+
+
 def test_a_hindsight_target_below_the_pool_is_said_to_be_out_of_any_policys_reach() -> None:
     """A week whose best fixed mix waits 28 s, the model's floor (it moves in 30-s steps), cannot be waited
     0.85x of: the pool of the fleet's slices, whose p95 no policy beats, waits as long.  The target stays
     not met, and says why; where the pool waits less over all jobs (its worst type may wait longer: it
     passes a large job), a miss is only a miss."""
-    def fig(p95: int, worst: int) -> dict[str, Any]:
-        return {"wait_p95_s": p95, "worst_type_p95_s": worst, "worst_type": "7g.80gb", "reversals_6h": 0,
-                "changes": 5, "jobs_killed": 0, "reconfigs_per_node_day": 0.1}
     results = {"migd": fig(28, 28), "fixed-accounting": fig(28, 3178), "fixed-hindsight": fig(28, 28),
                "clock": fig(9999, 9999)}
 
@@ -209,9 +212,6 @@ def test_a_hindsight_target_below_the_pool_is_said_to_be_out_of_any_policys_reac
 def test_the_hindsight_target_does_not_apply_where_the_traces_mix_holds() -> None:
     """The 0.85x-hindsight target is for demand that shifts: below SHIFTS (migd/whatif/shift.py) it is
     said not to apply (met None) with its figures, at SHIFTS or above, or unmeasured, it is weighed."""
-    def fig(p95: int, worst: int) -> dict[str, Any]:
-        return {"wait_p95_s": p95, "worst_type_p95_s": worst, "worst_type": "7g.80gb", "reversals_6h": 0,
-                "changes": 5, "jobs_killed": 0, "reconfigs_per_node_day": 0.1}
     results = {"migd": fig(28, 28), "fixed-accounting": fig(28, 3178), "fixed-hindsight": fig(28, 28),
                "clock": fig(9999, 9999)}
 
