@@ -44,7 +44,7 @@ from migd.sim.fleets import FLEETS  # noqa: E402
 from migd.whatif.figures import objective, table, targets  # noqa: E402
 from migd.whatif.fixedmix import accounting, hindsight, spread  # noqa: E402
 from migd.whatif.sacct import SacctError, read_sacct  # noqa: E402
-from migd.whatif.shift import SHIFTS, of_trace  # noqa: E402
+from migd.whatif.shift import SHIFT_MIN, of_trace  # noqa: E402
 from migd.whatif.weigh import replayer  # noqa: E402
 
 CONFIG = ROOT / "bench" / "demand.yaml"
@@ -116,7 +116,7 @@ def compare(trace: Trace, setup: policies.Setup, nodes: int, days: float, waves:
     results["fixed-hindsight"] = figures
     seconds["fixed-hindsight"] = time.process_time() - t0
     about = {"pool": pool(jobs, nodes * max(lay.slices for lay in setup.layouts.values()), end),
-             "shift": round(of_trace(jobs, end), 3),
+             "shift": of_trace(jobs, end),
              "accounting_gpus": dict(zip(setup.candidates.names, acc, strict=True)),
              "hindsight_gpus": dict(zip(setup.candidates.names, best, strict=True)), "hindsight_replays": replays,
              "cpu_seconds": {k: round(v, 1) for k, v in seconds.items()}}
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     budget = args.search or (6 if args.short else 40)
     results, about = compare(trace, setup, nodes, days, fleet_waves, budget, DAY if record else 0.0,
                              args.slurm_backfill)
-    checks = targets(results, trace.clock_right, about["pool"], about["shift"])
+    checks = targets(results, trace.clock_right, about["pool"], shift=about["shift"])
     if args.json:
         print(json.dumps({"policies": results, "nodes": nodes, "days": days, "jobs": len(trace.jobs),
                           "trace": trace.name, "seed": args.seed, "start": trace.start.isoformat(),
@@ -167,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"one pool of the fleet's slices, nothing partitioned or switched (what no policy reaches): p95 "
           f"{p['wait_p95_s']} s, worst type {p['worst_type_p95_s']} s ({p['worst_type']})")
     print("model CPU seconds: " + ", ".join(f"{n} {s}" for n, s in about["cpu_seconds"].items()))
-    print(f"how far the trace's mix shifts (migd/whatif/shift.py; it shifts from {SHIFTS:.2f}): {about['shift']:.2f}")
+    print(f"how far the trace's mix shifts (migd/whatif/shift.py; it shifts from {SHIFT_MIN:.2f}): "
+          f"{about['shift']:.3f}")
     for t, ok, f in checks:
         print(f"target {'n/a    ' if ok is None else 'met    ' if ok else 'NOT MET'}  {t}: {f}")
     return 0

@@ -63,6 +63,26 @@ def ratio(m: dict[str, float], ref: dict[str, float]) -> tuple[float, float]:
     return (m["wait_p95_s"] / max(30, ref["wait_p95_s"]), m["worst_type_p95_s"] / max(30, ref["worst_type_p95_s"]))
 
 
+def tally(met: dict[str, list[int]], checks: list[tuple[str, bool | None, str]]) -> list[str]:
+    """Count one seed's targets into ``met`` (target -> [seeds met, seeds it applies to]); the names of
+    those it missed.  A target that does not apply (None) counts for neither."""
+    missed = []
+    for what, ok, _ in checks:
+        got = met.setdefault(what, [0, 0])
+        got[0] += ok is True
+        got[1] += ok is not None
+        if ok is False:
+            missed.append(what.split(" (")[0])
+    return missed
+
+
+def summary(what: str, met: int, applies: int, seeds: int) -> str:
+    if applies == 0:
+        return f"applies to no seed of {seeds}: {what}"
+    where = "" if applies == seeds else f" (it applies to {applies} of {seeds})"
+    return f"met on {met} of {applies} seeds: {what}{where}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     met: dict[str, list[int]] = {}  # target -> [seeds met, seeds it applies to]
@@ -79,19 +99,12 @@ def main(argv: list[str] | None = None) -> int:
         ra, rb = ratio(m, acc), ratio(m, best)
         logs["accounting"] += [math.log(r) for r in ra]
         logs["hindsight"] += [math.log(r) for r in rb]
-        missed = []
-        for what, ok, _ in targets(results, trace.clock_right, shifts=about["shift"]):
-            got = met.setdefault(what, [0, 0])
-            got[0] += ok is True
-            got[1] += ok is not None
-            if ok is False:
-                missed.append(what.split(" (")[0])
+        missed = tally(met, targets(results, trace.clock_right, shift=about["shift"]))
         fig = "{wait_p95_s:>7} / {worst_type_p95_s:<7}".format
         print(f"{seed:>4}  {fig(**m)}  {fig(**acc)}  {fig(**best):>17}  {ra[0]:5.2f} / {ra[1]:4.2f}  "
               f"{rb[0]:5.2f} / {rb[1]:4.2f}  {'; '.join(missed) or '-'}", flush=True)
     for what, (k, n) in met.items():
-        where = "" if n == len(args.seeds) else f" (it applies to {n} of {len(args.seeds)})"
-        print(f"met on {k} of {n} seeds: {what}{where}")
+        print(summary(what, k, n, len(args.seeds)))
     for ref, xs in logs.items():
         print(f"geometric mean of migd's ratios to the {ref} mix (all jobs and worst type together): "
               f"{math.exp(sum(xs) / len(xs)):.2f}")

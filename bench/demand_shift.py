@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, help="a generated trace's seed (default its own)")
     p.add_argument("--days", type=float, default=4.0)
     p.add_argument("--hours", type=float, default=WINDOW_S / 3600,
-                   help="the window (default 6 hours: day and night apart)")
+                   help=f"the window (default {WINDOW_S / 3600:g} hours: day and night apart)")
     a = p.parse_args(argv)
     try:
         jobs = load_trace(argparse.Namespace(trace=a.trace, seed=a.seed, start=None), a.nodes, a.days).jobs

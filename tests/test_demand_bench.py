@@ -28,7 +28,7 @@ from migd.demand.inputs import Layout  # noqa: E402
 from migd.whatif.figures import pct, reversals, targets  # noqa: E402
 from migd.whatif.fixedmix import accounting, hindsight, spread  # noqa: E402
 from migd.whatif.replay import Cluster, run  # noqa: E402
-from migd.whatif.shift import SHIFTS  # noqa: E402
+from migd.whatif.shift import SHIFT_MIN  # noqa: E402
 
 CONFIG = REPO / "bench" / "demand.yaml"
 SETUP = policies.Setup.load(CONFIG, "dgx-h100", THURSDAY, 1)
@@ -210,17 +210,18 @@ def test_a_hindsight_target_below_the_pool_is_said_to_be_out_of_any_policys_reac
 
 
 def test_the_hindsight_target_does_not_apply_where_the_traces_mix_holds() -> None:
-    """The 0.85x-hindsight target is for demand that shifts: below SHIFTS (migd/whatif/shift.py) it is
-    said not to apply (met None) with its figures, at SHIFTS or above, or unmeasured, it is weighed."""
+    """The 0.85x-hindsight target is for demand that shifts: below SHIFT_MIN (migd/whatif/shift.py) it is
+    said not to apply (met None) with its figures, at SHIFT_MIN or above, or unmeasured, it is weighed."""
     results = {"migd": fig(28, 28), "fixed-accounting": fig(28, 3178), "fixed-hindsight": fig(28, 28),
                "clock": fig(9999, 9999)}
 
-    def hindsight_target(shifts: float | None) -> tuple[bool | None, str]:
-        (_, ok, figures), = [t for t in targets(results, False, None, shifts) if "hindsight" in t[0]]
+    def hindsight_target(shift: float | None) -> tuple[bool | None, str]:
+        (_, ok, figures), = [t for t in targets(results, False, None, shift) if "hindsight" in t[0]]
         return ok, figures
-    assert hindsight_target(0.03) == (None, "does not apply: the trace's mix holds (distance 0.03, under 0.10); "
-                                            "28 / 28 s against 0.85 x 28 / 28 s")
-    for weighed in (SHIFTS, 0.4, None):
+    assert hindsight_target(0.03) == (None, f"does not apply: the trace's mix holds (distance 0.030, under "
+                                            f"{SHIFT_MIN:.2f}); 28 / 28 s against 0.85 x 28 / 28 s")
+    assert hindsight_target(SHIFT_MIN - 0.0004)[0] is None  # (the measure itself decides, not its rounding)
+    for weighed in (SHIFT_MIN, 0.4, None):
         assert hindsight_target(weighed) == (False, "28 / 28 s against 0.85 x 28 / 28 s")
     results["migd"] = fig(20, 20)
     assert hindsight_target(0.2) == (True, "20 / 20 s against 0.85 x 28 / 28 s")
@@ -235,14 +236,30 @@ def test_the_bench_says_the_hindsight_target_does_not_apply_to_a_steady_trace(tm
     args = [sys.executable, str(REPO / "bench" / "demand.py"), "--trace", str(path), "--nodes", "1", "--days", "1",
             "--search", "1"]
     doc = json.loads(subprocess.run(args + ["--json"], capture_output=True, text=True, timeout=120, check=True).stdout)
-    assert doc["shift"] == 0.0
+    assert doc["shift"] == pytest.approx(0.0, abs=1e-9)
     (hind,) = [t for t in doc["targets"] if "hindsight" in t["target"]]
-    assert hind["met"] is None and hind["figures"].startswith("does not apply: the trace's mix holds (distance 0.00")
+    assert hind["met"] is None and hind["figures"].startswith("does not apply: the trace's mix holds (distance 0.000")
     assert all(isinstance(t["met"], bool) for t in doc["targets"] if t is not hind)
     out = subprocess.run(args, capture_output=True, text=True, timeout=120, check=True).stdout.splitlines()
-    assert "how far the trace's mix shifts (migd/whatif/shift.py; it shifts from 0.10): 0.00" in out
+    assert f"how far the trace's mix shifts (migd/whatif/shift.py; it shifts from {SHIFT_MIN:.2f}): 0.000" in out
     assert [x for x in out if x.startswith("target n/a")] == [
         f"target n/a      p95 <= 0.85x best fixed mix in hindsight (all jobs / worst type): {hind['figures']}"]
+
+
+def test_the_seeds_bench_counts_a_target_only_where_it_applies() -> None:
+    """A target that does not apply to a seed (met None) is neither met nor missed there: it counts in
+    neither figure of its line, and the line says on how many seeds it applied."""
+    import demand_seeds
+
+    met: dict[str, list[int]] = {}
+    hind = "p95 <= 0.85x best fixed mix in hindsight (all jobs / worst type)"
+    for ok in (True, None, False):
+        missed = demand_seeds.tally(met, [(hind, ok, ""), ("0 jobs killed", True, "0")])
+        assert missed == (["p95 <= 0.85x best fixed mix in hindsight"] if ok is False else [])
+    assert met == {hind: [1, 2], "0 jobs killed": [3, 3]}
+    assert demand_seeds.summary(hind, 1, 2, 3) == f"met on 1 of 2 seeds: {hind} (it applies to 2 of 3)"
+    assert demand_seeds.summary("0 jobs killed", 3, 3, 3) == "met on 3 of 3 seeds: 0 jobs killed"
+    assert demand_seeds.summary(hind, 0, 0, 3) == f"applies to no seed of 3: {hind}"
 
 
 def test_the_pool_starts_a_job_on_any_free_slices_in_arrival_order_passing_one_that_does_not_fit() -> None:

@@ -14,7 +14,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from demand_shift import main  # noqa: E402
 from demand_trace import TraceJob  # noqa: E402
 
-from migd.whatif.shift import distance, shift, windows  # noqa: E402
+from migd.whatif.shift import WINDOW_S, distance, of_trace, shift, windows  # noqa: E402
 
 
 def job(submit_h: float, gres: str, hours: float = 1.0, count: int = 1) -> TraceJob:
@@ -39,6 +39,15 @@ def test_a_mix_that_turns_over_shifts_and_one_that_holds_does_not() -> None:
     holding = windows([job(h, "1g.10gb") for h in range(12)] + [job(h, "7g.80gb") for h in range(12)],
                       6 * 3600, 12 * 3600)
     assert shift(holding) == 0.0
+
+
+def test_the_bench_weighs_a_trace_over_windows_of_six_hours() -> None:
+    """A mix that turns over every hour holds over six: of_trace, which decides whether the hindsight
+    target applies, reads day and night apart, not each hour's own mix."""
+    hourly = [job(h, "1g.10gb" if h % 2 else "7g.80gb", hours=1 / 7 if h % 2 else 1 / 49) for h in range(12)]
+    assert WINDOW_S == 6 * 3600
+    assert shift(windows(hourly, 3600, 12 * 3600)) == pytest.approx(0.5)
+    assert of_trace(hourly, 12 * 3600) == shift(windows(hourly, WINDOW_S, 12 * 3600)) == pytest.approx(0.0)
 
 
 def test_a_bad_trace_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 from migd.demand.mix import moved_back
 from migd.whatif.replay import Cluster, Job
-from migd.whatif.shift import SHIFTS
+from migd.whatif.shift import SHIFT_MIN, holds
 
 REVERSAL_S = 6 * 3600.0
 
@@ -78,11 +78,11 @@ def objective(r: Mapping[str, Any]) -> tuple[float, float]:
 
 
 def targets(results: Mapping[str, Mapping[str, Any]], clock_right: bool,
-            pool: Mapping[str, Any] | None = None, shifts: float | None = None) -> list[tuple[str, bool | None, str]]:
-    """Each target as (what, met, the figures); met is None for a target that does not apply.  ``shifts``:
+            pool: Mapping[str, Any] | None = None, shift: float | None = None) -> list[tuple[str, bool | None, str]]:
+    """Each target as (what, met, the figures); met is None for a target that does not apply.  ``shift``:
     how far the trace's mix moves (migd/whatif/shift.py): the 0.85x-hindsight target is for demand that
-    shifts, and below ``SHIFTS`` the best fixed mix already offers each window what it asks (None: not
-    measured, the target applies).  ``pool``: the figures of the fleet as one pool of slices
+    shifts, and where the mix holds the best fixed mix already offers each window what it asks (None:
+    not measured, the target applies).  ``pool``: the figures of the fleet as one pool of slices
     (bench/demand_pool.py), whose p95 over all jobs no policy beats: a target below it is out of any
     policy's reach, and the figures say so.  Not its worst type's p95: the pool starts jobs in arrival
     order, passing one that does not fit, and can keep passing a large one."""
@@ -95,9 +95,9 @@ def targets(results: Mapping[str, Mapping[str, Any]], clock_right: bool,
         if not ok and pool is not None and pool["wait_p95_s"] > 0.85 * best["wait_p95_s"]:
             figures += (f"; out of any policy's reach: one pool of the fleet's slices waits {pool['wait_p95_s']} s "
                         "over all jobs")
-        if shifts is not None and shifts < SHIFTS:
-            out.append((what, None, f"does not apply: the trace's mix holds (distance {shifts:.2f}, under "
-                                    f"{SHIFTS:.2f}); {figures}"))
+        if shift is not None and holds(shift):
+            out.append((what, None, f"does not apply: the trace's mix holds (distance {shift:.3f}, under "
+                                    f"{SHIFT_MIN:.2f}); {figures}"))
         else:
             out.append((what, ok, figures))
     ratio = m["worst_type_p95_s"] / max(1, m["wait_p95_s"])

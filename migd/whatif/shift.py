@@ -20,7 +20,7 @@ from migd.whatif.jobs import TraceJob
 Mix = dict[str, float]  # MIG type -> slice-hours
 
 WINDOW_S = 6 * 3600.0  # a window: day and night apart
-SHIFTS = 0.10  # a trace's demand shifts at this distance or more.  Not derived: it lies between the
+SHIFT_MIN = 0.10  # a trace's demand shifts at this distance or more.  Not derived: it lies between the
 # traces measured (docs/demand.md): every synthetic draw 0.22 or more, the shifting trace 0.40, the
 # Alibaba week 0.03 (7g is 91-99% of each of its days' slice-hours)
 
@@ -55,3 +55,9 @@ def shift(mixes: list[Mix]) -> float:
 def of_trace(jobs: Iterable[TraceJob], end_s: float) -> float:
     """The trace's shift over windows of ``WINDOW_S``: what decides whether the hindsight target applies."""
     return shift(windows(jobs, WINDOW_S, end_s))
+
+
+def holds(distance_from_whole: float) -> bool:
+    """Whether a trace whose windows are this far from its whole mix (``shift``) asks one mix throughout:
+    the best fixed mix then already offers each window what it asks."""
+    return distance_from_whole < SHIFT_MIN
