@@ -41,7 +41,9 @@ def test_crash_at_sampled_steps() -> None:
     """A sample of the crash matrix; .ci/run runs every step (bench/crash_matrix.py)."""
     p = subprocess.run([sys.executable, str(REPO / "bench" / "crash_matrix.py"), "--sample", "64", "--json"],
                        capture_output=True, text=True, timeout=600)
-    doc = json.loads(p.stdout.strip().splitlines()[-1])
+    lines = p.stdout.strip().splitlines()
+    assert lines, f"bench/crash_matrix.py exited {p.returncode} with no report: {p.stderr[-2000:]}"
+    doc = json.loads(lines[-1])
     assert p.returncode == 0 and doc["failures"] == [], doc["failures"]
     assert doc["scenarios"] >= 18
     relabel = {"day: notebooks->training", "day->night with access"} if os.geteuid() == 0 else set()  # (mknod)
