@@ -166,3 +166,13 @@ def test_one_clock_on_one_screen(dgx: MigdProcess) -> None:
     assert dates == {"2031-03-03"}, r.stdout
     assert "clock: migd's own (--now, --time-scale), not this machine's" in r.stdout
     assert r.stdout.startswith("migd running since 2031-03-03 ")
+    since, origin = re.search(r"running since (\S+ \S+) UTC.*\n.*from (\S+ \S+) UTC", r.stdout).groups()
+    assert since >= origin, r.stdout  # (not before the clock it is shown on began)
+
+    world.raise_xid(StateStore(dgx.migctl.state), 3, 79)  # a fault mark's time is on that clock too
+    dgx.wait_until(lambda: bool(dgx.daemon_doc()["unhealthy"]))
+    r = dgx.migctl.process("daemon")
+    uuid = StateStore(dgx.migctl.state).read().gpus[3].uuid
+    assert re.search(rf"^unhealthy: GPU 3 \({uuid}\): Xid 79 \(GPU-wide\) at 2031-03-03 \S+ UTC; reconfiguring "
+                     r"it is refused until `migctl clear-fault 3`$", r.stdout, re.M), r.stdout
+    assert set(re.findall(r"\b(\d{4}-\d\d-\d\d)[ T]", r.stdout)) == {"2031-03-03"}, r.stdout

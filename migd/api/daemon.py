@@ -138,6 +138,15 @@ class Blocked:
 
 
 @dataclass(frozen=True)
+class Fault:
+    """A GPU-wide fault mark as numbers: its Xid and when the fault watch read it (Unix time), so that a
+    reader shows the time on the document's clock (``unhealthy`` gives it in words, in UTC)."""
+
+    xid: int
+    at: float
+
+
+@dataclass(frozen=True)
 class GpuView:
     """``failures``, ``failed_at`` and ``next_try`` only for a failed GPU waiting out its backoff (added in
     v1 with the backoff; left out otherwise); ``pids`` only for a GPU waiting for busy instances: the
@@ -186,3 +195,5 @@ class DaemonDoc:
     access: AccessView | None = None  # (added in v1 with access by owner; older migd leaves it out)
     applying: Applying | None = field(default=None, metadata=OMIT_NONE)  # (added in v1: a manual apply waiting)
     clock: SimClock | None = field(default=None, metadata=OMIT_NONE)  # (added in v1: only on a clock of migd's own)
+    faults: dict[str, Fault] | None = field(default=None, metadata=OMIT_NONE)  # (added in v1: ``unhealthy``'s marks
+    # as numbers, by GPU UUID; left out with none)

@@ -18,6 +18,7 @@ from migd.api.daemon import Active, Applying, DaemonDoc, GpuView, LastApply, Out
 from migd.api.demand import DemandView, PlanSummary
 from migd.api.plan import SignalSent
 from migd.demand.runtime import MIN_JOBS
+from migd.isolation.xids import fault_text
 from migd.printable import text_lines
 from migd.profiles.model import index_ranges
 
@@ -161,7 +162,7 @@ def daemon_table(doc: DaemonDoc) -> str:
     lines += _gpu_lines(doc, when)
     if doc.last_apply:
         lines += _last_line(doc.last_apply, when)
-    lines += [f"unhealthy: {uuid}: {why}" for uuid, why in doc.unhealthy.items()]
+    lines += _unhealthy_lines(doc, when)
     if doc.last_reload_error:
         lines.append(f"last reload rejected: {doc.last_reload_error}")
     if doc.restart_needed:
@@ -173,6 +174,21 @@ def daemon_table(doc: DaemonDoc) -> str:
         lines.append(f"slurm node {sl.node}: {sl.phase.value} since {when(sl.since)}; GRES {sync}{res}"
                      + (f": {sl.reason}" if sl.reason else ""))
     return text_lines(lines + _access_lines(doc.access) + _demand_lines(doc.demand, when))
+
+
+def _unhealthy_lines(doc: DaemonDoc, when: When) -> list[str]:
+    """Each GPU a fault mark holds, by index as every other line names a GPU, and the mark's time on the
+    document's clock (an older migd gives the mark in words only: shown as it is)."""
+    index = {g.uuid: i for i, g in doc.gpus.items()}
+    faults = doc.faults or {}
+    lines = []
+    for uuid, why in doc.unhealthy.items():
+        gpu = f"GPU {index[uuid]} ({uuid})" if uuid in index else uuid
+        f = faults.get(uuid)
+        what = fault_text(f.xid, when(f.at)) if f is not None else why
+        lines.append(f"unhealthy: {gpu}: {what}; reconfiguring it is refused until `migctl clear-fault "
+                     f"{index.get(uuid, uuid)}`")
+    return lines
 
 
 def _access_lines(ac: AccessView | None) -> list[str]:

@@ -266,6 +266,8 @@ class Daemon:
         """What the loop does once before its first wait: recover, take up a kept hold, first pass."""
         self.clock.restart()
         self.status.clock = self.clock.view()
+        if self.status.clock is not None:  # migd's own clock starts here: "running since" is not before it
+            self.status.started = max(self.status.started, self.status.clock.real)
         try:
             for r in self.applier.recover():
                 log.warning("GPU %d: %s after an interrupted apply", r.index, r.status.replace("_", " "))

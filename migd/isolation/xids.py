@@ -27,5 +27,10 @@ class FaultMark:
     xid: int
     at: float
 
-    def __str__(self) -> str:  # the reason migctl and migd.daemon/v1 show
-        return f"Xid {self.xid} (GPU-wide) at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(self.at))}"
+    def __str__(self) -> str:  # the reason migd.daemon/v1's ``unhealthy`` and the log give
+        return fault_text(self.xid, time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(self.at)))
+
+
+def fault_text(xid: int, at: str) -> str:
+    """A fault mark in words, ``at`` as the reader's clock shows it (``migctl daemon``: migd's own)."""
+    return f"Xid {xid} (GPU-wide) at {at}"

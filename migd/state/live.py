@@ -19,6 +19,7 @@ from migd.api.daemon import (
     Applying,
     Blocked,
     DaemonDoc,
+    Fault,
     GpuView,
     LastApply,
     Next,
@@ -161,7 +162,8 @@ class Status:
             {str(i): g.view() for i, g in sorted(self.gpus.items())}, self.last_reload_error,
             tuple(self.restart_needed), {k.value: v for k, v in sorted(self.apply_count.items())},
             self.unhealthy_reasons(), self.slurm.view() if self.slurm else None, self.demand, self.access,
-            self.applying, self.clock)
+            self.applying, self.clock,
+            {u: Fault(m.xid, m.at) for u, m in self.unhealthy.snapshot().items()} or None)
 
     def _active(self) -> Active | None:
         if self.override is not None:
