@@ -8,7 +8,7 @@ within a schema version.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import yaml
@@ -78,17 +78,20 @@ def _instance_doc(g: GpuInfo, gi: GpuInstance, devs: dict[tuple[int, int], MigDe
                        owners.get(gi.placement.start), tuple(cis))
 
 
-def _gpu_plan(p: GpuPlan) -> wp.GpuPlan:
+def _gpu_plan(p: GpuPlan, owners_only: Collection[int]) -> wp.GpuPlan:
     return wp.GpuPlan(
         p.gpu.index, p.gpu.uuid, p.gpu.model_key, p.changes, p.kept, p.desired.mig,
         tuple(wp.Operation(o.kind, o.describe(), tuple(o.busy_pids)) for o in p.ops),
         tuple(wp.Target(t.name, t.gi_profile_id, _pl(t.placement),
-                        tuple(wp.ComputeTarget(pid, _pl(pl)) for pid, pl in t.ci), t.owner) for t in p.targets))
+                        tuple(wp.ComputeTarget(pid, _pl(pl)) for pid, pl in t.ci), t.owner) for t in p.targets),
+        True if p.gpu.index in owners_only else None)
 
 
-def plan_doc(profile: str, plans: list[GpuPlan], lost: Sequence[Unreadable] = ()) -> wp.PlanDoc:
-    """``migd.plan/v1``; ``unreadable``: GPUs the profile may select that NVML cannot read, left alone."""
-    return wp.PlanDoc(profile, tuple(_gpu_plan(p) for p in plans), unreadable(lost))
+def plan_doc(profile: str, plans: list[GpuPlan], lost: Sequence[Unreadable] = (),
+             owners_only: Collection[int] = ()) -> wp.PlanDoc:
+    """``migd.plan/v1``; ``unreadable``: GPUs the profile may select that NVML cannot read, left alone;
+    ``owners_only``: GPUs whose instances stay and whose owners change."""
+    return wp.PlanDoc(profile, tuple(_gpu_plan(p, owners_only) for p in plans), unreadable(lost))
 
 
 def assert_doc(profile: str, plans: list[GpuPlan], unmatched: list[int],
@@ -103,7 +106,8 @@ def assert_doc(profile: str, plans: list[GpuPlan], unmatched: list[int],
 
 def apply_doc(result: ApplyResult, dry_run: bool) -> wp.ApplyDoc:
     return wp.ApplyDoc(
-        result.profile, tuple(_gpu_plan(p) for p in result.plans), unreadable(result.unreadable), dry_run,
+        result.profile, tuple(_gpu_plan(p, result.owners_only) for p in result.plans), unreadable(result.unreadable),
+        dry_run,
         result.ok, round(result.seconds, 3),
         tuple(wp.GpuResult(r.index, r.uuid, r.status, r.ops, r.error, round(r.seconds, 3)) for r in result.results),
         signalled=signals(result.signalled))
@@ -118,7 +122,7 @@ def refused_doc(profile: str, plans: list[GpuPlan], lost: Sequence[Unreadable], 
                 why: str) -> wp.ApplyDoc:
     """``migd.apply/v1`` of an apply refused before it touched a GPU (busy instances): the plan it refused,
     no results, and ``error`` saying why."""
-    return wp.ApplyDoc(profile, tuple(_gpu_plan(p) for p in plans), unreadable(lost), dry_run, False, 0.0, (), why)
+    return wp.ApplyDoc(profile, tuple(_gpu_plan(p, ()) for p in plans), unreadable(lost), dry_run, False, 0.0, (), why)
 
 
 def doctor_doc(findings: list[Finding]) -> DoctorDoc:

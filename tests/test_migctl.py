@@ -397,3 +397,22 @@ def test_mig_parted_hooks_files_are_accepted(tmp_path: Path) -> None:
             for ph in ("apply-start", "apply-exit")))
     assert m("apply", str(PROFILES / "day.yaml"), "--hooks", str(hooks)).code == 0
     assert log.read_text().splitlines() == [f"{ph} day from-envs {tmp_path}" for ph in ("apply-start", "apply-exit")]
+
+
+def test_an_owner_only_change_says_what_it_changes(tmp_path: Path) -> None:
+    """mig-parted's all-1g.10gb, then day (the same instances, owned by notebooks): the plan, the dry run
+    and the apply each say the owners change and nothing else does, in the count and on the GPU's line
+    alike; the apply after it finds nothing to do."""
+    m = Migctl(tmp_path, "dgx-h100")
+    assert m("apply", "-f", str(REFERENCE / "mig-parted-config-default.yaml"), "-c", "all-1g.10gb").code == 0
+    line = "GPU 0-7 (H100-SXM5-80GB): 7x1g.10gb: instances kept, owners set to notebooks (no MIG operation)\n"
+    plan = m("plan", str(PROFILES / "day.yaml"))
+    assert plan.out == "day: 8 GPU(s) to change, 0 already as asked, 0 operation(s)\n" + line, plan.out
+    assert [g["owners_only"] for g in m("plan", str(PROFILES / "day.yaml"), "-o", "json").json()["gpus"]] == [True] * 8
+    dry = m("apply", "--dry-run", str(PROFILES / "day.yaml"))
+    assert dry.out.endswith("8 GPU(s) to change, 0 already as asked, 0 operation(s)\n" + line), dry.out
+    done = m("apply", str(PROFILES / "day.yaml"))
+    assert done.code == 0 and "; 8 GPU(s) changed, 0 already as asked\n" + line in done.out, done.out
+    again = m("apply", str(PROFILES / "day.yaml"), "-o", "json")
+    assert all("owners_only" not in g for g in again.json()["gpus"]), again.out
+    assert m("apply", str(PROFILES / "day.yaml")).out.endswith("7x1g.10gb: already applied\n")

@@ -48,6 +48,9 @@ class GpuPlan:
     mig: bool
     operations: tuple[Operation, ...]
     target: tuple[Target, ...]
+    # true where the instances stay as they are and only their owners change (no MIG operation; added in
+    # v1, left out otherwise)
+    owners_only: bool | None = field(default=None, metadata=OMIT_NONE)
 
 
 @dataclass(frozen=True)

@@ -101,11 +101,13 @@ class Applier:
     def apply_plans(self, profile: Profile, plans: list[GpuPlan], opts: ApplyOptions) -> ApplyResult:
         """Carry out ``plans``, made from readings taken under the apply lock that the caller still holds."""
         t0 = time.monotonic()
-        moved = relabelled(plans, self.owners.load())  # owners change without any NVML operation
+        owners_then = self.owners.load()
+        moved = relabelled(plans, owners_then)  # owners change without any NVML operation
         if opts.dry_run:
             return ApplyResult(profile.name, plans, [
                 GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.WOULD_CHANGE if p.changes or p in moved
-                          else GpuStatus.UNCHANGED, len(p.ops)) for p in plans])
+                          else GpuStatus.UNCHANGED, len(p.ops)) for p in plans],
+                owners_only=frozenset(p.gpu.index for p in moved))
         faulted = refused_when_planned(plans, opts)  # (GpuUnhealthy without opts.partial)
         skip, sent = {f.plan.gpu.uuid for f in faulted}, list[Signalled]()  # sent: what force signalled, and when
         try:
@@ -137,7 +139,8 @@ class Applier:
                 self.access.open_gpu(p.gpu.index)
         results.sort(key=lambda r: r.index)
         every = sorted(plans + blocked + [f.plan for f in faulted], key=lambda p: p.gpu.index)
-        return ApplyResult(profile.name, every, results, time.monotonic() - t0, signalled=sent)
+        return ApplyResult(profile.name, every, results, time.monotonic() - t0, signalled=sent,
+                           owners_only=frozenset(p.gpu.index for p in relabelled(every, owners_then)))
 
     def restore(self, plans: list[GpuPlan], owners: Mapping[str, dict[int, str]], opts: ApplyOptions,
                 name: str) -> ApplyResult:

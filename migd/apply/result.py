@@ -163,6 +163,7 @@ class ApplyResult:
     seconds: float = 0.0
     unreadable: list[Unreadable] = field(default_factory=list)  # GPUs the profile may select, left alone
     signalled: list[Signalled] = field(default_factory=list)  # what the busy policy force sent, in order
+    owners_only: frozenset[int] = frozenset()  # GPUs whose instances stay and whose owners change
 
     @property
     def ok(self) -> bool:

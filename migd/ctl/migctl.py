@@ -20,6 +20,7 @@ from migd.apply.executor import Applier
 from migd.apply.hooks import Hooks, parse_hooks
 from migd.apply.journal import left_behind
 from migd.apply.planning import touched
+from migd.apply.relabel import relabelled
 from migd.apply.result import ApplyOptions, BusyError, GpuStatus, OnBusy, busy_timeout_for
 from migd.ctl.apply import kept_hold, refused_out
 from migd.ctl.isolation import cmd_isolation, isolation_from_daemon
@@ -78,22 +79,24 @@ def cmd_status(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -
 
 
 def _touched(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> \
-        tuple[Profile, list[GpuPlan], list[Unreadable]]:
-    """The profile, its plans, and the GPUs it may select that NVML cannot read (lost: left alone)."""
+        tuple[Profile, list[GpuPlan], list[Unreadable], list[GpuPlan]]:
+    """The profile, its plans, the GPUs it may select that NVML cannot read (lost: left alone), and the
+    plans whose instances stay and whose owners change."""
     profile = _profile(args)
-    plans, unreadable = Applier(backend, state_dir).plan_each(profile, args.mode_only, must_select=True)
-    return profile, plans, touched(profile, unreadable)
+    applier = Applier(backend, state_dir)
+    plans, unreadable = applier.plan_each(profile, args.mode_only, must_select=True)
+    return profile, plans, touched(profile, unreadable), relabelled(plans, applier.owners.load())
 
 
 def cmd_plan(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
-    profile, plans, unreadable = _touched(args, backend, state_dir)
-    doc = plan_doc(profile.name, plans, unreadable)
+    profile, plans, unreadable, moved = _touched(args, backend, state_dir)
+    doc = plan_doc(profile.name, plans, unreadable, [p.gpu.index for p in moved])
     out(args, doc, plan_table(doc, args.verbose))
     return partly(Exit.OK, unreadable, bool(plans))
 
 
 def cmd_assert(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
-    profile, plans, unreadable = _touched(args, backend, state_dir)
+    profile, plans, unreadable, _ = _touched(args, backend, state_dir)
     unmatched: list[int] = []
     if profile.kind == "mig-parted":  # mig-parted asserts the whole node: every GPU must be matched
         planned = {p.gpu.index for p in plans} | {u.index for u in unreadable}  # (cmd/nvidia-mig-parted/

@@ -145,6 +145,10 @@ def _op_summary(ops: Iterable[Operation]) -> str:
 
 
 def _gpu_line(g: GpuPlan) -> str:
+    if not g.changes and g.owners_only:
+        owners = sorted({t.owner for t in g.target if t.owner})
+        return (f"({g.model}): {_layout(g)}: instances kept, owners set to {', '.join(owners) or 'none'} "
+                "(no MIG operation)")
     if not g.changes:
         return f"({g.model}): {_layout(g)}: already applied"
     return (f"({g.model}): {_layout(g)}: {len(g.operations)} operation(s) ({_op_summary(g.operations)}), "
@@ -162,7 +166,7 @@ def _plan_lines(gpus: Iterable[GpuPlan], verbose: bool) -> list[str]:
 
 
 def _plan_counts(gpus: Sequence[GpuPlan]) -> str:
-    change = sum(1 for g in gpus if g.changes)
+    change = sum(1 for g in gpus if g.changes or g.owners_only)
     ops = sum(len(g.operations) for g in gpus)
     return f"{change} GPU(s) to change, {len(gpus) - change} already as asked, {ops} operation(s)"
 
