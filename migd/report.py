@@ -95,11 +95,14 @@ def plan_doc(profile: str, plans: list[GpuPlan], lost: Sequence[Unreadable] = ()
 
 
 def assert_doc(profile: str, plans: list[GpuPlan], unmatched: list[int],
-               lost: Sequence[Unreadable] = ()) -> wp.AssertDoc:
-    """``migd.assert/v1``: whether each GPU the profile selects is as it asks (``unmatched``: GPUs a
-    mig-parted file's entries do not match, which its assert counts as not applied; ``unreadable``:
-    GPUs the profile may select that NVML cannot read, so nothing can be said of them)."""
-    gpus = tuple(wp.AssertGpu(p.gpu.index, p.gpu.uuid, p.gpu.model_key, not p.changes, len(p.ops)) for p in plans)
+               lost: Sequence[Unreadable] = (), owners_only: Collection[int] = ()) -> wp.AssertDoc:
+    """``migd.assert/v1``: whether each GPU the profile selects is as it asks, owners included, so that an
+    assert passes exactly when an apply would change nothing (``unmatched``: GPUs a mig-parted file's
+    entries do not match, which its assert counts as not applied; ``unreadable``: GPUs the profile may
+    select that NVML cannot read, so nothing can be said of them; ``owners_only``: GPUs whose instances
+    are as asked and whose owners are not)."""
+    gpus = tuple(wp.AssertGpu(p.gpu.index, p.gpu.uuid, p.gpu.model_key, not p.changes and p.gpu.index not in
+                              owners_only, len(p.ops), True if p.gpu.index in owners_only else None) for p in plans)
     return wp.AssertDoc(profile, not unmatched and all(g.applied for g in gpus), gpus, tuple(unmatched),
                         unreadable(lost))
 

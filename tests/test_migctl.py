@@ -400,15 +400,19 @@ def test_mig_parted_hooks_files_are_accepted(tmp_path: Path) -> None:
 
 
 def test_an_owner_only_change_says_what_it_changes(tmp_path: Path) -> None:
-    """mig-parted's all-1g.10gb, then day (the same instances, owned by notebooks): the plan, the dry run
-    and the apply each say the owners change and nothing else does, in the count and on the GPU's line
-    alike; the apply after it finds nothing to do."""
+    """mig-parted's all-1g.10gb, then day (the same instances, owned by notebooks): assert says day is not
+    applied, and the plan, the dry run and the apply each say the owners change and nothing else does, in
+    the count and on the GPU's line alike; the apply after it finds nothing to do."""
     m = Migctl(tmp_path, "dgx-h100")
     assert m("apply", "-f", str(REFERENCE / "mig-parted-config-default.yaml"), "-c", "all-1g.10gb").code == 0
     line = "GPU 0-7 (H100-SXM5-80GB): 7x1g.10gb: instances kept, owners set to notebooks (no MIG operation)\n"
     plan = m("plan", str(PROFILES / "day.yaml"))
     assert plan.out == "day: 8 GPU(s) to change, 0 already as asked, 0 operation(s)\n" + line, plan.out
     assert [g["owners_only"] for g in m("plan", str(PROFILES / "day.yaml"), "-o", "json").json()["gpus"]] == [True] * 8
+    asserted = m("assert", str(PROFILES / "day.yaml"))  # (fails exactly when an apply would change something)
+    assert asserted.code == 1 and asserted.out == ("day: NOT applied (8 of 8 GPU(s) differ)\nGPU 0-7: not as in day "
+                                                   "(its instances are, their owners are not; no MIG operation "
+                                                   "needed)\n"), asserted.out
     dry = m("apply", "--dry-run", str(PROFILES / "day.yaml"))
     assert dry.out.endswith("8 GPU(s) to change, 0 already as asked, 0 operation(s)\n" + line), dry.out
     done = m("apply", str(PROFILES / "day.yaml"))
@@ -416,3 +420,6 @@ def test_an_owner_only_change_says_what_it_changes(tmp_path: Path) -> None:
     again = m("apply", str(PROFILES / "day.yaml"), "-o", "json")
     assert all("owners_only" not in g for g in again.json()["gpus"]), again.out
     assert m("apply", str(PROFILES / "day.yaml")).out.endswith("7x1g.10gb: already applied\n")
+    assert m("assert", str(PROFILES / "day.yaml")).code == 0
+    parted = m("assert", "-f", str(REFERENCE / "mig-parted-config-default.yaml"), "-c", "all-1g.10gb")
+    assert parted.code == 0, parted.out  # a mig-parted file names no owners: its layout is asserted, as mig-parted does

@@ -68,6 +68,8 @@ class AssertGpu:
     model: str
     applied: bool
     operations: int
+    # true where the instances are as asked and their owners are not (added in v1, left out otherwise)
+    owners_only: bool | None = field(default=None, metadata=OMIT_NONE)
 
 
 @dataclass(frozen=True)

@@ -96,12 +96,13 @@ def cmd_plan(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> 
 
 
 def cmd_assert(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
-    profile, plans, unreadable, _ = _touched(args, backend, state_dir)
+    profile, plans, unreadable, moved = _touched(args, backend, state_dir)
     unmatched: list[int] = []
     if profile.kind == "mig-parted":  # mig-parted asserts the whole node: every GPU must be matched
         planned = {p.gpu.index for p in plans} | {u.index for u in unreadable}  # (cmd/nvidia-mig-parted/
         unmatched = [i for i in range(backend.gpu_count()) if i not in planned]  # assert/config.go CountTrue)
-    doc = assert_doc(profile.name, plans, unmatched, unreadable)
+        moved = []  # (and of the layout alone, as mig-parted asserts: its files name no owners)
+    doc = assert_doc(profile.name, plans, unmatched, unreadable, [p.gpu.index for p in moved])
     out(args, doc, assert_table(doc, args.verbose))
     return partly(Exit.OK, unreadable, bool(plans)) if doc.ok else Exit.NOT_APPLIED
 

@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from migd.api.checks import DoctorDoc, IsolationDoc
-from migd.api.plan import ApplyDoc, AssertDoc, GpuPlan, Operation, PlanDoc
+from migd.api.plan import ApplyDoc, AssertDoc, AssertGpu, GpuPlan, Operation, PlanDoc
 from migd.api.status import Gpu, JournalLeft, Reading, StatusDoc, Unreadable
 from migd.apply.result import GpuStatus
 from migd.ctl.daemon_table import RESUME_HINT as RESUME_HINT  # (re-exported: migctl's tables are all here)
@@ -190,14 +190,20 @@ def assert_table(doc: AssertDoc, verbose: bool = False) -> str:
         lines = [f"{doc.profile}: NOT applied ({len(pending) + len(doc.unmatched)} of "
                  f"{len(gpus) + len(doc.unmatched)} GPU(s) differ)"]
     if verbose:
-        lines += [f"GPU {g.index} ({g.model}): " + (f"as in {doc.profile}" if g.applied else
-                  f"not as in {doc.profile} ({g.operations} operation(s) needed)") for g in gpus]
+        lines += [f"GPU {g.index} ({g.model}): " + (f"as in {doc.profile}" if g.applied else _differs(doc, g))
+                  for g in gpus]
     else:
         lines += [line.replace(" not as in", ": not as in", 1) for line in grouped(
-            (g.index, f"not as in {doc.profile} ({g.operations} operation(s) needed)") for g in pending)]
+            (g.index, _differs(doc, g)) for g in pending)]
     lines += [f"GPU {i}: matched by no entry of {doc.profile} (a mig-parted assert covers every GPU)"
               for i in doc.unmatched]
     return text_lines(lines + lost)
+
+
+def _differs(doc: AssertDoc, g: AssertGpu) -> str:
+    if g.owners_only:
+        return f"not as in {doc.profile} (its instances are, their owners are not; no MIG operation needed)"
+    return f"not as in {doc.profile} ({g.operations} operation(s) needed)"
 
 
 _PROBLEM_WORDS = {GpuStatus.ROLLED_BACK: "ROLLED BACK", GpuStatus.FAILED: "FAILED", GpuStatus.FAULTED: "FAULTED",
