@@ -272,11 +272,12 @@ def test_an_unknown_fleet_is_invalid_input(tmp_path: Path) -> None:
     assert r.returncode == 0 and r.stdout.startswith("status: 8 GPU(s)"), r
 
 
-def test_no_driver_says_so_and_mentions_the_simulator() -> None:
+@pytest.mark.parametrize("args", [("status",), ("status", "--mine")])  # (docs/users.md: --mine's exit 4)
+def test_no_driver_says_so_and_mentions_the_simulator(args: tuple[str, ...]) -> None:
     import ctypes.util
     if ctypes.util.find_library("nvidia-ml"):
         pytest.skip("this machine has an NVIDIA driver")
-    r = subprocess.run([*MIGCTL, "status"], capture_output=True, text=True, timeout=60,
+    r = subprocess.run([*MIGCTL, *args], capture_output=True, text=True, timeout=60,
                        env={k: v for k, v in os.environ.items() if not k.startswith("MIGD_")})
     assert r.returncode == 4, r
     assert r.stderr.startswith("hardware error: no NVIDIA driver found") and "--sim dgx-a100" in r.stderr, r.stderr
