@@ -12,7 +12,7 @@ An owner change (the same layout, other owners) is killed after each of its file
 steps instead (``crash_access.py``: it makes no NVML call; as root only).
 
     python3 bench/crash_matrix.py            # full matrix (dgx-a100, dgx-h100; 3 transitions)
-    python3 bench/crash_matrix.py --sample 4  # every 4th step only (what pytest runs)
+    python3 bench/crash_matrix.py --sample 64  # every 64th NVML step, first and last (what pytest runs)
 """
 
 from __future__ import annotations
