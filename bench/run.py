@@ -221,7 +221,10 @@ class Target:
     text: str
     at_least: bool = False
 
-    def met(self, ours: float, ref: float | None) -> bool:
+    def met(self, ours: float, ref: float | None) -> bool | None:
+        """None: not judged (a ratio with no reference measured)."""
+        if self.on is On.RATIO and not ref:
+            return None
         x = ours / ref if self.on is On.RATIO and ref else ours
         return x >= self.bound if self.at_least else x <= self.bound
 

@@ -96,11 +96,12 @@ def plan_doc(profile: str, plans: list[GpuPlan], lost: Sequence[Unreadable] = ()
 
 def assert_doc(profile: str, plans: list[GpuPlan], unmatched: list[int],
                lost: Sequence[Unreadable] = (), owners_only: Collection[int] = ()) -> wp.AssertDoc:
-    """``migd.assert/v1``: whether each GPU the profile selects is as it asks, owners included, so that an
-    assert passes exactly when an apply would change nothing (``unmatched``: GPUs a mig-parted file's
-    entries do not match, which its assert counts as not applied; ``unreadable``: GPUs the profile may
-    select that NVML cannot read, so nothing can be said of them; ``owners_only``: GPUs whose instances
-    are as asked and whose owners are not)."""
+    """``migd.assert/v1``: whether each GPU the profile selects is as it asks (``unmatched``: GPUs a
+    mig-parted file's entries do not match, which its assert counts as not applied; ``unreadable``: GPUs
+    the profile may select that NVML cannot read, so nothing can be said of them; ``owners_only``: GPUs
+    whose instances are as asked and whose owners are not, so that a migd profile's assert passes exactly
+    when its apply would change nothing; migctl gives none for a mig-parted file, asserted as mig-parted
+    asserts, by its layout)."""
     gpus = tuple(wp.AssertGpu(p.gpu.index, p.gpu.uuid, p.gpu.model_key, not p.changes and p.gpu.index not in
                               owners_only, len(p.ops), True if p.gpu.index in owners_only else None) for p in plans)
     return wp.AssertDoc(profile, not unmatched and all(g.applied for g in gpus), gpus, tuple(unmatched),
@@ -122,10 +123,11 @@ def signals(sent: Sequence[Signalled]) -> tuple[wp.SignalSent, ...] | None:
 
 
 def refused_doc(profile: str, plans: list[GpuPlan], lost: Sequence[Unreadable], dry_run: bool,
-                why: str) -> wp.ApplyDoc:
+                why: str, owners_only: Collection[int] = ()) -> wp.ApplyDoc:
     """``migd.apply/v1`` of an apply refused before it touched a GPU (busy instances): the plan it refused,
     no results, and ``error`` saying why."""
-    return wp.ApplyDoc(profile, tuple(_gpu_plan(p, ()) for p in plans), unreadable(lost), dry_run, False, 0.0, (), why)
+    gpus = tuple(_gpu_plan(p, owners_only) for p in plans)
+    return wp.ApplyDoc(profile, gpus, unreadable(lost), dry_run, False, 0.0, (), why)
 
 
 def doctor_doc(findings: list[Finding]) -> DoctorDoc:

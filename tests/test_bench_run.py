@@ -44,3 +44,4 @@ def test_targets_bound_the_ratio_or_the_figure() -> None:
     assert ratio.met(12, 10) and not ratio.met(12.1, 10)
     assert value.met(2, 100) and not value.met(2.01, 0.5)
     assert bench.Target(bench.On.VALUE, 6, "", at_least=True).met(6, None)
+    assert ratio.met(12, None) is None and ratio.met(12, 0) is None  # (no reference: not judged)

@@ -405,7 +405,7 @@ def test_an_owner_only_change_says_what_it_changes(tmp_path: Path) -> None:
     the count and on the GPU's line alike; the apply after it finds nothing to do."""
     m = Migctl(tmp_path, "dgx-h100")
     assert m("apply", "-f", str(REFERENCE / "mig-parted-config-default.yaml"), "-c", "all-1g.10gb").code == 0
-    line = "GPU 0-7 (H100-SXM5-80GB): 7x1g.10gb: instances kept, owners set to notebooks (no MIG operation)\n"
+    line = "GPU 0-7 (H100-SXM5-80GB): 7x1g.10gb: an owner change to notebooks (instances kept, no MIG operation)\n"
     plan = m("plan", str(PROFILES / "day.yaml"))
     assert plan.out == "day: 8 GPU(s) to change, 0 already as asked, 0 operation(s)\n" + line, plan.out
     assert [g["owners_only"] for g in m("plan", str(PROFILES / "day.yaml"), "-o", "json").json()["gpus"]] == [True] * 8
@@ -413,6 +413,8 @@ def test_an_owner_only_change_says_what_it_changes(tmp_path: Path) -> None:
     assert asserted.code == 1 and asserted.out == ("day: NOT applied (8 of 8 GPU(s) differ)\nGPU 0-7: not as in day "
                                                    "(its instances are, their owners are not; no MIG operation "
                                                    "needed)\n"), asserted.out
+    assert [g.get("owners_only") for g in m("assert", str(PROFILES / "day.yaml"), "-o", "json").json()["gpus"]] == \
+        [True] * 8
     dry = m("apply", "--dry-run", str(PROFILES / "day.yaml"))
     assert dry.out.endswith("8 GPU(s) to change, 0 already as asked, 0 operation(s)\n" + line), dry.out
     done = m("apply", str(PROFILES / "day.yaml"))
@@ -423,3 +425,37 @@ def test_an_owner_only_change_says_what_it_changes(tmp_path: Path) -> None:
     assert m("assert", str(PROFILES / "day.yaml")).code == 0
     parted = m("assert", "-f", str(REFERENCE / "mig-parted-config-default.yaml"), "-c", "all-1g.10gb")
     assert parted.code == 0, parted.out  # a mig-parted file names no owners: its layout is asserted, as mig-parted does
+
+
+def test_an_owner_change_held_back_by_a_busy_instance_is_marked_as_one(tmp_path: Path) -> None:
+    """day, then the same instances for training while a process runs on GPU 0: the refusal's JSON marks
+    every GPU as an owner change (not as already as asked); with the other GPUs let go ahead (partial,
+    as the daemon applies), GPU 0 is blocked and the others' owners change, each said on its line."""
+    from migd.apply.executor import Applier
+    from migd.apply.result import ApplyOptions, GpuStatus
+    from migd.ctl.text import apply_table
+    from migd.profiles.loader import load_profile
+    from migd.report import apply_doc
+    from migd.sim.backend import sim_backend
+
+    m = Migctl(tmp_path, "dgx-h100")
+    assert m("apply", str(PROFILES / "day.yaml")).code == 0
+    training = tmp_path / "dayt.yaml"
+    training.write_text((PROFILES / "day.yaml").read_text().replace("owner: notebooks", "owner: training")
+                        .replace("name: day", "name: dayt"))
+    store = StateStore(m.state)
+    world.start_process(store, 0, store.read().gpus[0].gis[0].id, 0)
+    refused = m("apply", str(training), "-o", "json")
+    doc = refused.json()
+    assert refused.code == 3 and "its owners change" in doc["error"], refused.out
+    assert [g.get("owners_only") for g in doc["gpus"]] == [True] * 8 and doc["results"] == []
+    backend = sim_backend(m.state, "dgx-h100")
+    try:
+        result = Applier(backend, m.state_dir).apply(load_profile(training), ApplyOptions(partial=True))
+    finally:
+        backend.close()
+    assert [r.status for r in result.results] == [GpuStatus.BLOCKED] + [GpuStatus.APPLIED] * 7
+    table = apply_table(apply_doc(result, False))
+    assert "; 7 GPU(s) changed, 0 already as asked\nGPU 0 blocked: GPU 0: its owners change" in table, table
+    assert table.endswith("GPU 0-7 (H100-SXM5-80GB): 7x1g.10gb: an owner change to training (instances kept, no MIG "
+                          "operation)\n"), table

@@ -101,8 +101,10 @@ def _say_wait(opts: ApplyOptions, plans: list[GpuPlan]) -> None:
         log.warning("on-busy force: stopping the processes on busy instances now (%s): SIGTERM, then SIGKILL", pids)
 
 
-def cancelled(profile: str, plans: list[GpuPlan], why: str, seconds: float) -> ApplyResult:
-    """An apply withdrawn while it waited for busy instances: no GPU was touched."""
-    return ApplyResult(profile, plans, [GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.CANCELLED, 0, why) if p.changes
-                                        else GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.UNCHANGED) for p in plans],
-                       seconds)
+def cancelled(profile: str, plans: list[GpuPlan], why: str, seconds: float,
+              owners_only: frozenset[int] = frozenset()) -> ApplyResult:
+    """An apply withdrawn while it waited for busy instances: no GPU was touched (``owners_only``: the GPUs
+    whose owners it would have changed, cancelled too)."""
+    return ApplyResult(profile, plans, [
+        GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.CANCELLED, 0, why) if p.changes or p.gpu.index in owners_only
+        else GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.UNCHANGED) for p in plans], seconds, owners_only=owners_only)

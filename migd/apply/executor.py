@@ -28,7 +28,7 @@ from migd.apply.lock import ApplyLock
 from migd.apply.owners import Owners
 from migd.apply.planning import plan_each, plan_layout, touched
 from migd.apply.recovery import recover
-from migd.apply.relabel import labels_of, moves, relabelled, settle_handover
+from migd.apply.relabel import labels_of, moves, owners_only, relabelled, settle_handover
 from migd.apply.result import (
     AccessGate,
     ApplyOptions,
@@ -107,14 +107,14 @@ class Applier:
             return ApplyResult(profile.name, plans, [
                 GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.WOULD_CHANGE if p.changes or p in moved
                           else GpuStatus.UNCHANGED, len(p.ops)) for p in plans],
-                owners_only=frozenset(p.gpu.index for p in moved))
+                owners_only=owners_only(plans, owners_then))
         faulted = refused_when_planned(plans, opts)  # (GpuUnhealthy without opts.partial)
         skip, sent = {f.plan.gpu.uuid for f in faulted}, list[Signalled]()  # sent: what force signalled, and when
         try:
             plans, blocked = settle_busy(self.backend, [p for p in plans if p.gpu.uuid not in skip], opts, lambda: [
                 p for p in self.plan(profile, opts.mode_only) if p.gpu.uuid not in skip], self._holding, sent)
         except Cancelled as e:  # withdrawn while it waited: nothing touched
-            return cancelled(profile.name, plans, str(e), time.monotonic() - t0)
+            return cancelled(profile.name, plans, str(e), time.monotonic() - t0, owners_only(plans, owners_then))
         late = marked_before_change(plans, opts)  # a fatal Xid while it waited: that GPU is left as it is
         faulted += late
         plans = [p for p in plans if p.gpu.uuid not in {f.plan.gpu.uuid for f in late}]
@@ -140,7 +140,7 @@ class Applier:
         results.sort(key=lambda r: r.index)
         every = sorted(plans + blocked + [f.plan for f in faulted], key=lambda p: p.gpu.index)
         return ApplyResult(profile.name, every, results, time.monotonic() - t0, signalled=sent,
-                           owners_only=frozenset(p.gpu.index for p in relabelled(every, owners_then)))
+                           owners_only=owners_only(every, owners_then))
 
     def restore(self, plans: list[GpuPlan], owners: Mapping[str, dict[int, str]], opts: ApplyOptions,
                 name: str) -> ApplyResult:

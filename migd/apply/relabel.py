@@ -35,6 +35,12 @@ def relabelled(plans: list[GpuPlan], owners: Mapping[str, Mapping[int, str]]) ->
     return [p for p in plans if not p.changes and p.targets and labels_of(p) != dict(owners.get(p.gpu.uuid, {}))]
 
 
+def owners_only(plans: list[GpuPlan], owners: Mapping[str, Mapping[int, str]]) -> frozenset[int]:
+    """The indexes of :func:`relabelled`'s GPUs: what every account of a plan or an apply marks as an owner
+    change (ApplyResult.owners_only, migd.plan/v1's ``owners_only``)."""
+    return frozenset(p.gpu.index for p in relabelled(plans, owners))
+
+
 def moves(before: Mapping[int, str], after: Mapping[int, str]) -> str:
     """``GI at slice 0: notebooks -> training`` for each instance whose owner changes (for the log)."""
     return ", ".join(f"GI at slice {start}: {before.get(start, '(none)')} -> {after.get(start, '(none)')}"

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from migd.apply.executor import Applier
 from migd.apply.planning import touched
+from migd.apply.relabel import owners_only
 from migd.apply.result import ApplyResult
 from migd.ctl.remote import control_socket, out
 from migd.hardware.ports import GpuBackend
@@ -30,8 +31,10 @@ def refused_out(args: argparse.Namespace, backend: GpuBackend, state_dir: Path, 
         return
     if profile is None:
         profile = load_profile("<stdin>" if args.file == "-" else args.file, args.config, text=args.profile_text)
-    plans, lost = Applier(backend, state_dir).plan_each(profile, args.mode_only)
-    out(args, refused_doc(profile.name, plans, touched(profile, lost), args.dry_run, why), "")
+    applier = Applier(backend, state_dir)
+    plans, lost = applier.plan_each(profile, args.mode_only)
+    out(args, refused_doc(profile.name, plans, touched(profile, lost), args.dry_run, why,
+                          owners_only(plans, applier.owners.load())), "")
 
 
 def kept_hold(args: argparse.Namespace, state_dir: Path, profile: Profile, result: ApplyResult) -> None:

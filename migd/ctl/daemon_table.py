@@ -186,8 +186,9 @@ def _unhealthy_lines(doc: DaemonDoc, when: When) -> list[str]:
         gpu = f"GPU {index[uuid]} ({uuid})" if uuid in index else uuid
         f = faults.get(uuid)
         what = fault_text(f.xid, when(f.at)) if f is not None else why
-        lines.append(f"unhealthy: {gpu}: {what}; reconfiguring it is refused until `migctl clear-fault "
-                     f"{index.get(uuid, uuid)}`")
+        clear = f"`migctl clear-fault {index[uuid]}`" if uuid in index else \
+            "cleared (`migctl clear-fault`, once it can be read)"
+        lines.append(f"unhealthy: {gpu}: {what}; reconfiguring it is refused until {clear}")
     return lines
 
 

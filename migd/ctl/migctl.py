@@ -20,7 +20,7 @@ from migd.apply.executor import Applier
 from migd.apply.hooks import Hooks, parse_hooks
 from migd.apply.journal import left_behind
 from migd.apply.planning import touched
-from migd.apply.relabel import relabelled
+from migd.apply.relabel import owners_only
 from migd.apply.result import ApplyOptions, BusyError, GpuStatus, OnBusy, busy_timeout_for
 from migd.ctl.apply import kept_hold, refused_out
 from migd.ctl.isolation import cmd_isolation, isolation_from_daemon
@@ -79,18 +79,18 @@ def cmd_status(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -
 
 
 def _touched(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> \
-        tuple[Profile, list[GpuPlan], list[Unreadable], list[GpuPlan]]:
-    """The profile, its plans, the GPUs it may select that NVML cannot read (lost: left alone), and the
-    plans whose instances stay and whose owners change."""
+        tuple[Profile, list[GpuPlan], list[Unreadable], frozenset[int]]:
+    """The profile, its plans, the GPUs it may select that NVML cannot read (lost: left alone), and those
+    whose instances stay and whose owners change (by index)."""
     profile = _profile(args)
     applier = Applier(backend, state_dir)
     plans, unreadable = applier.plan_each(profile, args.mode_only, must_select=True)
-    return profile, plans, touched(profile, unreadable), relabelled(plans, applier.owners.load())
+    return profile, plans, touched(profile, unreadable), owners_only(plans, applier.owners.load())
 
 
 def cmd_plan(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
     profile, plans, unreadable, moved = _touched(args, backend, state_dir)
-    doc = plan_doc(profile.name, plans, unreadable, [p.gpu.index for p in moved])
+    doc = plan_doc(profile.name, plans, unreadable, moved)
     out(args, doc, plan_table(doc, args.verbose))
     return partly(Exit.OK, unreadable, bool(plans))
 
@@ -101,8 +101,8 @@ def cmd_assert(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -
     if profile.kind == "mig-parted":  # mig-parted asserts the whole node: every GPU must be matched
         planned = {p.gpu.index for p in plans} | {u.index for u in unreadable}  # (cmd/nvidia-mig-parted/
         unmatched = [i for i in range(backend.gpu_count()) if i not in planned]  # assert/config.go CountTrue)
-        moved = []  # (and of the layout alone, as mig-parted asserts: its files name no owners)
-    doc = assert_doc(profile.name, plans, unmatched, unreadable, [p.gpu.index for p in moved])
+        moved = frozenset()  # (and of the layout alone, as mig-parted asserts: its files name no owners)
+    doc = assert_doc(profile.name, plans, unmatched, unreadable, moved)
     out(args, doc, assert_table(doc, args.verbose))
     return partly(Exit.OK, unreadable, bool(plans)) if doc.ok else Exit.NOT_APPLIED
 

@@ -147,8 +147,8 @@ def _op_summary(ops: Iterable[Operation]) -> str:
 def _gpu_line(g: GpuPlan) -> str:
     if not g.changes and g.owners_only:
         owners = sorted({t.owner for t in g.target if t.owner})
-        return (f"({g.model}): {_layout(g)}: instances kept, owners set to {', '.join(owners) or 'none'} "
-                "(no MIG operation)")
+        return (f"({g.model}): {_layout(g)}: an owner change to {', '.join(owners) or 'none'} (instances kept, "
+                "no MIG operation)")
     if not g.changes:
         return f"({g.model}): {_layout(g)}: already applied"
     return (f"({g.model}): {_layout(g)}: {len(g.operations)} operation(s) ({_op_summary(g.operations)}), "

@@ -19,6 +19,7 @@ from pathlib import Path
 from migd.api.slurm import Phase, SlurmSnapshot, SwitchBefore
 from migd.apply.executor import Applier, before_of
 from migd.apply.journal import LayoutDoc
+from migd.apply.relabel import owners_only
 from migd.apply.result import ApplyOptions, ApplyResult, GpuResult, GpuStatus, OnBusy
 from migd.catalog.models import GpuModel
 from migd.config.migdyaml import Config
@@ -104,9 +105,11 @@ class SlurmSwitch:
         change is BLOCKED with Slurm's reason, as busy instances are elsewhere; the next pass looks again.
         Slurm is waited on with the hardware lock let go; the GPUs are changed with it held."""
         if not self._ready(profile, policy, force_after_s):
+            moved = owners_only(plans, self.applier.owners.load())  # (waits with the rest)
             return ApplyResult(profile.name, plans, [
-                GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.BLOCKED if p.changes else GpuStatus.UNCHANGED,
-                          len(p.ops), f"Slurm: {self.gate.state.reason}" if p.changes else None) for p in plans])
+                GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.BLOCKED, len(p.ops), f"Slurm: {self.gate.state.reason}")
+                if p.changes or p.gpu.index in moved else GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.UNCHANGED)
+                for p in plans], owners_only=moved)
         owners = self.applier.owners.load()
         self.gate.record_before({p.gpu.uuid: SwitchBefore(LayoutDoc.of(before_of(p)), owners.get(p.gpu.uuid, {}))
                                  for p in plans if p.changes})
