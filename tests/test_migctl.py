@@ -459,3 +459,29 @@ def test_an_owner_change_held_back_by_a_busy_instance_is_marked_as_one(tmp_path:
     assert "; 7 GPU(s) changed, 0 already as asked\nGPU 0 blocked: GPU 0: its owners change" in table, table
     assert table.endswith("GPU 0-7 (H100-SXM5-80GB): 7x1g.10gb: an owner change to training (instances kept, no MIG "
                           "operation)\n"), table
+
+
+def test_an_owner_change_a_wait_replans_away_still_has_its_result(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """While an owner change waits for a busy instance, another hand changes the GPU and the wait's replan
+    drops it: the apply still accounts for it (blocked, saying why), never a GPU without a result."""
+    from migd.apply.executor import Applier
+    from migd.apply.result import ApplyOptions, GpuStatus, OnBusy
+    from migd.profiles.loader import load_profile
+    from migd.sim.backend import sim_backend
+
+    m = Migctl(tmp_path, "single-h100")
+    assert m("apply", str(PROFILES / "day.yaml")).code == 0
+    training = tmp_path / "dayt.yaml"
+    training.write_text((PROFILES / "day.yaml").read_text().replace("owner: notebooks", "owner: training"))
+    store = StateStore(m.state)
+    world.start_process(store, 0, store.read().gpus[0].gis[0].id, 0)
+    monkeypatch.setattr(Applier, "_replan", lambda self, profile, opts, plans: [])
+    backend = sim_backend(m.state, "single-h100")
+    try:
+        result = Applier(backend, m.state_dir).apply(load_profile(training), ApplyOptions(
+            on_busy=OnBusy.WAIT, busy_timeout_s=30, poll_s=0.01, partial=True))
+    finally:
+        backend.close()
+    assert [(r.index, r.status) for r in result.results] == [(0, GpuStatus.BLOCKED)], result.results
+    assert "changed while its owner change waited" in (result.results[0].error or "")

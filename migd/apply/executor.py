@@ -128,11 +128,13 @@ class Applier:
             results += self._run(profile, changing, opts)
         moved = [p for p in moved if p in plans]  # (not one the busy policy set aside)
         if moved:
+            asked = moved
             moved, waiting = settle_handover(moved, self.owners.load, opts, partial(self._replan, profile, opts),
                                              lambda pids: stop_processes(self.backend, pids, opts.kill_grace_s,
                                                                          self._holding, sent))
             results += [GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.BLOCKED, 0, waiting[p.gpu.uuid])
                         for p in plans if p.gpu.uuid in waiting]
+            results += _gone(asked, moved, waiting)
             results += self._relabel(profile, moved)
         if self.access is not None:  # settled (applied, rolled back, untouched): open what exists, as owned
             for p in plans:
@@ -378,6 +380,15 @@ class Applier:
             return recover(self.journal, self.backend, self._rollback, self._recover_forward)
         finally:
             self._say_unnoted()
+
+
+def _gone(asked: list[GpuPlan], left: list[GpuPlan], waiting: Mapping[str, str]) -> list[GpuResult]:
+    """The owner changes a wait's replan dropped (the GPU's layout or owners changed meanwhile, by another
+    hand): each still has a result, blocked, so that the apply accounts for every GPU it planned."""
+    kept = {p.gpu.uuid for p in left} | set(waiting)
+    return [GpuResult(p.gpu.index, p.gpu.uuid, GpuStatus.BLOCKED, 0, f"GPU {p.gpu.index}: its layout or owners changed "
+                      "while its owner change waited: planned again on the next apply")
+            for p in asked if p.gpu.uuid not in kept]
 
 
 def before_of(p: GpuPlan) -> DesiredLayout:
