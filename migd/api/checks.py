@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from migd.api.daemon import Fault, SimClock
 from migd.api.status import Unreadable
 from migd.hardware.doctor import Finding as DoctorFinding
 from migd.isolation.audit import Finding
@@ -25,10 +26,14 @@ class DoctorDoc:
 
 @dataclass(frozen=True)
 class DaemonMarks:
-    """The running migd's fault marks: GPU-wide faults by UUID, and isolation breaches it saw."""
+    """The running migd's fault marks: GPU-wide faults by UUID, and isolation breaches it saw; ``faults``
+    and ``clock`` as in migd.daemon/v1 (added in v1; left out with no mark, and off migd's own clock), so
+    that a mark's time is shown on the clock the daemon's other times are."""
 
     unhealthy: dict[str, str]
     breaches: tuple[str, ...]
+    faults: dict[str, Fault] | None = field(default=None, metadata=OMIT_NONE)
+    clock: SimClock | None = field(default=None, metadata=OMIT_NONE)
 
 
 @dataclass(frozen=True)
@@ -50,3 +55,5 @@ class DaemonAudit:
     unhealthy: dict[str, str]
     breaches: tuple[str, ...]
     findings: tuple[Finding, ...]
+    faults: dict[str, Fault] | None = None
+    clock: SimClock | None = None

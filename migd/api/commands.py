@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from migd.api.checks import DaemonAudit
-from migd.api.daemon import DaemonDoc, HeldView, SimClock
+from migd.api.daemon import DaemonDoc, Fault, HeldView, SimClock
 from migd.api.plan import ApplyDoc
 from migd.api.status import StatusDoc
 from migd.apply.result import OnBusy
@@ -197,14 +197,16 @@ class IsolationReply:
     unhealthy: dict[str, str]
     breaches: tuple[str, ...]
     findings: tuple[Finding, ...]
+    faults: dict[str, Fault] | None = field(default=None, metadata=OMIT_NONE)  # (added: DaemonMarks')
+    clock: SimClock | None = field(default=None, metadata=OMIT_NONE)
 
     @classmethod
     def of(cls, audit: DaemonAudit) -> IsolationReply:
-        return cls(True, 0, audit.unhealthy, audit.breaches, audit.findings)
+        return cls(True, 0, audit.unhealthy, audit.breaches, audit.findings, audit.faults, audit.clock)
 
     @property
     def audit(self) -> DaemonAudit:
-        return DaemonAudit(self.unhealthy, self.breaches, self.findings)
+        return DaemonAudit(self.unhealthy, self.breaches, self.findings, self.faults, self.clock)
 
 
 def reply_as(cls: type[T], reply: dict[str, Any], where: str = "reply") -> T:

@@ -55,5 +55,5 @@ def isolation_from_daemon(args: argparse.Namespace) -> int | None:
     if not head.ok:  # (a busy socket: said, never taken for "no migd")
         raise ControlError(f"migd's control socket: {head.error}")
     found = reply_as(IsolationReply, reply).audit
-    doc = IsolationDoc(found.findings, (), DaemonMarks(found.unhealthy, found.breaches))
+    doc = IsolationDoc(found.findings, (), DaemonMarks(found.unhealthy, found.breaches, found.faults, found.clock))
     return _isolation_out(args, doc)

@@ -10,14 +10,15 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from migd.api.checks import DoctorDoc, IsolationDoc
+from migd.api.checks import DaemonMarks, DoctorDoc, IsolationDoc
 from migd.api.plan import ApplyDoc, AssertDoc, AssertGpu, GpuPlan, Operation, PlanDoc
 from migd.api.status import Gpu, JournalLeft, Reading, StatusDoc, Unreadable
 from migd.apply.result import GpuStatus
 from migd.ctl.daemon_table import RESUME_HINT as RESUME_HINT  # (re-exported: migctl's tables are all here)
-from migd.ctl.daemon_table import When, signal_lines, utc
+from migd.ctl.daemon_table import When, clock_of, signal_lines, utc
 from migd.ctl.daemon_table import daemon_table as daemon_table
 from migd.hardware.doctor import UNREADABLE_CHECK, Finding, Verdict
+from migd.isolation.xids import fault_text
 from migd.plan.planner import OpKind
 from migd.printable import text_lines
 from migd.profiles.model import index_ranges
@@ -260,6 +261,14 @@ def _finding(f: Finding) -> str:
     return f"{f.check:<14} {f.verdict.value:<8} {f.detail}"
 
 
+def _unhealthy(marks: DaemonMarks) -> list[str]:
+    """Each fault mark, its time on the daemon's clock (migd's own under ``--now``, as ``migctl daemon``
+    shows it; a migd that sends no ``faults`` gives the mark in words only)."""
+    when, faults = clock_of(marks.clock), marks.faults or {}
+    return [f"UNHEALTHY {u}: {fault_text(f.xid, when(f.at)) if (f := faults.get(u)) is not None else r}"
+            for u, r in marks.unhealthy.items()]
+
+
 def isolation_table(doc: IsolationDoc, verbose: bool = False) -> str:
     """``migctl isolation``: a one-line verdict, the GPUs NVML cannot read, the audit's findings (those that
     read the same on several GPUs as one line; ``verbose``: each), then migd's fault marks and the probe."""
@@ -283,7 +292,7 @@ def isolation_table(doc: IsolationDoc, verbose: bool = False) -> str:
                                []).append(f.gpu)
         lines += [f"{sv:7} {ck:10} GPU {index_ranges(ix)}: {text}" for (sv, ck, text), ix in by_text.items()]
     if doc.daemon is not None:
-        lines += [f"UNHEALTHY {u}: {r}" for u, r in doc.daemon.unhealthy.items()]
+        lines += _unhealthy(doc.daemon)
         lines += [f"BREACH  {b}" for b in doc.daemon.breaches]
     if doc.probe is not None:
         lines.append(f"probe: {doc.probe.status.value}: {doc.probe.detail}")

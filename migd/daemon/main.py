@@ -262,7 +262,7 @@ def _handlers(daemon: Daemon, watch: FaultWatch, sampler: Sampler) -> Handlers:
     return Handlers(
         status=daemon.status.view, reload=daemon.reload_now, apply=daemon.manual_apply,
         isolation=lambda: DaemonAudit(daemon.status.unhealthy_reasons(), tuple(watch.breaches),
-                                      tuple(daemon.audit_findings)),
+                                      tuple(daemon.audit_findings), daemon.status.faults(), daemon.status.clock),
         clear_fault=daemon.clear_fault, resume=daemon.resume, layout=layout)
 
 

@@ -163,7 +163,7 @@ class Status:
             tuple(self.restart_needed), {k.value: v for k, v in sorted(self.apply_count.items())},
             self.unhealthy_reasons(), self.slurm.view() if self.slurm else None, self.demand, self.access,
             self.applying, self.clock,
-            {u: Fault(m.xid, m.at) for u, m in self.unhealthy.snapshot().items()} or None)
+            self.faults())
 
     def _active(self) -> Active | None:
         if self.override is not None:
@@ -181,3 +181,7 @@ class Status:
 
     def unhealthy_reasons(self) -> dict[str, str]:
         return self.unhealthy.reasons()
+
+    def faults(self) -> dict[str, Fault] | None:
+        """The fault marks as numbers (None: none), for ``faults`` in migd.daemon/v1 and the isolation reply."""
+        return {u: Fault(m.xid, m.at) for u, m in self.unhealthy.snapshot().items()} or None
