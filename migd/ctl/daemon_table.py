@@ -10,11 +10,22 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 
 from migd.api.access import AccessView
-from migd.api.daemon import Active, Applying, DaemonDoc, GpuView, LastApply, Outcome, Progress, Reason, SimClock
+from migd.api.daemon import (
+    Active,
+    Applying,
+    DaemonDoc,
+    Fault,
+    GpuView,
+    LastApply,
+    Outcome,
+    Progress,
+    Reason,
+    SimClock,
+)
 from migd.api.demand import DemandView, PlanSummary
 from migd.api.plan import SignalSent
 from migd.demand.runtime import MIN_JOBS
@@ -176,16 +187,21 @@ def daemon_table(doc: DaemonDoc) -> str:
     return text_lines(lines + _access_lines(doc.access) + _demand_lines(doc.demand, when))
 
 
+def mark_text(uuid: str, why: str, faults: Mapping[str, Fault] | None, when: When) -> str:
+    """A GPU's fault mark in words, its time on the document's clock (``migctl daemon`` and ``migctl
+    isolation`` alike); a migd that sends no ``faults`` gives the mark in words only: shown as it is."""
+    f = (faults or {}).get(uuid)
+    return fault_text(f.xid, when(f.at)) if f is not None else why
+
+
 def _unhealthy_lines(doc: DaemonDoc, when: When) -> list[str]:
     """Each GPU a fault mark holds, by index as every other line names a GPU, and the mark's time on the
-    document's clock (an older migd gives the mark in words only: shown as it is)."""
+    document's clock."""
     index = {g.uuid: i for i, g in doc.gpus.items()}
-    faults = doc.faults or {}
     lines = []
     for uuid, why in doc.unhealthy.items():
         gpu = f"GPU {index[uuid]} ({uuid})" if uuid in index else uuid
-        f = faults.get(uuid)
-        what = fault_text(f.xid, when(f.at)) if f is not None else why
+        what = mark_text(uuid, why, doc.faults, when)
         clear = f"`migctl clear-fault {index[uuid]}`" if uuid in index else \
             "cleared (`migctl clear-fault`, once it can be read)"
         lines.append(f"unhealthy: {gpu}: {what}; reconfiguring it is refused until {clear}")

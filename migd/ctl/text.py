@@ -15,10 +15,9 @@ from migd.api.plan import ApplyDoc, AssertDoc, AssertGpu, GpuPlan, Operation, Pl
 from migd.api.status import Gpu, JournalLeft, Reading, StatusDoc, Unreadable
 from migd.apply.result import GpuStatus
 from migd.ctl.daemon_table import RESUME_HINT as RESUME_HINT  # (re-exported: migctl's tables are all here)
-from migd.ctl.daemon_table import When, clock_of, signal_lines, utc
+from migd.ctl.daemon_table import When, clock_of, mark_text, signal_lines, utc
 from migd.ctl.daemon_table import daemon_table as daemon_table
 from migd.hardware.doctor import UNREADABLE_CHECK, Finding, Verdict
-from migd.isolation.xids import fault_text
 from migd.plan.planner import OpKind
 from migd.printable import text_lines
 from migd.profiles.model import index_ranges
@@ -263,10 +262,9 @@ def _finding(f: Finding) -> str:
 
 def _unhealthy(marks: DaemonMarks) -> list[str]:
     """Each fault mark, its time on the daemon's clock (migd's own under ``--now``, as ``migctl daemon``
-    shows it; a migd that sends no ``faults`` gives the mark in words only)."""
-    when, faults = clock_of(marks.clock), marks.faults or {}
-    return [f"UNHEALTHY {u}: {fault_text(f.xid, when(f.at)) if (f := faults.get(u)) is not None else r}"
-            for u, r in marks.unhealthy.items()]
+    shows it)."""
+    when = clock_of(marks.clock)
+    return [f"UNHEALTHY {u}: {mark_text(u, r, marks.faults, when)}" for u, r in marks.unhealthy.items()]
 
 
 def isolation_table(doc: IsolationDoc, verbose: bool = False) -> str:
