@@ -177,5 +177,6 @@ def test_one_clock_on_one_screen(dgx: MigdProcess) -> None:
                      r"it is refused until `migctl clear-fault 3`$", r.stdout, re.M), r.stdout
     assert set(re.findall(r"\b(\d{4}-\d\d-\d\d)[ T]", r.stdout)) == {"2031-03-03"}, r.stdout
     iso = dgx.migctl.process("isolation")  # the same mark, the same clock
-    assert iso.returncode == 1 and re.search(rf"^UNHEALTHY {uuid}: Xid 79 \(GPU-wide\) at 2031-03-03 \S+ UTC$",
+    assert iso.returncode == 1 and re.search(rf"^UNHEALTHY GPU 3 \({uuid}\): Xid 79 \(GPU-wide\) at 2031-03-03 \S+ "
+                                             r"UTC; reconfiguring it is refused until `migctl clear-fault 3`$",
                                              iso.stdout, re.M), iso.stdout

@@ -113,7 +113,7 @@ def test_gpu_wide_xid_blocks_reconfiguration_until_cleared(migd: MigdProcess) ->
     assert r.code == 4 and "unhealthy" in r.err and "Xid 79" in r.err
     assert migd.assert_profile("day")
     r = migd.migctl("isolation")
-    assert r.code == 1 and "UNHEALTHY" in r.out
+    assert r.code == 1 and "UNHEALTHY GPU 0 (GPU-" in r.out and "`migctl clear-fault 0`" in r.out, r.out
     r = migd.migctl("clear-fault", "0")
     assert r.code == 0 and "GPU-" in r.out
     assert migd.migctl("apply", str(PROFILES / "night.yaml")).code == 0

@@ -140,10 +140,13 @@ class Blocked:
 @dataclass(frozen=True)
 class Fault:
     """A GPU-wide fault mark as numbers: its Xid and when the fault watch read it (Unix time), so that a
-    reader shows the time on the document's clock (``unhealthy`` gives it in words, in UTC)."""
+    reader shows the time on the document's clock (``unhealthy`` gives it in words, in UTC); ``gpu``: the
+    GPU's index as migd reads it (added in v1; left out when migd cannot read it), so that a reader of the
+    isolation document, which has no GPU list, names the GPU as every other line does."""
 
     xid: int
     at: float
+    gpu: int | None = field(default=None, metadata=OMIT_NONE)
 
 
 @dataclass(frozen=True)

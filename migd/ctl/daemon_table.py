@@ -187,25 +187,25 @@ def daemon_table(doc: DaemonDoc) -> str:
     return text_lines(lines + _access_lines(doc.access) + _demand_lines(doc.demand, when))
 
 
-def mark_text(uuid: str, why: str, faults: Mapping[str, Fault] | None, when: When) -> str:
-    """A GPU's fault mark in words, its time on the document's clock (``migctl daemon`` and ``migctl
-    isolation`` alike); a migd that sends no ``faults`` gives the mark in words only: shown as it is."""
+def mark_text(uuid: str, why: str, faults: Mapping[str, Fault] | None, when: When,
+              index: int | None = None) -> str:
+    """A GPU's fault mark in words (``migctl daemon`` and ``migctl isolation`` alike): the GPU by index,
+    as every other line names one, its time on the document's clock, and how it is cleared.  ``index``:
+    the GPU's, if the caller knows it, else the one migd sent with the mark; a migd that sends no
+    ``faults`` gives the mark in words only: shown as it is."""
     f = (faults or {}).get(uuid)
-    return fault_text(f.xid, when(f.at)) if f is not None else why
+    what = fault_text(f.xid, when(f.at)) if f is not None else why
+    index = index if index is not None else (f.gpu if f is not None else None)
+    if index is None:
+        return f"{uuid}: {what}; reconfiguring it is refused until cleared (`migctl clear-fault`, once it can be read)"
+    return f"GPU {index} ({uuid}): {what}; reconfiguring it is refused until `migctl clear-fault {index}`"
 
 
 def _unhealthy_lines(doc: DaemonDoc, when: When) -> list[str]:
-    """Each GPU a fault mark holds, by index as every other line names a GPU, and the mark's time on the
-    document's clock."""
-    index = {g.uuid: i for i, g in doc.gpus.items()}
-    lines = []
-    for uuid, why in doc.unhealthy.items():
-        gpu = f"GPU {index[uuid]} ({uuid})" if uuid in index else uuid
-        what = mark_text(uuid, why, doc.faults, when)
-        clear = f"`migctl clear-fault {index[uuid]}`" if uuid in index else \
-            "cleared (`migctl clear-fault`, once it can be read)"
-        lines.append(f"unhealthy: {gpu}: {what}; reconfiguring it is refused until {clear}")
-    return lines
+    """Each GPU a fault mark holds, and the mark's time on the document's clock."""
+    index = {g.uuid: int(i) for i, g in doc.gpus.items()}
+    return [f"unhealthy: {mark_text(uuid, why, doc.faults, when, index.get(uuid))}"
+            for uuid, why in doc.unhealthy.items()]
 
 
 def _access_lines(ac: AccessView | None) -> list[str]:

@@ -264,7 +264,7 @@ def _unhealthy(marks: DaemonMarks) -> list[str]:
     """Each fault mark, its time on the daemon's clock (migd's own under ``--now``, as ``migctl daemon``
     shows it)."""
     when = clock_of(marks.clock)
-    return [f"UNHEALTHY {u}: {mark_text(u, r, marks.faults, when)}" for u, r in marks.unhealthy.items()]
+    return [f"UNHEALTHY {mark_text(u, r, marks.faults, when)}" for u, r in marks.unhealthy.items()]
 
 
 def isolation_table(doc: IsolationDoc, verbose: bool = False) -> str:

@@ -184,4 +184,5 @@ class Status:
 
     def faults(self) -> dict[str, Fault] | None:
         """The fault marks as numbers (None: none), for ``faults`` in migd.daemon/v1 and the isolation reply."""
-        return {u: Fault(m.xid, m.at) for u, m in self.unhealthy.snapshot().items()} or None
+        index = {g.uuid: i for i, g in self.gpus.items()}
+        return {u: Fault(m.xid, m.at, index.get(u)) for u, m in self.unhealthy.snapshot().items()} or None
