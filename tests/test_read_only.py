@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from migd.ctl.client import request
+from migd.sim import world
+from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
 from tests.helpers import PROFILES, migctl_as, need_root
 
@@ -92,3 +94,19 @@ def test_nothing_that_changes_a_gpu_is_reachable_that_way(migd: tuple[MigdProces
             os._exit(0 if reply and not reply["ok"] and reply["error"].startswith("not permitted: ") else 1)
         assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0, req
     assert m.assert_profile("day")  # nothing changed
+
+
+def test_an_ordinary_user_sees_a_fault_mark_by_gpu_index(migd: tuple[MigdProcess, Path]) -> None:
+    """Through the read-only socket migd's isolation answer has no GPU list: the mark itself names the GPU,
+    as `migctl daemon` does, and says how root clears it."""
+    m, run = migd
+    world.raise_xid(StateStore(m.migctl.state), 0, 79)
+    view = run / "migd-view" / "status.sock"
+    m.wait_until(lambda: bool((request(view, {"cmd": "isolation"}, timeout_s=30) or {}).get("unhealthy")))
+    uuid = StateStore(m.migctl.state).read().gpus[0].uuid
+    mark = (rf"GPU 0 \({uuid}\): Xid 79 \(GPU-wide\) at 2026-11-2\d \S+ UTC; reconfiguring it is refused until "
+            r"`migctl clear-fault 0`$")
+    code, out, err = as_nobody(args(m, run, "isolation"))
+    assert code == 1 and re.search(rf"^UNHEALTHY {mark}", out, re.M) and err == "", (out, err)
+    code, out, err = as_nobody(args(m, run, "daemon"))
+    assert code == 0 and re.search(rf"^unhealthy: {mark}", out, re.M), (out, err)
