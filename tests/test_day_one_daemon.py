@@ -180,3 +180,19 @@ def test_one_clock_on_one_screen(dgx: MigdProcess) -> None:
     assert iso.returncode == 1 and re.search(rf"^UNHEALTHY GPU 3 \({uuid}\): Xid 79 \(GPU-wide\) at 2031-03-03 \S+ "
                                              r"UTC; reconfiguring it is refused until `migctl clear-fault 3`$",
                                              iso.stdout, re.M), iso.stdout
+
+
+def test_an_owner_only_change_through_migd_says_what_it_changes(dgx: MigdProcess) -> None:
+    """The day layout's instances handed to another team through the running migd (its control socket,
+    as an operator's `migctl apply` goes): the same words as a local apply, and migd's count agrees."""
+    dgx.start(now="2026-11-23T10:00:00")  # day: 7x1g, owned by notebooks
+    dgx.wait_ready()
+    other = dgx.tmp / "inference.yaml"
+    other.write_text((PROFILES / "day.yaml").read_text().replace("name: day", "name: inference-day")
+                     .replace("owner: notebooks", "owner: inference"))
+    r = dgx.migctl.process("apply", str(other))
+    line = "GPU 0-7 (A100-SXM4-80GB): 7x1g.10gb: an owner change to inference (instances kept, no MIG operation)\n"
+    assert r.returncode == 0 and "; 8 GPU(s) changed, 0 already as asked (by migd)\n" + line in r.stdout, r
+    assert dgx.daemon_doc()["last_apply"]["changed"] == 8
+    again = dgx.migctl.process("apply", str(other))
+    assert again.returncode == 0 and "7x1g.10gb: already applied\n" in again.stdout, again
