@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from migd.api.daemon import Outcome, Progress
+from migd.api.daemon import DaemonDoc, Outcome, Progress
 from migd.config.migdyaml import load_config
+from migd.ctl.daemon_table import daemon_table
 from migd.daemon.clock import Clock
 from migd.daemon.service import Daemon, ManualApply
 from migd.hardware.ports import read_state
@@ -26,6 +27,7 @@ from migd.isolation.xids import FaultMark
 from migd.profiles.loader import load_profile
 from migd.sim.backend import sim_backend
 from migd.sim.library import loaded
+from migd.wire import from_json
 from tests.helpers import PROFILES, Migctl
 
 pytestmark = pytest.mark.integration  # seconds each, in-process
@@ -145,6 +147,37 @@ def test_a_faulted_gpu_does_not_hold_back_the_others(daemon: Daemon) -> None:
     st.unhealthy.clear(gpus[0].uuid)  # the operator cleared the mark
     daemon.reconcile("reconcile")
     assert all(g.progress is Progress.CONVERGED for g in st.gpus.values()) and st.applied_profile == "night"
+
+
+def test_a_faulted_gpu_left_as_it_is_is_not_drift_nor_another_apply_each_pass(
+        daemon: Daemon, caplog: pytest.LogCaptureFixture) -> None:
+    """Day holds; GPU 0 falls off the bus; night comes.  The passes after it leave GPU 0 as it is, as a
+    fault mark asks: none says it is drift being corrected, none counts another blocked apply, and
+    ``migctl daemon`` names GPU 0 as not as night asks (faulted) instead of every GPU as night asks.
+    Once the mark is cleared, night's change of GPU 0 is migd's own, not drift either."""
+    daemon.clock = Clock(datetime.fromisoformat("2026-11-23T12:00:00+09:00"))
+    daemon.reconcile("start")
+    assert daemon.status.applied_profile == "day"
+    gpus = daemon.backend.list_gpus()
+    daemon.status.unhealthy.mark(gpus[0].uuid, FaultMark(79, time.time()))
+    daemon.clock = Clock(NIGHT)
+    daemon.reconcile("transition")
+    st = daemon.status
+    blocked = st.apply_count[Outcome.BLOCKED]
+    with caplog.at_level("INFO", logger="migd"):
+        for _ in range(3):
+            daemon.reconcile("reconcile")
+    assert st.apply_count[Outcome.BLOCKED] == blocked and not [r for r in caplog.records if "drift" in r.message], \
+        [r.message for r in caplog.records]
+    assert st.gpus[0].progress is Progress.FAULTED and st.drifted == [0]
+    asked = daemon_table(from_json(DaemonDoc, st.to_json())).splitlines()
+    assert "applied profile: day; not yet as night asks: GPU 0 faulted" in asked, asked
+    caplog.clear()
+    st.unhealthy.clear(gpus[0].uuid)
+    with caplog.at_level("INFO", logger="migd"):
+        daemon.reconcile("reconcile")
+    assert st.applied_profile == "night" and st.drifted == []
+    assert not [r for r in caplog.records if "drift" in r.message], [r.message for r in caplog.records]
 
 
 def test_a_lost_gpu_does_not_hold_back_the_others(daemon: Daemon) -> None:

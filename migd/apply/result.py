@@ -171,7 +171,8 @@ class ApplyResult:
 
     @property
     def changed(self) -> bool:
-        return any(r.status not in (GpuStatus.UNCHANGED, GpuStatus.BLOCKED) for r in self.results)
+        """Whether any GPU was touched (a GPU left waiting, or as it is for a fault mark, was not)."""
+        return any(r.status not in (GpuStatus.UNCHANGED, GpuStatus.BLOCKED, GpuStatus.FAULTED) for r in self.results)
 
     def readings(self) -> dict[int, GpuState]:
         """Each planned GPU as last read: after its change if it changed, else as planned."""

@@ -163,9 +163,10 @@ def choose(retries: Retries, status: Status, plans: list[GpuPlan], owners: Mappi
     retries.look(plans, pending)
     free = [p for p in plans if not retries.held(p)]
     # A GPU waiting for busy instances is migd's own change under way, not drift, in report mode too: it
-    # is looked at again (and switched once they end), never said or left as drifted.
-    waiting = {g.uuid for g in status.with_progress(Progress.WAITING).values()}
-    ours = {p.gpu.uuid for p in free if retries.failure(p)} | waiting
+    # is looked at again (and switched once they end), never said or left as drifted.  So is one a fault
+    # mark holds where it is (and, once the mark is cleared, its change to the profile).
+    waiting = {g.uuid for g in status.with_progress(Progress.WAITING, Progress.FAULTED).values()}
+    ours = {p.gpu.uuid for p in free if retries.failure(p)} | waiting | set(status.unhealthy.snapshot())
     drift = [p for p in free if p.changes and p.gpu.uuid not in ours]
     if not correct:
         log_drift(profile, drift, "reconcile: report, not corrected")

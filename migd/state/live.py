@@ -131,8 +131,9 @@ class Status:
 
     @property
     def drifted(self) -> list[int]:
-        """GPUs not in the active profile's layout (drift reported, waiting, or a failed change)."""
-        return sorted(self.with_progress(Progress.DRIFTED, Progress.WAITING, Progress.FAILED))
+        """GPUs not in the active profile's layout (drift reported, waiting, a failed change, or left as they
+        are for a fault mark: one is faulted only when the profile would change it)."""
+        return sorted(self.with_progress(Progress.DRIFTED, Progress.WAITING, Progress.FAILED, Progress.FAULTED))
 
     @property
     def blocked_since(self) -> float | None:
