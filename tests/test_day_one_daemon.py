@@ -176,6 +176,9 @@ def test_one_clock_on_one_screen(dgx: MigdProcess) -> None:
     assert re.search(rf"^unhealthy: GPU 3 \({uuid}\): Xid 79 \(GPU-wide\) at 2031-03-03 \S+ UTC; reconfiguring "
                      r"it is refused until `migctl clear-fault 3`$", r.stdout, re.M), r.stdout
     assert set(re.findall(r"\b(\d{4}-\d\d-\d\d)[ T]", r.stdout)) == {"2031-03-03"}, r.stdout
+    night = dgx.migctl.process("apply", str(PROFILES / "night.yaml"))  # refused: the mark's words on that clock
+    refusal = r"error \(from migd\): reconfiguration refused on unhealthy GPUs: GPU 3: Xid 79 \(GPU-wide\) at "
+    assert night.returncode == 4 and re.fullmatch(refusal + r"2031-03-03T\S+Z\n", night.stderr), night
     iso = dgx.migctl.process("isolation")  # the same mark, the same clock
     assert iso.returncode == 1 and re.search(rf"^UNHEALTHY GPU 3 \({uuid}\): Xid 79 \(GPU-wide\) at 2031-03-03 \S+ "
                                              r"UTC; reconfiguring it is refused until `migctl clear-fault 3`$",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 
 from migd.api.daemon import SimClock
@@ -32,3 +33,9 @@ class Clock:
     def view(self) -> SimClock | None:
         """How a Unix time turns into this clock (None: it is the machine's)."""
         return SimClock(self._virt0.isoformat(), round(self._real0, 3), self.scale) if self.own else None
+
+
+def iso_on(clock: SimClock) -> Callable[[float], str]:
+    """A Unix time in UTC, ISO 8601, as ``clock`` reads it: the form migd's words give a time in (a fault
+    mark's, say), on its own clock."""
+    return lambda epoch: clock.of(epoch).astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -30,7 +30,7 @@ from migd.daemon.accesspass import access_control
 from migd.daemon.accesspass import view as access_view
 from migd.daemon.account import in_flight
 from migd.daemon.answers import Reloaded, Resumed
-from migd.daemon.clock import Clock
+from migd.daemon.clock import Clock, iso_on
 from migd.daemon.holds import hold, rehold
 from migd.daemon.hwlock import HardwareLock
 from migd.daemon.progress import Tracker
@@ -268,6 +268,7 @@ class Daemon:
         self.status.clock = self.clock.view()
         if self.status.clock is not None:  # migd's own clock starts here: "running since" is not before it
             self.status.started = max(self.status.started, self.status.clock.real)
+            self.status.unhealthy.shown = iso_on(self.status.clock)  # a fault mark's words on it too
         try:
             for r in self.applier.recover():
                 log.warning("GPU %d: %s after an interrupted apply", r.index, r.status.replace("_", " "))

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from migd.isolation.xids import FaultMark
+from migd.isolation.xids import FaultMark, utc_iso
 
 log = logging.getLogger("migd.faults")
 CATCH_UP_S = 10.0  # the watch reads a pending event within ~0.1 s; this long means it is stuck in NVML
@@ -30,6 +30,9 @@ class FaultMarks:
         self._lock = threading.Lock()
         self._marks: dict[str, FaultMark] = {}
         self._reader: Callable[[float], bool] | None = None  # the running fault watch's catch-up
+        # how a mark's time reads in its words (refusals, ``unhealthy``, the log): UTC, or on migd's own
+        # clock (--now, --time-scale), which the daemon sets, so that one screen shows one clock
+        self.shown: Callable[[float], str] = utc_iso
 
     def read_by(self, catch_up: Callable[[float], bool] | None) -> None:
         """The fault watch that sets these marks, while it runs (None: none runs, as in migctl's own
@@ -52,7 +55,7 @@ class FaultMarks:
             return dict(self._marks)
 
     def reasons(self) -> dict[str, str]:
-        return {uuid: str(mark) for uuid, mark in self.snapshot().items()}
+        return {uuid: mark.text(self.shown) for uuid, mark in self.snapshot().items()}
 
     def caught_up(self) -> dict[str, str]:
         """:meth:`reasons` once the watch has read every event the driver delivered before this call:
@@ -70,4 +73,4 @@ class FaultMarks:
         finds none makes its change before any new mark can be set."""
         with self._lock:
             mark = self._marks.get(uuid)
-            yield None if mark is None else str(mark)
+            yield None if mark is None else mark.text(self.shown)

@@ -8,6 +8,7 @@ Counters start at 0 for every known class on every GPU, so ``increase()`` sees t
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # GPU-wide Xids after which the GPU needs attention (reset, drain) before anything else:
@@ -28,7 +29,15 @@ class FaultMark:
     at: float
 
     def __str__(self) -> str:  # the reason migd.daemon/v1's ``unhealthy`` and the log give
-        return fault_text(self.xid, time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(self.at)))
+        return self.text(utc_iso)
+
+    def text(self, shown: Callable[[float], str]) -> str:
+        """The mark in words, its time as ``shown`` renders a Unix time (migd's own clock, when it runs one)."""
+        return fault_text(self.xid, shown(self.at))
+
+
+def utc_iso(epoch: float) -> str:
+    return time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(epoch))
 
 
 def fault_text(xid: int, at: str) -> str:
