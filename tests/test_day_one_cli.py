@@ -95,7 +95,7 @@ def test_resume_as_an_ordinary_user_says_who_may(tmp_path: Path) -> None:
         run.chmod(0o755)
         (run / "migd").mkdir(mode=0o700)  # as /run/migd
         sock = run / "migd" / "world.sock"
-        for cmd in (["resume"], ["clear-fault", "0"]):
+        for cmd in (["resume"], ["clear-fault", "0"], ["reload"]):
             code, out, err = migctl_as(65534, 65534, ["--control-socket", str(sock), *cmd])
             assert (code, out) == (1, ""), (cmd, code, out, err)
             line = _one_line(err)

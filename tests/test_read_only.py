@@ -83,6 +83,11 @@ def test_nothing_that_changes_a_gpu_is_reachable_that_way(migd: tuple[MigdProces
     m, run = migd
     code, out, err = as_nobody(args(m, run, "apply", str(PROFILES / "night.yaml")))
     assert code == 1 and err.startswith("not permitted: ") and len(err.strip().splitlines()) == 1, err
+    for cmd in ("reload", "resume"):  # (reload said "reload rejected, migd keeps its running configuration")
+        code, out, err = as_nobody(args(m, run, cmd))
+        sock = run / "migd" / "control.sock"
+        assert (code, out, err) == (1, "", f"not permitted: `migctl {cmd}` asks migd through its control socket "
+                                            f"{sock}, which only root may use (sudo migctl {cmd})\n"), (cmd, out, err)
     text = (PROFILES / "night.yaml").read_text()
     for req in ({"cmd": "apply", "file": "night.yaml", "text": text}, {"cmd": "resume"},
                 {"cmd": "clear-fault", "gpu": "0"}, {"cmd": "reload"}):

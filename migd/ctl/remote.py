@@ -155,7 +155,10 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 
 def cmd_reload(args: argparse.Namespace) -> int:
     """Ask migd to reload its configuration and profiles (like SIGHUP), and say whether it took."""
-    reply = daemon_request(args, Ask(Command.RELOAD), timeout_s=120.0)
+    sock = control_socket(args)  # root's socket alone: the read-only one's refusal is no rejected configuration
+    reply = request(sock, Ask(Command.RELOAD), timeout_s=120.0)
+    if reply is None:
+        raise ConnectionError(f"no migd is listening on {sock}")
     head = reply_as(Reply, reply)
     if not head.ok:
         print(shown(f"error: reload rejected, migd keeps its running configuration: {head.error}"), file=sys.stderr)
