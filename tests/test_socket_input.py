@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from migd.paths import status_socket
+from migd.paths import listening, status_socket
 from tests.daemon_harness import MigdProcess
 from tests.helpers import PROFILES, Migctl
 
@@ -70,6 +70,19 @@ def test_a_malformed_request_is_one_line_bad_request_and_no_error_in_the_log(mig
     assert json.loads(_ask(path, b'{"cmd": "status"}\n'))["ok"] is True  # and migd answers on
     logged = migd.log.read_text()[before:]
     assert "Traceback" not in logged and "ERROR" not in logged and "CRITICAL" not in logged, logged[-3000:]
+
+
+@pytest.mark.parametrize("which", ["control", "read-only"])
+def test_a_connection_that_sends_nothing_is_a_liveness_check_not_a_bad_request(migd: MigdProcess, which: str) -> None:
+    """migctl asks whether migd runs (``apply --local`` is refused beside it) by connecting and closing:
+    nobody's mistake, so nothing in migd's log says a client sent a bad request."""
+    path = migd.socket_path if which == "control" else status_socket(migd.socket_path)
+    before = len(migd.log.read_text())
+    for _ in range(3):
+        assert listening(path)
+    assert json.loads(_ask(path, b'{"cmd": "status"}\n'))["ok"] is True  # (the log has caught up to here)
+    logged = migd.log.read_text()[before:]
+    assert "bad request" not in logged and "Traceback" not in logged, logged[-3000:]
 
 
 class FakeServer:

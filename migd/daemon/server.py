@@ -101,6 +101,8 @@ class _Handler(socketserver.StreamRequestHandler):
             log.debug("control: uid %s: %s", self.client_address, e)
             reply: object = Refusal(False, Exit.INVALID, f"bad request: {e}")
         else:
+            if not line:  # connected and left without a byte: a check that migd runs (migctl's), no request
+                return
             self.connection.settimeout(self.timeout)
             reply = self._reply(line)
         try:
