@@ -73,6 +73,6 @@ def test_check_says_what_start_up_warns_about_owners_without_access(migd: MigdPr
     warned = [ln for ln in check.stderr.splitlines() if "have no access entry" in ln]
     assert any("profile night: owner(s) training have no access entry: their instances are root's only" in ln
                for ln in warned), check.stderr
-    assert "ok (4 profiles" in check.stdout
+    assert check.stdout.startswith(f"{migd.config}: ok (4 profile(s), ") and check.stdout.endswith(" transition(s))\n")
 
 

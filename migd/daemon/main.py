@@ -106,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.check:
         for w in unmapped_owners(cfg):  # what start-up warns about, said before it starts
             print(f"{args.config}: warning: {w}", file=sys.stderr)
-        print(f"{args.config}: ok ({len(cfg.profiles)} profiles, {len(cfg.schedule.entries)} transitions)")
+        print(f"{args.config}: ok ({len(cfg.profiles)} profile(s), {len(cfg.schedule.entries)} transition(s))")
         return Exit.OK
     errors = NvmlErrorCounter()
     state, state_dir, socket_path = _paths(args, cfg)
