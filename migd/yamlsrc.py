@@ -179,18 +179,26 @@ class Node:
         return parse_duration(value, self)
 
 
-_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s?)?$")
+_DURATION = re.compile(r"^(?:([0-9]{1,12})h)?(?:([0-9]{1,12})m)?(?:([0-9]{1,12}(?:\.[0-9]{1,9})?)s?)?$", re.ASCII)
+MAX_DURATION_S = 366 * 24 * 3600.0  # a year: no interval, timeout or window migd takes is longer, and a
+# time that far past now still fits every clock and timer it is added to (time_t, threading's timeouts)
 
 
 def parse_duration(value: str, where: Node | None = None) -> float:
+    """Seconds; ``where``: the YAML node it came from, named in the error."""
     m = _DURATION.fullmatch(value.strip())
+    msg = None
     if not value.strip() or not m or not any(m.groups()):
         msg = f"{excerpt(value)} is not a duration (examples: 90, 30s, 5m, 1h30m)"
-        if where is not None:
-            raise where.error(msg)
-        raise ValueError(msg)
-    h, mi, s = m.groups()
-    return int(h or 0) * 3600 + int(mi or 0) * 60 + float(s or 0)
+    else:
+        h, mi, s = m.groups()
+        seconds = int(h or 0) * 3600 + int(mi or 0) * 60 + float(s or 0)
+        if seconds <= MAX_DURATION_S:
+            return seconds
+        msg = f"{excerpt(value)} is longer than a year (at most {MAX_DURATION_S / 3600:g}h)"
+    if where is not None:
+        raise where.error(msg)
+    raise ValueError(msg)
 
 
 def parse_host_port(value: str) -> tuple[str, int]:

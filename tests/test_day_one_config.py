@@ -64,6 +64,28 @@ def test_an_interval_under_a_second_is_an_error_not_quietly_raised(migd: MigdPro
     assert check.stderr.count("\n") == 1 and key in check.stderr and "at least 1s" in check.stderr, check.stderr
 
 
+@pytest.mark.parametrize("key, value, said", [
+    ("busy_timeout", "1" * 5000 + "h", "is not a duration"),  # (a traceback: Python's int digit limit)
+    ("sample_interval", "99999999999999999999999h", "is not a duration"),  # (the sampler died on it)
+    ("reconcile_interval", "9000h", "is longer than a year (at most 8784h)")])
+def test_a_duration_too_long_for_any_clock_is_one_line_at_check_and_reload(migd: MigdProcess, key: str, value: str,
+                                                                          said: str) -> None:
+    """Passed by --check, such a value crashed migd at its first use, or at a reload (SIGHUP) of the
+    running one; it is refused as any bad value is, and a running migd keeps its configuration."""
+    migd.start(now="2026-11-23T10:00:00")
+    migd.wait_ready()
+    good = migd.config.read_text()
+    migd.write_config(**{key: value})
+    check = subprocess.run([sys.executable, "-m", "migd.daemon.main", "--config", str(migd.config), "--check"],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 2 and check.stderr.count("\n") == 1 and key in check.stderr and said in check.stderr, \
+        check
+    reload = migd.migctl("reload")
+    assert reload.code == 2 and said in reload.err and "keeps its running configuration" in reload.err, reload
+    migd.config.write_text(good)
+    assert migd.migctl("reload").code == 0 and "Traceback" not in migd.log.read_text()
+
+
 def test_check_says_what_start_up_warns_about_owners_without_access(migd: MigdProcess) -> None:
     with open(migd.config, "a") as f:
         f.write("access: {owners: {notebooks: {group: root}}}\n")  # training, inference: no entry
