@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, BinaryIO, cast
 
 import yaml
 
@@ -210,14 +211,43 @@ def parse_host_port(value: str) -> tuple[str, int]:
 
 
 def read(path: str | Path, strict: bool = False, what: str = "file") -> str:
-    """A file's text; ``strict`` refuses it unless trusted (``migd.trust``), checked on the opened file."""
+    """A file's text; ``strict`` refuses it unless trusted (``migd.trust``), checked on the opened file.
+    Only a regular file: a FIFO or a device (``/dev/zero``) named as a profile, or left in the profiles
+    directory, would block the reader or never end, so it is refused before a byte is read."""
     try:
-        with open(path, encoding="utf-8") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise ValidationError(str(path), None, None, "", f"cannot read file: it is {_kind(st.st_mode)}, "
+                                  "not a regular file")
+        with open(fd, encoding="utf-8", closefd=True) as f:
             if strict:
-                refuse_untrusted(str(path), os.fstat(f.fileno()), what)
+                refuse_untrusted(str(path), st, what)
             return f.read()
     except (OSError, UnicodeDecodeError) as e:
         raise ValidationError(str(path), None, None, "", f"cannot read file: {e}") from e
+
+
+def read_stream(name: str, stream: BinaryIO) -> str:
+    """Standard input's text (``migctl plan -``), as :func:`read` gives a file's: UTF-8 and at most
+    ``MAX_BYTES`` (an endless pipe is cut there and refused, not read until memory runs out)."""
+    data = stream.read(MAX_BYTES + 1)
+    if len(data) > MAX_BYTES:
+        raise ValidationError(name, None, None, "", f"more than {MAX_BYTES} bytes; a profile or config is at most "
+                              f"{MAX_BYTES}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValidationError(name, None, None, "", f"cannot read: {e}") from e
+
+
+def _kind(mode: int) -> str:
+    for test, words in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return words
+    return "not a file"
 
 
 # libyaml's parser when PyYAML was built with it (5-7x faster on a large file; same nodes and marks)

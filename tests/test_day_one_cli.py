@@ -4,8 +4,10 @@ real migctl process, as typed."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +17,7 @@ import pytest
 from migd.sim import world
 from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
-from tests.helpers import PROFILES, REFERENCE, Migctl, migctl_as, need_root
+from tests.helpers import MIGCTL, PROFILES, REFERENCE, Migctl, migctl_as, need_root
 
 pytestmark = pytest.mark.integration  # migctl and migd as programs
 
@@ -83,6 +85,26 @@ def test_a_negative_duration_is_refused_in_words(tmp_path: Path, value: list[str
     assert r.returncode == 2 and r.stdout == "", r
     line = _one_line(r.stderr)
     assert line.startswith("migctl apply: error: argument --busy-timeout: a duration cannot be negative, not '-"), line
+
+
+@pytest.mark.parametrize("source", ["fifo", "/dev/zero", "directory", "stdin not UTF-8", "stdin endless"])
+def test_a_profile_that_is_not_a_regular_file_is_one_line_not_a_hang(tmp_path: Path, source: str) -> None:
+    """A FIFO blocked migctl for ever and /dev/zero read until memory ran out; bytes on standard input
+    that are not UTF-8 were a traceback.  Each is refused in one line naming it, exit 2."""
+    m = Migctl(tmp_path, "dgx-a100")
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    path = {"fifo": str(fifo), "/dev/zero": "/dev/zero", "directory": str(tmp_path)}.get(source, "-")
+    stdin = {"stdin not UTF-8": b"name: \xff\n", "stdin endless": None}.get(source, b"")
+    cmd = [*MIGCTL, "--sim", m.fleet, "--sim-state", str(m.state), "--state-dir", str(m.state_dir), "plan", path]
+    if stdin is None:
+        with open("/dev/zero", "rb") as zero:
+            r = subprocess.run(cmd, stdin=zero, capture_output=True, timeout=60)
+    else:
+        r = subprocess.run(cmd, input=stdin, capture_output=True, timeout=60)
+    err = r.stderr.decode()
+    said = path if path != "-" else "<stdin>"
+    assert r.returncode == 2 and err.startswith(f"error: {said}: ") and err.count("\n") == 1, (r.returncode, err)
 
 
 def test_resume_as_an_ordinary_user_says_who_may(tmp_path: Path) -> None:

@@ -59,7 +59,7 @@ from migd.profiles.validate import check_file
 from migd.report import apply_doc, assert_doc, doctor_doc, plan_doc, status_doc
 from migd.report import unreadable as report_unreadable
 from migd.sim.fleets import FLEETS
-from migd.yamlsrc import load, read
+from migd.yamlsrc import load, read, read_stream
 
 
 def open_backend(args: argparse.Namespace) -> tuple[GpuBackend, Path]:
@@ -122,7 +122,8 @@ def _text(args: argparse.Namespace, strict: bool = False) -> str:
     fallback share it): migd, sandboxed (ProtectHome, PrivateTmp), is sent the text and never opens a
     user's path.  StrictModes (``strict``) applies to files: a pipe is the caller's own."""
     if getattr(args, "profile_text", None) is None:
-        args.profile_text = sys.stdin.read() if args.file == "-" else read(args.file, strict, "profile")
+        args.profile_text = read_stream("<stdin>", sys.stdin.buffer) if args.file == "-" else \
+            read(args.file, strict, "profile")
     return str(args.profile_text)
 
 
