@@ -6,6 +6,7 @@ about.  Through the real ``migd --check`` and migd."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.daemon_harness import MigdProcess
+from tests.helpers import PROFILES
 
 pytestmark = pytest.mark.integration  # real migd daemons
 
@@ -98,3 +100,13 @@ def test_check_says_what_start_up_warns_about_owners_without_access(migd: MigdPr
     assert check.stdout.startswith(f"{migd.config}: ok (4 profile(s), ") and check.stdout.endswith(" transition(s))\n")
 
 
+
+
+def test_the_default_profiles_dir_is_beside_a_config_named_by_a_relative_path(tmp_path: Path) -> None:
+    """``--config cfg/migd.yaml`` without ``profiles_dir`` looked in cfg/cfg/profiles."""
+    (tmp_path / "cfg").mkdir()
+    shutil.copytree(PROFILES, tmp_path / "cfg" / "profiles")
+    (tmp_path / "cfg" / "migd.yaml").write_text('schedule:\n  - {profile: day, at: "08:30"}\n')
+    check = subprocess.run([sys.executable, "-m", "migd.daemon.main", "--config", "cfg/migd.yaml", "--check"],
+                           capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert check.returncode == 0 and check.stdout.startswith("cfg/migd.yaml: ok ("), check

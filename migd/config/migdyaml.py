@@ -142,9 +142,8 @@ def load_config(path: str | Path, text: str | None = None) -> Config:
         tz = ZoneInfo(tz_name)
     except (ZoneInfoNotFoundError, ValueError):
         raise m["timezone"].error(f"unknown time zone {tz_name!r} (an IANA name like Asia/Seoul)") from None
-    pdir = Path(m["profiles_dir"].str()) if "profiles_dir" in m else Path(path).parent / "profiles"
-    if not pdir.is_absolute():
-        pdir = Path(path).parent / pdir
+    pdir = Path(path).parent / Path(m["profiles_dir"].str() if "profiles_dir" in m else "profiles")  # (beside
+    # the config unless absolute: an absolute profiles_dir replaces the parent)
     profiles, unusable = load_profiles(pdir, strict)
     metrics: str | None = "127.0.0.1:9835"
     if "metrics" in m:
