@@ -7,6 +7,7 @@ must be a positive integer`` and list the allowed values.
 
 from __future__ import annotations
 
+import builtins
 import os
 import re
 import stat
@@ -173,6 +174,24 @@ class Node:
         if tag != "tag:yaml.org,2002:bool":
             raise self.error(f"must be true or false, not {excerpt(value)}")
         return value.lower() in ("true", "yes", "on", "y")
+
+    def arg(self) -> builtins.str:
+        """A string handed to a program (an argument, a path, an environment value): the kernel's exec
+        and chdir take C strings, so one holding NUL cannot be passed (it crashed the first apply)."""
+        value = self.str()
+        if "\0" in value:
+            raise self.error("holds a NUL byte, which no program argument, path or environment value can")
+        return value
+
+    def environment(self) -> tuple[tuple[builtins.str, builtins.str], ...]:
+        """``{NAME: value}`` for a program's environment: a name is not empty and holds neither ``=``
+        nor NUL (the kernel's ``NAME=value`` strings), a value no NUL."""
+        out = []
+        for name, value in self.mapping().items():
+            if not name or "=" in name or "\0" in name:
+                raise value.error(f"{excerpt(name)} is not an environment variable name (empty, or holds = or NUL)")
+            out.append((name, value.arg()))
+        return tuple(out)
 
     def duration(self) -> float:
         """Seconds from ``90``, ``30s``, ``5m``, ``1h``, ``1h30m``."""

@@ -90,6 +90,36 @@ def test_a_missing_hook_is_refused_when_loaded(tmp_path: Path) -> None:
     assert not (m.state_dir / "journal.json").exists()
 
 
+@pytest.mark.parametrize("entry, said", [
+    ('{command: /bin/true, args: ["a\\0b"]}', "holds a NUL byte"),
+    ('{command: /bin/true, envs: {"A=B": x}}', "is not an environment variable name"),
+    ('{command: /bin/true, envs: {"": x}}', "is not an environment variable name"),
+    ('{command: /bin/true, envs: {A: "x\\0y"}}', "holds a NUL byte"),
+    ('{command: /bin/true, workdir: "/tmp\\0x"}', "holds a NUL byte")])
+def test_a_hook_no_program_could_be_given_is_refused_when_loaded(tmp_path: Path, entry: str, said: str) -> None:
+    """A NUL in an argument, environment value or working directory, or a name holding ``=``, passed
+    loading and crashed the apply (``ValueError: embedded null byte``), at apply-exit after the GPUs had
+    changed; it is one line naming the hooks file, exit 2, nothing changed."""
+    m = Migctl(tmp_path, "single-a100")
+    hooks = tmp_path / "hooks.yaml"
+    hooks.write_text(f"version: v1\nhooks:\n  apply-exit:\n    - {entry}\n")
+    hooks.chmod(0o644)
+    r = m("apply", "--local", str(PROFILES / "day.yaml"), "--hooks", str(hooks))
+    assert r.code == 2 and r.err.startswith(f"error: {hooks}:4:") and said in r.err and r.err.count("\n") == 1, r.err
+    assert not (m.state_dir / "journal.json").exists() and m("status").out.count("MIG disabled") == 1
+
+
+@pytest.mark.integration
+def test_slurms_environment_is_checked_as_a_hooks_is(tmp_path: Path) -> None:
+    """``slurm.env`` reaches every Slurm command as a hook's ``envs`` reaches its program."""
+    cfg = tmp_path / "migd.yaml"
+    cfg.write_text(f"profiles_dir: {PROFILES}\nschedule:\n  - {{profile: day, at: \"08:30\"}}\n"
+                   "slurm: {node: n1, env: {\"A=B\": x}}\n")
+    r = subprocess.run([sys.executable, "-m", "migd.daemon.main", "--config", str(cfg), "--check"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "is not an environment variable name" in r.stderr and r.stderr.count("\n") == 1, r
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="StrictModes applies to root")
 @pytest.mark.integration
 def test_a_hook_made_writable_after_loading_is_refused_when_it_runs(tmp_path: Path) -> None:

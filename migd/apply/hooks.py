@@ -158,9 +158,9 @@ def parse_hooks(node: object, strict: bool = True) -> Hooks:
         for item in items.items():
             m = item.mapping(allowed=["command", "args", "envs", "timeout", "workdir"], required=["command"])
             command = m["command"]
-            argv = (command.str(),) if command.is_scalar() else tuple(x.str() for x in command.items())
-            argv += tuple(x.str() for x in m["args"].items()) if "args" in m else ()
-            env = tuple((k, v.str()) for k, v in m["envs"].mapping().items()) if "envs" in m else ()
+            argv = (command.arg(),) if command.is_scalar() else tuple(x.arg() for x in command.items())
+            argv += tuple(x.arg() for x in m["args"].items()) if "args" in m else ()
+            env = m["envs"].environment() if "envs" in m else ()
             if not argv:
                 raise m["command"].error("must list the program and its arguments")
             if not os.path.isabs(argv[0]):
@@ -173,7 +173,7 @@ def parse_hooks(node: object, strict: bool = True) -> Hooks:
                 except ValidationError as e:
                     raise m["command"].error(e.message) from None
             timeout = m["timeout"].duration() if "timeout" in m else 60.0
-            hooks.append(Hook(argv=argv, timeout_s=timeout, workdir=m["workdir"].str() if "workdir" in m else None,
+            hooks.append(Hook(argv=argv, timeout_s=timeout, workdir=m["workdir"].arg() if "workdir" in m else None,
                               env=env, strict=strict))
         phases[phase] = hooks
     return Hooks(phases)

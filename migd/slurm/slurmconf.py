@@ -98,6 +98,6 @@ def parse_slurm(n: Node, profiles: Collection[str] = ()) -> SlurmSettings:
         gres_conf=Path(m["gres_conf"].str()) if "gres_conf" in m else conf.parent / "gres.conf",
         update=GresUpdate(m["update"].str(choices=list(GresUpdate))) if "update" in m else GresUpdate.RESTART,
         partition=partition,
-        env=tuple((k, v.str()) for k, v in m["env"].mapping().items()) if "env" in m else (),
+        env=m["env"].environment() if "env" in m else (),
         **kw,  # type: ignore[arg-type]
     )
