@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from migd.errors import ValidationError
 from migd.hardware.types import GpuInfo
 from migd.profiles.loader import load_profile
 from tests.helpers import MIGCTL
@@ -54,6 +55,16 @@ def test_spec_test_well_formed_filters_parse_and_match_nothing(filt: str) -> Non
     assert len(profile.warnings) == filt.count("MODEL")
     assert profile.warnings[0].startswith("f.yaml:4:") and "as in mig-parted, this filter matches no GPU" in \
         profile.warnings[0]
+
+
+@pytest.mark.parametrize("filt", ["{a: 1}", "[0x233010DE, {a: 1}]", "[[0x233010DE]]"])
+def test_a_filter_that_is_neither_a_string_nor_a_list_of_strings_is_refused(filt: str) -> None:
+    """mig-parted's MigConfigSpec refuses it when it reads the file; migd read a mapping as no filter,
+    and so applied the config to every GPU without a word."""
+    with pytest.raises(ValidationError) as e:
+        load_profile("f.yaml", config="c", text=SPEC.format(filter=filt))
+    assert e.value.file == "f.yaml" and "device-filter" in e.value.field and \
+        e.value.message == "must be a string or a list of strings, as mig-parted reads it", e.value
 
 
 def _migctl(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:

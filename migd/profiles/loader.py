@@ -211,6 +211,8 @@ def _device_filter(f: Node, warnings: list[str]) -> tuple[PciId, ...] | None:
     entries = list(f.items()) if f.is_sequence() else [f]
     ids: list[PciId] = []
     for x in entries:
+        if not x.is_scalar():  # (read as no filter, a mapping here applied the config to every GPU, silently)
+            raise x.error("must be a string or a list of strings, as mig-parted reads it")
         raw = x.str() if x.is_scalar() and x.node.value != "" else ""
         if raw == "" and not f.is_sequence():
             return None
