@@ -85,6 +85,17 @@ def test_a_connection_that_sends_nothing_is_a_liveness_check_not_a_bad_request(m
     assert "bad request" not in logged and "Traceback" not in logged, logged[-3000:]
 
 
+@pytest.mark.parametrize("field, value", [("busy_timeout_s", "NaN"), ("busy_timeout_s", "Infinity"),
+                                          ("lock_timeout_s", "1e308"), ("lock_timeout_s", "-1")])
+def test_an_apply_whose_timeout_is_not_a_duration_is_a_bad_request(migd: MigdProcess, field: str, value: str) -> None:
+    """NaN was taken: the apply waited "up to nans" for busy instances, for ever, holding the apply lock."""
+    text = json.dumps((PROFILES / "night.yaml").read_text())
+    line = f'{{"cmd": "apply", "file": "night.yaml", "text": {text}, "{field}": {value}}}\n'.encode()
+    reply = json.loads(_ask(migd.socket_path, line))
+    assert reply["ok"] is False and reply["exit"] == 2 and reply["error"].startswith("bad request: "), reply
+    assert field in reply["error"] and migd.assert_profile("day"), reply
+
+
 class FakeServer:
     """Not migd: answers each connection's request line with ``reply`` (bytes, or a callable writing to
     the connection), then closes it."""

@@ -21,6 +21,7 @@ from migd.errors import ValidationError
 from migd.isolation.audit import Finding
 from migd.kinds import Word
 from migd.wire import OMIT_NONE, from_json
+from migd.yamlsrc import MAX_DURATION_S
 
 MAX_REQUEST = 1 << 20  # bytes of one request line
 MAX_REPLY = 16 << 20  # bytes of one reply line (a 64-GPU node's status is well under 1 MiB)
@@ -66,10 +67,12 @@ class ManualApply:
     mode_only: bool = False
 
     def __post_init__(self) -> None:
+        """The timeouts as a duration in migd.yaml may be: NaN or infinity (JSON from a client that is not
+        migctl) made a manual apply wait for ever, holding the apply lock, while saying "up to nans"."""
         for name in ("busy_timeout_s", "lock_timeout_s"):
             value = getattr(self, name)
-            if value is not None and value < 0:
-                raise ValueError(f"{name} {value!r}: must not be negative")
+            if value is not None and not 0 <= value <= MAX_DURATION_S:
+                raise ValueError(f"{name} {value!r}: must be seconds from 0 to a year ({MAX_DURATION_S:g})")
 
 
 @dataclass(frozen=True)
