@@ -110,3 +110,14 @@ def test_the_default_profiles_dir_is_beside_a_config_named_by_a_relative_path(tm
     check = subprocess.run([sys.executable, "-m", "migd.daemon.main", "--config", "cfg/migd.yaml", "--check"],
                            capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert check.returncode == 0 and check.stdout.startswith("cfg/migd.yaml: ok ("), check
+
+
+def test_a_control_socket_path_too_long_for_a_socket_is_refused_at_check(tmp_path: Path) -> None:
+    """It passed --check and stopped the start with ``not starting: : AF_UNIX path too long``."""
+    cfg = tmp_path / "migd.yaml"
+    sock = "/run/" + "x" * 100 + "/control.sock"
+    cfg.write_text(f'profiles_dir: {PROFILES}\nschedule:\n  - {{profile: day, at: "08:30"}}\ncontrol_socket: {sock}\n')
+    check = subprocess.run([sys.executable, "-m", "migd.daemon.main", "--config", str(cfg), "--check"],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 2 and check.stderr.startswith(f"{cfg}:4:") and "control_socket" in check.stderr, check
+    assert "a Unix socket's path is at most 107" in check.stderr and check.stderr.count("\n") == 1, check
