@@ -6,6 +6,7 @@ import os
 import socket
 from pathlib import Path
 
+from migd.errors import ValidationError
 from migd.trust import ensure_private_dir
 
 DEFAULT_CONFIG = "/etc/migd/migd.yaml"
@@ -31,9 +32,12 @@ def sim_paths(fleet: str, sim_state: str | None, state_dir: str | None) -> tuple
 
 
 def state_dir(explicit: str | None, sim: str | None = None, sim_state: str | None = None) -> Path:
-    if sim:
-        return sim_paths(sim, sim_state, explicit)[1]
-    return Path(explicit or DEFAULT_STATE_DIR)
+    """The state dir; one that is there but not a directory is refused here, for every command alike (a
+    state file's read or write would otherwise fail with ``Not a directory`` and no path)."""
+    path = sim_paths(sim, sim_state, explicit)[1] if sim else Path(explicit or DEFAULT_STATE_DIR)
+    if os.path.lexists(path) and not path.is_dir():
+        raise ValidationError(str(path), None, None, "", "the state dir is not a directory")
+    return path
 
 
 def control_socket(explicit: str | None, sim: str | None = None, sim_state: str | None = None,

@@ -49,7 +49,10 @@ def check_path(path: str | Path, what: str) -> None:
 
 def ensure_private_dir(path: Path, what: str) -> None:
     """Create ``path`` (mode 0700) or check it: a directory (not a symlink), owned by root or us, mode 0700."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except (FileExistsError, NotADirectoryError):  # (a file in its place, or on its way)
+        raise ValidationError(str(path), None, None, "", f"{what} is not a directory") from None
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise ValidationError(str(path), None, None, "", f"{what} is not a directory (a symlink?)")

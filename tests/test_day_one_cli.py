@@ -107,6 +107,15 @@ def test_a_profile_that_is_not_a_regular_file_is_one_line_not_a_hang(tmp_path: P
     assert r.returncode == 2 and err.startswith(f"error: {said}: ") and err.count("\n") == 1, (r.returncode, err)
 
 
+@pytest.mark.parametrize("cmd", [("status",), ("apply", "--local", str(PROFILES / "day.yaml"))])
+def test_a_state_dir_that_is_a_file_is_one_line_naming_it(tmp_path: Path, cmd: tuple[str, ...]) -> None:
+    """It was ``not applied: Not a directory`` (no path), exit 1, for a read-only status too."""
+    m = Migctl(tmp_path, "dgx-a100")
+    m.state_dir.write_text("")
+    r = m(*cmd)
+    assert (r.code, r.out, r.err) == (2, "", f"error: {m.state_dir}: the state dir is not a directory\n"), r
+
+
 def test_resume_as_an_ordinary_user_says_who_may(tmp_path: Path) -> None:
     """It printed ``not permitted: [Errno 13] Permission denied: Permission denied (...)``."""
     need_root("to become another user")

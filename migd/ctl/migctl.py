@@ -64,12 +64,12 @@ from migd.yamlsrc import load, read, read_stream
 
 def open_backend(args: argparse.Namespace) -> tuple[GpuBackend, Path]:
     """The NVML backend over real NVML, or over the simulator with --sim."""
+    state_dir = paths.state_dir(args.state_dir, args.sim, args.sim_state)  # (checked before any GPU is read)
     if args.sim:
         from migd.sim.backend import sim_backend
-        state, state_dir = paths.sim_paths(args.sim, args.sim_state, args.state_dir)
-        return sim_backend(state, args.sim), state_dir
+        return sim_backend(paths.sim_paths(args.sim, args.sim_state, args.state_dir)[0], args.sim), state_dir
     from migd.hardware.nvml.backend import NvmlBackend
-    return NvmlBackend(), paths.state_dir(args.state_dir)
+    return NvmlBackend(), state_dir
 
 
 def cmd_status(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:

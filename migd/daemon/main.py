@@ -109,8 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{args.config}: ok ({len(cfg.profiles)} profile(s), {len(cfg.schedule.entries)} transition(s))")
         return Exit.OK
     errors = NvmlErrorCounter()
-    state, state_dir, socket_path = _paths(args, cfg)
     try:
+        state, state_dir, socket_path = _paths(args, cfg)
         if args.fresh:
             _start_fresh(args, state, state_dir, socket_path)
         ensure_private_dir(state_dir, "state dir")
