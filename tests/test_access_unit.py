@@ -163,6 +163,9 @@ def test_a_gpu_whose_capabilities_cannot_be_closed_is_not_changed(tree: tuple[Mi
 
 @pytest.mark.parametrize(("text", "said"), [
     ("owners: {team: {group: no-such-group-here}}", "2:26: access.owners.team.group: no group named"),
+    ("owners: {team: {group: '99999999999999999999'}}", "access.owners.team.group: no group named"),  # (chown
+    ("owners: {team: {user: '4294967295'}}", "access.owners.team.user: no user named"),  # overflowed, or
+    ("owners: {team: {group: '²'}}", "access.owners.team.group: no group named"),  # int() refused)
     ("owners: {team: {}}", "names no group and no user"),
     ("owners: {team: {group: root}}\nunowned: everyone", "access.unowned"),
     ("owners: {}\nroot: relative/dir", "must be an absolute path"),

@@ -44,14 +44,24 @@ class NodeMode:
 CLOSED = NodeMode(0, 0, ROOT_ONLY)
 
 
+MAX_ID = 2**32 - 2  # uid_t and gid_t are 32 bits; (uid_t)-1 means "leave as it is" to chown(2)
+
+
 def gid_of(group: str) -> int:
     """A group's id (a number is taken as the id itself); KeyError when there is no such group."""
-    return int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+    return _number(group) if group.isascii() and group.isdecimal() else grp.getgrnam(group).gr_gid
 
 
 def uid_of(user: str) -> int:
     """A user's id (a number is taken as the id itself); KeyError when there is no such user."""
-    return int(user) if user.isdigit() else pwd.getpwnam(user).pw_uid
+    return _number(user) if user.isascii() and user.isdecimal() else pwd.getpwnam(user).pw_uid
+
+
+def _number(text: str) -> int:
+    """An id given as a number: one past 32 bits names nobody (chown would overflow), as no name does."""
+    if len(text) > 10 or int(text) > MAX_ID:
+        raise KeyError(text)
+    return int(text)
 
 
 @dataclass(frozen=True)
