@@ -147,7 +147,7 @@ def test_the_readme_installs_as_written_and_any_user_runs_migctl(tmp_path: Path)
                         f"{verify} >{tmp}/verify.out 2>&1"])
     r = _run_in_namespace(script)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "/etc/migd/migd.yaml: ok (4 profiles" in r.stdout, r.stdout[-2000:]
+    assert "/etc/migd/migd.yaml: ok (4 profile(s)" in r.stdout, r.stdout[-2000:]
     assert (tmp / "version.out").read_text().startswith("migctl "), (tmp / "version.out").read_text()
     users = [n for n, c in enumerate(install) if not c.startswith("sudo ")]
     assert [install[n].split("#")[0].strip() for n in users] == ["migctl status --mine"], install

@@ -141,7 +141,7 @@ def test_a_mig_parted_file_among_migds_profiles_is_refused_on_its_line(migd: Mig
     assert p.stderr.count("\n") == 1 and printable_text(p.stderr), p.stderr
     f.write_text(_mig_parted(""))  # the same file with printable names: its configs are migd's profiles
     p = _check(migd.config)
-    assert p.returncode == 0 and "ok (6 profiles" in p.stdout, p
+    assert p.returncode == 0 and "ok (6 profile(s)" in p.stdout, p
 
 
 # -- (b) Slurm's text through the real daemon, to root and to every user ----------------------------------

@@ -153,7 +153,7 @@ def test_the_readme_install_steps_run_and_the_unit_verifies(tmp_path: Path) -> N
     if r.returncode != 0 and "overlay" in r.stderr and "mount" in r.stderr:
         pytest.skip(f"no overlay mounts here: {r.stderr.strip()[-200:]}")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "/etc/migd/migd.yaml: ok (4 profiles" in r.stdout, r.stdout[-2000:]
-    assert "migd.service" not in r.stdout.split("ok (4 profiles", 1)[1], r.stdout[-2000:]  # verify said nothing
+    assert "/etc/migd/migd.yaml: ok (4 profile(s)" in r.stdout, r.stdout[-2000:]
+    assert "migd.service" not in r.stdout.split("ok (4 profile(s)", 1)[1], r.stdout[-2000:]  # verify said nothing
     assert (tmp_path / "etc.u" / "systemd" / "system" / "migd.service.d" / "slurm.conf").exists()
     assert not Path("/etc/migd").exists() and not Path("/opt/migd").exists()  # the host is untouched
