@@ -4,8 +4,8 @@ its run times from accounting (slurm/history.py), and ``migctl what-if``, which 
 
 The first non-empty line names the fields (any order, any more of them); each line after it is one
 row, its fields separated by ``|`` (``--parsable``'s trailing ``|`` is read too).  Times are as sacct
-prints them by default (ISO, ``2026-11-28T03:46:32``, slurmctld's local time); Slurm times
-(``D-HH:MM:SS``, ``UNLIMITED``) as ``slurm/queue.py`` reads them.  A line that cannot be read is one
+prints them by default (ISO, ``2026-11-28T03:46:32``, slurmctld's local time, with no UTC offset);
+Slurm times (``D-HH:MM:SS``, ``UNLIMITED``) as ``slurm/queue.py`` reads them.  A line that cannot be read is one
 ``SacctError``: ``source:line: field: what``.
 """
 
@@ -41,10 +41,14 @@ class Row:
         if text.upper() in _NEVER:
             return None
         try:
-            return datetime.fromisoformat(text)
+            value = datetime.fromisoformat(text)
         except ValueError:
             raise self.error(name, f"{text!r} is not a time as sacct prints it (2026-11-28T03:46:32; "
                              "unset SLURM_TIME_FORMAT)") from None
+        if value.tzinfo is not None:  # beside sacct's own naive times it could be compared with none
+            raise self.error(name, f"{text!r} has a UTC offset: sacct prints slurmctld's local time without "
+                             "one (2026-11-28T03:46:32; unset SLURM_TIME_FORMAT)")
+        return value
 
     def duration(self, name: str) -> float:
         """A positive Slurm time in seconds (``UNLIMITED``, ``Partition_Limit``: infinite)."""

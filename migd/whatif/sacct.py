@@ -12,7 +12,8 @@ Timelimit, and AllocTRES or ReqTRES; Account, Partition, JobID, NNodes and NodeL
 - Job steps (``123.batch``, ``123.0``; without JobID, a line with neither Partition nor Timelimit,
   as sacct prints steps) are skipped: a step runs inside its job's allocation.  Array tasks
   (``123_4``) are jobs of their own, as Slurm schedules them.
-- Times are as sacct prints them by default (ISO, ``2026-11-28T03:46:32``, slurmctld's local time).
+- Times are as sacct prints them by default (ISO, ``2026-11-28T03:46:32``, slurmctld's local time;
+  one with a UTC offset is refused: it could be compared with none of the others).
   A job started if it has a Start and an AllocTRES (Slurm 22.05 prints a job cancelled while
   pending with Start and End both the cancel time, and no AllocTRES).  One that never started and
   is still pending (End ``Unknown``) with a finite Timelimit is replayed with its time limit as its
@@ -92,8 +93,8 @@ def _record(source: str, rows: Sequence[Row], partition: str | None) -> Record:
         if partition is not None and partition not in row.get("Partition").split(","):
             skipped[f"not in partition {partition}"] += 1
             continue
-        job = _job(row)
-        nodes |= _nodes(row)
+        job, named = _read(row)
+        nodes |= named
         last = max(t for t in (last, job.submit, job.start, job.end) if t is not None)
         if job.why_not is not None:
             skipped[job.why_not] += 1
@@ -107,6 +108,17 @@ def _record(source: str, rows: Sequence[Row], partition: str | None) -> Record:
     longest = max(j.duration_s for j in jobs)
     end = max((last - start).total_seconds(), max(j.submit_s for j in jobs)) + max(TAIL_S, longest)
     return Record(Trace(Path(source).name, tuple(jobs), start), end, dict(skipped), frozenset(nodes), source)
+
+
+def _read(row: Row) -> tuple[_Job, set[str]]:
+    """The row's job and the nodes it names.  Whatever in a row cannot be read is that row's one
+    located line, never a traceback: a check missed here still names the file and line."""
+    try:
+        return _job(row), _nodes(row)
+    except SacctError:
+        raise
+    except (ValueError, TypeError, ArithmeticError) as e:
+        raise SacctError(f"{row.where}: {e}") from None
 
 
 def _nodes(row: Row) -> set[str]:

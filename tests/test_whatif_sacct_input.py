@@ -1,0 +1,69 @@
+"""``migctl what-if --sacct`` on records no sacct prints: each is refused in one line naming the file,
+line and field (exit 2, nothing printed on standard output), in a second, never a traceback or a
+replay that runs for ever.  Each case is the good row beside one bad one, as a user's file would be."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from migd.ctl.migctl import main as migctl
+
+REPO = Path(__file__).resolve().parents[1]
+HEADER = "JobID|Submit|Start|End|Account|Partition|Timelimit|AllocTRES|ReqTRES|NNodes|NodeList|State"
+GOOD = ("1|2026-11-28T03:00:00|2026-11-28T03:01:00|2026-11-28T04:00:00|a|gpu|01:00:00|gres/gpu:1g.10gb=2|"
+        "gres/gpu:1g.10gb=2|1|n1|COMPLETED")
+FIELDS = HEADER.split("|")
+
+
+def row(**fields: str) -> str:
+    """The good row as job 2, with ``fields`` (by header name) replaced."""
+    values = dict(zip(FIELDS, GOOD.split("|"), strict=True)) | {"JobID": "2"} | fields
+    return "|".join(values[f] for f in FIELDS)
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    cfg = tmp_path / "migd.yaml"
+    cfg.write_text((REPO / "bench" / "demand.yaml").read_text().replace(
+        "profiles_dir: ../profiles", f"profiles_dir: {REPO / 'profiles'}"))
+    return cfg
+
+
+def what_if(tmp_path: Path, config: Path, line: str, capsys: pytest.CaptureFixture[str],
+            *options: str) -> tuple[int, str, str]:
+    path = tmp_path / "jobs.sacct"
+    path.write_text(f"{HEADER}\n{GOOD}\n{line}\n")
+    code = migctl(["what-if", "--sacct", str(path), "--config", str(config), "--search", "2", *options])
+    got = capsys.readouterr()
+    return code, got.out, got.err
+
+
+def refused(tmp_path: Path, config: Path, line: str, capsys: pytest.CaptureFixture[str], said: str) -> None:
+    code, out, err = what_if(tmp_path, config, line, capsys, "--nodes", "1")
+    assert (code, out) == (2, "")
+    assert err.startswith(f"error: {tmp_path / 'jobs.sacct'}:3: ") and said in err, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("field", ["Submit", "Start", "End"])
+def test_a_time_with_a_utc_offset_is_refused_where_it_is(tmp_path: Path, config: Path, field: str,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """sacct prints slurmctld's local time without an offset; one with an offset beside those could be
+    compared with none of them."""
+    aware = dict(zip(FIELDS, GOOD.split("|"), strict=True))[field] + "+05:00"
+    refused(tmp_path, config, row(**{field: aware}), capsys, f"{field}: '{aware}' has a UTC offset")
+
+
+def test_what_a_row_check_misses_is_still_named_by_its_line(tmp_path: Path, config: Path,
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """The net under the checks: a row that fails in a way no check foresaw is its file and line."""
+    def unforeseen(_row: object) -> set[str]:
+        raise TypeError("something no check foresaw")
+    monkeypatch.setattr("migd.whatif.sacct._nodes", unforeseen)
+    path = tmp_path / "jobs.sacct"
+    path.write_text(f"{HEADER}\n{GOOD}\n")
+    assert migctl(["what-if", "--sacct", str(path), "--config", str(config), "--nodes", "1"]) == 2
+    assert capsys.readouterr().err == f"error: {path}:2: something no check foresaw\n"
