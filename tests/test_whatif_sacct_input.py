@@ -67,3 +67,21 @@ def test_what_a_row_check_misses_is_still_named_by_its_line(tmp_path: Path, conf
     path.write_text(f"{HEADER}\n{GOOD}\n")
     assert migctl(["what-if", "--sacct", str(path), "--config", str(config), "--nodes", "1"]) == 2
     assert capsys.readouterr().err == f"error: {path}:2: something no check foresaw\n"
+
+
+MANY = "9" * 5000  # int() refuses 4,300 digits or more
+
+
+@pytest.mark.parametrize("fields,said", [
+    ({"NNodes": "\u00b2"}, "NNodes: '\u00b2' is not a count of nodes"),  # str.isdigit takes it, int does not
+    ({"NNodes": MANY}, f"NNodes: '{MANY[:20]}... (5000 characters)' is not a count of nodes"),
+    ({"AllocTRES": f"gres/gpu:1g.10gb={MANY}"}, "AllocTRES: '99999999999999999999... (5000 characters)' is not a "
+     "count (gres/gpu:TYPE=N)"),
+    ({"AllocTRES": "gres/gpu:1g.10gb=\u0663"}, "AllocTRES: '\u0663' is not a count"),  # int reads it as 3
+    ({"AllocTRES": "gres/gpu:1g.10gb="}, "AllocTRES: '' is not a count"),
+    ({"Start": "Unknown", "End": "Unknown", "AllocTRES": "", "ReqTRES": f"gres/gpu={MANY}"},
+     "ReqTRES: '99999999999999999999... (5000 characters)' is not a count (gres/gpu=N)"),
+])
+def test_a_count_is_ascii_digits_and_few_of_them(tmp_path: Path, config: Path, fields: dict[str, str], said: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    refused(tmp_path, config, row(**fields), capsys, said)

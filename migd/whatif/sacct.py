@@ -55,7 +55,9 @@ from migd.whatif.jobs import DAY, Trace, TraceJob
 
 NEEDED = ("Submit", "Start", "End", "Timelimit")
 FIELDS = "JobID,Submit,Start,End,Account,Partition,Timelimit,AllocTRES,ReqTRES,NNodes,NodeList,State"
-_TYPED = re.compile(r"^gres/gpu:([^=]+)=(\d+)$")
+_TYPED = re.compile(r"^gres/gpu:([^=]+)=(.*)$")
+_PLAIN = re.compile(r"^gres/gpu=(.*)$")
+_COUNT = re.compile(r"[0-9]{1,9}")  # ASCII decimal; nine digits hold any count a cluster has
 TAIL_S = 3600.0  # the replay runs past the record's last time by this (or the longest run time)
 
 
@@ -176,23 +178,34 @@ def _count(row: Row, name: str, default: int) -> int:
     text = row.get(name)
     if not text:
         return default
-    if not text.isdigit() or int(text) < 1:
+    count = _number(row, name, text, "a count of nodes")
+    if count < 1:
         raise row.error(name, f"{text!r} is not a count of nodes")
+    return count
+
+
+def _number(row: Row, name: str, text: str, what: str) -> int:
+    """``text`` as a whole number: ASCII digits only, and few (``str.isdigit`` takes ``'²'``, which ``int``
+    refuses, and ``int`` refuses 4,300 digits or more: either would be an error naming no line)."""
+    if _COUNT.fullmatch(text) is None:
+        shown = text if len(text) <= 24 else f"{text[:20]}... ({len(text)} characters)"
+        raise row.error(name, f"{shown!r} is not {what}")
     return int(text)
 
 
 def _asked(row: Row, started: bool, nodes: int) -> tuple[tuple[tuple[str, int], ...], str | None]:
     """(MIG type, instances per node) the job held or asked, and why it is not replayed, if so."""
-    name = "AllocTRES" if started and row.get("AllocTRES") else "ReqTRES"
-    tres = row.get(name) or row.get("AllocTRES")
+    name = "AllocTRES" if (started or not row.get("ReqTRES")) and row.get("AllocTRES") else "ReqTRES"
+    tres = row.get(name)
     typed: dict[str, int] = {}
     plain = False
     for item in filter(None, (t.strip() for t in tres.split(","))):
         m = _TYPED.match(item)
+        p = _PLAIN.match(item)
         if m is not None:
-            typed[m.group(1)] = typed.get(m.group(1), 0) + int(m.group(2))
-        elif re.fullmatch(r"gres/gpu=\d+", item):
-            plain = plain or int(item.split("=")[1]) > 0
+            typed[m.group(1)] = typed.get(m.group(1), 0) + _number(row, name, m.group(2), "a count (gres/gpu:TYPE=N)")
+        elif p is not None:
+            plain = plain or _number(row, name, p.group(1), "a count (gres/gpu=N)") > 0
         elif item.startswith("gres/gpu") and "=" not in item:
             raise row.error(name, f"{item!r} is not TYPE=COUNT (sacct prints gres/gpu:1g.10gb=2)")
     if not typed:
