@@ -85,3 +85,21 @@ MANY = "9" * 5000  # int() refuses 4,300 digits or more
 def test_a_count_is_ascii_digits_and_few_of_them(tmp_path: Path, config: Path, fields: dict[str, str], said: str,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     refused(tmp_path, config, row(**fields), capsys, said)
+
+
+@pytest.mark.parametrize("fields,said", [
+    ({"NNodes": "99999999"}, "NNodes: 99999999 nodes: a what-if replays at most 4096"),  # a job per node
+    ({"NNodes": "4097"}, "NNodes: 4097 nodes: a what-if replays at most 4096"),
+    ({"NodeList": "n[1-99999999]"}, "NodeList: names more than 4096 nodes"),  # counted, never spelled out
+    ({"NodeList": "m[1-4096]"}, "NodeList: the record names more than 4096 nodes"),  # with line 2's n1
+])
+def test_a_row_names_no_more_nodes_than_a_what_if_replays(tmp_path: Path, config: Path, fields: dict[str, str],
+                                                          said: str, capsys: pytest.CaptureFixture[str]) -> None:
+    refused(tmp_path, config, row(**fields), capsys, said)
+
+
+def test_the_most_nodes_a_what_if_replays_are_read(tmp_path: Path, config: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """At the bound itself the record is read: a job over 4,096 nodes is 4,096 jobs of its share."""
+    code, out, err = what_if(tmp_path, config, row(NNodes="4096", NodeList="n[1-4096]"), capsys, "--nodes", "1")
+    assert (code, err) == (0, "") and "4097 jobs replayed" in out

@@ -11,6 +11,11 @@ from dataclasses import dataclass
 from datetime import datetime
 
 DAY = 86400.0
+# The most nodes a what-if replays, and so the most a job's NNodes or a record's NodeList may name.  The
+# replay steps every node through the record, so its time grows with them (4,096 nodes of the recorded
+# eight jobs, tests/fixtures/slurm/sacct-parsable2.txt, took 30 s on one core); 4,096 nodes of 8 GPUs
+# is 32,768 GPUs, a MIG partition larger than any the bench or docs/demand.md measures (64 nodes).
+MAX_NODES = 4096
 
 
 @dataclass(frozen=True)

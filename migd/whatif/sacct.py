@@ -27,7 +27,8 @@ Timelimit, and AllocTRES or ReqTRES; Account, Partition, JobID, NNodes and NodeL
   placed on a layout: counted as untyped, not replayed.  A type that is not a MIG type (a whole
   GPU's ``gres/gpu:a100``) is counted, not replayed.  Counts are per job: over NNodes nodes, each
   node is taken to hold its share (rounded up), one replayed job per node.  A job holding two MIG
-  types is replayed as one job per type.
+  types is replayed as one job per type.  Counts are ASCII digits, nine at most; NNodes, a row's
+  NodeList and the record's together name at most ``MAX_NODES`` (jobs.py: why).
 - Timelimit ``UNLIMITED`` and ``Partition_Limit`` are unlimited; a job that ran past its limit
   (OverTimeLimit) is given a limit of its run time.
 - The replay runs from the first replayed submission to the record's last time, and on for an hour
@@ -51,7 +52,7 @@ from migd.demand.inputs import slices_of
 from migd.slurm.ctl import hostnames, text_of
 from migd.slurm.parsable import Row, is_step, read_rows
 from migd.slurm.parsable import SacctError as SacctError  # (migctl what-if names it from here)
-from migd.whatif.jobs import DAY, Trace, TraceJob
+from migd.whatif.jobs import DAY, MAX_NODES, Trace, TraceJob
 
 NEEDED = ("Submit", "Start", "End", "Timelimit")
 FIELDS = "JobID,Submit,Start,End,Account,Partition,Timelimit,AllocTRES,ReqTRES,NNodes,NodeList,State"
@@ -97,6 +98,8 @@ def _record(source: str, rows: Sequence[Row], partition: str | None) -> Record:
             continue
         job, named = _read(row)
         nodes |= named
+        if len(nodes) > MAX_NODES:
+            raise row.error("NodeList", f"the record names more than {MAX_NODES} nodes, the most a what-if replays")
         last = max(t for t in (last, job.submit, job.start, job.end) if t is not None)
         if job.why_not is not None:
             skipped[job.why_not] += 1
@@ -127,7 +130,10 @@ def _nodes(row: Row) -> set[str]:
     text = row.get("NodeList")
     if not text or text in ("None assigned", "(null)"):
         return set()
-    return hostnames(text) or {text}
+    try:
+        return hostnames(text, most=MAX_NODES) or {text}
+    except ValueError as e:
+        raise row.error("NodeList", f"{e}: a what-if replays at most {MAX_NODES}") from None
 
 
 @dataclass(frozen=True)
@@ -181,6 +187,8 @@ def _count(row: Row, name: str, default: int) -> int:
     count = _number(row, name, text, "a count of nodes")
     if count < 1:
         raise row.error(name, f"{text!r} is not a count of nodes")
+    if count > MAX_NODES:
+        raise row.error(name, f"{count} nodes: a what-if replays at most {MAX_NODES} (each node a job of its own)")
     return count
 
 
