@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from migd.ctl.migctl import main as migctl
+from migd.whatif.sacct import read_sacct
 
 REPO = Path(__file__).resolve().parents[1]
 HEADER = "JobID|Submit|Start|End|Account|Partition|Timelimit|AllocTRES|ReqTRES|NNodes|NodeList|State"
@@ -103,3 +104,45 @@ def test_the_most_nodes_a_what_if_replays_are_read(tmp_path: Path, config: Path,
     """At the bound itself the record is read: a job over 4,096 nodes is 4,096 jobs of its share."""
     code, out, err = what_if(tmp_path, config, row(NNodes="4096", NodeList="n[1-4096]"), capsys, "--nodes", "1")
     assert (code, err) == (0, "") and "4097 jobs replayed" in out
+
+
+PENDING = {"Start": "Unknown", "End": "Unknown", "AllocTRES": "", "State": "PENDING"}
+
+
+@pytest.mark.parametrize("fields,said", [
+    ({"Submit": "0001-01-01T00:00:00"}, "Submit: '0001-01-01T00:00:00' is no time a cluster ran at"),
+    ({"Submit": "9999-12-31T23:00:00", **PENDING}, "Submit: '9999-12-31T23:00:00' is no time a cluster ran at"),
+    ({"Submit": "1990-01-01T00:00:00", **PENDING}, "Submit: 1990-01-01T00:00:00: the record would span 13480 days, "
+     "1990-01-01T00:00:00 to 2026-11-28T04:00:00; a what-if replays at most 366"),
+    ({"Submit": "2027-11-29T03:00:01", **PENDING}, "Submit: 2027-11-29T03:00:01: the record would span 366 days"),
+    ({"End": "2126-11-28T04:00:00", "Timelimit": "UNLIMITED"}, "End: 2126-11-28T04:00:00: a run of 36524 days, "
+     "longer than a what-if replays (366 days)"),
+    ({"Timelimit": "99999999-00:00:00", **PENDING}, "Timelimit: 99999999-00:00:00: a run of 99999999 days"),
+    ({"End": "Unknown", "Timelimit": "367-00:00:00", "State": "RUNNING"}, "Timelimit: 367-00:00:00: a run of 367 days"),
+])
+def test_a_what_if_replays_at_most_a_year(tmp_path: Path, config: Path, fields: dict[str, str], said: str,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A record's first time to its last, and a job's run time (or the limit a job not ended is replayed
+    to), are at most 366 days: longer would replay for years, or millennia, before printing anything."""
+    refused(tmp_path, config, row(**fields), capsys, said)
+
+
+def test_a_year_of_record_is_read(tmp_path: Path) -> None:
+    """At the bound itself: 366 days from the first time to the last, and a run of 366 days, are read."""
+    path = tmp_path / "jobs.sacct"
+    path.write_text(f"{HEADER}\n{GOOD}\n{row(Submit='2027-11-29T03:00:00', **PENDING, Timelimit='366-00:00:00')}\n")
+    record = read_sacct(path)
+    assert record.trace.jobs[-1].duration_s == 366 * 86400
+    assert record.end_s == 2 * 366 * 86400  # to the last submission, then its run
+
+
+@pytest.mark.parametrize("when", ["0001-01-01T00:00:00", "9999-12-31T20:00:00"])
+def test_a_lone_job_at_the_ends_of_the_calendar_is_refused(tmp_path: Path, config: Path, when: str,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Slurm records Unix times; the replay's schedule reaches days before the record, and on past it,
+    which the ends of the calendar do not hold."""
+    path = tmp_path / "jobs.sacct"
+    path.write_text(f"{HEADER}\n{row(Submit=when, **PENDING)}\n")
+    assert migctl(["what-if", "--sacct", str(path), "--config", str(config), "--nodes", "1"]) == 2
+    assert capsys.readouterr().err == (f"error: {path}:2: Submit: '{when}' is no time a cluster ran at (Slurm "
+                                       "records Unix times: years 1970 to 9000 are read)\n")

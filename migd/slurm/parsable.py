@@ -18,6 +18,9 @@ from datetime import datetime
 from migd.slurm.queue import seconds
 
 _NEVER = ("UNKNOWN", "NONE", "")
+# Slurm records Unix times, none before 1970; what reads them works days to a year or two either side of
+# them (a replay's schedule, its tail), which must stay inside Python's datetime (years 1 to 9999).
+FIRST_YEAR, LAST_YEAR = 1970, 9000
 
 
 class SacctError(ValueError):
@@ -48,6 +51,9 @@ class Row:
         if value.tzinfo is not None:  # beside sacct's own naive times it could be compared with none
             raise self.error(name, f"{text!r} has a UTC offset: sacct prints slurmctld's local time without "
                              "one (2026-11-28T03:46:32; unset SLURM_TIME_FORMAT)")
+        if not FIRST_YEAR <= value.year <= LAST_YEAR:
+            raise self.error(name, f"{text!r} is no time a cluster ran at (Slurm records Unix times: years "
+                             f"{FIRST_YEAR} to {LAST_YEAR} are read)")
         return value
 
     def duration(self, name: str) -> float:

@@ -34,6 +34,8 @@ Timelimit, and AllocTRES or ReqTRES; Account, Partition, JobID, NNodes and NodeL
 - The replay runs from the first replayed submission to the record's last time, and on for an hour
   or the longest run time, whichever is longer, so a job submitted at the end of the record can
   start; a job that has not started by then waited until then (figures.py: censored, never dropped).
+  It replays at most ``MAX_DAYS`` (jobs.py: why): the record's first time to its last, and a job's run
+  time; a row that goes past either is its located error.
 
 A line that cannot be read is one ``SacctError``: ``file:line: field: what``.
 """
@@ -45,14 +47,14 @@ import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from migd.demand.inputs import slices_of
 from migd.slurm.ctl import hostnames, text_of
 from migd.slurm.parsable import Row, is_step, read_rows
 from migd.slurm.parsable import SacctError as SacctError  # (migctl what-if names it from here)
-from migd.whatif.jobs import DAY, MAX_NODES, Trace, TraceJob
+from migd.whatif.jobs import DAY, MAX_DAYS, MAX_NODES, Trace, TraceJob
 
 NEEDED = ("Submit", "Start", "End", "Timelimit")
 FIELDS = "JobID,Submit,Start,End,Account,Partition,Timelimit,AllocTRES,ReqTRES,NNodes,NodeList,State"
@@ -89,6 +91,7 @@ def _record(source: str, rows: Sequence[Row], partition: str | None) -> Record:
     skipped: Counter[str] = Counter()
     nodes: set[str] = set()
     read: list[tuple[datetime, _Job]] = []
+    first: datetime | None = None
     last: datetime | None = None
     for row in rows:
         if is_step(row):
@@ -100,7 +103,7 @@ def _record(source: str, rows: Sequence[Row], partition: str | None) -> Record:
         nodes |= named
         if len(nodes) > MAX_NODES:
             raise row.error("NodeList", f"the record names more than {MAX_NODES} nodes, the most a what-if replays")
-        last = max(t for t in (last, job.submit, job.start, job.end) if t is not None)
+        first, last = _span(row, job, first, last)
         if job.why_not is not None:
             skipped[job.why_not] += 1
             continue
@@ -113,6 +116,19 @@ def _record(source: str, rows: Sequence[Row], partition: str | None) -> Record:
     longest = max(j.duration_s for j in jobs)
     end = max((last - start).total_seconds(), max(j.submit_s for j in jobs)) + max(TAIL_S, longest)
     return Record(Trace(Path(source).name, tuple(jobs), start), end, dict(skipped), frozenset(nodes), source)
+
+
+def _span(row: Row, job: _Job, first: datetime | None, last: datetime | None) -> tuple[datetime, datetime]:
+    """The record's first and last times, with this row's.  A record spanning more than a what-if replays
+    is the row that stretched it (a Submit of 0001-01-01 beside 2026 would replay for millennia)."""
+    times = {f: t for f, t in (("Submit", job.submit), ("Start", job.start), ("End", job.end)) if t is not None}
+    lo = min(t for t in (first, *times.values()) if t is not None)
+    hi = max(t for t in (last, *times.values()) if t is not None)
+    if hi - lo > timedelta(days=MAX_DAYS):
+        field = next(f for f, t in times.items() if t in (lo, hi))
+        raise row.error(field, f"{row.get(field)}: the record would span {(hi - lo).days} days, {lo.isoformat()} to "
+                        f"{hi.isoformat()}; a what-if replays at most {MAX_DAYS} (sacct -S and -E: a shorter window)")
+    return lo, hi
 
 
 def _read(row: Row) -> tuple[_Job, set[str]]:
@@ -176,6 +192,10 @@ def _job(row: Row) -> _Job:
         run = (end - start).total_seconds() if end is not None else limit
         if run < 0:
             raise row.error("End", f"{row.get('End')} is before Start {row.get('Start')}")
+    if why is None and run > MAX_DAYS * DAY:  # a run time, or a limit replayed as one
+        field = "End" if start is not None and end is not None else "Timelimit"
+        raise row.error(field, f"{row.get(field)}: a run of {run / DAY:.0f} days, longer than a what-if replays "
+                        f"({MAX_DAYS} days)")
     return _Job(row.get("Account") or "-", row.get("Partition") or "-", submit, start, end, max(1.0, run), limit,
                 asked, nodes, why)
 
