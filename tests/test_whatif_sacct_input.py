@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from migd.ctl.migctl import main as migctl
+from migd.whatif.jobs import MAX_NODES
 from migd.whatif.sacct import read_sacct
 
 REPO = Path(__file__).resolve().parents[1]
@@ -146,3 +147,29 @@ def test_a_lone_job_at_the_ends_of_the_calendar_is_refused(tmp_path: Path, confi
     assert migctl(["what-if", "--sacct", str(path), "--config", str(config), "--nodes", "1"]) == 2
     assert capsys.readouterr().err == (f"error: {path}:2: Submit: '{when}' is no time a cluster ran at (Slurm "
                                        "records Unix times: years 1970 to 9000 are read)\n")
+
+
+@pytest.mark.parametrize("option,value,said", [
+    ("--nodes", "99999999", "argument --nodes: must be at most 4096 (the most nodes a what-if replays)"),
+    ("--nodes", "4097", "argument --nodes: must be at most 4096"),
+    ("--gpus", "1000", "argument --gpus: must be at most 8 (no board in the catalog has more)"),
+    ("--gpus", "9", "argument --gpus: must be at most 8"),
+    ("--gpus", "\u00b2", "argument --gpus: must be a whole number above 0, not '\u00b2'"),
+    ("--nodes", MANY, f"argument --nodes: must be a whole number above 0, not '{MANY[:40]}'"),
+])
+def test_the_options_ask_no_more_than_a_what_if_replays(tmp_path: Path, config: Path, option: str, value: str,
+                                                         said: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """More nodes than a what-if replays, or more GPUs per node than any board has, is the option's one
+    line, exit 2, before anything is read."""
+    with pytest.raises(SystemExit) as e:
+        what_if(tmp_path, config, GOOD, capsys, option, value)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and said in err and len(err.splitlines()) == 1, err
+
+
+def test_the_help_names_the_bounds_the_types_hold(capsys: pytest.CaptureFixture[str]) -> None:
+    """--nodes's help says its bound without importing the what-if (migctl starts without it): kept equal."""
+    with pytest.raises(SystemExit):
+        migctl(["what-if", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert f"nodes replayed, at most {MAX_NODES} " in help_text and "GPUs per node, at most 8 " in help_text
