@@ -49,9 +49,20 @@ def _number(text: str, minimum: float, strict: bool) -> float:
 
 
 def _count(text: str) -> int:
-    if not text.strip().isdigit() or int(text) < 1:
-        raise ValueError(f"must be a whole number above 0, not {text!r}")
+    """ASCII digits, and few: str.isdigit takes '²', which int refuses, and int refuses 4,300 digits."""
+    if re.fullmatch(r"[0-9]{1,18}", text.strip()) is None or int(text) < 1:
+        raise ValueError(f"must be a whole number above 0, not {text[:40]!r}")
     return int(text)
+
+
+def count_upto(most: int, why: str) -> Callable[[str], int]:
+    """A count of at most ``most``: more is refused in one line saying ``why``."""
+    def count(text: str) -> int:
+        value = _count(text)
+        if value > most:
+            raise ValueError(f"must be at most {most} ({why}), not {text.strip()!r}")
+        return value
+    return _typed(count)
 
 
 def _iso(text: str) -> datetime:

@@ -11,6 +11,7 @@ from migd import __version__, cliargs, paths
 from migd.apply.result import OnBusy
 from migd.catalog.models import MODELS
 from migd.cliargs import Parser
+from migd.profiles.validate import MAX_BOARD_GPUS
 from migd.sim.fleets import FLEETS
 
 
@@ -148,17 +149,25 @@ def _node_commands(cmd: Command) -> None:
 WHAT_IF_MODEL = "H100-SXM5-80GB"  # a node's GPUs in a what-if, unless --gpu says
 
 
+def _what_if_nodes(text: str) -> int:
+    """--nodes: no more than a what-if replays (its bound read here, when given: only the what-if pays for
+    importing the what-if)."""
+    from migd.whatif.jobs import MAX_NODES
+    return cliargs.count_upto(MAX_NODES, "the most nodes a what-if replays")(text)
+
+
 def _what_if_options(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--sacct", metavar="FILE", required=True, help="sacct --parsable2 output (- reads standard "
                     "input); its first line names the fields: docs/demand.md gives the command")
     sp.add_argument("--config", metavar="FILE", default="/etc/migd/migd.yaml",
                     help="the migd.yaml whose profiles, schedule and slurm.demand.candidates are weighed "
                     "(default /etc/migd/migd.yaml)")
-    sp.add_argument("--nodes", type=cliargs.count, metavar="N",
-                    help="nodes replayed (default: as many as sacct's NodeList names)")
+    sp.add_argument("--nodes", type=_what_if_nodes, metavar="N",
+                    help="nodes replayed, at most 4096 (default: as many as sacct's NodeList names)")
     sp.add_argument("--gpu", default=WHAT_IF_MODEL, choices=sorted(MODELS), metavar="MODEL",
                     help=f"each node's GPU model, a catalog key (default {WHAT_IF_MODEL})")
-    sp.add_argument("--gpus", type=cliargs.count, default=8, metavar="N", help="GPUs per node (default 8)")
+    sp.add_argument("--gpus", type=cliargs.count_upto(MAX_BOARD_GPUS, "no board in the catalog has more"),
+                    default=8, metavar="N", help=f"GPUs per node, at most {MAX_BOARD_GPUS} (default 8)")
     sp.add_argument("--partition", help="replay only this partition's jobs (default: every job)")
     sp.add_argument("--search", type=cliargs.count, default=40, metavar="N",
                     help="replays the search for the best fixed mix may make (default 40)")

@@ -40,7 +40,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
             raise ValueError(f"{args.sacct}: names no node (no NodeList field): give --nodes N")
         waves = cfg.slurm.max_in_maintenance if cfg.slurm and cfg.slurm.max_in_maintenance else max(1, nodes // 8)
         setup = Setup.of(cfg, [MODELS[args.gpu]] * args.gpus, record.trace.start, waves, where=args.config)
-    except (SacctError, ValidationError, ValueError, OSError) as e:
+    except (SacctError, ValidationError, ValueError, ArithmeticError, OSError) as e:
         print(shown(f"error: {e}"), file=sys.stderr)
         return Exit.INVALID
     weighed = weigh(setup, record.trace.jobs, nodes, waves, record.end_s, days_of(record), args.search,

@@ -86,9 +86,15 @@ class Job:
 _DETAIL = re.compile(r"\bNodes=(\S+) CPU_IDs=\S* Mem=\S*(?: GRES=(\S*))?")
 
 
-def hostnames(expr: str) -> set[str] | None:
-    """A hostlist (``gpu1``, ``gpu[1-3,5]``, ``a1,b[2-3]``) as names; None if it is a form not read here."""
+_HOST_NUMBER = re.compile(r"[0-9]{1,18}")  # ASCII digits: str.isdigit takes '²', which int refuses
+
+
+def hostnames(expr: str, most: int | None = None) -> set[str] | None:
+    """A hostlist (``gpu1``, ``gpu[1-3,5]``, ``a1,b[2-3]``) as names; None if it is a form not read here.
+    ``most``: a list naming more nodes is a ValueError, counted before any name is made (``n[1-99999999]``
+    would otherwise fill memory)."""
     names: set[str] = set()
+    counted = 0
     for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", expr):
         m = re.fullmatch(r"([^\[]*)\[([^\]]*)\]", part)
         if m is None:
@@ -96,8 +102,11 @@ def hostnames(expr: str) -> set[str] | None:
             continue
         for r in m.group(2).split(","):
             lo, _, hi = r.partition("-")
-            if not lo.isdigit() or (hi and not hi.isdigit()):
+            if not _HOST_NUMBER.fullmatch(lo) or (hi and not _HOST_NUMBER.fullmatch(hi)):
                 return None
+            counted += max(0, int(hi or lo) - int(lo) + 1)
+            if most is not None and counted > most:
+                raise ValueError(f"names more than {most} nodes")
             names.update(f"{m.group(1)}{n:0{len(lo)}d}" for n in range(int(lo), int(hi or lo) + 1))
     return names
 

@@ -4,8 +4,8 @@ its run times from accounting (slurm/history.py), and ``migctl what-if``, which 
 
 The first non-empty line names the fields (any order, any more of them); each line after it is one
 row, its fields separated by ``|`` (``--parsable``'s trailing ``|`` is read too).  Times are as sacct
-prints them by default (ISO, ``2026-11-28T03:46:32``, slurmctld's local time); Slurm times
-(``D-HH:MM:SS``, ``UNLIMITED``) as ``slurm/queue.py`` reads them.  A line that cannot be read is one
+prints them by default (ISO, ``2026-11-28T03:46:32``, slurmctld's local time, with no UTC offset);
+Slurm times (``D-HH:MM:SS``, ``UNLIMITED``) as ``slurm/queue.py`` reads them.  A line that cannot be read is one
 ``SacctError``: ``source:line: field: what``.
 """
 
@@ -18,6 +18,9 @@ from datetime import datetime
 from migd.slurm.queue import seconds
 
 _NEVER = ("UNKNOWN", "NONE", "")
+# Slurm records Unix times, none before 1970; what reads them works days to a year or two either side of
+# them (a replay's schedule, its tail), which must stay inside Python's datetime (years 1 to 9999).
+FIRST_YEAR, LAST_YEAR = 1970, 9000
 
 
 class SacctError(ValueError):
@@ -41,10 +44,17 @@ class Row:
         if text.upper() in _NEVER:
             return None
         try:
-            return datetime.fromisoformat(text)
+            value = datetime.fromisoformat(text)
         except ValueError:
             raise self.error(name, f"{text!r} is not a time as sacct prints it (2026-11-28T03:46:32; "
                              "unset SLURM_TIME_FORMAT)") from None
+        if value.tzinfo is not None:  # beside sacct's own naive times it could be compared with none
+            raise self.error(name, f"{text!r} has a UTC offset: sacct prints slurmctld's local time without "
+                             "one (2026-11-28T03:46:32; unset SLURM_TIME_FORMAT)")
+        if not FIRST_YEAR <= value.year <= LAST_YEAR:
+            raise self.error(name, f"{text!r} is no time a cluster ran at (Slurm records Unix times: years "
+                             f"{FIRST_YEAR} to {LAST_YEAR} are read)")
+        return value
 
     def duration(self, name: str) -> float:
         """A positive Slurm time in seconds (``UNLIMITED``, ``Partition_Limit``: infinite)."""

@@ -11,6 +11,15 @@ from dataclasses import dataclass
 from datetime import datetime
 
 DAY = 86400.0
+# The most nodes a what-if replays, and so the most a job's NNodes or a record's NodeList may name.  The
+# replay steps every node through the record, so its time grows with them (4,096 nodes of the recorded
+# eight jobs, tests/fixtures/slurm/sacct-parsable2.txt, took 30 s on one core); 4,096 nodes of 8 GPUs
+# is 32,768 GPUs, a MIG partition larger than any the bench or docs/demand.md measures (64 nodes).
+MAX_NODES = 4096
+# The longest a what-if replays: a record's first time to its last, and a job's run time.  sacct windows
+# are a month or a quarter (docs/demand.md: -S 2026-10-01); a replay's time grows with its span (30 days
+# of two jobs on one node took 54 s), and a year is longer than any window it is meant for.
+MAX_DAYS = 366
 
 
 @dataclass(frozen=True)

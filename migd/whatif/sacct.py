@@ -12,7 +12,8 @@ Timelimit, and AllocTRES or ReqTRES; Account, Partition, JobID, NNodes and NodeL
 - Job steps (``123.batch``, ``123.0``; without JobID, a line with neither Partition nor Timelimit,
   as sacct prints steps) are skipped: a step runs inside its job's allocation.  Array tasks
   (``123_4``) are jobs of their own, as Slurm schedules them.
-- Times are as sacct prints them by default (ISO, ``2026-11-28T03:46:32``, slurmctld's local time).
+- Times are as sacct prints them by default (ISO, ``2026-11-28T03:46:32``, slurmctld's local time;
+  one with a UTC offset is refused: it could be compared with none of the others).
   A job started if it has a Start and an AllocTRES (Slurm 22.05 prints a job cancelled while
   pending with Start and End both the cancel time, and no AllocTRES).  One that never started and
   is still pending (End ``Unknown``) with a finite Timelimit is replayed with its time limit as its
@@ -26,12 +27,15 @@ Timelimit, and AllocTRES or ReqTRES; Account, Partition, JobID, NNodes and NodeL
   placed on a layout: counted as untyped, not replayed.  A type that is not a MIG type (a whole
   GPU's ``gres/gpu:a100``) is counted, not replayed.  Counts are per job: over NNodes nodes, each
   node is taken to hold its share (rounded up), one replayed job per node.  A job holding two MIG
-  types is replayed as one job per type.
+  types is replayed as one job per type.  Counts are ASCII digits, nine at most; NNodes, a row's
+  NodeList and the record's together name at most ``MAX_NODES`` (jobs.py: why).
 - Timelimit ``UNLIMITED`` and ``Partition_Limit`` are unlimited; a job that ran past its limit
   (OverTimeLimit) is given a limit of its run time.
 - The replay runs from the first replayed submission to the record's last time, and on for an hour
   or the longest run time, whichever is longer, so a job submitted at the end of the record can
   start; a job that has not started by then waited until then (figures.py: censored, never dropped).
+  It replays at most ``MAX_DAYS`` (jobs.py: why): the record's first time to its last, and a job's run
+  time; a row that goes past either is its located error.
 
 A line that cannot be read is one ``SacctError``: ``file:line: field: what``.
 """
@@ -43,18 +47,20 @@ import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from migd.demand.inputs import slices_of
 from migd.slurm.ctl import hostnames, text_of
 from migd.slurm.parsable import Row, is_step, read_rows
 from migd.slurm.parsable import SacctError as SacctError  # (migctl what-if names it from here)
-from migd.whatif.jobs import DAY, Trace, TraceJob
+from migd.whatif.jobs import DAY, MAX_DAYS, MAX_NODES, Trace, TraceJob
 
 NEEDED = ("Submit", "Start", "End", "Timelimit")
 FIELDS = "JobID,Submit,Start,End,Account,Partition,Timelimit,AllocTRES,ReqTRES,NNodes,NodeList,State"
-_TYPED = re.compile(r"^gres/gpu:([^=]+)=(\d+)$")
+_TYPED = re.compile(r"^gres/gpu:([^=]+)=(.*)$")
+_PLAIN = re.compile(r"^gres/gpu=(.*)$")
+_COUNT = re.compile(r"[0-9]{1,9}")  # ASCII decimal; nine digits hold any count a cluster has
 TAIL_S = 3600.0  # the replay runs past the record's last time by this (or the longest run time)
 
 
@@ -85,6 +91,7 @@ def _record(source: str, rows: Sequence[Row], partition: str | None) -> Record:
     skipped: Counter[str] = Counter()
     nodes: set[str] = set()
     read: list[tuple[datetime, _Job]] = []
+    first: datetime | None = None
     last: datetime | None = None
     for row in rows:
         if is_step(row):
@@ -92,9 +99,11 @@ def _record(source: str, rows: Sequence[Row], partition: str | None) -> Record:
         if partition is not None and partition not in row.get("Partition").split(","):
             skipped[f"not in partition {partition}"] += 1
             continue
-        job = _job(row)
-        nodes |= _nodes(row)
-        last = max(t for t in (last, job.submit, job.start, job.end) if t is not None)
+        job, named = _read(row)
+        nodes |= named
+        if len(nodes) > MAX_NODES:
+            raise row.error("NodeList", f"the record names more than {MAX_NODES} nodes, the most a what-if replays")
+        first, last = _span(row, job, first, last)
         if job.why_not is not None:
             skipped[job.why_not] += 1
             continue
@@ -109,11 +118,38 @@ def _record(source: str, rows: Sequence[Row], partition: str | None) -> Record:
     return Record(Trace(Path(source).name, tuple(jobs), start), end, dict(skipped), frozenset(nodes), source)
 
 
+def _span(row: Row, job: _Job, first: datetime | None, last: datetime | None) -> tuple[datetime, datetime]:
+    """The record's first and last times, with this row's.  A record spanning more than a what-if replays
+    is the row that stretched it (a Submit of 0001-01-01 beside 2026 would replay for millennia)."""
+    times = {f: t for f, t in (("Submit", job.submit), ("Start", job.start), ("End", job.end)) if t is not None}
+    lo = min(t for t in (first, *times.values()) if t is not None)
+    hi = max(t for t in (last, *times.values()) if t is not None)
+    if hi - lo > timedelta(days=MAX_DAYS):
+        field = next(f for f, t in times.items() if t in (lo, hi))
+        raise row.error(field, f"{row.get(field)}: the record would span {(hi - lo).days} days, {lo.isoformat()} to "
+                        f"{hi.isoformat()}; a what-if replays at most {MAX_DAYS} (sacct -S and -E: a shorter window)")
+    return lo, hi
+
+
+def _read(row: Row) -> tuple[_Job, set[str]]:
+    """The row's job and the nodes it names.  Whatever in a row cannot be read is that row's one
+    located line, never a traceback: a check missed here still names the file and line."""
+    try:
+        return _job(row), _nodes(row)
+    except SacctError:
+        raise
+    except (ValueError, TypeError, ArithmeticError) as e:
+        raise SacctError(f"{row.where}: {e}") from None
+
+
 def _nodes(row: Row) -> set[str]:
     text = row.get("NodeList")
     if not text or text in ("None assigned", "(null)"):
         return set()
-    return hostnames(text) or {text}
+    try:
+        return hostnames(text, most=MAX_NODES) or {text}
+    except ValueError as e:
+        raise row.error("NodeList", f"{e}: a what-if replays at most {MAX_NODES}") from None
 
 
 @dataclass(frozen=True)
@@ -156,6 +192,10 @@ def _job(row: Row) -> _Job:
         run = (end - start).total_seconds() if end is not None else limit
         if run < 0:
             raise row.error("End", f"{row.get('End')} is before Start {row.get('Start')}")
+    if why is None and run > MAX_DAYS * DAY:  # a run time, or a limit replayed as one
+        field = "End" if start is not None and end is not None else "Timelimit"
+        raise row.error(field, f"{row.get(field)}: a run of {run / DAY:.0f} days, longer than a what-if replays "
+                        f"({MAX_DAYS} days)")
     return _Job(row.get("Account") or "-", row.get("Partition") or "-", submit, start, end, max(1.0, run), limit,
                 asked, nodes, why)
 
@@ -164,23 +204,36 @@ def _count(row: Row, name: str, default: int) -> int:
     text = row.get(name)
     if not text:
         return default
-    if not text.isdigit() or int(text) < 1:
+    count = _number(row, name, text, "a count of nodes")
+    if count < 1:
         raise row.error(name, f"{text!r} is not a count of nodes")
+    if count > MAX_NODES:
+        raise row.error(name, f"{count} nodes: a what-if replays at most {MAX_NODES} (each node a job of its own)")
+    return count
+
+
+def _number(row: Row, name: str, text: str, what: str) -> int:
+    """``text`` as a whole number: ASCII digits only, and few (``str.isdigit`` takes ``'²'``, which ``int``
+    refuses, and ``int`` refuses 4,300 digits or more: either would be an error naming no line)."""
+    if _COUNT.fullmatch(text) is None:
+        shown = text if len(text) <= 24 else f"{text[:20]}... ({len(text)} characters)"
+        raise row.error(name, f"{shown!r} is not {what}")
     return int(text)
 
 
 def _asked(row: Row, started: bool, nodes: int) -> tuple[tuple[tuple[str, int], ...], str | None]:
     """(MIG type, instances per node) the job held or asked, and why it is not replayed, if so."""
-    name = "AllocTRES" if started and row.get("AllocTRES") else "ReqTRES"
-    tres = row.get(name) or row.get("AllocTRES")
+    name = "AllocTRES" if (started or not row.get("ReqTRES")) and row.get("AllocTRES") else "ReqTRES"
+    tres = row.get(name)
     typed: dict[str, int] = {}
     plain = False
     for item in filter(None, (t.strip() for t in tres.split(","))):
         m = _TYPED.match(item)
+        p = _PLAIN.match(item)
         if m is not None:
-            typed[m.group(1)] = typed.get(m.group(1), 0) + int(m.group(2))
-        elif re.fullmatch(r"gres/gpu=\d+", item):
-            plain = plain or int(item.split("=")[1]) > 0
+            typed[m.group(1)] = typed.get(m.group(1), 0) + _number(row, name, m.group(2), "a count (gres/gpu:TYPE=N)")
+        elif p is not None:
+            plain = plain or _number(row, name, p.group(1), "a count (gres/gpu=N)") > 0
         elif item.startswith("gres/gpu") and "=" not in item:
             raise row.error(name, f"{item!r} is not TYPE=COUNT (sacct prints gres/gpu:1g.10gb=2)")
     if not typed:

@@ -1,0 +1,175 @@
+"""``migctl what-if --sacct`` on records no sacct prints: each is refused in one line naming the file,
+line and field (exit 2, nothing printed on standard output), in a second, never a traceback or a
+replay that runs for ever.  Each case is the good row beside one bad one, as a user's file would be."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from migd.ctl.migctl import main as migctl
+from migd.whatif.jobs import MAX_NODES
+from migd.whatif.sacct import read_sacct
+
+REPO = Path(__file__).resolve().parents[1]
+HEADER = "JobID|Submit|Start|End|Account|Partition|Timelimit|AllocTRES|ReqTRES|NNodes|NodeList|State"
+GOOD = ("1|2026-11-28T03:00:00|2026-11-28T03:01:00|2026-11-28T04:00:00|a|gpu|01:00:00|gres/gpu:1g.10gb=2|"
+        "gres/gpu:1g.10gb=2|1|n1|COMPLETED")
+FIELDS = HEADER.split("|")
+
+
+def row(**fields: str) -> str:
+    """The good row as job 2, with ``fields`` (by header name) replaced."""
+    values = dict(zip(FIELDS, GOOD.split("|"), strict=True)) | {"JobID": "2"} | fields
+    return "|".join(values[f] for f in FIELDS)
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    cfg = tmp_path / "migd.yaml"
+    cfg.write_text((REPO / "bench" / "demand.yaml").read_text().replace(
+        "profiles_dir: ../profiles", f"profiles_dir: {REPO / 'profiles'}"))
+    return cfg
+
+
+def what_if(tmp_path: Path, config: Path, line: str, capsys: pytest.CaptureFixture[str],
+            *options: str) -> tuple[int, str, str]:
+    path = tmp_path / "jobs.sacct"
+    path.write_text(f"{HEADER}\n{GOOD}\n{line}\n")
+    code = migctl(["what-if", "--sacct", str(path), "--config", str(config), "--search", "2", *options])
+    got = capsys.readouterr()
+    return code, got.out, got.err
+
+
+def refused(tmp_path: Path, config: Path, line: str, capsys: pytest.CaptureFixture[str], said: str) -> None:
+    code, out, err = what_if(tmp_path, config, line, capsys, "--nodes", "1")
+    assert (code, out) == (2, "")
+    assert err.startswith(f"error: {tmp_path / 'jobs.sacct'}:3: ") and said in err, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("field", ["Submit", "Start", "End"])
+def test_a_time_with_a_utc_offset_is_refused_where_it_is(tmp_path: Path, config: Path, field: str,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """sacct prints slurmctld's local time without an offset; one with an offset beside those could be
+    compared with none of them."""
+    aware = dict(zip(FIELDS, GOOD.split("|"), strict=True))[field] + "+05:00"
+    refused(tmp_path, config, row(**{field: aware}), capsys, f"{field}: '{aware}' has a UTC offset")
+
+
+def test_what_a_row_check_misses_is_still_named_by_its_line(tmp_path: Path, config: Path,
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """The net under the checks: a row that fails in a way no check foresaw is its file and line."""
+    def unforeseen(_row: object) -> set[str]:
+        raise TypeError("something no check foresaw")
+    monkeypatch.setattr("migd.whatif.sacct._nodes", unforeseen)
+    path = tmp_path / "jobs.sacct"
+    path.write_text(f"{HEADER}\n{GOOD}\n")
+    assert migctl(["what-if", "--sacct", str(path), "--config", str(config), "--nodes", "1"]) == 2
+    assert capsys.readouterr().err == f"error: {path}:2: something no check foresaw\n"
+
+
+MANY = "9" * 5000  # int() refuses 4,300 digits or more
+
+
+@pytest.mark.parametrize("fields,said", [
+    ({"NNodes": "\u00b2"}, "NNodes: '\u00b2' is not a count of nodes"),  # str.isdigit takes it, int does not
+    ({"NNodes": MANY}, f"NNodes: '{MANY[:20]}... (5000 characters)' is not a count of nodes"),
+    ({"AllocTRES": f"gres/gpu:1g.10gb={MANY}"}, "AllocTRES: '99999999999999999999... (5000 characters)' is not a "
+     "count (gres/gpu:TYPE=N)"),
+    ({"AllocTRES": "gres/gpu:1g.10gb=\u0663"}, "AllocTRES: '\u0663' is not a count"),  # int reads it as 3
+    ({"AllocTRES": "gres/gpu:1g.10gb="}, "AllocTRES: '' is not a count"),
+    ({"Start": "Unknown", "End": "Unknown", "AllocTRES": "", "ReqTRES": f"gres/gpu={MANY}"},
+     "ReqTRES: '99999999999999999999... (5000 characters)' is not a count (gres/gpu=N)"),
+])
+def test_a_count_is_ascii_digits_and_few_of_them(tmp_path: Path, config: Path, fields: dict[str, str], said: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    refused(tmp_path, config, row(**fields), capsys, said)
+
+
+@pytest.mark.parametrize("fields,said", [
+    ({"NNodes": "99999999"}, "NNodes: 99999999 nodes: a what-if replays at most 4096"),  # a job per node
+    ({"NNodes": "4097"}, "NNodes: 4097 nodes: a what-if replays at most 4096"),
+    ({"NodeList": "n[1-99999999]"}, "NodeList: names more than 4096 nodes"),  # counted, never spelled out
+    ({"NodeList": "m[1-4096]"}, "NodeList: the record names more than 4096 nodes"),  # with line 2's n1
+])
+def test_a_row_names_no_more_nodes_than_a_what_if_replays(tmp_path: Path, config: Path, fields: dict[str, str],
+                                                          said: str, capsys: pytest.CaptureFixture[str]) -> None:
+    refused(tmp_path, config, row(**fields), capsys, said)
+
+
+def test_the_most_nodes_a_what_if_replays_are_read(tmp_path: Path, config: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """At the bound itself the record is read: a job over 4,096 nodes is 4,096 jobs of its share."""
+    code, out, err = what_if(tmp_path, config, row(NNodes="4096", NodeList="n[1-4096]"), capsys, "--nodes", "1")
+    assert (code, err) == (0, "") and "4097 jobs replayed" in out
+
+
+PENDING = {"Start": "Unknown", "End": "Unknown", "AllocTRES": "", "State": "PENDING"}
+
+
+@pytest.mark.parametrize("fields,said", [
+    ({"Submit": "0001-01-01T00:00:00"}, "Submit: '0001-01-01T00:00:00' is no time a cluster ran at"),
+    ({"Submit": "9999-12-31T23:00:00", **PENDING}, "Submit: '9999-12-31T23:00:00' is no time a cluster ran at"),
+    ({"Submit": "1990-01-01T00:00:00", **PENDING}, "Submit: 1990-01-01T00:00:00: the record would span 13480 days, "
+     "1990-01-01T00:00:00 to 2026-11-28T04:00:00; a what-if replays at most 366"),
+    ({"Submit": "2027-11-29T03:00:01", **PENDING}, "Submit: 2027-11-29T03:00:01: the record would span 366 days"),
+    ({"End": "2126-11-28T04:00:00", "Timelimit": "UNLIMITED"}, "End: 2126-11-28T04:00:00: a run of 36524 days, "
+     "longer than a what-if replays (366 days)"),
+    ({"Timelimit": "99999999-00:00:00", **PENDING}, "Timelimit: 99999999-00:00:00: a run of 99999999 days"),
+    ({"End": "Unknown", "Timelimit": "367-00:00:00", "State": "RUNNING"}, "Timelimit: 367-00:00:00: a run of 367 days"),
+])
+def test_a_what_if_replays_at_most_a_year(tmp_path: Path, config: Path, fields: dict[str, str], said: str,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A record's first time to its last, and a job's run time (or the limit a job not ended is replayed
+    to), are at most 366 days: longer would replay for years, or millennia, before printing anything."""
+    refused(tmp_path, config, row(**fields), capsys, said)
+
+
+def test_a_year_of_record_is_read(tmp_path: Path) -> None:
+    """At the bound itself: 366 days from the first time to the last, and a run of 366 days, are read."""
+    path = tmp_path / "jobs.sacct"
+    path.write_text(f"{HEADER}\n{GOOD}\n{row(Submit='2027-11-29T03:00:00', **PENDING, Timelimit='366-00:00:00')}\n")
+    record = read_sacct(path)
+    assert record.trace.jobs[-1].duration_s == 366 * 86400
+    assert record.end_s == 2 * 366 * 86400  # to the last submission, then its run
+
+
+@pytest.mark.parametrize("when", ["0001-01-01T00:00:00", "9999-12-31T20:00:00"])
+def test_a_lone_job_at_the_ends_of_the_calendar_is_refused(tmp_path: Path, config: Path, when: str,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Slurm records Unix times; the replay's schedule reaches days before the record, and on past it,
+    which the ends of the calendar do not hold."""
+    path = tmp_path / "jobs.sacct"
+    path.write_text(f"{HEADER}\n{row(Submit=when, **PENDING)}\n")
+    assert migctl(["what-if", "--sacct", str(path), "--config", str(config), "--nodes", "1"]) == 2
+    assert capsys.readouterr().err == (f"error: {path}:2: Submit: '{when}' is no time a cluster ran at (Slurm "
+                                       "records Unix times: years 1970 to 9000 are read)\n")
+
+
+@pytest.mark.parametrize("option,value,said", [
+    ("--nodes", "99999999", "argument --nodes: must be at most 4096 (the most nodes a what-if replays)"),
+    ("--nodes", "4097", "argument --nodes: must be at most 4096"),
+    ("--gpus", "1000", "argument --gpus: must be at most 8 (no board in the catalog has more)"),
+    ("--gpus", "9", "argument --gpus: must be at most 8"),
+    ("--gpus", "\u00b2", "argument --gpus: must be a whole number above 0, not '\u00b2'"),
+    ("--nodes", MANY, f"argument --nodes: must be a whole number above 0, not '{MANY[:40]}'"),
+])
+def test_the_options_ask_no_more_than_a_what_if_replays(tmp_path: Path, config: Path, option: str, value: str,
+                                                         said: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """More nodes than a what-if replays, or more GPUs per node than any board has, is the option's one
+    line, exit 2, before anything is read."""
+    with pytest.raises(SystemExit) as e:
+        what_if(tmp_path, config, GOOD, capsys, option, value)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and said in err and len(err.splitlines()) == 1, err
+
+
+def test_the_help_names_the_bounds_the_types_hold(capsys: pytest.CaptureFixture[str]) -> None:
+    """--nodes's help says its bound without importing the what-if (migctl starts without it): kept equal."""
+    with pytest.raises(SystemExit):
+        migctl(["what-if", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert f"nodes replayed, at most {MAX_NODES} " in help_text and "GPUs per node, at most 8 " in help_text
