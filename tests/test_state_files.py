@@ -20,10 +20,11 @@ from migd.apply.journal import JournalDoc, Step, left_behind
 from migd.apply.owners import Owners, OwnersDoc
 from migd.apply.statefile import load
 from migd.catalog.models import MODELS
+from migd.errors import ValidationError
 from migd.slurm.demandplan import History
 from migd.slurm.transition import load_state
 from migd.state.override import OverrideDoc, OverrideStore
-from migd.wire import to_json
+from migd.wire import WireError, from_json, to_json
 from tests.daemon_harness import MigdProcess
 from tests.helpers import PROFILES, Migctl
 
@@ -147,6 +148,60 @@ def test_a_misshapen_journal_is_reported_by_status_not_raised(tmp_path: Path, ca
     journal = m.state_dir / "journal.json"
     assert r.stdout.splitlines()[1].startswith(f"journal {journal} cannot be read ({journal}: {field}: "), r.stdout
     assert left_behind(m.state_dir / "journal.json")["error"]  # type: ignore[index]
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+HOSTILE = {  # JSON that json.loads and int() refuse with a RecursionError or a ValueError, not a JSONDecodeError
+    "nested 100,000 deep": (DEEP, "damaged: nested deeper than 32 levels"),
+    "nested 100 deep (json reads it)": ("[" * 100 + "]" * 100, "damaged: nested deeper than 32 levels"),
+    "a number of 5000 digits": ('{"pid": ' + "9" * 5000 + "}", "damaged: a number of more than 4300 digits"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_a_file_json_cannot_read_is_one_located_line(tmp_path: Path, name: str, case: str) -> None:
+    """Each was a traceback (RecursionError, ValueError) at migd's start and in migctl status."""
+    text, words = HOSTILE[case]
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValidationError) as e:
+        load(path, KINDS[name])
+    assert str(e.value) == f"{path}: {words}"
+
+
+def test_an_int_key_of_5000_digits_is_a_wire_error_with_its_start() -> None:
+    """``int()`` refuses more than 4300 digits with a ValueError: it was a traceback, and the field named the
+    whole key."""
+    with pytest.raises(WireError) as e:
+        from_json(OwnersDoc, {"schema": "migd.owners/v1", "gpus": {"GPU-x": {"9" * 5000: "a"}}})
+    assert str(e.value) == f"gpus.GPU-x.{'9' * 37}...: key of 5000 digits is not a number migd reads"
+
+
+@pytest.mark.integration
+def test_status_and_migd_over_files_json_cannot_read(tmp_path: Path) -> None:
+    """Owners nested 100,000 deep, a journal with a 5000-digit key, an override nested 100,000 deep: one line
+    each, ``status`` answers, migd starts (each was a traceback, migd's exit 1)."""
+    m = MigdProcess(tmp_path, fleet="single-a100")
+    try:
+        state = m.migctl.state_dir
+        assert m.migctl("apply", "--local", str(PROFILES / "day.yaml")).code == 0
+        journal = {"schema": "migd.journal/v1", "profile": "night", "pid": 1, "started": 0.0, "gpus": {"GPU-1": {
+            "status": "applying", "before": {"mig": False, "instances": []}, "owners_before": {"9" * 5000: "a"}}}}
+        (state / "journal.json").write_text(json.dumps(journal))
+        (state / "owners.json").write_text(DEEP)
+        (state / "override.json").write_text(DEEP)
+        r = _status(m.migctl)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+        assert f"owner labels ignored: {state / 'owners.json'}: damaged: nested deeper than 32 levels" in r.stderr
+        assert "key of 5000 digits is not a number migd reads" in r.stdout, r.stdout
+        m.start()
+        m.wait_ready()
+        log = m.log.read_text()
+        assert "Traceback" not in log and f"{state / 'override.json'}: damaged: nested deeper than 32" in log, log
+        assert "owners_before.99999" in log and "recover --discard" in log, log
+    finally:
+        m.close()
 
 
 @pytest.fixture
