@@ -9,6 +9,7 @@ and are written again byte for byte."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -200,6 +201,48 @@ def test_status_and_migd_over_files_json_cannot_read(tmp_path: Path) -> None:
         log = m.log.read_text()
         assert "Traceback" not in log and f"{state / 'override.json'}: damaged: nested deeper than 32" in log, log
         assert "owners_before.99999" in log and "recover --discard" in log, log
+    finally:
+        m.close()
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+@pytest.mark.parametrize("kind", ["a directory", "a FIFO"])
+def test_a_file_that_is_not_a_regular_one_is_one_located_line(tmp_path: Path, name: str, kind: str) -> None:
+    """A directory was read as "[Errno 21] Is a directory: 6" (a descriptor, not the file); a FIFO blocked."""
+    path = tmp_path / name
+    path.mkdir() if kind == "a directory" else os.mkfifo(path)
+    with pytest.raises(ValidationError) as e:
+        load(path, KINDS[name])
+    assert str(e.value) == f"{path}: is {kind}, not a regular file"
+
+
+@pytest.mark.integration
+def test_state_files_that_are_directories_fall_back_as_damaged_ones(tmp_path: Path) -> None:
+    """owners.json, override.json and journal.json made directories: ``status`` answers (it stopped, "not applied:
+    6: Is a directory"), migd starts and sets the override aside, the journal is kept for ``recover --discard``,
+    and the next write of the labels sets their directory aside (no file can be renamed over one)."""
+    m = MigdProcess(tmp_path, fleet="single-a100")
+    try:
+        state = m.migctl.state_dir
+        assert m.migctl("apply", "--local", str(PROFILES / "day.yaml")).code == 0
+        (state / "owners.json").unlink()
+        for name in ("owners.json", "override.json", "journal.json"):
+            (state / name).mkdir()
+        r = _status(m.migctl)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+        assert f"owner labels ignored: {state / 'owners.json'}: is a directory, not a regular file" in r.stderr
+        assert f"({state / 'journal.json'}: is a directory, not a regular file)" in r.stdout, r.stdout
+        r = m.migctl.process("recover")
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "recover --discard" in r.stderr, r.stderr
+        m.start()
+        m.wait_ready()
+        log = m.log.read_text()
+        assert "Traceback" not in log and f"{state / 'override.json'}: is a directory, not a regular file; " \
+            f"set aside as {state / 'override.json'}.unreadable-" in log, log
+        m.stop()
+        assert m.migctl("recover", "--discard", "--yes").code == 0 and not (state / "journal.json").exists()
+        r = m.migctl.process("apply", "--local", str(PROFILES / "night.yaml"))
+        assert r.returncode == 0 and "set aside as" in r.stderr and (state / "owners.json").is_file(), r.stderr
     finally:
         m.close()
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
-from migd.apply.statefile import atomic_write_json, load
+from migd.apply.statefile import atomic_write_json, load, set_aside
 from migd.catalog.models import GpuModel, Placement
 from migd.errors import ValidationError
 from migd.kinds import Word
@@ -175,8 +175,7 @@ class Journal:
 
     def discard(self) -> Path:
         """An operator checked the GPUs by hand: the journal is set aside (renamed, not deleted)."""
-        kept = self.path.with_name(f"{self.path.name}.discarded-{int(time.time())}")
-        os.replace(self.path, kept)
+        kept = set_aside(self.path, "discarded")
         self.doc = None
         return kept
 

@@ -4,8 +4,10 @@ located error when damaged.
 A write goes to a fresh temp file (``mkstemp``: O_EXCL, so a planted name is never opened),
 is fsync'd, renamed over the target (``rename`` replaces a symlink, it does not follow it) and
 the directory fsync'd (the journal's per-GPU outcomes skip the last: see Journal.update).  A
-read refuses a symlink (O_NOFOLLOW) and JSON nested deeper than MAX_DEPTH or holding a number
-Python will not convert, and says which file and field is wrong instead of a traceback.
+read refuses a symlink (O_NOFOLLOW), anything but a regular file, and JSON nested deeper than
+MAX_DEPTH or holding a number Python will not convert, and says which file and field is wrong
+instead of a traceback.  A directory in a file's place is set aside (:func:`set_aside`): no file
+can be renamed over it.
 
 Each file is a wire type (``migd.wire``), written as ``to_json`` makes it (:func:`atomic_write_json`)
 and read back through ``from_json`` (:func:`load`), which checks every field against its type: a hand
@@ -20,8 +22,10 @@ import contextlib
 import errno
 import json
 import os
+import stat
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -65,21 +69,42 @@ def atomic_write_text(path: Path, text: str, mode: int = 0o600, *, sync_dir: boo
         os.close(dfd)
 
 
+def set_aside(path: Path, why: str) -> Path:
+    """``path`` renamed ``<name>.<why>-<unix time>`` beside it: kept for the operator, out of migd's way (a
+    directory where a state file belongs: ``rename`` puts no file over one, ``unlink`` removes none)."""
+    kept = path.with_name(f"{path.name}.{why}-{int(time.time())}")
+    os.replace(path, kept)
+    return kept
+
+
 def read_json(path: Path) -> Any:
-    """The parsed file; FileNotFoundError if absent, ValidationError if a symlink or not JSON migd reads
-    (see :func:`parse`)."""
+    """The parsed file; FileNotFoundError if absent, ValidationError if a symlink, not a regular file or
+    not JSON migd reads (see :func:`parse`).  A directory read named a descriptor number, not the file
+    ("[Errno 21] Is a directory: 6"), and stopped status; a FIFO blocks an open without O_NONBLOCK."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise ValidationError(str(path), None, None, "", "is a symbolic link; migd never follows one in its "
                                   "state dir (someone planted it?)") from None
         raise
+    kind = _kind(os.fstat(fd).st_mode)
+    if kind:
+        os.close(fd)
+        raise ValidationError(str(path), None, None, "", f"is {kind}, not a regular file")
     with os.fdopen(fd, encoding="utf-8", errors="replace") as f:
         text = f.read()
     if not text.strip():
         raise ValidationError(str(path), None, None, "", "is empty (a crash while it was first written?)")
     return parse(path, text)
+
+
+def _kind(mode: int) -> str:
+    """What a file that is not a regular one is, in words ("" for a regular file)."""
+    if stat.S_ISREG(mode):
+        return ""
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+    return next((words for test, words in kinds if test(mode)), "a device")
 
 
 def parse(path: Path, text: str) -> Any:
