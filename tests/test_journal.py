@@ -193,6 +193,40 @@ def test_a_damaged_journal_is_a_located_error_and_is_kept(tmp_path: Path, text: 
     assert m("apply", NIGHT).code == 0
 
 
+EDITS = {  # a hand edit of the last GPU's layout before the apply: what recovery would have restored
+    "a negative GI start": ("start", -5, "instances[0]: start -5 is not one for 1 of 8 slices (0 to 7)"),
+    "a GI start of 21 digits": ("start", 10**20, "instances[0]: start of 21 digits is not one for 1 of 8 slices"),
+    "a negative CI start": ("cis", [[0, -3]], "instances[0].cis[0]: start -3 is not one for 1 of 1 slices"),
+    "an unknown CI profile": ("cis", [[99, 0]], "instances[0].cis[0]: CI profile 99 is unknown in 1g.10gb"),
+}
+
+
+@pytest.mark.integration
+def test_a_hand_edited_layout_in_the_journal_is_refused_before_any_gpu_is_restored(tmp_path: Path) -> None:
+    """A negative start was "ValueError: negative shift count" (a huge one an OverflowError) in the planner, at
+    migd's start, recover and apply; an unknown CI profile was restored as the GI's default CI.  Each is one
+    line naming the file and field, and no GPU is restored before it (the edited one is the last)."""
+    m, store, before = _day(tmp_path, "dgx-a100")
+    world.crash_after_mutations(store, 20)
+    p = _spawn(m, "apply", NIGHT)
+    p.communicate(timeout=60)
+    crashed, journal = m.layout(), m.state_dir / "journal.json"
+    assert p.returncode == -9 and crashed != before
+    doc = json.loads(journal.read_text())
+    last = list(doc["gpus"])[-1]
+    for case, (key, value, words) in EDITS.items():
+        edited = json.loads(json.dumps(doc))
+        edited["gpus"][last]["before"]["instances"][0][key] = value
+        journal.write_text(json.dumps(edited))
+        for args in (("recover",), ("apply", NIGHT)):
+            r = m(*args)
+            assert r.code == 2 and "Traceback" not in r.err and len(r.err.strip().splitlines()) == 1, (case, r.err)
+            assert f"{journal}: gpus.{last}.before: {words}" in r.err and "recover --discard" in r.err, (case, r.err)
+            assert m.layout() == crashed and json.loads(journal.read_text()) == edited, case
+    journal.write_text(json.dumps(doc))
+    assert m("recover").code == 0 and m.layout() == before
+
+
 def test_statefile_symlinks_are_never_followed(tmp_path: Path) -> None:
     """Another user plants symlinks in the state dir: root's apply must not write through them."""
     m = Migctl(tmp_path, "single-a100")

@@ -52,17 +52,35 @@ class LayoutDoc:
             for d in layout.instances))
 
     def desired(self, model: GpuModel) -> DesiredLayout:
-        """The layout again, every instance pinned where it was; ValueError if a profile is not ``model``'s."""
-        out = []
-        for d in self.instances:
-            gi = model.profile_by_id(d.profile_id)
-            if gi is None:
-                raise ValueError(f"journal names GI profile {d.profile_id} unknown on {model.key}")
-            cis = tuple(gi.ci_by_id(pid) or gi.default_ci for pid, _ in d.cis)
-            out.append(DesiredInstance(gi=gi, cis=cis, owner=d.owner, placement=Placement(d.start, gi.memory_slices),
-                                       ci_placements=tuple(Placement(st, c.slices)
-                                                           for (_, st), c in zip(d.cis, cis, strict=True))))
-        return DesiredLayout(mig=self.mig, instances=tuple(out))
+        """The layout again, every instance pinned where it was; ValueError naming the field if a profile is
+        not ``model``'s or a start lies outside its slices (a hand edit: a negative start was a traceback in
+        the planner's bit masks, an unknown CI profile was quietly restored as the GI's default CI)."""
+        return DesiredLayout(mig=self.mig, instances=tuple(
+            _desired(d, model, f"instances[{i}]") for i, d in enumerate(self.instances)))
+
+
+def _desired(d: InstanceDoc, model: GpuModel, at: str) -> DesiredInstance:
+    """One recorded instance as it was, checked against ``model`` (``at``: where it is in the layout)."""
+    gi = model.profile_by_id(d.profile_id)
+    if gi is None:
+        raise ValueError(f"{at}.profile_id: GI profile {d.profile_id} is unknown on {model.key}")
+    _within(d.start, gi.memory_slices, model.memory_slices, at)
+    cis = []
+    for k, (pid, start) in enumerate(d.cis):
+        ci = gi.ci_by_id(pid)
+        if ci is None:
+            raise ValueError(f"{at}.cis[{k}]: CI profile {pid} is unknown in {gi.name} on {model.key}")
+        _within(start, ci.slices, gi.slices, f"{at}.cis[{k}]")
+        cis.append(ci)
+    return DesiredInstance(gi=gi, cis=tuple(cis), owner=d.owner, placement=Placement(d.start, gi.memory_slices),
+                           ci_placements=tuple(Placement(st, c.slices) for (_, st), c in zip(d.cis, cis, strict=True)))
+
+
+def _within(start: int, size: int, slices: int, at: str) -> None:
+    """A span of ``size`` slices at ``start`` inside ``slices``; a ValueError naming ``at`` if not."""
+    if not 0 <= start <= slices - size:
+        shown = str(start) if abs(start) < 10**6 else f"of {len(str(abs(start)))} digits"
+        raise ValueError(f"{at}: start {shown} is not one for {size} of {slices} slices (0 to {slices - size})")
 
 
 def _start(placement: Placement | None) -> int:
