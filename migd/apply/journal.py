@@ -23,6 +23,7 @@ from migd.plan.requests import DesiredInstance, DesiredLayout
 from migd.wire import OMIT_NONE
 
 SCHEMA = "migd.journal/v1"  # like mig-parted's api/checkpoint/v1: fields are only added within v1
+PID_MAX = 4_194_304  # the kernel's largest pid_max (PID_MAX_LIMIT, 2**22 on 64-bit)
 
 
 @dataclass(frozen=True)
@@ -79,8 +80,13 @@ def _desired(d: InstanceDoc, model: GpuModel, at: str) -> DesiredInstance:
 def _within(start: int, size: int, slices: int, at: str) -> None:
     """A span of ``size`` slices at ``start`` inside ``slices``; a ValueError naming ``at`` if not."""
     if not 0 <= start <= slices - size:
-        shown = str(start) if abs(start) < 10**6 else f"of {len(str(abs(start)))} digits"
-        raise ValueError(f"{at}: start {shown} is not one for {size} of {slices} slices (0 to {slices - size})")
+        raise ValueError(f"{at}: start {_shown(start)} is not one for {size} of {slices} slices (0 to {slices - size})")
+
+
+def _shown(n: int) -> str:
+    """A number as an error shows it: its start and length, when long (a hand edit's 4000 digits are no line)."""
+    text = str(n)
+    return text if len(text) <= 12 else f"{text[:9]}...({len(text)} digits)"
 
 
 def _start(placement: Placement | None) -> int:
@@ -129,6 +135,12 @@ class JournalDoc:
     pid: int | None = None
     started: float | None = None
     gpus: dict[str, GpuEntry]
+
+    def __post_init__(self) -> None:
+        """A pid that is no process's: 0 or -1 signal a process group (status called such an apply in
+        progress), a huge one overflowed ``os.kill`` (a traceback in status)."""
+        if self.pid is not None and not 1 <= self.pid <= PID_MAX:
+            raise ValueError(f"pid: {_shown(self.pid)} is not a process id (1 to {PID_MAX})")
 
     def unfinished(self) -> dict[str, GpuEntry]:
         """The GPUs (by UUID) that may be half-way: neither done nor rolled back."""
