@@ -19,6 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from migd.apply.journal import Journal, JournalDoc
+from migd.apply.recovery import recover
+from migd.errors import ValidationError
 from migd.sim import world
 from migd.sim.state import StateStore
 from tests.helpers import MIGCTL, PROFILES, REPO, Migctl
@@ -225,6 +228,20 @@ def test_a_hand_edited_layout_in_the_journal_is_refused_before_any_gpu_is_restor
             assert m.layout() == crashed and json.loads(journal.read_text()) == edited, case
     journal.write_text(json.dumps(doc))
     assert m("recover").code == 0 and m.layout() == before
+
+
+def test_recover_names_the_journal_whatever_its_load_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ValueError that is no ValidationError (int()'s digit limit was one) was reported as "None: ..."."""
+    journal = Journal(tmp_path / "journal.json")
+    journal.path.write_text("{}")
+
+    def load() -> JournalDoc:
+        raise ValueError("odd")
+
+    monkeypatch.setattr(journal, "load", load)
+    with pytest.raises(ValidationError) as e:
+        recover(journal, None, None, None)  # type: ignore[arg-type]  (none is reached)
+    assert str(e.value).startswith(f"{journal.path}: odd; kept for the operator"), str(e.value)
 
 
 def test_statefile_symlinks_are_never_followed(tmp_path: Path) -> None:

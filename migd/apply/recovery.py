@@ -49,7 +49,7 @@ def recover(journal: Journal, backend: GpuReader, rollback: Rollback, forward: F
     file and field)."""
     if not journal.exists():
         return []
-    doc = _located(journal.load)
+    doc = _located(journal.load, journal.path)
     pending = doc.unfinished()
     if not pending:  # every GPU reached its old or new layout before the process ended
         log.info("the journal of an apply of %r by pid %s names no unfinished GPU: removed", doc.profile, doc.pid)
