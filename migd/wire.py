@@ -132,7 +132,8 @@ def _read(tp: Any, data: Any, where: str) -> Any:
     if origin is dict:
         if not isinstance(data, dict):
             raise WireError(where or "document", f"expected a mapping, not {type(data).__name__}")
-        return {_key(args[0], k, _join(where, k)): _read(args[1], v, _join(where, k)) for k, v in data.items()}
+        return {_key(args[0], k, _join(where, _short(k))): _read(args[1], v, _join(where, _short(k)))
+                for k, v in data.items()}
     if isinstance(tp, type) and issubclass(tp, Value):
         (f,) = dataclasses.fields(tp)  # type: ignore[arg-type]
         return _build(tp, where, _read(_hints(typing.cast(type, tp))[f.name], data, where))
@@ -161,9 +162,18 @@ def _key(tp: Any, key: str, where: str) -> Any:
     """A mapping's key: text, or an ``int`` written in decimal digits (what :func:`to_json` writes)."""
     if tp is int:
         if not (key.isascii() and key.isdigit()):
-            raise WireError(where, f"key {key!r} is not a number")
-        return int(key)
+            raise WireError(where, f"key {_short(key)!r} is not a number")
+        try:
+            return int(key)
+        except ValueError:  # more digits than sys.get_int_max_str_digits(): raised, not a WireError, it was a traceback
+            raise WireError(where, f"key of {len(key)} digits is not a number migd reads") from None
     return _read(tp, key, where)
+
+
+def _short(key: str) -> str:
+    """A key as an error's field path shows it: its start, when long (a hand-edited key of 5,000 digits
+    would otherwise be the whole line)."""
+    return key if len(key) <= 40 else f"{key[:37]}..."
 
 
 def _pick(kinds: list[Any], data: Any, where: str) -> Any:

@@ -19,6 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from migd.apply.journal import Journal, JournalDoc
+from migd.apply.recovery import recover
+from migd.errors import ValidationError
 from migd.sim import world
 from migd.sim.state import StateStore
 from tests.helpers import MIGCTL, PROFILES, REPO, Migctl
@@ -191,6 +194,54 @@ def test_a_damaged_journal_is_a_located_error_and_is_kept(tmp_path: Path, text: 
     r = m("recover", "--discard", "--yes")
     assert r.code == 0 and not journal.exists() and list(m.state_dir.glob("journal.json.discarded-*"))
     assert m("apply", NIGHT).code == 0
+
+
+EDITS = {  # a hand edit of the last GPU's layout before the apply: what recovery would have restored
+    "a negative GI start": ("start", -5, "instances[0]: start -5 is not one for 1 of 8 slices (0 to 7)"),
+    "a GI start of 21 digits": ("start", 10**20, "instances[0]: start 100000000...(21 digits) is not one for 1 of 8"),
+    "a negative CI start": ("cis", [[0, -3]], "instances[0].cis[0]: start -3 is not one for 1 of 1 slices"),
+    "an unknown CI profile": ("cis", [[99, 0]], "instances[0].cis[0]: CI profile 99 is unknown in 1g.10gb"),
+}
+
+
+@pytest.mark.integration
+def test_a_hand_edited_layout_in_the_journal_is_refused_before_any_gpu_is_restored(tmp_path: Path) -> None:
+    """A negative start was "ValueError: negative shift count" (a huge one an OverflowError) in the planner, at
+    migd's start, recover and apply; an unknown CI profile was restored as the GI's default CI.  Each is one
+    line naming the file and field, and no GPU is restored before it (the edited one is the last)."""
+    m, store, before = _day(tmp_path, "dgx-a100")
+    world.crash_after_mutations(store, 20)
+    p = _spawn(m, "apply", NIGHT)
+    p.communicate(timeout=60)
+    crashed, journal = m.layout(), m.state_dir / "journal.json"
+    assert p.returncode == -9 and crashed != before
+    doc = json.loads(journal.read_text())
+    last = list(doc["gpus"])[-1]
+    for case, (key, value, words) in EDITS.items():
+        edited = json.loads(json.dumps(doc))
+        edited["gpus"][last]["before"]["instances"][0][key] = value
+        journal.write_text(json.dumps(edited))
+        for args in (("recover",), ("apply", NIGHT)):
+            r = m(*args)
+            assert r.code == 2 and "Traceback" not in r.err and len(r.err.strip().splitlines()) == 1, (case, r.err)
+            assert f"{journal}: gpus.{last}.before: {words}" in r.err and "recover --discard" in r.err, (case, r.err)
+            assert m.layout() == crashed and json.loads(journal.read_text()) == edited, case
+    journal.write_text(json.dumps(doc))
+    assert m("recover").code == 0 and m.layout() == before
+
+
+def test_recover_names_the_journal_whatever_its_load_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ValueError that is no ValidationError (int()'s digit limit was one) was reported as "None: ..."."""
+    journal = Journal(tmp_path / "journal.json")
+    journal.path.write_text("{}")
+
+    def load() -> JournalDoc:
+        raise ValueError("odd")
+
+    monkeypatch.setattr(journal, "load", load)
+    with pytest.raises(ValidationError) as e:
+        recover(journal, None, None, None)  # type: ignore[arg-type]  (none is reached)
+    assert str(e.value).startswith(f"{journal.path}: odd; kept for the operator"), str(e.value)
 
 
 def test_statefile_symlinks_are_never_followed(tmp_path: Path) -> None:

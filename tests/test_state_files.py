@@ -9,6 +9,7 @@ and are written again byte for byte."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,10 +21,11 @@ from migd.apply.journal import JournalDoc, Step, left_behind
 from migd.apply.owners import Owners, OwnersDoc
 from migd.apply.statefile import load
 from migd.catalog.models import MODELS
+from migd.errors import ValidationError
 from migd.slurm.demandplan import History
 from migd.slurm.transition import load_state
 from migd.state.override import OverrideDoc, OverrideStore
-from migd.wire import to_json
+from migd.wire import WireError, from_json, to_json
 from tests.daemon_harness import MigdProcess
 from tests.helpers import PROFILES, Migctl
 
@@ -147,6 +149,117 @@ def test_a_misshapen_journal_is_reported_by_status_not_raised(tmp_path: Path, ca
     journal = m.state_dir / "journal.json"
     assert r.stdout.splitlines()[1].startswith(f"journal {journal} cannot be read ({journal}: {field}: "), r.stdout
     assert left_behind(m.state_dir / "journal.json")["error"]  # type: ignore[index]
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+HOSTILE = {  # JSON that json.loads and int() refuse with a RecursionError or a ValueError, not a JSONDecodeError
+    "nested 100,000 deep": (DEEP, "damaged: nested deeper than 32 levels"),
+    "nested 100 deep (json reads it)": ("[" * 100 + "]" * 100, "damaged: nested deeper than 32 levels"),
+    "a number of 5000 digits": ('{"pid": ' + "9" * 5000 + "}", "damaged: a number of more than 4300 digits"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_a_file_json_cannot_read_is_one_located_line(tmp_path: Path, name: str, case: str) -> None:
+    """Each was a traceback (RecursionError, ValueError) at migd's start and in migctl status."""
+    text, words = HOSTILE[case]
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValidationError) as e:
+        load(path, KINDS[name])
+    assert str(e.value) == f"{path}: {words}"
+
+
+def test_an_int_key_of_5000_digits_is_a_wire_error_with_its_start() -> None:
+    """``int()`` refuses more than 4300 digits with a ValueError: it was a traceback, and the field named the
+    whole key."""
+    with pytest.raises(WireError) as e:
+        from_json(OwnersDoc, {"schema": "migd.owners/v1", "gpus": {"GPU-x": {"9" * 5000: "a"}}})
+    assert str(e.value) == f"gpus.GPU-x.{'9' * 37}...: key of 5000 digits is not a number migd reads"
+
+
+@pytest.mark.integration
+def test_status_and_migd_over_files_json_cannot_read(tmp_path: Path) -> None:
+    """Owners nested 100,000 deep, a journal with a 5000-digit key, an override nested 100,000 deep: one line
+    each, ``status`` answers, migd starts (each was a traceback, migd's exit 1)."""
+    m = MigdProcess(tmp_path, fleet="single-a100")
+    try:
+        state = m.migctl.state_dir
+        assert m.migctl("apply", "--local", str(PROFILES / "day.yaml")).code == 0
+        journal = {"schema": "migd.journal/v1", "profile": "night", "pid": 1, "started": 0.0, "gpus": {"GPU-1": {
+            "status": "applying", "before": {"mig": False, "instances": []}, "owners_before": {"9" * 5000: "a"}}}}
+        (state / "journal.json").write_text(json.dumps(journal))
+        (state / "owners.json").write_text(DEEP)
+        (state / "override.json").write_text(DEEP)
+        r = _status(m.migctl)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+        assert f"owner labels ignored: {state / 'owners.json'}: damaged: nested deeper than 32 levels" in r.stderr
+        assert "key of 5000 digits is not a number migd reads" in r.stdout, r.stdout
+        m.start()
+        m.wait_ready()
+        log = m.log.read_text()
+        assert "Traceback" not in log and f"{state / 'override.json'}: damaged: nested deeper than 32" in log, log
+        assert "owners_before.99999" in log and "recover --discard" in log, log
+    finally:
+        m.close()
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+@pytest.mark.parametrize("kind", ["a directory", "a FIFO"])
+def test_a_file_that_is_not_a_regular_one_is_one_located_line(tmp_path: Path, name: str, kind: str) -> None:
+    """A directory was read as "[Errno 21] Is a directory: 6" (a descriptor, not the file); a FIFO blocked."""
+    path = tmp_path / name
+    path.mkdir() if kind == "a directory" else os.mkfifo(path)
+    with pytest.raises(ValidationError) as e:
+        load(path, KINDS[name])
+    assert str(e.value) == f"{path}: is {kind}, not a regular file"
+
+
+@pytest.mark.integration
+def test_state_files_that_are_directories_fall_back_as_damaged_ones(tmp_path: Path) -> None:
+    """owners.json, override.json and journal.json made directories: ``status`` answers (it stopped, "not applied:
+    6: Is a directory"), migd starts and sets the override aside, the journal is kept for ``recover --discard``,
+    and the next write of the labels sets their directory aside (no file can be renamed over one)."""
+    m = MigdProcess(tmp_path, fleet="single-a100")
+    try:
+        state = m.migctl.state_dir
+        assert m.migctl("apply", "--local", str(PROFILES / "day.yaml")).code == 0
+        (state / "owners.json").unlink()
+        for name in ("owners.json", "override.json", "journal.json"):
+            (state / name).mkdir()
+        r = _status(m.migctl)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+        assert f"owner labels ignored: {state / 'owners.json'}: is a directory, not a regular file" in r.stderr
+        assert f"({state / 'journal.json'}: is a directory, not a regular file)" in r.stdout, r.stdout
+        r = m.migctl.process("recover")
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "recover --discard" in r.stderr, r.stderr
+        m.start()
+        m.wait_ready()
+        log = m.log.read_text()
+        assert "Traceback" not in log and f"{state / 'override.json'}: is a directory, not a regular file; " \
+            f"set aside as {state / 'override.json'}.unreadable-" in log, log
+        m.stop()
+        assert m.migctl("recover", "--discard", "--yes").code == 0 and not (state / "journal.json").exists()
+        r = m.migctl.process("apply", "--local", str(PROFILES / "night.yaml"))
+        assert r.returncode == 0 and "set aside as" in r.stderr and (state / "owners.json").is_file(), r.stderr
+    finally:
+        m.close()
+
+
+@pytest.mark.parametrize(("pid", "shown"), [(0, "0"), (-1, "-1"), (10**30, "100000000...(31 digits)")])
+def test_a_journal_pid_no_process_has_is_refused_by_name(tmp_path: Path, pid: int, shown: str) -> None:
+    """0 and -1 name a process group (``os.kill`` succeeds: status said "an apply of night is in progress (pid
+    0)"); 10**30 overflowed ``os.kill`` (a traceback in status)."""
+    doc = json.loads((STATE / "journal.json").read_text())
+    doc["pid"] = pid
+    path = tmp_path / "journal.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValidationError) as e:
+        load(path, JournalDoc)
+    assert str(e.value) == f"{path}: pid: {shown} is not a process id (1 to 4194304)"
+    seen = left_behind(path)
+    assert seen is not None and seen["running"] is False and seen["error"] == str(e.value)
 
 
 @pytest.fixture

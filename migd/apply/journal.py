@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
-from migd.apply.statefile import atomic_write_json, load
+from migd.apply.statefile import atomic_write_json, load, set_aside
 from migd.catalog.models import GpuModel, Placement
 from migd.errors import ValidationError
 from migd.kinds import Word
@@ -23,6 +23,7 @@ from migd.plan.requests import DesiredInstance, DesiredLayout
 from migd.wire import OMIT_NONE
 
 SCHEMA = "migd.journal/v1"  # like mig-parted's api/checkpoint/v1: fields are only added within v1
+PID_MAX = 4_194_304  # the kernel's largest pid_max (PID_MAX_LIMIT, 2**22 on 64-bit)
 
 
 @dataclass(frozen=True)
@@ -52,17 +53,40 @@ class LayoutDoc:
             for d in layout.instances))
 
     def desired(self, model: GpuModel) -> DesiredLayout:
-        """The layout again, every instance pinned where it was; ValueError if a profile is not ``model``'s."""
-        out = []
-        for d in self.instances:
-            gi = model.profile_by_id(d.profile_id)
-            if gi is None:
-                raise ValueError(f"journal names GI profile {d.profile_id} unknown on {model.key}")
-            cis = tuple(gi.ci_by_id(pid) or gi.default_ci for pid, _ in d.cis)
-            out.append(DesiredInstance(gi=gi, cis=cis, owner=d.owner, placement=Placement(d.start, gi.memory_slices),
-                                       ci_placements=tuple(Placement(st, c.slices)
-                                                           for (_, st), c in zip(d.cis, cis, strict=True))))
-        return DesiredLayout(mig=self.mig, instances=tuple(out))
+        """The layout again, every instance pinned where it was; ValueError naming the field if a profile is
+        not ``model``'s or a start lies outside its slices (a hand edit: a negative start was a traceback in
+        the planner's bit masks, an unknown CI profile was quietly restored as the GI's default CI)."""
+        return DesiredLayout(mig=self.mig, instances=tuple(
+            _desired(d, model, f"instances[{i}]") for i, d in enumerate(self.instances)))
+
+
+def _desired(d: InstanceDoc, model: GpuModel, at: str) -> DesiredInstance:
+    """One recorded instance as it was, checked against ``model`` (``at``: where it is in the layout)."""
+    gi = model.profile_by_id(d.profile_id)
+    if gi is None:
+        raise ValueError(f"{at}.profile_id: GI profile {d.profile_id} is unknown on {model.key}")
+    _within(d.start, gi.memory_slices, model.memory_slices, at)
+    cis = []
+    for k, (pid, start) in enumerate(d.cis):
+        ci = gi.ci_by_id(pid)
+        if ci is None:
+            raise ValueError(f"{at}.cis[{k}]: CI profile {pid} is unknown in {gi.name} on {model.key}")
+        _within(start, ci.slices, gi.slices, f"{at}.cis[{k}]")
+        cis.append(ci)
+    return DesiredInstance(gi=gi, cis=tuple(cis), owner=d.owner, placement=Placement(d.start, gi.memory_slices),
+                           ci_placements=tuple(Placement(st, c.slices) for (_, st), c in zip(d.cis, cis, strict=True)))
+
+
+def _within(start: int, size: int, slices: int, at: str) -> None:
+    """A span of ``size`` slices at ``start`` inside ``slices``; a ValueError naming ``at`` if not."""
+    if not 0 <= start <= slices - size:
+        raise ValueError(f"{at}: start {_shown(start)} is not one for {size} of {slices} slices (0 to {slices - size})")
+
+
+def _shown(n: int) -> str:
+    """A number as an error shows it: its start and length, when long (a hand edit's 4000 digits are no line)."""
+    text = str(n)
+    return text if len(text) <= 12 else f"{text[:9]}...({len(text)} digits)"
 
 
 def _start(placement: Placement | None) -> int:
@@ -111,6 +135,12 @@ class JournalDoc:
     pid: int | None = None
     started: float | None = None
     gpus: dict[str, GpuEntry]
+
+    def __post_init__(self) -> None:
+        """A pid that is no process's: 0 or -1 signal a process group (status called such an apply in
+        progress), a huge one overflowed ``os.kill`` (a traceback in status)."""
+        if self.pid is not None and not 1 <= self.pid <= PID_MAX:
+            raise ValueError(f"pid: {_shown(self.pid)} is not a process id (1 to {PID_MAX})")
 
     def unfinished(self) -> dict[str, GpuEntry]:
         """The GPUs (by UUID) that may be half-way: neither done nor rolled back."""
@@ -175,8 +205,7 @@ class Journal:
 
     def discard(self) -> Path:
         """An operator checked the GPUs by hand: the journal is set aside (renamed, not deleted)."""
-        kept = self.path.with_name(f"{self.path.name}.discarded-{int(time.time())}")
-        os.replace(self.path, kept)
+        kept = set_aside(self.path, "discarded")
         self.doc = None
         return kept
 

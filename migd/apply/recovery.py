@@ -14,7 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
-from migd.apply.journal import Journal, Step
+from migd.apply.journal import GpuEntry, Journal, Step
 from migd.apply.result import GpuResult, GpuStatus
 from migd.errors import ValidationError
 from migd.hardware.inventory import survey
@@ -49,19 +49,19 @@ def recover(journal: Journal, backend: GpuReader, rollback: Rollback, forward: F
     file and field)."""
     if not journal.exists():
         return []
-    doc = _located(journal.load)
+    doc = _located(journal.load, journal.path)
     pending = doc.unfinished()
     if not pending:  # every GPU reached its old or new layout before the process ended
         log.info("the journal of an apply of %r by pid %s names no unfinished GPU: removed", doc.profile, doc.pid)
         journal.finish()
         return []
+    inventory = survey(backend)
+    by_uuid = {g.uuid: g for g in inventory.gpus}
+    befores = _befores(journal.path, pending, by_uuid)
     log.warning("found an unfinished apply of %r by pid %s: restoring %d GPU(s) to their previous layout",
                 doc.profile, doc.pid, len(pending))
-    inventory = survey(backend)
-    gpus = inventory.gpus
     for u in inventory.unreadable:
         log.error("GPU %d cannot be read (%s): if the journal names it, its entry is kept", u.index, u.error)
-    by_uuid = {g.uuid: g for g in gpus}
     results = []
     for uuid, entry in pending.items():
         gpu = by_uuid.get(uuid)
@@ -73,9 +73,19 @@ def recover(journal: Journal, backend: GpuReader, rollback: Rollback, forward: F
         if entry.status is Step.RELABELING:
             results.append(forward(gpu, dict(entry.owners_after or {})))
             continue
-        before = _located(partial(entry.before.desired, gpu.model), journal.path, f"gpus.{uuid}.before")
-        results.append(rollback(gpu, before, dict(entry.owners_before), "recovered after an interrupted apply",
+        results.append(rollback(gpu, befores[uuid], dict(entry.owners_before), "recovered after an interrupted apply",
                                 time.monotonic()))
     if all(r.status in (GpuStatus.ROLLED_BACK, GpuStatus.APPLIED) for r in results):
         journal.finish()
     return results
+
+
+def _befores(path: Path, pending: dict[str, GpuEntry], by_uuid: dict[str, GpuInfo]) -> dict[str, DesiredLayout]:
+    """The layout to restore on each GPU present, every one checked against its model before the first GPU is
+    changed: a hand-edited entry is one ValidationError with nothing changed, not some GPUs restored first."""
+    out = {}
+    for uuid, entry in pending.items():
+        gpu = by_uuid.get(uuid)
+        if gpu is not None and gpu.model is not None and entry.status is not Step.RELABELING:
+            out[uuid] = _located(partial(entry.before.desired, gpu.model), path, f"gpus.{uuid}.before")
+    return out

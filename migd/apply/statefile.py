@@ -4,8 +4,10 @@ located error when damaged.
 A write goes to a fresh temp file (``mkstemp``: O_EXCL, so a planted name is never opened),
 is fsync'd, renamed over the target (``rename`` replaces a symlink, it does not follow it) and
 the directory fsync'd (the journal's per-GPU outcomes skip the last: see Journal.update).  A
-read refuses a symlink (O_NOFOLLOW) and says which file and field is wrong instead of a
-traceback.
+read refuses a symlink (O_NOFOLLOW), anything but a regular file, and JSON nested deeper than
+MAX_DEPTH or holding a number Python will not convert, and says which file and field is wrong
+instead of a traceback.  A directory in a file's place is set aside (:func:`set_aside`): no file
+can be renamed over it.
 
 Each file is a wire type (``migd.wire``), written as ``to_json`` makes it (:func:`atomic_write_json`)
 and read back through ``from_json`` (:func:`load`), which checks every field against its type: a hand
@@ -20,7 +22,10 @@ import contextlib
 import errno
 import json
 import os
+import stat
+import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,6 +33,7 @@ from migd.errors import ValidationError
 from migd.wire import WireError, from_json, to_json
 
 T = TypeVar("T")
+MAX_DEPTH = 32  # nesting of arrays and objects (the deepest file, slurm.json, nests 8), as the control socket
 
 
 def atomic_write_json(path: Path, doc: Any, mode: int = 0o600, *, sync_dir: bool = True) -> None:
@@ -63,23 +69,78 @@ def atomic_write_text(path: Path, text: str, mode: int = 0o600, *, sync_dir: boo
         os.close(dfd)
 
 
+def set_aside(path: Path, why: str) -> Path:
+    """``path`` renamed ``<name>.<why>-<unix time>`` beside it: kept for the operator, out of migd's way (a
+    directory where a state file belongs: ``rename`` puts no file over one, ``unlink`` removes none)."""
+    kept = path.with_name(f"{path.name}.{why}-{int(time.time())}")
+    os.replace(path, kept)
+    return kept
+
+
 def read_json(path: Path) -> Any:
-    """The parsed file; FileNotFoundError if absent, ValidationError if a symlink or not JSON."""
+    """The parsed file; FileNotFoundError if absent, ValidationError if a symlink, not a regular file or
+    not JSON migd reads (see :func:`parse`).  A directory read named a descriptor number, not the file
+    ("[Errno 21] Is a directory: 6"), and stopped status; a FIFO blocks an open without O_NONBLOCK."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise ValidationError(str(path), None, None, "", "is a symbolic link; migd never follows one in its "
                                   "state dir (someone planted it?)") from None
         raise
+    kind = _kind(os.fstat(fd).st_mode)
+    if kind:
+        os.close(fd)
+        raise ValidationError(str(path), None, None, "", f"is {kind}, not a regular file")
     with os.fdopen(fd, encoding="utf-8", errors="replace") as f:
         text = f.read()
     if not text.strip():
         raise ValidationError(str(path), None, None, "", "is empty (a crash while it was first written?)")
+    return parse(path, text)
+
+
+def _kind(mode: int) -> str:
+    """What a file that is not a regular one is, in words ("" for a regular file)."""
+    if stat.S_ISREG(mode):
+        return ""
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+    return next((words for test, words in kinds if test(mode)), "a device")
+
+
+def parse(path: Path, text: str) -> Any:
+    """``text`` as JSON, nested at most MAX_DEPTH deep, or a ValidationError naming ``path``: json's own
+    recursion (a file nested 100,000 deep) and Python's limit on an integer's digits raise, not a
+    JSONDecodeError, and a traceback at start-up is a restart loop under systemd."""
     try:
-        return json.loads(text)
+        data = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValidationError(str(path), e.lineno, e.colno, "", f"damaged, not JSON: {e.msg}") from None
+    except RecursionError:
+        raise _too_deep(path) from None
+    except ValueError:  # (not a JSONDecodeError: the only other is an integer of too many digits to convert)
+        raise ValidationError(str(path), None, None, "",
+                              f"damaged: a number of more than {sys.get_int_max_str_digits()} digits") from None
+    if _depth(data) > MAX_DEPTH:
+        raise _too_deep(path)
+    return data
+
+
+def _too_deep(path: Path) -> ValidationError:
+    return ValidationError(str(path), None, None, "", f"damaged: nested deeper than {MAX_DEPTH} levels")
+
+
+def _depth(doc: Any) -> int:
+    """How deep ``doc``'s arrays and objects nest, MAX_DEPTH + 1 at most (no recursion: the limit is
+    what it guards)."""
+    deepest, todo = 0, [(doc, 1)]
+    while todo:
+        value, level = todo.pop()
+        if isinstance(value, (dict, list)):
+            deepest = max(deepest, level)
+            if level > MAX_DEPTH:
+                break
+            todo.extend((v, level + 1) for v in (value.values() if isinstance(value, dict) else value))
+    return deepest
 
 
 def load(path: Path, cls: type[T]) -> T:

@@ -8,7 +8,6 @@ daemon`` and the metrics; ``migctl resume`` without a running migd drops the fil
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from dataclasses import dataclass
 from datetime import datetime
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from migd.api.daemon import HeldView
-from migd.apply.statefile import atomic_write_json, load
+from migd.apply.statefile import atomic_write_json, load, set_aside
 from migd.errors import ValidationError
 from migd.profiles.loader import load_profile
 from migd.profiles.model import Profile
@@ -94,9 +93,16 @@ class OverrideStore:
         atomic_write_json(self.path, OverrideDoc(profile=p.name, source=p.source, until=until,
                                                  since=UtcTime.of(ov.since), config=p.config, text=p.text))
 
-    def clear(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
+    def clear(self) -> Path | None:
+        """The kept apply gone; a directory in its place (which ``unlink`` refuses and no save could replace)
+        is set aside instead, and its new name returned."""
+        try:
             self.path.unlink()
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError:
+            return set_aside(self.path, "unreadable")
+        return None
 
     def load(self) -> Override | None:
         """The kept override; a damaged one is reported, removed and ignored (the schedule holds)."""
@@ -107,8 +113,9 @@ class OverrideStore:
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError, ValidationError) as e:
-            log.error("ignoring the kept manual override %s, which cannot be read: %s", self.path, e)
-            self.clear()
+            aside = self.clear()
+            log.error("ignoring the kept manual override %s, which cannot be read: %s%s", self.path, e,
+                      f"; set aside as {aside}" if aside else "")
             return None
 
 
