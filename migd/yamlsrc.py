@@ -238,7 +238,7 @@ def read(path: str | Path, strict: bool = False, what: str = "file") -> str:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             os.close(fd)
-            raise ValidationError(str(path), None, None, "", f"cannot read file: it is {_kind(st.st_mode)}, "
+            raise ValidationError(str(path), None, None, "", f"cannot read file: it is {file_kind(st.st_mode)}, "
                                   "not a regular file")
         with open(fd, encoding="utf-8", closefd=True) as f:
             if strict:
@@ -261,7 +261,11 @@ def read_stream(name: str, stream: BinaryIO) -> str:
         raise ValidationError(name, None, None, "", f"cannot read: {e}") from e
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, in words ("" for a regular file): the one wording of
+    every reader that refuses one (a profile, a config, a state file)."""
+    if stat.S_ISREG(mode):
+        return ""
     for test, words in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
                         (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
         if test(mode):

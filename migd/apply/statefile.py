@@ -22,7 +22,6 @@ import contextlib
 import errno
 import json
 import os
-import stat
 import sys
 import tempfile
 import time
@@ -31,6 +30,7 @@ from typing import Any, TypeVar
 
 from migd.errors import ValidationError
 from migd.wire import WireError, from_json, to_json
+from migd.yamlsrc import file_kind
 
 T = TypeVar("T")
 MAX_DEPTH = 32  # nesting of arrays and objects (the deepest file, slurm.json, nests 8), as the control socket
@@ -88,7 +88,7 @@ def read_json(path: Path) -> Any:
             raise ValidationError(str(path), None, None, "", "is a symbolic link; migd never follows one in its "
                                   "state dir (someone planted it?)") from None
         raise
-    kind = _kind(os.fstat(fd).st_mode)
+    kind = file_kind(os.fstat(fd).st_mode)
     if kind:
         os.close(fd)
         raise ValidationError(str(path), None, None, "", f"is {kind}, not a regular file")
@@ -97,14 +97,6 @@ def read_json(path: Path) -> Any:
     if not text.strip():
         raise ValidationError(str(path), None, None, "", "is empty (a crash while it was first written?)")
     return parse(path, text)
-
-
-def _kind(mode: int) -> str:
-    """What a file that is not a regular one is, in words ("" for a regular file)."""
-    if stat.S_ISREG(mode):
-        return ""
-    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
-    return next((words for test, words in kinds if test(mode)), "a device")
 
 
 def parse(path: Path, text: str) -> Any:
