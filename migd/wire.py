@@ -31,6 +31,22 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 OMIT_NONE = {"omit_none": True}  # dataclasses.field(metadata=OMIT_NONE)
+MAX_DEPTH = 32  # nesting of the JSON arrays and objects migd reads, from a socket or a state file (its own
+# documents nest less than 10 deep; the deepest state file, slurm.json, 8)
+
+
+def depth(doc: Any) -> int:
+    """How deep ``doc``'s arrays and objects nest, MAX_DEPTH + 1 at most (no recursion: the limit is what
+    it guards)."""
+    deepest, todo = 0, [(doc, 1)]
+    while todo:
+        value, level = todo.pop()
+        if isinstance(value, (dict, list)):
+            deepest = max(deepest, level)
+            if level > MAX_DEPTH:
+                break
+            todo.extend((v, level + 1) for v in (value.values() if isinstance(value, dict) else value))
+    return deepest
 
 
 class WireError(ValueError):

@@ -20,12 +20,11 @@ from migd.apply.result import OnBusy
 from migd.errors import ValidationError
 from migd.isolation.audit import Finding
 from migd.kinds import Word
-from migd.wire import OMIT_NONE, from_json
+from migd.wire import MAX_DEPTH, OMIT_NONE, depth, from_json
 from migd.yamlsrc import MAX_DURATION_S
 
 MAX_REQUEST = 1 << 20  # bytes of one request line
 MAX_REPLY = 16 << 20  # bytes of one reply line (a 64-GPU node's status is well under 1 MiB)
-MAX_DEPTH = 32  # nesting of JSON arrays and objects, either way (migd's documents nest less than 10 deep)
 T = TypeVar("T")
 DAEMON_LOCK_TIMEOUT_S = 30.0  # how long migd's own applies wait for the apply lock (a migctl --local)
 
@@ -224,19 +223,6 @@ class BadJson(ValueError):
     """A line that is not JSON, nests deeper than MAX_DEPTH, or is not one JSON object."""
 
 
-def _depth(doc: Any) -> int:
-    """How deep ``doc``'s arrays and objects nest (without recursion: the limit is what it guards)."""
-    deepest, todo = 0, [(doc, 1)]
-    while todo:
-        value, level = todo.pop()
-        if isinstance(value, (dict, list)):
-            deepest = max(deepest, level)
-            if level > MAX_DEPTH:
-                break
-            todo.extend((v, level + 1) for v in (value.values() if isinstance(value, dict) else value))
-    return deepest
-
-
 def parse_object(line: bytes) -> dict[str, Any]:
     """One JSON object from a socket line, its nesting at most MAX_DEPTH; BadJson says what is wrong."""
     try:
@@ -247,6 +233,6 @@ def parse_object(line: bytes) -> dict[str, Any]:
         raise BadJson(f"not JSON ({e})") from None
     if not isinstance(doc, dict):
         raise BadJson(f"expected a JSON object, not {type(doc).__name__}")
-    if _depth(doc) > MAX_DEPTH:
+    if depth(doc) > MAX_DEPTH:
         raise BadJson(f"JSON nested deeper than {MAX_DEPTH}")
     return doc

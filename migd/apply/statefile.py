@@ -29,11 +29,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from migd.errors import ValidationError
-from migd.wire import WireError, from_json, to_json
+from migd.wire import MAX_DEPTH, WireError, depth, from_json, to_json
 from migd.yamlsrc import file_kind
 
 T = TypeVar("T")
-MAX_DEPTH = 32  # nesting of arrays and objects (the deepest file, slurm.json, nests 8), as the control socket
 
 
 def atomic_write_json(path: Path, doc: Any, mode: int = 0o600, *, sync_dir: bool = True) -> None:
@@ -112,27 +111,13 @@ def parse(path: Path, text: str) -> Any:
     except ValueError:  # (not a JSONDecodeError: the only other is an integer of too many digits to convert)
         raise ValidationError(str(path), None, None, "",
                               f"damaged: a number of more than {sys.get_int_max_str_digits()} digits") from None
-    if _depth(data) > MAX_DEPTH:
+    if depth(data) > MAX_DEPTH:
         raise _too_deep(path)
     return data
 
 
 def _too_deep(path: Path) -> ValidationError:
     return ValidationError(str(path), None, None, "", f"damaged: nested deeper than {MAX_DEPTH} levels")
-
-
-def _depth(doc: Any) -> int:
-    """How deep ``doc``'s arrays and objects nest, MAX_DEPTH + 1 at most (no recursion: the limit is
-    what it guards)."""
-    deepest, todo = 0, [(doc, 1)]
-    while todo:
-        value, level = todo.pop()
-        if isinstance(value, (dict, list)):
-            deepest = max(deepest, level)
-            if level > MAX_DEPTH:
-                break
-            todo.extend((v, level + 1) for v in (value.values() if isinstance(value, dict) else value))
-    return deepest
 
 
 def load(path: Path, cls: type[T]) -> T:
