@@ -96,6 +96,7 @@ DETAIL = ("JobId=7 JobState=RUNNING JOB_GRES=gpu:1g.10gb:2 Nodes={nodes} CPU_IDs
     ("gpu[01-03]", "gpu02", "gpu:1g.10gb:1(IDX:0)"),
     ("gpu[1-3]", "gpu4", ""),  # the job's GPUs are elsewhere: it holds none here
     ("gpu[a-c]", "gpu4", "gpu:1g.10gb:1(IDX:0),gpu:1g.10gb:2"),  # a hostlist not read here: never free
+    ("gpu[1-99999999]", "gpu4", "gpu:1g.10gb:1(IDX:0),gpu:1g.10gb:2"),  # nor one past any cluster (it filled memory)
 ])
 def test_what_a_job_holds_on_this_node(nodes: str, node: str, held: str) -> None:
     """scontrol show job -d's per-node detail, as ctl.allocated_gres reads it."""

@@ -89,6 +89,10 @@ _DETAIL = re.compile(r"\bNodes=(\S+) CPU_IDs=\S* Mem=\S*(?: GRES=(\S*))?")
 _HOST_NUMBER = re.compile(r"[0-9]{1,18}")  # ASCII digits: str.isdigit takes '²', which int refuses
 
 
+MAX_HOSTLIST = 1 << 20  # names in one hostlist migd expands from Slurm's output: past any cluster's size, so
+# that a list like n[1-99999999] (a misread line, a hand-made node range) cannot fill migd's memory
+
+
 def hostnames(expr: str, most: int | None = None) -> set[str] | None:
     """A hostlist (``gpu1``, ``gpu[1-3,5]``, ``a1,b[2-3]``) as names; None if it is a form not read here.
     ``most``: a list naming more nodes is a ValueError, counted before any name is made (``n[1-99999999]``
@@ -111,6 +115,15 @@ def hostnames(expr: str, most: int | None = None) -> set[str] | None:
     return names
 
 
+def bounded_hostnames(expr: str) -> set[str] | None:
+    """:func:`hostnames` of Slurm's output, None (not read here: its callers then assume the worst) for a
+    list naming more than MAX_HOSTLIST nodes."""
+    try:
+        return hostnames(expr, most=MAX_HOSTLIST)
+    except ValueError:
+        return None
+
+
 def allocated_gres(detail: str, node: str) -> str:
     """The GRES ``scontrol show job -d -o`` says the job holds on ``node`` (its per-node detail:
     ``Nodes=gpu1 CPU_IDs=0 Mem=0 GRES=gpu:1g.10gb:1(IDX:0)``), however it asked (``--gres``,
@@ -118,7 +131,7 @@ def allocated_gres(detail: str, node: str) -> str:
     hostlist not read here counts as holding the job's GRES anywhere (``JOB_GRES``): never assume free."""
     held, unread = [], False
     for nodes, gres in _DETAIL.findall(detail):
-        names = hostnames(nodes)
+        names = bounded_hostnames(nodes)
         unread = unread or names is None
         if names is None or node in names:
             held.append(gres)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from migd.demand.inputs import Pending, Running
-from migd.slurm.ctl import allocated_gres, fields, hostnames
+from migd.slurm.ctl import allocated_gres, bounded_hostnames, fields
 
 _TRES = re.compile(r"gres[:/]gpu:([^:=,\s]+)[:=](\d+)")
 _ALLOC = re.compile(r"gpu:([^:(,\s]+):(\d+)")
@@ -96,4 +96,4 @@ def _nodes_of(line: str) -> list[str]:
 
 
 def _expand(expr: str) -> list[str]:
-    return sorted(hostnames(expr) or {expr})
+    return sorted(bounded_hostnames(expr) or {expr})
