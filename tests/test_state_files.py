@@ -293,3 +293,19 @@ def test_migd_starts_over_a_hand_edited_override(migd: MigdProcess, until: objec
     assert "Traceback" not in log
     assert f"ignoring the kept manual override {path}, which cannot be read: {path}: {field}: " in log, log
     assert OverrideStore(path).load() is None
+
+
+def test_a_kept_override_whose_profile_text_is_bad_says_it_is_the_kept_copy(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The line and column are the kept text's: said as the original path, the operator looked at a file
+    that may well be fine."""
+    doc = json.loads((STATE / "override.json").read_text())
+    doc["text"] = doc["text"].replace("{profile: 7g, owner: training}", "{profile: 7g, count: 99, owner: training}")
+    kept = tmp_path / "override.json"
+    kept.write_text(json.dumps(doc))
+    with caplog.at_level("ERROR"):
+        assert OverrideStore(kept).load() is None
+    said = f"ignoring the kept manual override {kept}, which cannot be read: the copy of {doc['source']} it keeps " \
+           f"(its text) is not a valid profile: {doc['source']}:"
+    assert [r.message for r in caplog.records if r.message.startswith(said)], [r.message for r in caplog.records]
+    assert not kept.exists()  # (removed: the schedule holds)

@@ -108,15 +108,23 @@ class OverrideStore:
         """The kept override; a damaged one is reported, removed and ignored (the schedule holds)."""
         try:
             doc = load(self.path, OverrideDoc)
-            profile = load_profile(doc.source, doc.config, text=doc.text)
-            return Override(profile, doc.until.time if doc.until else None, doc.since.time)
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError, ValidationError) as e:
-            aside = self.clear()
-            log.error("ignoring the kept manual override %s, which cannot be read: %s%s", self.path, e,
-                      f"; set aside as {aside}" if aside else "")
+            self._ignored(e)
             return None
+        try:
+            profile = load_profile(doc.source, doc.config, text=doc.text)
+        except (OSError, ValueError, KeyError, TypeError, ValidationError) as e:  # (its line and column are
+            # the kept text's, not the file's as it may read now)
+            self._ignored(f"the copy of {doc.source} it keeps (its text) is not a valid profile: {e}")
+            return None
+        return Override(profile, doc.until.time if doc.until else None, doc.since.time)
+
+    def _ignored(self, why: object) -> None:
+        aside = self.clear()
+        log.error("ignoring the kept manual override %s, which cannot be read: %s%s", self.path, why,
+                  f"; set aside as {aside}" if aside else "")
 
 
 def supersede(store: OverrideStore, kept: Override, profile: Profile, now: datetime) -> Override:
