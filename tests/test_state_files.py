@@ -309,3 +309,17 @@ def test_a_kept_override_whose_profile_text_is_bad_says_it_is_the_kept_copy(
            f"(its text) is not a valid profile: {doc['source']}:"
     assert [r.message for r in caplog.records if r.message.startswith(said)], [r.message for r in caplog.records]
     assert not kept.exists()  # (removed: the schedule holds)
+
+
+@pytest.mark.parametrize("name", ["slurm.json", "demand.json", "owners.json"])
+def test_every_state_files_write_sets_a_directory_in_its_place_aside(tmp_path: Path, name: str,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """No rename puts a file over a directory: the labels' write set one aside, slurm.json's write (in the
+    middle of a Slurm switch) failed with IsADirectoryError.  Every write does it now, and says so."""
+    from migd.apply.statefile import atomic_write_json
+    (tmp_path / name).mkdir()
+    with caplog.at_level("ERROR"):
+        atomic_write_json(tmp_path / name, {"a": 1})
+    assert json.loads((tmp_path / name).read_text()) == {"a": 1}
+    (aside,) = [p for p in tmp_path.iterdir() if p.name.startswith(f"{name}.unreadable-")]
+    assert aside.is_dir() and any(f"set aside as {aside}" in r.message for r in caplog.records), caplog.records

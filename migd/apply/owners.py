@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from migd.apply.statefile import atomic_write_json, fit, read_json, set_aside
+from migd.apply.statefile import atomic_write_json, fit, read_json
 from migd.errors import ValidationError
 
 SCHEMA = "migd.owners/v1"
@@ -53,8 +53,4 @@ class Owners:
             return  # nothing to write (an fsync'd write per GPU per apply adds up)
         data[uuid] = owners
         doc = OwnersDoc({u: m for u, m in data.items() if m})
-        try:
-            atomic_write_json(self.path, doc, mode=0o644)
-        except IsADirectoryError:  # (its labels were dropped when read: the next write replaces it, as any damage)
-            log.error("owner labels: %s is a directory: set aside as %s", self.path, set_aside(self.path, "unreadable"))
-            atomic_write_json(self.path, doc, mode=0o644)
+        atomic_write_json(self.path, doc, mode=0o644)  # (a directory in its place is set aside there)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -33,6 +34,7 @@ from migd.wire import MAX_DEPTH, WireError, depth, from_json, to_json
 from migd.yamlsrc import file_kind
 
 T = TypeVar("T")
+log = logging.getLogger("migd")
 
 
 def atomic_write_json(path: Path, doc: Any, mode: int = 0o600, *, sync_dir: bool = True) -> None:
@@ -54,7 +56,7 @@ def atomic_write_text(path: Path, text: str, mode: int = 0o600, *, sync_dir: boo
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        _replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -66,6 +68,16 @@ def atomic_write_text(path: Path, text: str, mode: int = 0o600, *, sync_dir: boo
         os.fsync(dfd)
     finally:
         os.close(dfd)
+
+
+def _replace(tmp: str, path: Path) -> None:
+    """``tmp`` renamed over ``path``; a directory in its place (no rename puts a file over one) is set
+    aside first and said: every state file's write, in one place, so none stops an apply."""
+    try:
+        os.replace(tmp, path)
+    except IsADirectoryError:
+        log.error("%s is a directory, where migd keeps a file: set aside as %s", path, set_aside(path, "unreadable"))
+        os.replace(tmp, path)
 
 
 def set_aside(path: Path, why: str) -> Path:
