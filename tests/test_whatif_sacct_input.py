@@ -118,14 +118,27 @@ PENDING = {"Start": "Unknown", "End": "Unknown", "AllocTRES": "", "State": "PEND
     ({"Submit": "2027-11-29T03:00:01", **PENDING}, "Submit: 2027-11-29T03:00:01: the record would span 366 days"),
     ({"End": "2126-11-28T04:00:00", "Timelimit": "UNLIMITED"}, "End: 2126-11-28T04:00:00: a run of 36524 days, "
      "longer than a what-if replays (366 days)"),
-    ({"Timelimit": "99999999-00:00:00", **PENDING}, "Timelimit: 99999999-00:00:00: a run of 99999999 days"),
-    ({"End": "Unknown", "Timelimit": "367-00:00:00", "State": "RUNNING"}, "Timelimit: 367-00:00:00: a run of 367 days"),
 ])
 def test_a_what_if_replays_at_most_a_year(tmp_path: Path, config: Path, fields: dict[str, str], said: str,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     """A record's first time to its last, and a job's run time (or the limit a job not ended is replayed
     to), are at most 366 days: longer would replay for years, or millennia, before printing anything."""
     refused(tmp_path, config, row(**fields), capsys, said)
+
+
+@pytest.mark.parametrize("fields, why", [
+    ({"Timelimit": "99999999-00:00:00", **PENDING}, "a time limit past 366 days"),
+    ({"End": "Unknown", "Timelimit": "367-00:00:00", "State": "RUNNING"}, "a time limit past 366 days"),
+    ({"Submit": "1990-01-01T00:00:00", **PENDING, "Timelimit": "UNLIMITED"}, "still pending with no time limit")])
+def test_a_job_not_replayed_neither_stops_nor_stretches_the_record(tmp_path: Path, fields: dict[str, str], why: str
+                                                                   ) -> None:
+    """A limit past what a what-if replays (a partition's MaxTime may allow one) is skipped and counted, as no
+    limit at all is; and a held job submitted long ago, which ``sacct -S`` lists however old, stretches
+    nothing: each refused the whole record."""
+    path = tmp_path / "jobs.sacct"
+    path.write_text(f"{HEADER}\n{GOOD}\n{row(**fields)}\n")
+    record = read_sacct(path)
+    assert record.skipped == {why: 1} and len(record.trace.jobs) == 1, record.skipped
 
 
 def test_a_year_of_record_is_read(tmp_path: Path) -> None:

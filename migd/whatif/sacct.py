@@ -34,8 +34,10 @@ Timelimit, and AllocTRES or ReqTRES; Account, Partition, JobID, NNodes and NodeL
 - The replay runs from the first replayed submission to the record's last time, and on for an hour
   or the longest run time, whichever is longer, so a job submitted at the end of the record can
   start; a job that has not started by then waited until then (figures.py: censored, never dropped).
-  It replays at most ``MAX_DAYS`` (jobs.py: why): the record's first time to its last, and a job's run
-  time; a row that goes past either is its located error.
+  It replays at most ``MAX_DAYS`` (jobs.py: why) from the first time of a job it replays to the last,
+  and a measured run time of at most as long; a row that goes past either is its located error.  A job
+  whose time limit (replayed as its run) is longer is skipped and counted, as one with no limit is, and
+  a job skipped stretches nothing (``sacct -S`` lists a held job however long ago it came).
 
 A line that cannot be read is one ``SacctError``: ``file:line: field: what``.
 """
@@ -103,10 +105,10 @@ def _record(source: str, rows: Sequence[Row], partition: str | None) -> Record:
         nodes |= named
         if len(nodes) > MAX_NODES:
             raise row.error("NodeList", f"the record names more than {MAX_NODES} nodes, the most a what-if replays")
-        first, last = _span(row, job, first, last)
-        if job.why_not is not None:
-            skipped[job.why_not] += 1
+        if job.why_not is not None:  # (before the span: a job not replayed stretches nothing, a held one
+            skipped[job.why_not] += 1  # submitted long ago included, which ``sacct -S`` lists whenever it came)
             continue
+        first, last = _span(row, job, first, last)
         read.append((job.submit, job))
     if not read or last is None:
         said = "; ".join(f"{n} {why}" for why, n in sorted(skipped.items())) or "no job lines"
@@ -192,10 +194,12 @@ def _job(row: Row) -> _Job:
         run = (end - start).total_seconds() if end is not None else limit
         if run < 0:
             raise row.error("End", f"{row.get('End')} is before Start {row.get('Start')}")
-    if why is None and run > MAX_DAYS * DAY:  # a run time, or a limit replayed as one
-        field = "End" if start is not None and end is not None else "Timelimit"
-        raise row.error(field, f"{row.get(field)}: a run of {run / DAY:.0f} days, longer than a what-if replays "
-                        f"({MAX_DAYS} days)")
+    if why is None and run > MAX_DAYS * DAY:
+        if start is None or end is None:  # a limit replayed as the run (a partition's MaxTime may allow it):
+            why = f"a time limit past {MAX_DAYS} days"  # skipped, as one with no limit is
+        else:
+            raise row.error("End", f"{row.get('End')}: a run of {run / DAY:.0f} days, longer than a what-if "
+                            f"replays ({MAX_DAYS} days)")
     return _Job(row.get("Account") or "-", row.get("Partition") or "-", submit, start, end, max(1.0, run), limit,
                 asked, nodes, why)
 
