@@ -23,6 +23,8 @@ BAD = [
     (("migd.ctl.migctl", "apply", "--busy-timeout", "5x", str(PROFILES / "day.yaml")), "--busy-timeout"),
     (("migd.ctl.migctl", "apply", "--lock-timeout", "nan", str(PROFILES / "day.yaml")), "--lock-timeout"),
     (("migd.ctl.migctl", "apply", "--lock-timeout", "-3", str(PROFILES / "day.yaml")), "--lock-timeout"),
+    (("migd.ctl.migctl", "apply", "--lock-timeout", "1e9", str(PROFILES / "day.yaml")), "--lock-timeout"),  # (migd
+    (("migd.ctl.migctl", "apply", "--busy-timeout", "9000h", str(PROFILES / "day.yaml")), "--busy-timeout"),  # refuses)
     (("migd.ctl.migctl", "validate", "--gpus", "0", str(PROFILES / "day.yaml")), "--gpus"),
     (("migd.ctl.migctl", "validate", "--gpus", "eight", str(PROFILES / "day.yaml")), "--gpus"),
 ]

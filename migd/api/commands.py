@@ -71,7 +71,7 @@ class ManualApply:
         for name in ("busy_timeout_s", "lock_timeout_s"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= MAX_DURATION_S:
-                raise ValueError(f"{name} {value!r}: must be seconds from 0 to a year ({MAX_DURATION_S:g})")
+                raise ValueError(f"{name} {value!r}: must be seconds from 0 to {MAX_DURATION_S:.0f} (a year)")
 
 
 @dataclass(frozen=True)
