@@ -58,6 +58,19 @@ def status_socket(control: Path) -> Path:
     return control.parent.parent / f"{control.parent.name}-view" / "status.sock"
 
 
+MAX_SOCKET_PATH = 107  # sun_path is 108 bytes, the last its NUL (unix(7))
+
+
+def socket_too_long(control: Path) -> str | None:
+    """Why migd could not bind ``control`` or the read-only socket beside it (:func:`status_socket`), if a
+    path is too long for a Unix socket's address; None if both fit."""
+    view = status_socket(control)
+    for p, which in ((control, ""), (view, f"the read-only socket beside it, {view}, ")):
+        if len(os.fsencode(p)) > MAX_SOCKET_PATH:
+            return f"{which}is {len(os.fsencode(p))} bytes; a Unix socket's path is at most {MAX_SOCKET_PATH} (unix(7))"
+    return None
+
+
 def listening(path: Path) -> bool:
     """Whether a daemon answers on ``path`` (a socket file nobody listens on is stale)."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -121,3 +121,18 @@ def test_a_control_socket_path_too_long_for_a_socket_is_refused_at_check(tmp_pat
                            capture_output=True, text=True, timeout=60)
     assert check.returncode == 2 and check.stderr.startswith(f"{cfg}:4:") and "control_socket" in check.stderr, check
     assert "a Unix socket's path is at most 107" in check.stderr and check.stderr.count("\n") == 1, check
+
+
+def test_a_socket_path_too_long_beside_a_sim_state_is_said_at_start(tmp_path: Path) -> None:
+    """The control socket beside a deep --sim-state (or given by --control-socket) is checked as the
+    config's is: it stopped the start with ``not starting: : AF_UNIX path too long``."""
+    deep = tmp_path / ("d" * (120 - len(str(tmp_path))))
+    deep.mkdir()
+    cfg = tmp_path / "migd.yaml"
+    cfg.write_text(f'profiles_dir: {PROFILES}\nschedule:\n  - {{profile: day, at: "08:30"}}\n')
+    r = subprocess.run([sys.executable, "-m", "migd.daemon.main", "--sim", "dgx-h100", "--sim-state",
+                        str(deep / "sim.json"), "--config", str(cfg), "--metrics-listen", "127.0.0.1:0"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r
+    assert f"not starting: {deep / 'sim.json.d' / 'control.sock'}: is " in r.stderr, r.stderr
+    assert "a Unix socket's path is at most 107 (unix(7))" in r.stderr, r.stderr

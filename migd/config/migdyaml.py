@@ -7,7 +7,6 @@ so a bad edit followed by SIGHUP leaves the daemon running on the old one.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -19,17 +18,16 @@ from migd.apply.result import OnBusy
 from migd.config.schedule import Entry, Schedule, ScheduleError
 from migd.errors import ValidationError
 from migd.kinds import Word
-from migd.paths import status_socket
+from migd.paths import socket_too_long
 from migd.printable import code, unprintable
 from migd.profiles.loader import load_profile, mig_parted_configs
 from migd.profiles.model import Profile
 from migd.profiles.validate import check_profile
 from migd.slurm.slurmconf import SlurmSettings, parse_slurm
 from migd.trust import check_path
-from migd.yamlsrc import Node, excerpt, load, parse_host_port
+from migd.yamlsrc import Node, load, parse_host_port
 
 log = logging.getLogger("migd")
-MAX_SOCKET_PATH = 107  # sun_path is 108 bytes, the last its NUL (unix(7))
 KEYS = ["timezone", "profiles_dir", "schedule", "on_busy", "busy_timeout", "reconcile_interval", "reconcile",
         "metrics", "hooks", "control_socket", "state_dir", "strict_permissions", "sample_interval", "slurm", "access"]
 
@@ -178,13 +176,11 @@ def load_config(path: str | Path, text: str | None = None) -> Config:
 
 
 def _socket(n: Node) -> str:
-    """The control socket's path, and the read-only one's beside it (``paths.status_socket``): each must fit
-    a Unix socket address (``sun_path``, 108 bytes with its NUL, unix(7)), or migd refuses to start."""
+    """The control socket's path: it, and the read-only one beside it, must fit a Unix socket's address."""
     path = n.arg()
-    for p in (Path(path), status_socket(Path(path))):
-        if len(os.fsencode(p)) > MAX_SOCKET_PATH:
-            raise n.error(f"{excerpt(str(p))} is {len(os.fsencode(p))} bytes; a Unix socket's path is at most "
-                          f"{MAX_SOCKET_PATH} (unix(7))")
+    why = socket_too_long(Path(path))
+    if why is not None:
+        raise n.error(why)
     return path
 
 

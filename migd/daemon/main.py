@@ -37,7 +37,7 @@ from migd.hardware.types import HardwareError
 from migd.isolation.events import EventCounters
 from migd.isolation.watch import FaultWatch
 from migd.metrics.sampler import NvmlErrorCounter, Sampler
-from migd.paths import DEFAULT_CONFIG, DEFAULT_SOCKET
+from migd.paths import DEFAULT_CONFIG, DEFAULT_SOCKET, socket_too_long
 from migd.plan.planner import build_tables
 from migd.printable import LineFormatter
 from migd.report import journal_doc
@@ -115,6 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             _start_fresh(args, state, state_dir, socket_path)
         ensure_private_dir(state_dir, "state dir")
         ensure_private_dir(socket_path.parent, "control socket's directory")
+        if (why := socket_too_long(socket_path)) is not None:  # (--control-socket, or beside a --sim-state)
+            raise ValidationError(str(socket_path), None, None, "", why)
         claim(socket_path)
         hup = threading.Event()  # SIGHUP while waiting for the driver: reloaded once the daemon runs
         backend = _open(args, cfg, partial(_backend, args, state, errors), hup)
