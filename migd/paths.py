@@ -58,17 +58,15 @@ def status_socket(control: Path) -> Path:
     return control.parent.parent / f"{control.parent.name}-view" / "status.sock"
 
 
-MAX_SOCKET_PATH = 107  # sun_path is 108 bytes, the last its NUL (unix(7))
+MAX_SOCKET_PATH = 107  # sun_path is 108 bytes, the last its NUL (unix(7); Python refuses a 108-byte path)
 
 
-def socket_too_long(control: Path) -> str | None:
-    """Why migd could not bind ``control`` or the read-only socket beside it (:func:`status_socket`), if a
-    path is too long for a Unix socket's address; None if both fit."""
-    view = status_socket(control)
-    for p, which in ((control, ""), (view, f"the read-only socket beside it, {view}, ")):
-        if len(os.fsencode(p)) > MAX_SOCKET_PATH:
-            return f"{which}is {len(os.fsencode(p))} bytes; a Unix socket's path is at most {MAX_SOCKET_PATH} (unix(7))"
-    return None
+def socket_too_long(path: Path) -> str | None:
+    """Why ``path`` cannot be bound as a Unix socket, if it is too long for the address; None if it fits.
+    (The control socket's stops migd's start; the read-only one's beside it costs that socket only.)"""
+    size = len(os.fsencode(path))
+    return f"is {size} bytes; a Unix socket's path is at most {MAX_SOCKET_PATH} (unix(7))" \
+        if size > MAX_SOCKET_PATH else None
 
 
 def listening(path: Path) -> bool:

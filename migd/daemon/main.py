@@ -245,6 +245,8 @@ def _viewer(path: Path, handlers: Handlers) -> ControlServer | None:
         if not os.path.isdir(path.parent) or os.path.islink(path.parent) or st.st_uid != os.geteuid() \
                 or st.st_mode & 0o022:
             raise OSError(f"{path.parent} must be a directory of this user that others cannot write")
+        if (why := socket_too_long(path)) is not None:
+            raise OSError(f"{path}: {why}")
         viewer = ControlServer(path, handlers, mode=0o666, read_only=True)
     except OSError as e:
         log.error("no read-only socket for ordinary users (migctl status/daemon as non-root): %s", e)
