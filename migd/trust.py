@@ -62,3 +62,15 @@ def ensure_private_dir(path: Path, what: str) -> None:
         raise ValidationError(str(path), None, None, "", f"{what} is open to group or others (mode "
                               f"{stat.S_IMODE(st.st_mode):04o}): others could read the journal or plant files "
                               "there; fix with chmod 0700")
+
+
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, in words ("" for a regular file): the one wording of
+    every reader that refuses one (a profile, a config, a state file)."""
+    if stat.S_ISREG(mode):
+        return ""
+    for test, words in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return words
+    return "not a file"

@@ -20,7 +20,7 @@ import yaml
 
 from migd.errors import ValidationError
 from migd.printable import code, unprintable
-from migd.trust import refuse_untrusted
+from migd.trust import file_kind, refuse_untrusted
 
 _TOKEN = re.compile(r"[A-Za-z0-9+=_-]{20,}")  # a long unbroken run: a key, a token, a password hash
 _HEXISH = re.compile(r"^(?:(?:GPU|MIG)-)?[0-9a-fA-F-]+$")  # a (GPU or MIG) UUID, a PCI id: shown
@@ -259,18 +259,6 @@ def read_stream(name: str, stream: BinaryIO) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ValidationError(name, None, None, "", f"cannot read: {e}") from e
-
-
-def file_kind(mode: int) -> str:
-    """What a file that is not a regular one is, in words ("" for a regular file): the one wording of
-    every reader that refuses one (a profile, a config, a state file)."""
-    if stat.S_ISREG(mode):
-        return ""
-    for test, words in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return words
-    return "not a file"
 
 
 # libyaml's parser when PyYAML was built with it (5-7x faster on a large file; same nodes and marks)

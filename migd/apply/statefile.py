@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from migd.errors import ValidationError
+from migd.trust import file_kind
 from migd.wire import MAX_DEPTH, WireError, depth, from_json, to_json
-from migd.yamlsrc import file_kind
 
 T = TypeVar("T")
 log = logging.getLogger("migd")
