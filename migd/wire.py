@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
+import sys
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -47,6 +49,34 @@ def depth(doc: Any) -> int:
                 break
             todo.extend((v, level + 1) for v in (value.values() if isinstance(value, dict) else value))
     return deepest
+
+
+class JsonError(ValueError):
+    """Text that :func:`loads` does not take: ``what`` says why in words each reader puts in its own
+    message; for text that is not JSON, ``line`` and ``column`` where, and json's ``reason``."""
+
+    def __init__(self, what: str, line: int | None = None, column: int | None = None, reason: str = "") -> None:
+        super().__init__(what)
+        self.what, self.line, self.column, self.reason = what, line, column, reason
+
+
+def loads(text: str | bytes) -> Any:
+    """JSON as migd reads it from a socket line or a state file, nested at most MAX_DEPTH deep: json's
+    own recursion (text nested 100,000 deep) and Python's limit on an integer's digits raise, not a
+    JSONDecodeError, and either was a traceback."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise JsonError(f"not JSON ({e})", e.lineno, e.colno, e.msg) from None
+    except RecursionError:
+        raise JsonError(f"nested deeper than {MAX_DEPTH} levels") from None
+    except UnicodeDecodeError as e:
+        raise JsonError(f"not JSON ({e})") from None
+    except ValueError:  # (the only other: an integer of too many digits to convert)
+        raise JsonError(f"a number of more than {sys.get_int_max_str_digits()} digits") from None
+    if depth(doc) > MAX_DEPTH:
+        raise JsonError(f"nested deeper than {MAX_DEPTH} levels")
+    return doc
 
 
 class WireError(ValueError):

@@ -8,7 +8,6 @@ takes a newer migctl's request).  The limits bound what either end reads.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -20,7 +19,7 @@ from migd.apply.result import OnBusy
 from migd.errors import ValidationError
 from migd.isolation.audit import Finding
 from migd.kinds import Word
-from migd.wire import MAX_DEPTH, OMIT_NONE, depth, from_json
+from migd.wire import OMIT_NONE, JsonError, from_json, loads
 from migd.yamlsrc import MAX_DURATION_S
 
 MAX_REQUEST = 1 << 20  # bytes of one request line
@@ -226,13 +225,9 @@ class BadJson(ValueError):
 def parse_object(line: bytes) -> dict[str, Any]:
     """One JSON object from a socket line, its nesting at most MAX_DEPTH; BadJson says what is wrong."""
     try:
-        doc = json.loads(line)
-    except RecursionError:
-        raise BadJson(f"JSON nested deeper than {MAX_DEPTH}") from None
-    except (ValueError, UnicodeDecodeError) as e:  # (json's JSONDecodeError is a ValueError)
-        raise BadJson(f"not JSON ({e})") from None
+        doc = loads(line)
+    except JsonError as e:
+        raise BadJson(e.what if e.what.startswith("not JSON") else f"JSON {e.what}") from None
     if not isinstance(doc, dict):
         raise BadJson(f"expected a JSON object, not {type(doc).__name__}")
-    if depth(doc) > MAX_DEPTH:
-        raise BadJson(f"JSON nested deeper than {MAX_DEPTH}")
     return doc

@@ -23,7 +23,6 @@ import errno
 import json
 import logging
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ from typing import Any, TypeVar
 
 from migd.errors import ValidationError
 from migd.trust import file_kind
-from migd.wire import MAX_DEPTH, WireError, depth, from_json, to_json
+from migd.wire import JsonError, WireError, from_json, loads, to_json
 
 T = TypeVar("T")
 log = logging.getLogger("migd")
@@ -115,21 +114,10 @@ def parse(path: Path, text: str) -> Any:
     recursion (a file nested 100,000 deep) and Python's limit on an integer's digits raise, not a
     JSONDecodeError, and a traceback at start-up is a restart loop under systemd."""
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValidationError(str(path), e.lineno, e.colno, "", f"damaged, not JSON: {e.msg}") from None
-    except RecursionError:
-        raise _too_deep(path) from None
-    except ValueError:  # (not a JSONDecodeError: the only other is an integer of too many digits to convert)
-        raise ValidationError(str(path), None, None, "",
-                              f"damaged: a number of more than {sys.get_int_max_str_digits()} digits") from None
-    if depth(data) > MAX_DEPTH:
-        raise _too_deep(path)
-    return data
-
-
-def _too_deep(path: Path) -> ValidationError:
-    return ValidationError(str(path), None, None, "", f"damaged: nested deeper than {MAX_DEPTH} levels")
+        return loads(text)
+    except JsonError as e:
+        why = f"damaged, not JSON: {e.reason}" if e.line else f"damaged: {e.what}"
+        raise ValidationError(str(path), e.line, e.column, "", why) from None
 
 
 def load(path: Path, cls: type[T]) -> T:
