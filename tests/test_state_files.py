@@ -247,7 +247,8 @@ def test_state_files_that_are_directories_fall_back_as_damaged_ones(tmp_path: Pa
         m.close()
 
 
-@pytest.mark.parametrize(("pid", "shown"), [(0, "0"), (-1, "-1"), (10**30, "100000000...(31 digits)")])
+@pytest.mark.parametrize(("pid", "shown"), [(0, "0"), (-1, "-1"), (2**22, "4194304"),
+                                            (10**30, "100000000...(31 digits)")])
 def test_a_journal_pid_no_process_has_is_refused_by_name(tmp_path: Path, pid: int, shown: str) -> None:
     """0 and -1 name a process group (``os.kill`` succeeds: status said "an apply of night is in progress (pid
     0)"); 10**30 overflowed ``os.kill`` (a traceback in status)."""
@@ -257,7 +258,7 @@ def test_a_journal_pid_no_process_has_is_refused_by_name(tmp_path: Path, pid: in
     path.write_text(json.dumps(doc))
     with pytest.raises(ValidationError) as e:
         load(path, JournalDoc)
-    assert str(e.value) == f"{path}: pid: {shown} is not a process id (1 to 4194304)"
+    assert str(e.value) == f"{path}: pid: {shown} is not a process id (1 to 4194303)"
     seen = left_behind(path)
     assert seen is not None and seen["running"] is False and seen["error"] == str(e.value)
 

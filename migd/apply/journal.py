@@ -23,7 +23,7 @@ from migd.plan.requests import DesiredInstance, DesiredLayout
 from migd.wire import OMIT_NONE
 
 SCHEMA = "migd.journal/v1"  # like mig-parted's api/checkpoint/v1: fields are only added within v1
-PID_MAX = 4_194_304  # the kernel's largest pid_max (PID_MAX_LIMIT, 2**22 on 64-bit)
+PID_MAX = 4_194_303  # the highest pid: pids are below pid_max, whose largest is PID_MAX_LIMIT, 2**22 on 64-bit
 
 
 @dataclass(frozen=True)
