@@ -7,6 +7,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 
 from migd.api.daemon import SimClock
+from migd.isolation.xids import utc_iso
 
 
 class Clock:
@@ -38,4 +39,4 @@ class Clock:
 def iso_on(clock: SimClock) -> Callable[[float], str]:
     """A Unix time in UTC, ISO 8601, as ``clock`` reads it: the form migd's words give a time in (a fault
     mark's, say), on its own clock."""
-    return lambda epoch: clock.of(epoch).astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return lambda epoch: utc_iso(clock.of(epoch).timestamp())
