@@ -74,3 +74,19 @@ def file_kind(mode: int) -> str:
         if test(mode):
             return words
     return "not a file"
+
+
+def open_regular(path: str | Path, flags: int = 0, lead: str = "") -> tuple[int, os.stat_result]:
+    """``path`` opened for reading (``flags`` added: O_NOFOLLOW, say), and its status, if it is a regular
+    file: anything else is refused before a byte is read (a FIFO would block the reader, ``/dev/zero``
+    never end, a directory be named by a descriptor number), as ``{lead}is a FIFO, not a regular file``."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | flags)
+    try:
+        st = os.fstat(fd)
+        kind = file_kind(st.st_mode)
+        if kind:
+            raise ValidationError(str(path), None, None, "", f"{lead}is {kind}, not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st

@@ -51,13 +51,22 @@ def depth(doc: Any) -> int:
     return deepest
 
 
-class JsonError(ValueError):
-    """Text that :func:`loads` does not take: ``what`` says why in words each reader puts in its own
-    message; for text that is not JSON, ``line`` and ``column`` where, and json's ``reason``."""
+class JsonFault(enum.Enum):
+    """Why :func:`loads` refused text: each reader words it in its own message."""
 
-    def __init__(self, what: str, line: int | None = None, column: int | None = None, reason: str = "") -> None:
+    NOT_JSON = "not JSON"
+    TOO_DEEP = "too deep"
+    LONG_NUMBER = "a number too long"
+
+
+class JsonError(ValueError):
+    """Text that :func:`loads` does not take: ``fault`` why, ``what`` in words; for text that is not JSON,
+    ``line`` and ``column`` where (None when json names no place), and json's ``reason``."""
+
+    def __init__(self, fault: JsonFault, what: str, line: int | None = None, column: int | None = None,
+                 reason: str = "") -> None:
         super().__init__(what)
-        self.what, self.line, self.column, self.reason = what, line, column, reason
+        self.fault, self.what, self.line, self.column, self.reason = fault, what, line, column, reason
 
 
 def loads(text: str | bytes) -> Any:
@@ -67,15 +76,15 @@ def loads(text: str | bytes) -> Any:
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
-        raise JsonError(f"not JSON ({e})", e.lineno, e.colno, e.msg) from None
+        raise JsonError(JsonFault.NOT_JSON, f"not JSON ({e})", e.lineno, e.colno, e.msg) from None
     except RecursionError:
-        raise JsonError(f"nested deeper than {MAX_DEPTH} levels") from None
+        raise JsonError(JsonFault.TOO_DEEP, f"nested deeper than {MAX_DEPTH} levels") from None
     except UnicodeDecodeError as e:
-        raise JsonError(f"not JSON ({e})") from None
+        raise JsonError(JsonFault.NOT_JSON, f"not JSON ({e})", reason=str(e)) from None
     except ValueError:  # (the only other: an integer of too many digits to convert)
-        raise JsonError(f"a number of more than {sys.get_int_max_str_digits()} digits") from None
+        raise JsonError(JsonFault.LONG_NUMBER, f"a number of more than {sys.get_int_max_str_digits()} digits") from None
     if depth(doc) > MAX_DEPTH:
-        raise JsonError(f"nested deeper than {MAX_DEPTH} levels")
+        raise JsonError(JsonFault.TOO_DEEP, f"nested deeper than {MAX_DEPTH} levels")
     return doc
 
 

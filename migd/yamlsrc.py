@@ -8,9 +8,7 @@ must be a positive integer`` and list the allowed values.
 from __future__ import annotations
 
 import builtins
-import os
 import re
-import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +18,7 @@ import yaml
 
 from migd.errors import ValidationError
 from migd.printable import code, unprintable
-from migd.trust import file_kind, refuse_untrusted
+from migd.trust import open_regular, refuse_untrusted
 
 _TOKEN = re.compile(r"[A-Za-z0-9+=_-]{20,}")  # a long unbroken run: a key, a token, a password hash
 _HEXISH = re.compile(r"^(?:(?:GPU|MIG)-)?[0-9a-fA-F-]+$")  # a (GPU or MIG) UUID, a PCI id: shown
@@ -234,12 +232,7 @@ def read(path: str | Path, strict: bool = False, what: str = "file") -> str:
     Only a regular file: a FIFO or a device (``/dev/zero``) named as a profile, or left in the profiles
     directory, would block the reader or never end, so it is refused before a byte is read."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            os.close(fd)
-            raise ValidationError(str(path), None, None, "", f"cannot read file: it is {file_kind(st.st_mode)}, "
-                                  "not a regular file")
+        fd, st = open_regular(path, lead="cannot read file: it ")
         with open(fd, encoding="utf-8", closefd=True) as f:
             if strict:
                 refuse_untrusted(str(path), st, what)

@@ -19,7 +19,7 @@ from migd.apply.result import OnBusy
 from migd.errors import ValidationError
 from migd.isolation.audit import Finding
 from migd.kinds import Word
-from migd.wire import OMIT_NONE, JsonError, from_json, loads
+from migd.wire import OMIT_NONE, JsonError, JsonFault, from_json, loads
 from migd.yamlsrc import MAX_DURATION_S
 
 MAX_REQUEST = 1 << 20  # bytes of one request line
@@ -227,7 +227,7 @@ def parse_object(line: bytes) -> dict[str, Any]:
     try:
         doc = loads(line)
     except JsonError as e:
-        raise BadJson(e.what if e.what.startswith("not JSON") else f"JSON {e.what}") from None
+        raise BadJson(e.what if e.fault is JsonFault.NOT_JSON else f"JSON {e.what}") from None
     if not isinstance(doc, dict):
         raise BadJson(f"expected a JSON object, not {type(doc).__name__}")
     return doc

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from migd.errors import ValidationError
-from migd.trust import file_kind
-from migd.wire import JsonError, WireError, from_json, loads, to_json
+from migd.trust import open_regular
+from migd.wire import JsonError, JsonFault, WireError, from_json, loads, to_json
 
 T = TypeVar("T")
 log = logging.getLogger("migd")
@@ -92,16 +92,12 @@ def read_json(path: Path) -> Any:
     not JSON migd reads (see :func:`parse`).  A directory read named a descriptor number, not the file
     ("[Errno 21] Is a directory: 6"), and stopped status; a FIFO blocks an open without O_NONBLOCK."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd, _ = open_regular(path, os.O_NOFOLLOW)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise ValidationError(str(path), None, None, "", "is a symbolic link; migd never follows one in its "
                                   "state dir (someone planted it?)") from None
         raise
-    kind = file_kind(os.fstat(fd).st_mode)
-    if kind:
-        os.close(fd)
-        raise ValidationError(str(path), None, None, "", f"is {kind}, not a regular file")
     with os.fdopen(fd, encoding="utf-8", errors="replace") as f:
         text = f.read()
     if not text.strip():
@@ -116,7 +112,7 @@ def parse(path: Path, text: str) -> Any:
     try:
         return loads(text)
     except JsonError as e:
-        why = f"damaged, not JSON: {e.reason}" if e.line else f"damaged: {e.what}"
+        why = f"damaged, not JSON: {e.reason}" if e.fault is JsonFault.NOT_JSON else f"damaged: {e.what}"
         raise ValidationError(str(path), e.line, e.column, "", why) from None
 
 
