@@ -9,7 +9,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, NoReturn, TypeVar
 
-from migd.yamlsrc import MAX_DURATION_S, parse_duration, parse_host_port
+from migd.yamlsrc import SECONDS_RANGE, parse_duration, parse_host_port, within_a_year
 
 T = TypeVar("T")
 
@@ -50,8 +50,8 @@ def _number(text: str, minimum: float, strict: bool) -> float:
 
 def _seconds(text: str) -> float:
     value = _number(text, 0.0, strict=False)
-    if value > MAX_DURATION_S:
-        raise ValueError(f"must be seconds from 0 to {MAX_DURATION_S:.0f} (a year), not {text[:40]!r}")
+    if not within_a_year(value):
+        raise ValueError(f"must be {SECONDS_RANGE}, not {text[:40]!r}")
     return value
 
 
@@ -92,7 +92,7 @@ def _listen(text: str) -> str:
 
 # Every option value is parsed into its type where it is read: one line and exit 2, never a traceback.
 duration = _typed(_duration)  # 90, 30s, 5m, 1h30m -> seconds; never negative
-seconds = _typed(lambda text: _seconds(text))  # finite, 0 to a year (what migd takes on its socket)
+seconds = _typed(_seconds)  # finite, 0 to a year (what migd takes on its socket)
 positive = _typed(lambda text: _number(text, 0.0, strict=True))  # finite, > 0
 count = _typed(_count)  # 1, 2, ...
 iso_time = _typed(_iso)

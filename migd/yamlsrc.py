@@ -200,6 +200,12 @@ class Node:
 _DURATION = re.compile(r"^(?:([0-9]{1,12})h)?(?:([0-9]{1,12})m)?(?:([0-9]{1,12}(?:\.[0-9]{1,9})?)s?)?$", re.ASCII)
 MAX_DURATION_S = 366 * 24 * 3600.0  # a year: no interval, timeout or window migd takes is longer, and a
 # time that far past now still fits every clock and timer it is added to (time_t, threading's timeouts)
+SECONDS_RANGE = f"seconds from 0 to {MAX_DURATION_S:.0f} (a year)"
+
+
+def within_a_year(seconds: float) -> bool:
+    """The range of every duration migd takes, from a file, an option or its socket (NaN is not in it)."""
+    return 0 <= seconds <= MAX_DURATION_S
 
 
 def parse_duration(value: str, where: Node | None = None) -> float:
@@ -211,7 +217,7 @@ def parse_duration(value: str, where: Node | None = None) -> float:
     else:
         h, mi, s = m.groups()
         seconds = int(h or 0) * 3600 + int(mi or 0) * 60 + float(s or 0)
-        if seconds <= MAX_DURATION_S:
+        if within_a_year(seconds):
             return seconds
         msg = f"{excerpt(value)} is longer than a year (at most {MAX_DURATION_S / 3600:g}h)"
     if where is not None:

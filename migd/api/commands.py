@@ -20,7 +20,7 @@ from migd.errors import ValidationError
 from migd.isolation.audit import Finding
 from migd.kinds import Word
 from migd.wire import OMIT_NONE, JsonError, JsonFault, from_json, loads
-from migd.yamlsrc import MAX_DURATION_S
+from migd.yamlsrc import SECONDS_RANGE, within_a_year
 
 MAX_REQUEST = 1 << 20  # bytes of one request line
 MAX_REPLY = 16 << 20  # bytes of one reply line (a 64-GPU node's status is well under 1 MiB)
@@ -69,8 +69,8 @@ class ManualApply:
         migctl) made a manual apply wait for ever, holding the apply lock, while saying "up to nans"."""
         for name in ("busy_timeout_s", "lock_timeout_s"):
             value = getattr(self, name)
-            if value is not None and not 0 <= value <= MAX_DURATION_S:
-                raise ValueError(f"{name} {value!r}: must be seconds from 0 to {MAX_DURATION_S:.0f} (a year)")
+            if value is not None and not within_a_year(value):
+                raise ValueError(f"{name} {value!r}: must be {SECONDS_RANGE}")
 
 
 @dataclass(frozen=True)
