@@ -165,8 +165,8 @@ def choose(retries: Retries, status: Status, plans: list[GpuPlan], owners: Mappi
     # A GPU waiting for busy instances is migd's own change under way, not drift, in report mode too: it
     # is looked at again (and switched once they end), never said or left as drifted.  So is one a fault
     # mark holds where it is (and, once the mark is cleared, its change to the profile).
-    waiting = {g.uuid for g in status.with_progress(Progress.WAITING, Progress.FAULTED).values()}
-    ours = {p.gpu.uuid for p in free if retries.failure(p)} | waiting | set(status.unhealthy.snapshot())
+    held_back = {g.uuid for g in status.with_progress(Progress.WAITING, Progress.FAULTED).values()}
+    ours = {p.gpu.uuid for p in free if retries.failure(p)} | held_back | set(status.unhealthy.snapshot())
     drift = [p for p in free if p.changes and p.gpu.uuid not in ours]
     if not correct:
         log_drift(profile, drift, "reconcile: report, not corrected")
