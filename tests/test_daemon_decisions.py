@@ -180,6 +180,23 @@ def test_a_faulted_gpu_left_as_it_is_is_not_drift_nor_another_apply_each_pass(
     assert not [r for r in caplog.records if "drift" in r.message], [r.message for r in caplog.records]
 
 
+def test_a_transition_a_reconcile_pass_finds_first_is_a_transition_not_drift(
+        daemon: Daemon, caplog: pytest.LogCaptureFixture) -> None:
+    """19:00 has passed and the reconcile timer wakes migd before the schedule's own trigger does (a fast
+    clock, a busy machine): the new profile's change is the schedule's, said and counted as a transition,
+    not logged as drift being corrected."""
+    daemon.clock = Clock(datetime.fromisoformat("2026-11-23T12:00:00+09:00"))
+    daemon.reconcile("start")
+    assert daemon.status.applied_profile == "day"
+    daemon.clock = Clock(NIGHT)
+    with caplog.at_level("INFO", logger="migd"):
+        daemon.reconcile("reconcile")
+    said = [r.message for r in caplog.records]
+    assert daemon.status.applied_profile == "night" and not [m for m in said if "drift" in m], said
+    assert daemon.status.last_apply is not None and daemon.status.last_apply.trigger == "transition"
+    assert any(m.startswith("applied profile night (transition)") for m in said), said
+
+
 def test_a_lost_gpu_does_not_hold_back_the_others(daemon: Daemon) -> None:
     """NVML answers GPU_IS_LOST for one GPU: the other seven switch, status says which is lost."""
     from migd.sim import world

@@ -145,6 +145,8 @@ class Daemon:
             self.retries.failures = {}  # (nothing is applied: no GPU waits for a retry)
             return
         if self.status.desired_profile != profile.name:
+            if reason == "reconcile":  # the schedule moved on before its own trigger woke migd: its change
+                reason = "transition"  # is a transition (applied in report mode too), never drift corrected
             log.info("profile %s is now active (%s)", profile.name, reason)
         self.status.desired_profile = profile.name
         correct = reason != "reconcile" or self.config.reconcile is ReconcileMode.CORRECT
