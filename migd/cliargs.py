@@ -9,6 +9,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, NoReturn, TypeVar
 
+from migd.numeral import whole
 from migd.yamlsrc import SECONDS_RANGE, parse_duration, parse_host_port, within_a_year
 
 T = TypeVar("T")
@@ -56,10 +57,10 @@ def _seconds(text: str) -> float:
 
 
 def _count(text: str) -> int:
-    """ASCII digits, and few: str.isdigit takes '²', which int refuses, and int refuses 4,300 digits."""
-    if re.fullmatch(r"[0-9]{1,18}", text.strip()) is None or int(text) < 1:
+    number = whole(text.strip())
+    if number is None or number < 1:
         raise ValueError(f"must be a whole number above 0, not {text[:40]!r}")
-    return int(text)
+    return number
 
 
 def count_upto(most: int, why: str) -> Callable[[str], int]:

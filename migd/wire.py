@@ -31,6 +31,8 @@ from collections.abc import Callable, Mapping
 from functools import cache
 from typing import Any, TypeVar
 
+from migd.numeral import whole
+
 T = TypeVar("T")
 OMIT_NONE = {"omit_none": True}  # dataclasses.field(metadata=OMIT_NONE)
 MAX_DEPTH = 32  # nesting of the JSON arrays and objects migd reads, from a socket or a state file (its own
@@ -216,12 +218,12 @@ def _sequence(origin: Any, args: tuple[Any, ...], data: Any, where: str) -> tupl
 def _key(tp: Any, key: str, where: str) -> Any:
     """A mapping's key: text, or an ``int`` written in decimal digits (what :func:`to_json` writes)."""
     if tp is int:
-        if not (key.isascii() and key.isdigit()):
-            raise WireError(where, f"key {_short(key)!r} is not a number")
-        try:
-            return int(key)
-        except ValueError:  # more digits than sys.get_int_max_str_digits(): raised, not a WireError, it was a traceback
-            raise WireError(where, f"key of {len(key)} digits is not a number migd reads") from None
+        number = whole(key)
+        if number is not None:
+            return number
+        if key.isascii() and key.isdigit():  # more digits than migd reads (int refuses 4,300 and more)
+            raise WireError(where, f"key of {len(key)} digits is not a number migd reads")
+        raise WireError(where, f"key {_short(key)!r} is not a number")
     return _read(tp, key, where)
 
 

@@ -17,6 +17,7 @@ from typing import Any, BinaryIO, cast
 import yaml
 
 from migd.errors import ValidationError
+from migd.numeral import whole
 from migd.printable import code, unprintable
 from migd.trust import open_regular, refuse_untrusted
 
@@ -228,9 +229,10 @@ def parse_duration(value: str, where: Node | None = None) -> float:
 def parse_host_port(value: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:9835`` for IPv6) as the metrics listener takes it; ValueError otherwise."""
     host, _, port = value.rpartition(":")
-    if not host or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ValueError(f"{value!r} is not HOST:PORT (e.g. 127.0.0.1:9835)")
-    return host.strip("[]"), int(port)
+    number = whole(port, 5)
+    if not host or number is None or number > 65535:
+        raise ValueError(f"{excerpt(value)} is not HOST:PORT (e.g. 127.0.0.1:9835)")
+    return host.strip("[]"), number
 
 
 def read(path: str | Path, strict: bool = False, what: str = "file") -> str:

@@ -149,6 +149,14 @@ def _cfg(tmp_path: Path, body: str) -> Path:
     ("schedule:\n  - {profile: day, at: '08:30'}\nhooks:\n  apply-start:\n    - {command: [rm, -rf]}\n",
      "absolute path", 5),
     ("schedule: []\n", "at least one", 1),
+    # str.isdigit takes '²' and int refuses it: each was a traceback from `migd --check`
+    ("schedule:\n  - {profile: day, at: '08:30', days: '²'}\n", "'²' is not a weekday", 2),
+    ("schedule:\n  - {profile: day, at: '08:30', days: 'mon-²'}\n", "'²' is not a weekday", 2),
+    ("schedule:\n  - {profile: day, at: '08:30', days: '*/²'}\n", "bad step in weekday field", 2),
+    ("schedule:\n  - {profile: day, cron: '0 8 * * ²'}\n", "is not a cron expression: ASCII", 2),
+    ("schedule:\n  - {profile: day, cron: '0 ٨ * * *'}\n", "is not a cron expression: ASCII", 2),
+    ("schedule:\n  - {profile: day, at: '٠:٣٠'}\n", "not a time of day", 2),
+    ("schedule:\n  - {profile: day, at: '08:30'}\nmetrics: {listen: '127.0.0.1:98²'}\n", "is not HOST:PORT", 3),
 ])
 def test_config_errors_are_located(tmp_path: Path, body: str, needle: str, line: int) -> None:
     with pytest.raises(ValidationError) as e:

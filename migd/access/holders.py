@@ -24,6 +24,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
+from migd.numeral import whole
+
 
 @dataclass(frozen=True)
 class Holder:
@@ -51,7 +53,7 @@ def holders(devices: Collection[int], proc: Path = Path("/proc")) -> dict[int, t
         return {}
     me = os.getpid()
     for entry in os.scandir(proc):
-        if not entry.name.isdigit() or int(entry.name) == me:
+        if whole(entry.name, 7) in (None, me):
             continue
         for rdev in _held(entry.path, want):
             who = _credentials(entry.path, int(entry.name))

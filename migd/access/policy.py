@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from migd.hardware.caps import CapsPaths
 from migd.kinds import Word
+from migd.numeral import whole
 
 ROOT_ONLY = 0o400
 GRANTED = 0o440
@@ -49,19 +50,21 @@ MAX_ID = 2**32 - 2  # uid_t and gid_t are 32 bits; (uid_t)-1 means "leave as it 
 
 def gid_of(group: str) -> int:
     """A group's id (a number is taken as the id itself); KeyError when there is no such group."""
-    return _number(group) if group.isascii() and group.isdecimal() else grp.getgrnam(group).gr_gid
+    number = whole(group, 10)
+    return grp.getgrnam(group).gr_gid if number is None else _id(number, group)
 
 
 def uid_of(user: str) -> int:
     """A user's id (a number is taken as the id itself); KeyError when there is no such user."""
-    return _number(user) if user.isascii() and user.isdecimal() else pwd.getpwnam(user).pw_uid
+    number = whole(user, 10)
+    return pwd.getpwnam(user).pw_uid if number is None else _id(number, user)
 
 
-def _number(text: str) -> int:
+def _id(number: int, text: str) -> int:
     """An id given as a number: one past 32 bits names nobody (chown would overflow), as no name does."""
-    if len(text) > 10 or int(text) > MAX_ID:
+    if number > MAX_ID:
         raise KeyError(text)
-    return int(text)
+    return number
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,14 @@ from zoneinfo import ZoneInfo
 
 from apscheduler.triggers.cron import CronTrigger
 
+from migd.numeral import whole
+from migd.yamlsrc import excerpt
+
 UTC = timezone.utc
 DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
-_HHMM = re.compile(r"^([01]?\d|2[0-3]):([0-5]\d)$")
+_HHMM = re.compile(r"^([01]?[0-9]|2[0-3]):([0-5][0-9])$", re.ASCII)
 SCAN_DAYS = 400  # enough for any yearly cron expression
+MAX_CRON = 200  # characters; APScheduler reads digits as int does, '٨' as 8, so a cron line is ASCII
 
 
 class ScheduleError(ValueError):
@@ -35,8 +39,9 @@ def _day_number(token: str) -> int:
     t = token.strip().lower()[:3]
     if t in DAY_NAMES:
         return DAY_NAMES.index(t)
-    if t.isdigit() and 0 <= int(t) <= 7:
-        return int(t) % 7  # cron: 0 and 7 are Sunday
+    number = whole(t, 1)
+    if number is not None and number <= 7:
+        return number % 7  # cron: 0 and 7 are Sunday
     raise ScheduleError(f"{token!r} is not a weekday (use mon..sun, or cron numbers 0-7 with 0/7 = Sunday)")
 
 
@@ -50,9 +55,9 @@ def normalize_days(spec: str) -> str:
         step = 1
         if "/" in part:
             part, s = part.split("/", 1)
-            if not s.isdigit() or int(s) < 1:
+            step = whole(s, 1) or 0
+            if step < 1:
                 raise ScheduleError(f"bad step in weekday field {spec!r}")
-            step = int(s)
         if part in ("*", ""):
             lo, hi = 0, 6
         elif "-" in part:
@@ -106,6 +111,8 @@ class Entry:
 
     @classmethod
     def cron(cls, profile: str, expr: str) -> Entry:
+        if not expr.isascii() or len(expr) > MAX_CRON:
+            raise ScheduleError(f"{excerpt(expr)} is not a cron expression: ASCII, at most {MAX_CRON} characters")
         parts = expr.split()
         if len(parts) != 5:
             raise ScheduleError(f"{expr!r}: a cron expression has 5 fields (minute hour day month weekday)")

@@ -39,6 +39,7 @@ from migd.ctl.remote import caps_root, out
 from migd.ctl.text import mine_table, status_table
 from migd.exits import Exit, partly
 from migd.hardware.caps import CapsPaths, caps_major, ci_cap, gi_cap, modprobe_fields, read_minors, uses_devfs
+from migd.numeral import is_whole
 from migd.printable import shown
 
 NV_MAJOR = 195  # nvidia-modprobe-utils.h NV_MAJOR_DEVICE_NUMBER: /dev/nvidia<N> is 195:N
@@ -321,7 +322,7 @@ class Driver:
         path = self.paths.gpu_information(pci_bus_id)
         for line in _read(path, Path.read_text).splitlines():
             key, _, value = line.partition(":")
-            if key.strip() == "Device Minor" and value.strip().isdigit():
+            if key.strip() == "Device Minor" and is_whole(value.strip(), 9):
                 return int(value)
         raise DriverUnreadable(path, "no Device Minor line")
 

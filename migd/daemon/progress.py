@@ -16,6 +16,7 @@ from migd.api.daemon import Progress
 from migd.apply.result import ApplyResult, GpuResult, GpuStatus
 from migd.daemon.retry import Failure
 from migd.hardware.inventory import Unreadable
+from migd.numeral import whole
 from migd.plan.planner import GpuPlan
 from migd.state.live import GpuProgress, Status
 
@@ -45,7 +46,7 @@ def _pids(plan: GpuPlan, result: GpuResult | None) -> tuple[int, ...]:
         return ()
     pids = {pid for o in plan.blocked for pid in o.busy_pids}
     for found in _BUSY.findall(result.error or ""):
-        pids.update(int(x) for x in found.split(",") if x.strip().isdigit())
+        pids.update(n for n in (whole(x.strip(), 7) for x in found.split(",")) if n is not None)
     return tuple(sorted(pids))
 
 

@@ -6,6 +6,7 @@ import os
 import socket
 import time
 
+from migd.numeral import whole
 from migd.printable import shown
 
 
@@ -16,8 +17,8 @@ class Notifier:
         self.address = address if address is not None else os.environ.get("NOTIFY_SOCKET")
         usec = os.environ.get("WATCHDOG_USEC")
         pid = os.environ.get("WATCHDOG_PID")
-        ok = usec is not None and usec.isdigit() and (pid is None or pid == str(os.getpid()))
-        self.watchdog_interval_s = int(usec) / 1e6 / 2 if ok and usec else None  # ping at half the timeout
+        timeout_us = whole(usec) if usec is not None and (pid is None or pid == str(os.getpid())) else None
+        self.watchdog_interval_s = timeout_us / 1e6 / 2 if timeout_us else None  # ping at half the timeout
 
     @property
     def enabled(self) -> bool:

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 
-_SLICES = re.compile(r"^(\d+)g\.")
+_SLICES = re.compile(r"^([0-9]{1,2})g\.", re.ASCII)
 
 
 @cache  # (the rule asks it millions of times a replay, of a handful of names)

@@ -27,7 +27,7 @@ from migd.plan.offline import fake_gpu
 from migd.profiles.model import GpuSection, Profile
 from migd.profiles.resolve import resolve_section
 
-_RUN = re.compile(r"^([\w.+-]+?)(?:\*(\d+))?$")
+_RUN = re.compile(r"^([\w.+-]+?)(?:\*([0-9]{1,3}))?$")
 SEP = "/"
 
 

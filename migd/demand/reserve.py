@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from migd.demand.inputs import Layout, Pending
+from migd.numeral import whole
 
 BF_MAX_JOB_TEST = 500  # slurm.conf(5) bf_max_job_test's default: jobs past it reserve nothing
 
@@ -86,7 +87,7 @@ def tested(pending: Iterable[Pending]) -> list[Pending]:
 
 def priority_order(p: Pending) -> tuple[int, float, tuple[str | int, ...]]:
     """The order Slurm's backfill tests pending jobs in (``Ahead.of``): the sort key."""
-    return -p.priority, -p.age_s, tuple(int(x) if x.isdigit() else x for x in re.split(r"(\d+)", p.job))
+    return -p.priority, -p.age_s, tuple(x if (n := whole(x)) is None else n for x in re.split(r"([0-9]+)", p.job))
 
 
 NONE = Ahead({}, {})  # no reservations weighed: the bench's plain model, where none are made

@@ -31,6 +31,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from migd.numeral import whole
+
 
 @dataclass(frozen=True)
 class CapsPaths:
@@ -100,8 +102,9 @@ def read_minors(path: Path) -> dict[str, int]:
     out = {}
     for line in path.read_text().splitlines():
         parts = line.split()
-        if len(parts) == 2 and parts[1].isdigit():
-            out[parts[0]] = int(parts[1])
+        minor = whole(parts[1], 9) if len(parts) == 2 else None
+        if minor is not None:
+            out[parts[0]] = minor
     return out
 
 
@@ -126,7 +129,7 @@ def uses_devfs(paths: CapsPaths) -> bool:
         return True
 
 
-_FIELD = re.compile(r"([^:]{1,31}):\s*([+-]?\d+)\s*")
+_FIELD = re.compile(r"([^:]{1,31}):\s*([+-]?[0-9]{1,18})\s*", re.ASCII)
 
 
 def modprobe_fields(text: str) -> list[tuple[str, int]]:

@@ -13,8 +13,8 @@ from migd.yamlsrc import Node, excerpt, load, read
 
 API_VERSION = "migd/v1"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-_PROFILE = re.compile(r"^(?:\d+c\.)?\d+g(?:\.\d+gb)?(?:[+-][a-z.]+)?$")
-_CI = re.compile(r"^\d+c(?:\.\d+g(?:\.\d+gb)?(?:[+-][a-z.]+)?)?$")
+_PROFILE = re.compile(r"^(?:[0-9]{1,2}c\.)?[0-9]{1,2}g(?:\.[0-9]{1,6}gb)?(?:[+-][a-z.]+)?$", re.ASCII)
+_CI = re.compile(r"^[0-9]{1,2}c(?:\.[0-9]{1,2}g(?:\.[0-9]{1,6}gb)?(?:[+-][a-z.]+)?)?$", re.ASCII)
 # No GPU in the catalog holds more instances of one profile (NVML's instanceCount: 7 x 1g on A100/H100);
 # anything larger is a typo, and each GPU's own table gives the real limit at plan time.
 MAX_COUNT = max(gi.instance_count for m in MODELS.values() for gi in m.profiles)

@@ -20,7 +20,7 @@ from migd.profiles.model import GpuSection, InstanceSpec
 Item = tuple[GiProfile, CiProfile]  # one MIG device of a mig-parted config
 ROLES = ("1g", "1g+me", "2g", "2g+me", "3g", "4g", "7g", "1g+gfx", "1g-me", "1g+me.all", "2g+gfx", "2g-me",
          "2g+me.all", "4g+gfx")
-_CI_NAME = re.compile(r"^(\d+)c(?:\.(.+))?$")
+_CI_NAME = re.compile(r"^([0-9]{1,2})c(?:\.(.+))?$", re.ASCII)
 
 
 def allowed_names(model: GpuModel) -> list[str]:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
 
+from migd.numeral import whole
+
 Runner = Callable[[Sequence[str], float], str]
 
 _FIELD = re.compile(r" (?=[A-Za-z_][\w:/]*=)")  # keys such as AllocNode:Sid= and CPUs/Task= too
@@ -86,9 +88,6 @@ class Job:
 _DETAIL = re.compile(r"\bNodes=(\S+) CPU_IDs=\S* Mem=\S*(?: GRES=(\S*))?")
 
 
-_HOST_NUMBER = re.compile(r"[0-9]{1,18}")  # ASCII digits: str.isdigit takes '²', which int refuses
-
-
 MAX_HOSTLIST = 1 << 20  # names in one hostlist migd expands from Slurm's output: past any cluster's size, so
 # that a list like n[1-99999999] (a misread line, a hand-made node range) cannot fill migd's memory
 
@@ -106,12 +105,13 @@ def hostnames(expr: str, most: int | None = None) -> set[str] | None:
             continue
         for r in m.group(2).split(","):
             lo, _, hi = r.partition("-")
-            if not _HOST_NUMBER.fullmatch(lo) or (hi and not _HOST_NUMBER.fullmatch(hi)):
+            first, last = whole(lo), whole(hi or lo)
+            if first is None or last is None:
                 return None
-            counted += max(0, int(hi or lo) - int(lo) + 1)
+            counted += max(0, last - first + 1)
             if most is not None and counted > most:
                 raise ValueError(f"names more than {most} nodes")
-            names.update(f"{m.group(1)}{n:0{len(lo)}d}" for n in range(int(lo), int(hi or lo) + 1))
+            names.update(f"{m.group(1)}{n:0{len(lo)}d}" for n in range(first, last + 1))
     return names
 
 

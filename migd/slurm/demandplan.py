@@ -25,6 +25,7 @@ from migd.demand.rule import Decision, decide
 from migd.demand.runtime import RunTimes
 from migd.demand.seen import LastSeen
 from migd.errors import ValidationError
+from migd.numeral import whole
 from migd.slurm.ctl import NodeInfo, SlurmCtl, SlurmError
 from migd.slurm.demandconf import DemandMode, DemandSettings
 from migd.slurm.history import Accounting
@@ -57,8 +58,9 @@ def layout_of(gres: str, layouts: Mapping[str, Layout]) -> str | None:
     have: Counter[str] = Counter()
     for part in gres.split(","):
         bits = part.split("(")[0].split(":")
-        if len(bits) == 3 and bits[0] == "gpu" and bits[2].isdigit():
-            have[bits[1]] += int(bits[2])
+        count = whole(bits[2], 9) if len(bits) == 3 and bits[0] == "gpu" else None
+        if count is not None:
+            have[bits[1]] += count
     return next((n for n, lay in sorted(layouts.items()) if Counter(dict(lay.capacity)) == +have), None)
 
 

@@ -17,8 +17,8 @@ from datetime import datetime
 from migd.demand.inputs import Pending, Running
 from migd.slurm.ctl import allocated_gres, bounded_hostnames, fields
 
-_TRES = re.compile(r"gres[:/]gpu:([^:=,\s]+)[:=](\d+)")
-_ALLOC = re.compile(r"gpu:([^:(,\s]+):(\d+)")
+_TRES = re.compile(r"gres[:/]gpu:([^:=,\s]+)[:=]([0-9]{1,9})\b", re.ASCII)
+_ALLOC = re.compile(r"gpu:([^:(,\s]+):([0-9]{1,9})\b", re.ASCII)
 # squeue(1) reason codes of a job not yet eligible (Dependency, DependencyNeverSatisfied, BeginTime): Slurm's
 # backfill does not test it, so it reserves no node (demand/reserve.py), though its work is still wanted
 WAITING_ON = ("Dependency", "BeginTime")
@@ -57,7 +57,7 @@ def _asked(f: dict[str, str]) -> list[tuple[str, int]]:
         value = f.get(key, "")
         typed = _TRES.findall(value)
         out += [(t, max(1, int(n) * times // per)) for t, n in typed]
-        if not typed and re.search(r"gres[:/]gpu[:=]\d+", value):
+        if not typed and re.search(r"gres[:/]gpu[:=][0-9]", value):
             out.append(("", 0))
     return out
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 PREFIX = "migd:want="
 SKEW_S = 300.0  # how far the planner's clock may run ahead of a node's before its lease looks too long
-_FORM = re.compile(r"^migd:want=([\w.+*/-]+),by=([\w.-]+),at=(\d+),until=(\d+)$")  # (a per-GPU mix: day*2/night*6)
+_FORM = re.compile(r"^migd:want=([\w.+*/-]+),by=([\w.-]+),at=([0-9]{1,18}),until=([0-9]{1,18})$")  # (day*2/night*6)
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from migd.demand.inputs import slices_of
+from migd.numeral import whole
 from migd.slurm.ctl import hostnames, text_of
 from migd.slurm.parsable import Row, is_step, read_rows
 from migd.slurm.parsable import SacctError as SacctError  # (migctl what-if names it from here)
@@ -62,7 +63,6 @@ NEEDED = ("Submit", "Start", "End", "Timelimit")
 FIELDS = "JobID,Submit,Start,End,Account,Partition,Timelimit,AllocTRES,ReqTRES,NNodes,NodeList,State"
 _TYPED = re.compile(r"^gres/gpu:([^=]+)=(.*)$")
 _PLAIN = re.compile(r"^gres/gpu=(.*)$")
-_COUNT = re.compile(r"[0-9]{1,9}")  # ASCII decimal; nine digits hold any count a cluster has
 TAIL_S = 3600.0  # the replay runs past the record's last time by this (or the longest run time)
 
 
@@ -219,10 +219,11 @@ def _count(row: Row, name: str, default: int) -> int:
 def _number(row: Row, name: str, text: str, what: str) -> int:
     """``text`` as a whole number: ASCII digits only, and few (``str.isdigit`` takes ``'²'``, which ``int``
     refuses, and ``int`` refuses 4,300 digits or more: either would be an error naming no line)."""
-    if _COUNT.fullmatch(text) is None:
+    number = whole(text, 9)  # nine digits hold any count a cluster has
+    if number is None:
         shown = text if len(text) <= 24 else f"{text[:20]}... ({len(text)} characters)"
         raise row.error(name, f"{shown!r} is not {what}")
-    return int(text)
+    return number
 
 
 def _asked(row: Row, started: bool, nodes: int) -> tuple[tuple[tuple[str, int], ...], str | None]:
