@@ -238,28 +238,39 @@ def parse_host_port(value: str) -> tuple[str, int]:
 def read(path: str | Path, strict: bool = False, what: str = "file") -> str:
     """A file's text; ``strict`` refuses it unless trusted (``migd.trust``), checked on the opened file.
     Only a regular file: a FIFO or a device (``/dev/zero``) named as a profile, or left in the profiles
-    directory, would block the reader or never end, so it is refused before a byte is read."""
+    directory, would block the reader or never end, so it is refused before a byte is read.  At most
+    ``MAX_BYTES`` are read: a file of gigabytes named by mistake is refused, not read into memory."""
     try:
         fd, st = open_regular(path, lead="cannot read file: it ")
-        with open(fd, encoding="utf-8", closefd=True) as f:
+        with open(fd, "rb", closefd=True) as f:
             if strict:
                 refuse_untrusted(str(path), st, what)
-            return f.read()
-    except (OSError, UnicodeDecodeError) as e:
+            data = f.read(MAX_BYTES + 1)
+    except OSError as e:
         raise ValidationError(str(path), None, None, "", f"cannot read file: {e}") from e
+    return _text(str(path), data)
 
 
 def read_stream(name: str, stream: BinaryIO) -> str:
     """Standard input's text (``migctl plan -``), as :func:`read` gives a file's: UTF-8 and at most
     ``MAX_BYTES`` (an endless pipe is cut there and refused, not read until memory runs out)."""
-    data = stream.read(MAX_BYTES + 1)
+    return _text(name, stream.read(MAX_BYTES + 1))
+
+
+def _text(name: str, data: bytes) -> str:
     if len(data) > MAX_BYTES:
-        raise ValidationError(name, None, None, "", f"more than {MAX_BYTES} bytes; a profile or config is at most "
-                              f"{MAX_BYTES}")
+        raise _too_large(name)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValidationError(name, None, None, "", f"cannot read: {e}") from e
+        raise ValidationError(name, None, None, "", f"cannot read file: not UTF-8 text ({e.reason} at byte "
+                              f"{e.start})") from e
+
+
+def _too_large(name: str) -> ValidationError:
+    """The one message for a profile or config past ``MAX_BYTES``, read from a file, a pipe or a socket."""
+    return ValidationError(name, None, None, "", f"more than {MAX_BYTES} bytes; a profile or config is at most "
+                           f"{MAX_BYTES} (NVIDIA's whole config-default.yaml is 12 KB)")
 
 
 # libyaml's parser when PyYAML was built with it (5-7x faster on a large file; same nodes and marks)
@@ -312,9 +323,8 @@ def load(path: str | Path, text: str | None = None, strict: bool = False, what: 
     name = str(path)
     if text is None:
         text = read(path, strict, what)
-    if len(text) > MAX_BYTES:
-        raise ValidationError(name, None, None, "", f"{len(text)} bytes; a profile or config is at most {MAX_BYTES} "
-                              "(NVIDIA's whole config-default.yaml is 12 KB)")
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
+        raise _too_large(name)
     try:
         _check_shape(name, text)
         node = yaml.compose(text, Loader=LOADER)

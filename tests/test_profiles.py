@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import resource
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ from migd.hardware.types import GpuInfo
 from migd.profiles.loader import load_profile, mig_parted_configs
 from migd.profiles.resolve import resolve_section
 from migd.profiles.validate import check_section, validate_file
-from tests.helpers import PROFILES, REFERENCE, Migctl
+from tests.helpers import MIGCTL, PROFILES, REFERENCE, Migctl
 
 GOOD = """\
 apiVersion: migd/v1
@@ -195,6 +197,25 @@ def test_hostile_yaml_is_refused_by_line_without_a_crash(tmp_path: Path, text: s
     r = m("validate", str(f))
     assert r.code == 2 and re.search(words, r.err) and "Traceback" not in r.err, r.err
     assert len(r.err.strip().splitlines()) == 1
+
+
+@pytest.mark.integration
+def test_a_profile_of_gigabytes_is_refused_without_reading_it(tmp_path: Path) -> None:
+    """A 4 GiB file named by mistake was read whole into memory before its size was checked: under a 2 GiB
+    address-space limit that was a MemoryError traceback.  Only the first 128 KiB and one byte are read."""
+    f = tmp_path / "huge.yaml"
+    with open(f, "wb") as out:
+        out.truncate(4 << 30)  # sparse: no disk
+    m = Migctl(tmp_path, "single-a100")
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    cmd = ["--sim", m.fleet, "--sim-state", str(m.state), "--state-dir", str(m.state_dir), "validate", str(f)]
+    r = subprocess.run([*MIGCTL, *cmd], capture_output=True, text=True, timeout=120, preexec_fn=limited)
+    assert (r.returncode, r.stdout) == (2, ""), r
+    assert r.stderr == (f"error: {f}: more than 131072 bytes; a profile or config is at most 131072 (NVIDIA's "
+                        "whole config-default.yaml is 12 KB)\n"), r.stderr
 
 
 
