@@ -44,6 +44,15 @@ def shown(text: object) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
 
 
+def clipped(text: str, keep: int = 37, unit: str | None = None) -> str:
+    """``text`` as a message quotes it: whole, or past ``keep`` + 3 characters its first ``keep`` and
+    ``...``, with ``unit`` how long it was (``12345... (5000 digits)``).  A value read from a hand-edited
+    file or another program's output may be thousands of characters: a message names it, never holds it."""
+    if len(text) <= keep + 3:
+        return text
+    return f"{text[:keep]}..." + (f" ({len(text)} {unit})" if unit else "")
+
+
 def text_lines(lines: Iterable[str]) -> str:
     """A table or report as text: each line shown (a newline inside one is shown, never a line of its
     own), each ended by a newline."""

@@ -32,6 +32,7 @@ from functools import cache
 from typing import Any, TypeVar
 
 from migd.numeral import whole
+from migd.printable import clipped
 
 T = TypeVar("T")
 OMIT_NONE = {"omit_none": True}  # dataclasses.field(metadata=OMIT_NONE)
@@ -230,7 +231,7 @@ def _key(tp: Any, key: str, where: str) -> Any:
 def _short(key: str) -> str:
     """A key as an error's field path shows it: its start, when long (a hand-edited key of 5,000 digits
     would otherwise be the whole line)."""
-    return key if len(key) <= 40 else f"{key[:37]}..."
+    return clipped(key)
 
 
 def _pick(kinds: list[Any], data: Any, where: str) -> Any:

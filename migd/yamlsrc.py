@@ -18,7 +18,7 @@ import yaml
 
 from migd.errors import ValidationError
 from migd.numeral import whole
-from migd.printable import code, unprintable
+from migd.printable import clipped, code, unprintable
 from migd.trust import open_regular, refuse_untrusted
 
 _TOKEN = re.compile(r"[A-Za-z0-9+=_-]{20,}")  # a long unbroken run: a key, a token, a password hash
@@ -43,7 +43,7 @@ def excerpt(text: object, limit: int = 40) -> str:
     flat = " ".join(str(text).split())
     if _secret_looking(flat):
         return f"a value of {len(flat)} characters (not shown: it looks like a key, token or password hash)"
-    return repr(flat if len(flat) <= limit else flat[:limit - 3] + "...")
+    return repr(clipped(flat, limit - 3))
 
 
 @dataclass(frozen=True)

@@ -198,7 +198,7 @@ def test_a_damaged_journal_is_a_located_error_and_is_kept(tmp_path: Path, text: 
 
 EDITS = {  # a hand edit of the last GPU's layout before the apply: what recovery would have restored
     "a negative GI start": ("start", -5, "instances[0]: start -5 is not one for 1 of 8 slices (0 to 7)"),
-    "a GI start of 21 digits": ("start", 10**20, "instances[0]: start 100000000...(21 digits) is not one for 1 of 8"),
+    "a GI start of 21 digits": ("start", 10**20, "instances[0]: start 100000000... (21 digits) is not one for 1 of 8"),
     "a negative CI start": ("cis", [[0, -3]], "instances[0].cis[0]: start -3 is not one for 1 of 1 slices"),
     "an unknown CI profile": ("cis", [[99, 0]], "instances[0].cis[0]: CI profile 99 is unknown in 1g.10gb"),
 }

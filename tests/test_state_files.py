@@ -248,7 +248,7 @@ def test_state_files_that_are_directories_fall_back_as_damaged_ones(tmp_path: Pa
 
 
 @pytest.mark.parametrize(("pid", "shown"), [(0, "0"), (-1, "-1"), (2**22, "4194304"),
-                                            (10**30, "100000000...(31 digits)")])
+                                            (10**30, "100000000... (31 digits)")])
 def test_a_journal_pid_no_process_has_is_refused_by_name(tmp_path: Path, pid: int, shown: str) -> None:
     """0 and -1 name a process group (``os.kill`` succeeds: status said "an apply of night is in progress (pid
     0)"); 10**30 overflowed ``os.kill`` (a traceback in status)."""

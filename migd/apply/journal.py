@@ -20,6 +20,7 @@ from migd.catalog.models import GpuModel, Placement
 from migd.errors import ValidationError
 from migd.kinds import Word
 from migd.plan.requests import DesiredInstance, DesiredLayout
+from migd.printable import clipped
 from migd.wire import OMIT_NONE
 
 SCHEMA = "migd.journal/v1"  # like mig-parted's api/checkpoint/v1: fields are only added within v1
@@ -85,8 +86,7 @@ def _within(start: int, size: int, slices: int, at: str) -> None:
 
 def _shown(n: int) -> str:
     """A number as an error shows it: its start and length, when long (a hand edit's 4000 digits are no line)."""
-    text = str(n)
-    return text if len(text) <= 12 else f"{text[:9]}...({len(text)} digits)"
+    return clipped(str(n), 9, "digits")
 
 
 def _start(placement: Placement | None) -> int:

@@ -29,6 +29,7 @@ from migd.apply.statefile import atomic_write_json, atomic_write_text, load
 from migd.errors import ValidationError
 from migd.hardware.caps import read_minors
 from migd.hardware.types import GpuState
+from migd.printable import clipped
 from migd.slurm.ctl import NodeInfo, Runner, SlurmCtl, SlurmError
 from migd.slurm.gres import GresError, GresRecord, gres_conf, node_gres, records, set_node_gres
 from migd.slurm.slurmconf import GresUpdate, SlurmSettings
@@ -372,8 +373,8 @@ def _states(info: NodeInfo) -> str:
     return "+".join(sorted(info.states))
 
 
-def _short(text: str, n: int = 200) -> str:
-    return text if len(text) <= n else text[: n - 3] + "..."
+def _short(text: str) -> str:
+    return clipped(text, 197)  # Slurm's reason and comment fields, kept to 200 characters
 
 
 def _same_gres(a: str, b: str) -> bool:

@@ -17,6 +17,7 @@ from typing import ClassVar
 from migd.api.daemon import HeldView
 from migd.apply.statefile import atomic_write_json, load, set_aside
 from migd.errors import ValidationError
+from migd.printable import clipped
 from migd.profiles.loader import load_profile
 from migd.profiles.model import Profile
 from migd.wire import Value
@@ -51,8 +52,7 @@ class UtcTime(Value):
 
 def _short(text: str) -> str:
     """A value's start, quoted (never a whole hand-edited line)."""
-    shown = repr(text)
-    return shown if len(shown) <= 40 else shown[:37] + "..."
+    return clipped(repr(text))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -54,6 +54,7 @@ from pathlib import Path
 
 from migd.demand.inputs import slices_of
 from migd.numeral import whole
+from migd.printable import clipped
 from migd.slurm.ctl import hostnames, text_of
 from migd.slurm.parsable import Row, is_step, read_rows
 from migd.slurm.parsable import SacctError as SacctError  # (migctl what-if names it from here)
@@ -221,8 +222,7 @@ def _number(row: Row, name: str, text: str, what: str) -> int:
     refuses, and ``int`` refuses 4,300 digits or more: either would be an error naming no line)."""
     number = whole(text, 9)  # nine digits hold any count a cluster has
     if number is None:
-        shown = text if len(text) <= 24 else f"{text[:20]}... ({len(text)} characters)"
-        raise row.error(name, f"{shown!r} is not {what}")
+        raise row.error(name, f"{clipped(text, 20, 'characters')!r} is not {what}")
     return number
 
 
