@@ -15,11 +15,13 @@ from migd.api.commands import (
     ApplyReply,
     ApplyRequest,
     Ask,
+    BadJson,
     ClearedReply,
     ManualApply,
     Refusal,
     ReloadReply,
     ResumeReply,
+    parse_object,
 )
 from migd.apply.result import OnBusy
 from migd.errors import ValidationError
@@ -188,3 +190,15 @@ def test_a_state_file_that_does_not_fit_names_the_file_and_the_field(tmp_path: P
     with pytest.raises(ValidationError) as e:
         load(path, _Doc)
     assert str(e.value) == f"{path}: evens.2: 5 is odd"
+
+
+@pytest.mark.parametrize("line,said", [
+    (b'{"cmd": "status", "x": ' + b"9" * 5000 + b"}", "JSON with a number of more than 4300 digits"),
+    (b"[" * 100 + b"]" * 100, "JSON nested deeper than 32 levels"),
+    (b"status please", "not JSON (Expecting value: line 1 column 1 (char 0))"),
+], ids=["long number", "deep", "not JSON"])
+def test_a_socket_line_migd_cannot_read_says_why_in_words(line: bytes, said: str) -> None:
+    """It said ``JSON a number of more than 4300 digits``."""
+    with pytest.raises(BadJson) as e:
+        parse_object(line)
+    assert str(e.value) == said

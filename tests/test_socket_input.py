@@ -32,6 +32,7 @@ BAD_REQUESTS = {
     "not JSON": b"status please\n",
     "an array": b'["status"]\n',
     "not UTF-8": b'{"cmd": "\xff\xfe"}\n',
+    "a number of 5000 digits": b'{"cmd": "status", "x": ' + b"9" * 5000 + b"}\n",
 }
 
 

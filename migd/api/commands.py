@@ -227,7 +227,8 @@ def parse_object(line: bytes) -> dict[str, Any]:
     try:
         doc = loads(line)
     except JsonError as e:
-        raise BadJson(e.what if e.fault is JsonFault.NOT_JSON else f"JSON {e.what}") from None
+        lead = {JsonFault.NOT_JSON: "", JsonFault.TOO_DEEP: "JSON ", JsonFault.LONG_NUMBER: "JSON with "}[e.fault]
+        raise BadJson(f"{lead}{e.what}") from None
     if not isinstance(doc, dict):
         raise BadJson(f"expected a JSON object, not {type(doc).__name__}")
     return doc
