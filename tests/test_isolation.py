@@ -245,6 +245,38 @@ def test_the_fault_watch_never_waits_for_the_hardware_lock(make_backend: Any) ->
     assert marks.caught_up() == marks.reasons()  # no watch runs: the marks as they are, at once
 
 
+def test_an_xid_right_after_the_watch_starts_is_seen(make_backend: Any) -> None:
+    """The event set was registered at the watch thread's first wait, and NVML delivers nothing from
+    before a registration: under load the thread ran late, and an Xid raised right after ``start()``
+    was never seen (the hardware-lock test above failed that way).  ``start()`` now registers."""
+    import threading
+
+    from migd.daemon.hwlock import HardwareLock
+    from migd.isolation.events import EventCounters
+    from migd.isolation.marks import FaultMarks
+    from migd.isolation.watch import FaultWatch
+
+    backend, store, _ = make_backend("single-a100", mig_enabled=True)
+    uuid, marks = store.read().gpus[0].uuid, FaultMarks()
+    watch = FaultWatch(backend, HardwareLock(), EventCounters(), marks)
+    go, step = threading.Event(), watch.step
+
+    def late_step() -> float:  # the thread's first step comes only after the Xid: a loaded machine
+        go.wait(30)
+        return step()
+
+    watch.step = late_step  # type: ignore[method-assign]
+    watch.start()
+    try:
+        world.raise_xid(store, 0, 79)
+        go.set()
+        reasons = marks.caught_up()
+        assert list(reasons) == [uuid] and reasons[uuid].startswith("Xid 79 (GPU-wide)"), reasons
+    finally:
+        go.set()
+        watch.stop()
+
+
 def test_fault_marks_are_read_whole_while_the_watch_writes_them() -> None:
     """The watch thread set marks in a plain dict that scrapes and status iterated and the loop popped:
     'dictionary changed size during iteration' in a scrape.  Readers now get copies taken under the lock."""

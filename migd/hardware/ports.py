@@ -122,6 +122,11 @@ class GpuBackend(ApplyPort, ViewSource, Protocol):
 
     def gpm_sample(self, index: int, gi_ids: list[int], interval_s: float = 0.1) -> dict[int, GpmMetrics]: ...
 
+    def watch_events(self) -> None:
+        """Register for events now, not at the first :meth:`wait_event`: NVML delivers no event from
+        before a set's registration, so a fault watch that starts must be listening when it says so."""
+        ...
+
     def wait_event(self, timeout_ms: int) -> GpuEvent | None: ...
 
     def probe_events(self) -> dict[int, str]:

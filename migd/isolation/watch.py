@@ -187,8 +187,14 @@ class FaultWatch(BackgroundLoop):
         return 0.0
 
     def start(self) -> None:
+        """Listening once this returns: the event set is registered here, not at the thread's first wait
+        (NVML delivers nothing from before a registration: an Xid in between was never seen)."""
         self.remember()
         self._last_remember = time.monotonic()
+        try:
+            self.backend.watch_events()
+        except HardwareError as e:
+            log.warning("fault watch: NVML events not registered at start (%s); registering at its first wait", e)
         self.unhealthy.read_by(self.caught_up)
         super().start()
 

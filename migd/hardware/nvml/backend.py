@@ -381,6 +381,9 @@ class NvmlBackend:
     def view_activity(self, view: GpuView, interval_s: float) -> dict[int, GpmMetrics]:
         return nvml_view.read_activity(self.nvml, cast(NvmlView, view), interval_s)
 
+    def watch_events(self) -> None:
+        self._events.arm()
+
     def wait_event(self, timeout_ms: int) -> GpuEvent | None:
         return self._events.wait(timeout_ms)
 

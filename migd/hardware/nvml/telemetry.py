@@ -224,6 +224,11 @@ class EventWatch:
                 self._free(self._set)
                 self._set = None
 
+    def arm(self) -> None:
+        """The set created and registered now, if it is not (a wait registers it otherwise)."""
+        with self._nvml.session.shared():
+            self._ensure()
+
     def wait(self, timeout_ms: int) -> GpuEvent | None:
         with self._nvml.session.shared():
             es = self._ensure()
