@@ -35,6 +35,7 @@ SHAPES = shapes(PROFS, NAMES, [H100] * 8)
 FOUR = "4xH100-SXM5-80GB"
 OLD = 6 * 3600.0
 NOW = 1795671590.0
+NO_JOBS = "{\"jobs\": []}"  # squeue --json of an empty queue
 
 
 def notebooks(n: int) -> tuple[Pending, ...]:
@@ -74,7 +75,7 @@ def test_the_planner_takes_each_nodes_shape_from_its_gres(tmp_path: Path) -> Non
     ctl = SlurmCtl("gpu1", runner)
     settings = DemandSettings(DemandMode.DRY_RUN, "gpu1", NAMES, history_s=0)
     planner = Planner(settings, "main", "gpu1", ctl, SHAPES, tmp_path / "demand.json", lambda: NOW)
-    views, skipped = planner._views(ctl.nodes(), read_queue("", "main", NOW), NOW)
+    views, skipped = planner._views(ctl.nodes(), read_queue(NO_JOBS, "main", NOW), NOW)
     assert [(v.name, v.layout, v.shape) for v in views] == [
         ("gpu1", "night", ""), ("gpu2", "night", FOUR), ("gpu4", "night*3/balanced", FOUR)]
     assert skipped == ["gpu3: Gres=gpu:1g.5gb:7 is none of the candidate layouts or their mixes on this planner's "
@@ -115,6 +116,8 @@ def test_mixes_false_keeps_every_node_whole_in_one_candidate_and_auto_does_under
 def _planner(tmp_path: Path, gres: dict[str, str], mixes: Mixes = Mixes.ON,
              extra: dict[str, str] | None = None) -> tuple[Planner, SlurmCtl]:
     def runner(argv: Sequence[str], timeout_s: float) -> str:
+        if argv[:2] == ("squeue", "--json"):
+            return NO_JOBS
         if argv[:2] != ("scontrol", "show"):
             return ""
         return "".join(f"NodeName={n} Arch=x86_64 Gres={g} State=IDLE Partitions=main "
@@ -132,17 +135,17 @@ def test_a_node_between_layouts_keeps_the_shape_it_last_had_and_an_unknown_one_i
     want = f"migd:want=night,by=gpu1,at={NOW:.0f},until={NOW + 3600:.0f}"
     gres = {"gpu2": "gpu:7g.80gb:4", "gpu3": "(null)"}
     planner, ctl = _planner(tmp_path, gres, extra={"gpu2": want, "gpu3": want})
-    views, skipped = planner._views(ctl.nodes(), read_queue("", "main", NOW), NOW)
+    views, skipped = planner._views(ctl.nodes(), read_queue(NO_JOBS, "main", NOW), NOW)
     assert [(v.name, v.shape) for v in views] == [("gpu2", FOUR)] and skipped[0].startswith("gpu3: Gres=(none)")
     gres["gpu2"] = "(null)"  # (its GRES between two layouts)
-    views, _ = planner._views(ctl.nodes(), read_queue("", "main", NOW), NOW)
+    views, _ = planner._views(ctl.nodes(), read_queue(NO_JOBS, "main", NOW), NOW)
     assert [(v.name, v.layout, v.shape) for v in views] == [("gpu2", "night", FOUR)]
 
 
 def test_with_mixes_off_a_node_in_a_mix_is_still_read_and_changes_only_whole(tmp_path: Path) -> None:
     planner, ctl = _planner(tmp_path, {"gpu1": "gpu:7g.80gb:7,gpu:1g.10gb:2,gpu:2g.20gb:1,gpu:3g.40gb:1"},
                             mixes=Mixes.OFF)
-    views, skipped = planner._views(ctl.nodes(), read_queue("", "main", NOW), NOW)
+    views, skipped = planner._views(ctl.nodes(), read_queue(NO_JOBS, "main", NOW), NOW)
     assert [(v.name, v.layout) for v in views] == [("gpu1", "night*7/balanced")] and skipped == []
     (change,) = decide(Snapshot(notebooks(300), (NodeView("gpu1", "night*7/balanced", OLD),)), planner.shapes).changes
     assert change.new in NAMES, change

@@ -165,6 +165,9 @@ def _fake_scontrol(d: Path) -> Path:
     script = d / "bin" / "scontrol"
     script.write_text(SCONTROL.format(d=d))
     script.chmod(0o755)
+    queue = d / "bin" / "squeue"  # (the planner's queue: squeue --json, no job)
+    queue.write_text("#!/bin/sh\necho '{\"jobs\": []}'\n")
+    queue.chmod(0o755)
     return d / "bin"
 
 

@@ -42,7 +42,7 @@ def _record(n: int, account: str, share: float, limit_min: int = 60, first: int 
 
 
 class Sacct:
-    """A runner: sacct answers ``text`` (or fails with ``error``); scontrol shows no node and no job."""
+    """A runner: sacct answers ``text`` (or fails with ``error``); scontrol shows no node, squeue no job."""
 
     def __init__(self, text: str = "", error: str | None = None) -> None:
         self.text, self.error = text, error
@@ -55,7 +55,7 @@ class Sacct:
             if self.error is not None:
                 raise SlurmError(self.error)
             return self.text
-        return ""
+        return '{"jobs": []}' if argv[0] == "squeue" else ""
 
     def sacct_calls(self) -> list[tuple[str, ...]]:
         return [c for c in self.calls if c[0] == "sacct"]

@@ -1,64 +1,118 @@
-"""Slurm's queue read for the demand rule, from a recording of Slurm 22.05's own output
-(tests/fixtures/slurm/SOURCES.md)."""
+"""Slurm's queue read for the demand rule, from a recording of Slurm 22.05's own ``squeue --json``
+(tests/fixtures/slurm/SOURCES.md; tests/test_slurm_queue_real.py reads a live one)."""
 
 from __future__ import annotations
 
-from datetime import datetime
+import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from migd.slurm.ctl import node_info
-from migd.slurm.queue import read_queue, seconds
+from migd.slurm.ctl import SlurmError, node_info, node_text
+from migd.slurm.parsable import seconds
+from migd.slurm.queue import MAX_ARRAY_TASKS, array_tasks, read_queue
 
 FIX = Path(__file__).parent / "fixtures" / "slurm"
-NOW = datetime.fromisoformat("2026-11-26T05:41:40").timestamp()  # (slurmctld's local time, as recorded)
+JOBS = (FIX / "squeue-json.json").read_text()
+NOW = max(j["submit_time"] for j in json.loads(JOBS)["jobs"]) + 10  # (Unix seconds: whole, as Slurm writes them)
 
 
-def test_a_pending_request_is_read_however_the_job_asked() -> None:
-    q = read_queue((FIX / "show-job-od.txt").read_text(), "main", NOW)
-    # the four held jobs are not demand: only the nlp job waiting for resources is
-    assert [(p.job, p.account, p.mig_type, p.count, p.time_limit_s) for p in q.pending] == [
-        ("7", "nlp", "1g.10gb", 4, 45 * 60)]
-    assert 0 <= q.pending[0].age_s < 60
-    assert q.untyped == 0
+def _job(**fields: object) -> str:
+    """One job as squeue --json writes it (Slurm 22.05's fields; later releases' forms where given)."""
+    base = {"job_id": 9, "account": "a", "job_state": "PENDING", "state_reason": "Priority", "partition": "main",
+            "node_count": 1, "tasks": 1, "time_limit": 60, "submit_time": NOW - 600, "tres_per_node": "",
+            "tres_per_job": "", "tres_per_task": "", "tres_per_socket": "", "array_task_string": "", "priority": 5}
+    return json.dumps({"jobs": [{**base, **fields}]})
 
 
-def test_held_jobs_count_once_released() -> None:
-    text = (FIX / "show-job-od.txt").read_text().replace("Reason=JobHeldUser", "Reason=Priority")
-    asked = {p.job: (p.mig_type, p.count) for p in read_queue(text, "main", NOW).pending}
-    assert asked == {"1": ("1g.10gb", 2), "2": ("1g.10gb", 1), "3": ("1g.10gb", 3), "4": ("1g.10gb", 2),
-                     "7": ("1g.10gb", 4)}  # --gres, --gpus, --gpus-per-node, --gpus-per-task x 2 tasks
+def test_the_recorded_queue_is_read_as_the_jobs_were_submitted() -> None:
+    """tests/test_slurm_queue_real.py's jobs (SOURCES.md): the stopped job runs on gpu1 with its one 1g
+    instance, whatever its name and output path say; the array is ten requests; the rest as asked."""
+    q = read_queue(JOBS, "main", NOW)
+    assert {n: [(r.job, r.mig_type, r.count, r.account, r.limit_s) for r in rs] for n, rs in q.running.items()} == {
+        "gpu1": [("1", "1g.10gb", 1, "bio", 1800.0)]}
+    assert 1700 < q.running["gpu1"][0].ends_in_s <= 1800
+    got = Counter((p.job.split("_")[0], p.mig_type, p.count, p.startable) for p in q.pending)
+    assert got == {("3", "7g.80gb", 1, True): 10, ("4", "1g.10gb", 2, False): 1, ("5", "3g.40gb", 1, False): 2,
+                   ("6", "1g.10gb", 1, False): 1, ("7", "1g.10gb", 2, False): 1, ("8", "3g.40gb", 2, False): 1}
+    assert {p.account for p in q.pending} == {"physics"} and all(p.time_limit_s == 1800 for p in q.pending)
+    assert q.untyped == 1  # --gres=gpu
+    assert read_queue(JOBS, "other", NOW).pending == ()
 
 
-def test_running_jobs_are_read_per_node_with_their_end() -> None:
-    q = read_queue((FIX / "show-job-od.txt").read_text(), "main", NOW)
-    running = {r.job: r for r in q.running["gpu1"]}
-    assert {j: (r.mig_type, r.count, r.account) for j, r in running.items()} == {
-        "5": ("1g.10gb", 6, "teaching"), "6": ("1g.10gb", 1, "vision")}
-    assert running["5"].limit_s == 26 * 3600 and 26 * 3600 - 60 < running["5"].ends_in_s <= 26 * 3600
-    assert read_queue((FIX / "show-job-od.txt").read_text(), "other", NOW).pending == ()
+def test_held_jobs_and_jobs_whose_dependency_cannot_be_met_are_not_demand() -> None:
+    for reason in ("JobHeldUser", "JobHeldAdmin", "DependencyNeverSatisfied"):
+        assert read_queue(_job(state_reason=reason, tres_per_node="gres:gpu:1g.10gb:1"), "main", NOW).pending == ()
+    (p,) = read_queue(_job(state_reason="Priority", tres_per_node="gres:gpu:1g.10gb:1"), "main", NOW).pending
+    assert (p.job, p.count, p.priority, p.startable, p.age_s) == ("9", 1, 5, True, 600.0)
 
 
 def test_a_job_not_yet_eligible_is_demand_that_reserves_nothing() -> None:
     """squeue(1)'s Dependency and BeginTime: the job is still work to come, but Slurm's backfill does not
     test it, so it holds no node (demand/reserve.py)."""
-    line = ("JobId=9 Account=a JobState=PENDING Reason={} Partition=main NumNodes=1 NumTasks=1 "
-            "TimeLimit=60 SubmitTime=2026-11-26T05:00:00 TresPerNode=gres/gpu:3g.40gb=2")
-    read = {r: read_queue(line.format(r), "main", NOW).pending[0].startable
-            for r in ("Priority", "Resources", "Dependency", "DependencyNeverSatisfied", "BeginTime")}
-    assert read == {"Priority": True, "Resources": True, "Dependency": False, "DependencyNeverSatisfied": False,
-                    "BeginTime": False}
+    read = {r: read_queue(_job(state_reason=r, tres_per_node="gres/gpu:3g.40gb=2"), "main", NOW).pending[0].startable
+            for r in ("Priority", "Resources", "Dependency", "BeginTime")}
+    assert read == {"Priority": True, "Resources": True, "Dependency": False, "BeginTime": False}
 
 
 def test_later_slurm_formats_and_time_limits() -> None:
-    line = ("JobId=9 Account=a JobState=PENDING Reason=Priority Partition=main NumNodes=1 NumTasks=1 "
-            "TimeLimit=2-00:00:00 SubmitTime=2026-11-26T05:00:00 TresPerNode=gres/gpu:3g.40gb=2")
-    (p,) = read_queue(line, "main", NOW).pending
-    assert (p.mig_type, p.count, p.time_limit_s) == ("3g.40gb", 2, 48 * 3600)
-    untyped = line.replace("gres/gpu:3g.40gb=2", "gres:gpu:1")
-    assert read_queue(untyped, "main", NOW).untyped == 1
+    """Releases after 22.05 write ``gres/gpu:TYPE=N``, a state list and ``{"set", "infinite", "number"}``."""
+    later = _job(tres_per_node="gres/gpu:3g.40gb=2", job_state=["PENDING"],
+                 time_limit={"set": True, "infinite": False, "number": 2880},
+                 submit_time={"set": True, "infinite": False, "number": NOW - 60})
+    (p,) = read_queue(later, "main", NOW).pending
+    assert (p.mig_type, p.count, p.time_limit_s, p.age_s) == ("3g.40gb", 2, 48 * 3600, 60.0)
+    for unlimited in (4294967295, 4294967294, {"set": True, "infinite": True, "number": 0}, None):
+        (p,) = read_queue(_job(tres_per_node="gres:gpu:1g.10gb:1", time_limit=unlimited), "main", NOW).pending
+        assert p.time_limit_s == float("inf"), unlimited
+    for untyped in ("gres:gpu:1", "gres:gpu", "gres/gpu=2"):
+        assert read_queue(_job(tres_per_node=untyped), "main", NOW).untyped == 1, untyped
     assert seconds("30") == 1800 and seconds("05:00") == 300 and seconds("UNLIMITED") == float("inf")
+
+
+@pytest.mark.parametrize("expr,tasks", [
+    ("0-9%3", [str(i) for i in range(10)]), ("1,3,5-7", ["1", "3", "5", "6", "7"]), ("0-8:4", ["0", "4", "8"]),
+    ("7", ["7"]), ("0-4000000", [str(i) for i in range(MAX_ARRAY_TASKS)]), ("5-2", None), ("a-b", None),
+    ("²", None), ("0-9:0", None)])
+def test_a_pending_arrays_tasks_are_counted_from_its_expression(expr: str, tasks: list[str] | None) -> None:
+    assert array_tasks(expr) == tasks
+
+
+def test_an_array_expression_not_read_here_is_one_request() -> None:
+    q = read_queue(_job(array_job_id=9, array_task_string="[truncated", tres_per_node="gres:gpu:1g.10gb:1"),
+                   "main", NOW)
+    assert [p.job for p in q.pending] == ["9_[[truncated]"]
+
+
+@pytest.mark.parametrize("text", ["", "not json", "[1, 2]", '{"jobs": 3}', '{"jobs": [' * 100 + "]" * 100 + "}"])
+def test_output_that_is_not_squeue_json_is_a_slurm_error(text: str) -> None:
+    with pytest.raises(SlurmError, match="^squeue --json: "):
+        read_queue(text, "main", NOW)
+
+
+# Slurm 22.05.8's scontrol show node -o after ``scontrol update comment="a Gres=x Extra=y Reason=z"
+# extra=migd:want=...`` and ``state=drain reason="check Gres=q Comment=r"`` (recorded 2026-11-29 on the test
+# cluster of tests/slurm_cluster.py): the free text comes last, Reason first, each holding other keys.
+TEXT_LINE = ("NodeName=gpu1 Arch=x86_64 CoresPerSocket=1  CPUAlloc=0 CPUEfctv=2 CPUTot=2 CPULoad=2.50 "
+             "AvailableFeatures=(null) ActiveFeatures=(null) Gres=gpu:1g.10gb:1 NodeAddr=127.0.0.1 NodeHostName=gpu1 "
+             "Port=51471 Version=22.05.8 OS=Linux 6.18.44-fc-v669 #1 SMP PREEMPT_DYNAMIC @0  RealMemory=500 "
+             "AllocMem=0 FreeMem=22674 Sockets=2 Boards=1 State=IDLE+DRAIN ThreadsPerCore=1 TmpDisk=0 Weight=1 "
+             "Owner=N/A MCS_label=N/A Partitions=main  BootTime=2026-11-28T22:05:57 "
+             "SlurmdStartTime=2026-11-29T07:36:11 LastBusyTime=2026-11-29T07:36:11 CfgTRES=cpu=2,mem=500M,billing=2 "
+             "AllocTRES= CapWatts=n/a CurrentWatts=0 "
+             "AveWatts=0 ExtSensorsJoules=n/s ExtSensorsWatts=0 ExtSensorsTemp=n/s Reason=check Gres=q Comment=r "
+             "[root@2026-11-29T07:36:11] Comment=a Gres=x Extra=y Reason=z Extra=migd:want=day,by=gpu1,at=1,until=2")
+
+
+def test_words_in_a_nodes_reason_and_comment_are_not_its_fields() -> None:
+    node = node_info(TEXT_LINE)
+    assert (node.gres, node.states, node.partitions) == ("gpu:1g.10gb:1", frozenset({"IDLE", "DRAIN"}), ("main",))
+    assert node.reason == "check Gres=q Comment=r [root@2026-11-29T07:36:11]"
+    # (a comment holding " Extra=" is cut there: migd writes none, node_text)
+    assert node.comment == "a Gres=x" and node.extra.startswith("y Reason=z Extra=migd:want=")
+    assert node_text("register with Gres=gpu:7g.80gb:1 Extra=x Reason=y Comment=z") == (
+        "register with Gres=gpu:7g.80gb:1 Extra:x Reason:y Comment:z")
 
 
 def test_a_nodes_extra_and_partitions_are_read() -> None:

@@ -28,6 +28,7 @@ from migd.slurm.want import Want
 pytestmark = pytest.mark.integration  # Slurm's commands faked as programs
 
 NOW = 1795671590.0
+NO_JOBS = "{\"jobs\": []}"  # squeue --json of an empty queue
 MS_UNTIL = "1795678790000"  # until= in milliseconds: 13 digits
 REASON = b"Reason=maintenance caf\xe9 (Latin-1) [root@2026-11-27T10:00:00]"
 
@@ -96,7 +97,7 @@ def test_the_planner_rewrites_its_own_want_in_milliseconds(tmp_path: Path) -> No
     ctl = _fake(tmp_path, line.replace(b"State=IDLE+DRAIN", b"State=IDLE"))
     settings = DemandSettings(DemandMode.ON, "gpu1", ("day", "night"), 60.0, 7200.0)
     planner = Planner(settings, "main", "gpu1", ctl, {}, tmp_path / "demand.json", lambda: NOW)
-    _, skipped = planner._views(ctl.nodes(), read_queue("", "main", NOW), NOW)
+    _, skipped = planner._views(ctl.nodes(), read_queue(NO_JOBS, "main", NOW), NOW)
     assert planner._current == {} and not any("follows planner" in s for s in skipped), skipped
 
 

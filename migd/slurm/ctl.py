@@ -21,9 +21,11 @@ from migd.numeral import whole
 Runner = Callable[[Sequence[str], float], str]
 
 _FIELD = re.compile(r" (?=[A-Za-z_][\w:/]*=)")  # keys such as AllocNode:Sid= and CPUs/Task= too
+NODE_TEXT = ("Reason", "Comment", "Extra")  # scontrol show node's free-text fields, printed last in this order
 # Node states that mean slurmctld does not (yet) accept the node's registration (scontrol man page).
 UNREGISTERED = frozenset({"NOT_RESPONDING", "INVALID_REG", "INVALID", "DOWN", "UNKNOWN", "FUTURE", "NO_RESPOND"})
-ACTIVE_JOB_STATES = "RUNNING,COMPLETING,CONFIGURING,SUSPENDED,STAGE_OUT"
+ACTIVE_JOB_STATES = "RUNNING,COMPLETING,CONFIGURING,SUSPENDED,STOPPED,STAGE_OUT"  # (STOPPED: SIGSTOP, its
+# allocation kept: squeue(1))
 
 
 class SlurmError(Exception):
@@ -146,13 +148,41 @@ def fields(line: str) -> dict[str, str]:
     return {k: v.strip() for k, v in (f.split("=", 1) for f in _FIELD.split(line.strip()) if "=" in f)}
 
 
+def node_fields(line: str) -> dict[str, str]:
+    """One ``scontrol show node -o`` line as Key -> Value.  Its free text (Reason, whoever's words with
+    Slurm's `` [user@time]`` after them; Comment and Extra, "arbitrary" strings to scontrol(1)) comes last,
+    in NODE_TEXT's order on Slurm 22.05.8 (recorded; any order is read): the line is cut at the first of
+    them and the fields before it read as :func:`fields` reads them; each of the three then runs to the
+    next one's key (a reason to its ``] ``, where it has one).  So words in a comment or a reason are never
+    a field of the node: migd's own comment after a registration timeout quotes ``Gres=``, and was read as the node's
+    GRES (every later switch then timed out)."""
+    line = line.strip()
+    cut = min((i for key in NODE_TEXT if (i := line.find(f" {key}=")) >= 0), default=len(line))
+    out, rest = fields(line[:cut]), line[cut:].strip()
+    left = list(NODE_TEXT)
+    while (key := next((k for k in left if rest.startswith(f"{k}=")), None)) is not None:
+        left.remove(key)
+        rest = rest[len(key) + 1:]
+        ends = [(j, s) for later in left for s in ("] ", " ") if (j := rest.find(f"{s}{later}=")) >= 0]
+        stamped = [j + 1 for j, s in ends if s == "] "]  # (Slurm's [user@time] closes a reason)
+        end = min(stamped or [j for j, _ in ends], default=len(rest))
+        out[key], rest = rest[:end].strip(), rest[end:].strip()
+    return out
+
+
+def node_text(text: str) -> str:
+    """Words migd writes into a node's Reason or Comment, with nothing :func:`node_fields` would read as a
+    free-text field (`` Extra=`` becomes `` Extra:``)."""
+    return re.sub(rf" ({'|'.join(NODE_TEXT)})=", r" \1:", text)
+
+
 def _value(f: dict[str, str], key: str) -> str:
     v = f.get(key, "(null)")
     return "" if v == "(null)" else v
 
 
 def node_info(line: str) -> NodeInfo:
-    f = fields(line)
+    f = node_fields(line)
     return NodeInfo(f.get("NodeName", ""), frozenset(f.get("State", "").split("+")), f.get("Reason", ""),
                     _value(f, "Gres"), _value(f, "Comment"), _value(f, "Extra"),
                     tuple(p for p in _value(f, "Partitions").split(",") if p))
@@ -189,8 +219,8 @@ class SlurmCtl:
         return [node_info(line) for line in self._call("scontrol", "show", "node", "-o").splitlines() if line.strip()]
 
     def all_jobs(self) -> str:
-        """``scontrol show job -o -d``: every job, one line each, with its per-node GRES (one call)."""
-        return self._call("scontrol", "show", "job", "-o", "-d")
+        """``squeue --json``: every job with its per-node GRES, one call (slurm/queue.py reads it)."""
+        return self._call("squeue", "--json")
 
     def accounting(self, *args: str, timeout_s: float | None = None) -> str:
         """``sacct`` with ``args``: slurmdbd's record of ended jobs (the demand planner's run times at start)."""
@@ -208,11 +238,11 @@ class SlurmCtl:
                 for job, state in listed]
 
     def drain(self, reason: str) -> None:
-        self._call("scontrol", "update", f"nodename={self.node}", "state=drain", f"reason={reason}")
+        self._call("scontrol", "update", f"nodename={self.node}", "state=drain", f"reason={node_text(reason)}")
 
     def set_comment(self, text: str) -> None:
         """The node's Comment (scontrol(1): "Arbitrary descriptive string"): why the last switch failed."""
-        self._call("scontrol", "update", f"nodename={self.node}", f"comment={text}")
+        self._call("scontrol", "update", f"nodename={self.node}", f"comment={node_text(text)}")
 
     def requeue(self, job: str) -> None:
         self._call("scontrol", "requeue", job)

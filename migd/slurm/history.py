@@ -33,8 +33,7 @@ from datetime import datetime
 
 from migd.demand.runtime import RunTimes
 from migd.slurm.ctl import SlurmCtl, SlurmError
-from migd.slurm.parsable import Row, SacctError, is_step, read_rows
-from migd.slurm.queue import seconds
+from migd.slurm.parsable import Row, SacctError, is_step, read_rows, seconds
 
 log = logging.getLogger(__name__)
 

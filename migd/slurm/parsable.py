@@ -5,7 +5,7 @@ its run times from accounting (slurm/history.py), and ``migctl what-if``, which 
 The first non-empty line names the fields (any order, any more of them); each line after it is one
 row, its fields separated by ``|`` (``--parsable``'s trailing ``|`` is read too).  Times are as sacct
 prints them by default (ISO, ``2026-11-28T03:46:32``, slurmctld's local time, with no UTC offset);
-Slurm times (``D-HH:MM:SS``, ``UNLIMITED``) as ``slurm/queue.py`` reads them.  A line that cannot be read is one
+Slurm times (``D-HH:MM:SS``, ``UNLIMITED``) as :func:`seconds` reads them.  A line that cannot be read is one
 ``SacctError``: ``source:line: field: what``.
 """
 
@@ -15,12 +15,22 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from migd.slurm.queue import seconds
+from migd.cliargs import FIRST_YEAR, LAST_YEAR
 
 _NEVER = ("UNKNOWN", "NONE", "")
-# Slurm records Unix times, none before 1970; what reads them works days to a year or two either side of
-# them (a replay's schedule, its tail), which must stay inside Python's datetime (years 1 to 9999).
-FIRST_YEAR, LAST_YEAR = 1970, 9000
+# (Slurm records Unix times, none before 1970; what reads them works days to a year or two either side of
+# them, a replay's schedule and its tail, which must stay inside Python's datetime: years 1 to 9999)
+
+
+def seconds(limit: str) -> float:
+    """A Slurm time as sacct and scontrol print it (``D-HH:MM:SS``, ``HH:MM:SS``, ``MM:SS``, ``MM``;
+    UNLIMITED: infinite)."""
+    if limit.upper() in ("UNLIMITED", "INFINITE", "PARTITION_LIMIT", ""):
+        return float("inf")
+    days, _, rest = limit.rpartition("-")
+    parts = [int(x) for x in rest.split(":")]
+    h, m, s = ([0] * (3 - len(parts)) + parts) if len(parts) > 1 else (0, parts[0], 0)
+    return (int(days or 0) * 24 + h) * 3600 + m * 60 + s
 
 
 class SacctError(ValueError):
