@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any, NoReturn, TypeVar
 
 from migd.numeral import whole
+from migd.printable import clipped
 from migd.yamlsrc import SECONDS_RANGE, parse_duration, parse_host_port, within_a_year
 
 T = TypeVar("T")
@@ -26,6 +27,12 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+FIRST_YEAR, LAST_YEAR = 1970, 9000  # times migd takes from a user: Unix time (no schedule fires before 1970),
+# days to years either side of them still inside Python's datetime (years 1 to 9999)
+MIN_SCALE, MAX_SCALE = 1e-3, 1e5  # --time-scale: 1e5 runs a year in 5 minutes; past it the loop's waits are
+# below a millisecond, and from year 9000 it would reach 9999 (the end of datetime) within days
 
 
 def _typed(parse: Callable[[str], T]) -> Callable[[str], T]:
@@ -75,9 +82,20 @@ def count_upto(most: int, why: str) -> Callable[[str], int]:
 
 def _iso(text: str) -> datetime:
     try:
-        return datetime.fromisoformat(text)
+        value = datetime.fromisoformat(text)
     except ValueError:
-        raise ValueError(f"not an ISO date-time (e.g. 2026-11-23T18:59:30): {text!r}") from None
+        raise ValueError(f"not an ISO date-time (e.g. 2026-11-23T18:59:30): {clipped(text)!r}") from None
+    if not FIRST_YEAR <= value.year <= LAST_YEAR:
+        raise ValueError(f"{text!r} is outside the years {FIRST_YEAR} to {LAST_YEAR} (a schedule fires on Unix "
+                         "time, and a clock past year 9999 stops)")
+    return value
+
+
+def _scale(text: str) -> float:
+    value = _number(text, 0.0, strict=True)
+    if not MIN_SCALE <= value <= MAX_SCALE:
+        raise ValueError(f"must be from {MIN_SCALE:g} to {MAX_SCALE:g}, not {clipped(text)!r}")
+    return value
 
 
 def _duration(text: str) -> float:
@@ -94,7 +112,7 @@ def _listen(text: str) -> str:
 # Every option value is parsed into its type where it is read: one line and exit 2, never a traceback.
 duration = _typed(_duration)  # 90, 30s, 5m, 1h30m -> seconds; never negative
 seconds = _typed(_seconds)  # finite, 0 to a year (what migd takes on its socket)
-positive = _typed(lambda text: _number(text, 0.0, strict=True))  # finite, > 0
+scale = _typed(_scale)  # a clock's speed: MIN_SCALE to MAX_SCALE
 count = _typed(_count)  # 1, 2, ...
 iso_time = _typed(_iso)
 host_port = _typed(_listen)  # HOST:PORT, kept as text

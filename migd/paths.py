@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import enum
 import os
+import re
 import socket
 from pathlib import Path
 
@@ -12,6 +14,34 @@ from migd.trust import ensure_private_dir
 DEFAULT_CONFIG = "/etc/migd/migd.yaml"
 DEFAULT_STATE_DIR = "/var/lib/migd"  # journal, apply lock, owner labels, kept manual override
 DEFAULT_SOCKET = "/run/migd/control.sock"
+
+
+class StateFile(enum.Enum):
+    """What migd writes in its state dir, by name: every writer takes its name from here, and
+    ``migd --fresh`` removes these and nothing else."""
+
+    JOURNAL = "journal.json"  # the apply in progress (recovery)
+    OWNERS = "owners.json"  # owner labels of the instances
+    OVERRIDE = "override.json"  # a kept manual apply
+    APPLY_LOCK = "apply.lock"  # one apply at a time
+    SLURM = "slurm.json"  # the Slurm switch in progress
+    DEMAND = "demand.json"  # the demand planner's record
+    CONTROL_SOCKET = "control.sock"  # a simulated node's control socket
+
+    def at(self, state_dir: Path) -> Path:
+        return state_dir / self.value
+
+
+_TEMP = re.compile(r"^\.(?P<name>[^/]+)\.[A-Za-z0-9_]+\.tmp$")  # statefile's mkstemp: .journal.json.abc123.tmp
+_ASIDE = re.compile(r"^(?P<name>[^/]+)\.[a-z]+-[0-9]+$")  # statefile.set_aside: journal.json.discarded-1795...
+
+
+def migd_wrote(name: str) -> bool:
+    """Whether a state dir's entry ``name`` is one of migd's own files, a temp file of its write, or one it set
+    aside (kept for the operator)."""
+    known = {f.value for f in StateFile}
+    m = _TEMP.match(name) or _ASIDE.match(name)
+    return name in known or (m is not None and m["name"] in known)
 
 
 def sim_root() -> Path:
@@ -46,7 +76,7 @@ def control_socket(explicit: str | None, sim: str | None = None, sim_state: str 
     if explicit:
         return Path(explicit)
     if sim:
-        return sim_paths(sim, sim_state, state_dir_)[1] / "control.sock"
+        return StateFile.CONTROL_SOCKET.at(sim_paths(sim, sim_state, state_dir_)[1])
     return Path(DEFAULT_SOCKET)
 
 

@@ -8,6 +8,7 @@ must be a positive integer`` and list the allowed values.
 from __future__ import annotations
 
 import builtins
+import ipaddress
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -230,9 +231,26 @@ def parse_host_port(value: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:9835`` for IPv6) as the metrics listener takes it; ValueError otherwise."""
     host, _, port = value.rpartition(":")
     number = whole(port, 5)
-    if not host or number is None or number > 65535:
-        raise ValueError(f"{excerpt(value)} is not HOST:PORT (e.g. 127.0.0.1:9835)")
-    return host.strip("[]"), number
+    name = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if number is None or number > 65535 or not _is_host(name) or (name != host and ":" not in name):
+        raise ValueError(f"{excerpt(value)} is not HOST:PORT (e.g. 127.0.0.1:9835, [::1]:9835, node1.lab:9835)")
+    return name, number
+
+
+_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$", re.ASCII)
+
+
+def _is_host(name: str) -> bool:
+    """An IP address, or a DNS name of ASCII labels (RFC 1123): what the listener binds.  A label over 63
+    characters, an empty one (``a..b``) or a non-ASCII name passed here and then stopped migd at start with
+    a UnicodeError traceback from the IDNA codec, and ``*`` bound every interface."""
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        pass
+    labels = name[:-1].split(".") if name.endswith(".") else name.split(".")
+    return 0 < len(name) <= 253 and all(_LABEL.match(label) for label in labels)
 
 
 def read(path: str | Path, strict: bool = False, what: str = "file") -> str:

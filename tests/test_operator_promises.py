@@ -375,6 +375,34 @@ def test_the_demo_starts_fresh_with_fresh(migd: MigdProcess) -> None:
     assert migd.assert_profile("night")
 
 
+@pytest.mark.parametrize("given", ["a state dir holding other files", "a sim state that is not one"])
+def test_fresh_removes_only_what_migd_wrote(tmp_path: Path, given: str) -> None:
+    """``--fresh --state-dir /tmp`` removed every file in /tmp (shutil.rmtree of whatever was named), and
+    ``--sim-state`` naming a configuration file replaced it.  Each is now refused in one line, exit 2, and
+    nothing is removed."""
+    victim = tmp_path / "victim"
+    (victim / "sub").mkdir(parents=True)
+    (victim / "precious.txt").write_text("keep")
+    (victim / "journal.json").write_text("{}")  # (migd's own: removed only when the rest is migd's too)
+    conf = tmp_path / "important.conf"
+    conf.write_text("not a sim state\n")
+    cfg = tmp_path / "migd.yaml"
+    cfg.write_text(f"profiles_dir: {PROFILES}\nschedule:\n  - {{profile: day, at: '08:30'}}\n")
+    where = (["--state-dir", str(victim), "--sim-state", str(tmp_path / "s.json")] if given.startswith("a state dir")
+             else ["--state-dir", str(tmp_path / "empty"), "--sim-state", str(conf)])
+    p = subprocess.run([sys.executable, "-m", "migd.daemon.main", "--config", str(cfg), "--sim", "dgx-a100", "--fresh",
+                        "--metrics-listen", "127.0.0.1:0", *where], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, p
+    if given.startswith("a state dir"):
+        assert (f"not starting: {victim}: --fresh removes only migd's own state, and this directory holds 2 other "
+                "entries (precious.txt, sub): name a state dir of migd's alone") in p.stderr, p.stderr
+        assert sorted(x.name for x in victim.iterdir()) == ["journal.json", "precious.txt", "sub"]
+    else:
+        assert f"not starting: {conf}: --fresh replaces only a simulator's state: " in p.stderr, p.stderr
+        assert conf.read_text() == "not a sim state\n"
+    assert "Traceback" not in p.stderr
+
+
 def test_fresh_is_refused_on_real_gpus(migd: MigdProcess) -> None:
     p = subprocess.run([sys.executable, "-m", "migd.daemon.main", "--config", str(migd.config), "--fresh",
                         "--state-dir", str(migd.tmp / "state")], capture_output=True, text=True, timeout=60)

@@ -157,6 +157,7 @@ def _cfg(tmp_path: Path, body: str) -> Path:
     ("schedule:\n  - {profile: day, cron: '0 ٨ * * *'}\n", "is not a cron expression: ASCII", 2),
     ("schedule:\n  - {profile: day, at: '٠:٣٠'}\n", "not a time of day", 2),
     ("schedule:\n  - {profile: day, at: '08:30'}\nmetrics: {listen: '127.0.0.1:98²'}\n", "is not HOST:PORT", 3),
+    ("schedule:\n  - {profile: day, at: '08:30'}\nmetrics: {listen: 'a..b:9835'}\n", "is not HOST:PORT", 3),  # (IDNA)
 ])
 def test_config_errors_are_located(tmp_path: Path, body: str, needle: str, line: int) -> None:
     with pytest.raises(ValidationError) as e:

@@ -44,6 +44,7 @@ from migd.apply.steps import guarded, verify
 from migd.hardware.inventory import Unreadable, survey
 from migd.hardware.ports import ApplyPort
 from migd.hardware.types import GpuInfo, GpuState, HardwareError
+from migd.paths import StateFile
 from migd.plan.planner import GpuPlan, OpKind, PlanError, layout_of
 from migd.plan.requests import DesiredLayout
 from migd.profiles.model import Profile
@@ -61,8 +62,8 @@ class Applier:
     def __init__(self, backend: ApplyPort, state_dir: Path) -> None:
         self.backend = backend
         self.state_dir = Path(state_dir)
-        self.journal = Journal(self.state_dir / "journal.json")
-        self.owners = Owners(self.state_dir / "owners.json")
+        self.journal = Journal(StateFile.JOURNAL.at(self.state_dir))
+        self.owners = Owners(StateFile.OWNERS.at(self.state_dir))
         self._stopping: Callable[[], bool] | None = None
         self._progress: Callable[[], None] | None = None
         self._faults: FaultGate | None = None
@@ -70,7 +71,7 @@ class Applier:
         self._unnoted: list[str] = []  # journal updates that could not be written (said if the journal stays)
 
     def lock(self, timeout_s: float = 0.0) -> ApplyLock:
-        return ApplyLock(self.state_dir / "apply.lock", timeout_s)
+        return ApplyLock(StateFile.APPLY_LOCK.at(self.state_dir), timeout_s)
 
     # -- planning ---------------------------------------------------------------------------------
     def plan(self, profile: Profile, mode_only: bool = False) -> list[GpuPlan]:

@@ -14,7 +14,7 @@ from migd.apply.relabel import owners_only
 from migd.apply.result import ApplyResult
 from migd.ctl.remote import control_socket, out
 from migd.hardware.ports import GpuBackend
-from migd.paths import listening
+from migd.paths import StateFile, listening
 from migd.printable import shown
 from migd.profiles.loader import load_profile
 from migd.profiles.model import Profile
@@ -43,7 +43,7 @@ def kept_hold(args: argparse.Namespace, state_dir: Path, profile: Profile, resul
     (failed, or ``--mode-only``, which leaves the instances to it), the kept one is said to stay.  Either
     way one line says how to lift it.  Nothing is kept for a running migd (``--force-local``): its hold
     is in its memory, and it reconciles."""
-    store = OverrideStore(state_dir / "override.json")
+    store = OverrideStore(StateFile.OVERRIDE.at(state_dir))
     if args.dry_run or not store.path.exists() or listening(control_socket(args)):
         return
     kept = store.load()  # (a damaged one is said and set aside by the load)

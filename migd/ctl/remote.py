@@ -193,7 +193,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def _resume_offline(args: argparse.Namespace) -> int:
     from migd.state.override import OverrideStore
-    store = OverrideStore(paths.state_dir(args.state_dir, args.sim, args.sim_state) / "override.json")
+    store = OverrideStore(paths.StateFile.OVERRIDE.at(paths.state_dir(args.state_dir, args.sim, args.sim_state)))
     if not store.path.exists():
         print("migd is not running and no manual apply is kept: its next start follows the schedule")
         return Exit.OK

@@ -16,6 +16,7 @@ from pathlib import Path
 from migd.api.demand import DemandView, PlanSummary, Source
 from migd.demand.mix import MixError, mix_profile, parse_mix, shapes
 from migd.hardware.inventory import GpuLister, survey
+from migd.paths import StateFile
 from migd.profiles.model import Profile
 from migd.slurm.ctl import SlurmCtl, SlurmError
 from migd.slurm.demandconf import DemandMode, DemandSettings
@@ -52,7 +53,7 @@ class DemandPass:
             models = [g.model for g in survey(gpus).gpus if g.model is not None]
             layouts = shapes(profiles, self.s.candidates, models, not self.s.mixes.whole(self.s.params.reserves))
             self.planner = Planner(self.s, self.partition, self.node, self.ctl, layouts,
-                                   self._state_dir / "demand.json", self._clock)
+                                   StateFile.DEMAND.at(self._state_dir), self._clock)
         if self.planner.due():
             self.last_plan = self.planner.tick()
 

@@ -7,7 +7,6 @@ import contextlib
 import gc
 import logging
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -20,6 +19,7 @@ from migd import __version__, cliargs, paths
 from migd.api.checks import DaemonAudit
 from migd.api.status import StatusDoc
 from migd.apply.journal import left_behind
+from migd.apply.statefile import read_json
 from migd.cliargs import Parser
 from migd.config.migdyaml import Config, load_config, unmapped_owners
 from migd.daemon import loop
@@ -37,9 +37,9 @@ from migd.hardware.types import HardwareError
 from migd.isolation.events import EventCounters
 from migd.isolation.watch import FaultWatch
 from migd.metrics.sampler import NvmlErrorCounter, Sampler
-from migd.paths import DEFAULT_CONFIG, DEFAULT_SOCKET, socket_too_long
+from migd.paths import DEFAULT_CONFIG, DEFAULT_SOCKET, StateFile, migd_wrote, socket_too_long
 from migd.plan.planner import build_tables
-from migd.printable import LineFormatter
+from migd.printable import LineFormatter, clipped
 from migd.report import journal_doc
 from migd.sim.fleets import FLEETS
 from migd.trust import ensure_private_dir
@@ -85,7 +85,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-listen", type=cliargs.host_port,
                    help="HOST:PORT for /metrics and /healthz (overrides the config)")
     p.add_argument("--now", type=cliargs.iso_time, help="pretend the clock starts at this ISO time (demo, tests)")
-    p.add_argument("--time-scale", type=cliargs.positive, default=1.0, help="run the clock this many times faster")
+    p.add_argument("--time-scale", type=cliargs.scale, default=1.0,
+                   help=f"run the clock this many times faster ({cliargs.MIN_SCALE:g} to {cliargs.MAX_SCALE:g})")
     p.add_argument("--check", action="store_true", help="validate the configuration and exit")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="least severe messages logged (default info)")
@@ -163,9 +164,34 @@ def _start_fresh(args: argparse.Namespace, state: Path | None, state_dir: Path, 
         raise ValidationError("--fresh", None, None, "", "only with --sim: on real GPUs the state dir holds the "
                               "journal that recovers an interrupted apply")
     claim(socket_path)
+    _refuse_foreign(state, state_dir)
     with contextlib.suppress(FileNotFoundError):
         state.unlink()
-    shutil.rmtree(state_dir, ignore_errors=True)
+    for f in StateFile:  # (what it set aside stays, for the operator)
+        with contextlib.suppress(FileNotFoundError):
+            f.at(state_dir).unlink()
+
+
+def _refuse_foreign(state: Path, state_dir: Path) -> None:
+    """``--fresh`` removes migd's own files and nothing else: a state dir holding anything else, or a state
+    file that is not a simulator's, is refused as it is given (a mistyped ``--state-dir /tmp`` removed
+    every file in /tmp, and ``--sim-state`` of a configuration file replaced it)."""
+    if state_dir.is_dir():
+        other = sorted(e.name for e in os.scandir(state_dir) if not migd_wrote(e.name))
+        if other:
+            raise ValidationError(str(state_dir), None, None, "", f"--fresh removes only migd's own state, and this "
+                                  f"directory holds {len(other)} other entr{'y' if len(other) == 1 else 'ies'} "
+                                  f"({clipped(', '.join(other[:3]))}): name a state dir of migd's alone")
+    try:
+        doc = read_json(state)
+    except FileNotFoundError:
+        return
+    except ValidationError as e:
+        raise ValidationError(str(state), None, None, "", f"--fresh replaces only a simulator's state: "
+                              f"{e.message}") from None
+    if not (isinstance(doc, dict) and "fleet" in doc and "serial" in doc):
+        raise ValidationError(str(state), None, None, "", "--fresh replaces only a simulator's state, and this file "
+                              "is not one (no fleet and serial): name the simulator's own file")
 
 
 def _clock(args: argparse.Namespace, cfg: Config) -> Clock:

@@ -44,6 +44,7 @@ from migd.errors import ValidationError
 from migd.hardware.inventory import survey
 from migd.hardware.ports import GpuBackend
 from migd.isolation.audit import Finding
+from migd.paths import StateFile
 from migd.profiles.model import Profile, describe_gpus
 from migd.slurm.transition import GateHooks
 from migd.state.live import Status
@@ -63,7 +64,7 @@ class Daemon:
         self.clock = clock
         self.notifier = notifier or Notifier("")
         self._reload_config = reload_config
-        self.overrides = OverrideStore(Path(state_dir) / "override.json")
+        self.overrides = OverrideStore(StateFile.OVERRIDE.at(Path(state_dir)))
         self.status = Status(config_path=config.path, timezone=config.timezone, override=self.overrides.load(),
                              profile_names=tuple(sorted(config.profiles)), busy_timeout_s=config.busy_timeout_s,
                              clock=clock.view())

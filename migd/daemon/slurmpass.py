@@ -27,6 +27,7 @@ from migd.daemon.demandpass import DemandPass
 from migd.hardware.inventory import survey
 from migd.hardware.ports import GpuBackend, read_state
 from migd.hardware.types import GpuState, HardwareError
+from migd.paths import StateFile
 from migd.plan.planner import GpuPlan, PlanError
 from migd.profiles.model import Profile
 from migd.slurm.ctl import SlurmCtl, SlurmError, command_runner
@@ -44,7 +45,7 @@ def slurm_switch(config: Config, backend: GpuBackend, applier: Applier, state_di
     lent = lent or Lent()
     run = command_runner(dict(s.env))
     ctl = SlurmCtl(s.node, run, s.command_timeout_s)
-    switch = SlurmSwitch(SlurmGate(s, ctl, run, backend.minor_number, state_dir / "slurm.json", now, lent.hooks),
+    switch = SlurmSwitch(SlurmGate(s, ctl, run, backend.minor_number, StateFile.SLURM.at(state_dir), now, lent.hooks),
                          applier, lent.unheld)
     if s.demand is not None:
         switch.demand = DemandPass(s, s.demand, ctl, state_dir)
