@@ -5,6 +5,8 @@ whose nvmlInit fails with NVML_ERROR_DRIVER_NOT_LOADED until the test loads the 
 
 from __future__ import annotations
 
+import socket
+import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,6 +57,34 @@ def test_a_driver_not_loaded_yet_is_waited_for_not_a_configuration_error(migd: M
     assert migd.assert_profile("day")
     migd.wait_until(lambda: migd.healthz()[0] == 200, timeout=30)
     assert "NVML opened after waiting" in migd.log.read_text()
+    assert migd.stop() == 0
+    migd.assert_no_traceback()
+
+
+def test_healthz_while_waiting_for_the_driver_holds_no_thread_and_logs_no_traceback(migd: MigdProcess) -> None:
+    """The wait's /healthz (http.server) printed a traceback into migd's log per client that reset its
+    connection, and a client that sent half a request held a thread for ever."""
+    assert migd.migctl("status").code == 0
+    world.driver_not_loaded(StateStore(migd.migctl.state), 10_000)
+    migd.start(now="2026-11-23T10:00:00")
+    migd.wait_until(lambda: migd.healthz()[0] == 503, timeout=30)
+    assert migd.proc is not None
+    tasks = Path(f"/proc/{migd.proc.pid}/task")
+    idle = len(list(tasks.iterdir()))
+    for _ in range(30):  # answered, then reset before the answer is read
+        with socket.create_connection(("127.0.0.1", migd.port), timeout=5) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+    halves = [socket.create_connection(("127.0.0.1", migd.port), timeout=5) for _ in range(20)]
+    for s in halves:
+        s.sendall(b"GET /healthz HTTP/1.1\r\n")
+    try:
+        migd.wait_until(lambda: len(list(tasks.iterdir())) >= idle + 15, timeout=10)  # a thread each, for now
+        migd.wait_until(lambda: len(list(tasks.iterdir())) <= idle + 2, timeout=30)  # each let go in 5 s
+    finally:
+        for s in halves:
+            s.close()
+    assert migd.healthz()[0] == 503
     assert migd.stop() == 0
     migd.assert_no_traceback()
 

@@ -50,4 +50,5 @@ def test_a_bad_option_value_is_one_line_and_exit_2(argv: tuple[str, ...], option
     assert r.stdout == "" and "Traceback" not in r.stderr, r.stderr
     line, = r.stderr.splitlines()
     value = argv[-2] if argv[-1].endswith(".yaml") else argv[-1]
-    assert f"error: argument {option}: " in line and (repr(value) if len(value) <= 40 else repr(value)[:30]) in line, line
+    quoted = repr(value) if len(value) <= 40 else repr(value)[:30]  # (a long one is shown by its start)
+    assert f"error: argument {option}: " in line and quoted in line, line

@@ -31,9 +31,11 @@ REPEAT_S = 600.0  # the same cause is logged again at most this often
 
 
 class _Unavailable(http.server.BaseHTTPRequestHandler):
-    """Every path answers 503 with why: migd is up, its GPUs are not served yet."""
+    """Every path answers 503 with why: migd is up, its GPUs are not served yet.  A client has
+    ``timeout`` seconds to send its request (one that sent half and waited held a thread for ever)."""
 
     server: _HealthServer
+    timeout = 5.0
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         body = f"waiting for the NVIDIA driver: {self.server.why}\n".encode()
@@ -50,6 +52,11 @@ class _Unavailable(http.server.BaseHTTPRequestHandler):
 class _HealthServer(http.server.ThreadingHTTPServer):
     daemon_threads = True
     why = ""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that reset its connection or left mid-answer is its own business: socketserver's
+        default printed a traceback per client into migd's log (hundreds from a burst of resets)."""
+        log.debug("/healthz while waiting for the driver: a client from %s went away", client_address)
 
 
 def _health(listen: str | None) -> _HealthServer | None:
