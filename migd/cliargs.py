@@ -35,7 +35,7 @@ MIN_SCALE, MAX_SCALE = 1e-3, 1e5  # --time-scale: 1e5 runs a year in 5 minutes; 
 # below a millisecond, and from year 9000 it would reach 9999 (the end of datetime) within days
 
 
-def _typed(parse: Callable[[str], T]) -> Callable[[str], T]:
+def typed(parse: Callable[[str], T]) -> Callable[[str], T]:
     """An argparse ``type=`` that turns the parser's ValueError into argparse's one-line usage error."""
     def convert(text: str) -> T:
         try:
@@ -77,7 +77,7 @@ def count_upto(most: int, why: str) -> Callable[[str], int]:
         if value > most:
             raise ValueError(f"must be at most {most} ({why}), not {text.strip()!r}")
         return value
-    return _typed(count)
+    return typed(count)
 
 
 def _iso(text: str) -> datetime:
@@ -110,9 +110,9 @@ def _listen(text: str) -> str:
 
 
 # Every option value is parsed into its type where it is read: one line and exit 2, never a traceback.
-duration = _typed(_duration)  # 90, 30s, 5m, 1h30m -> seconds; never negative
-seconds = _typed(_seconds)  # finite, 0 to a year (what migd takes on its socket)
-scale = _typed(_scale)  # a clock's speed: MIN_SCALE to MAX_SCALE
-count = _typed(_count)  # 1, 2, ...
-iso_time = _typed(_iso)
-host_port = _typed(_listen)  # HOST:PORT, kept as text
+duration = typed(_duration)  # 90, 30s, 5m, 1h30m -> seconds; never negative
+seconds = typed(_seconds)  # finite, 0 to a year (what migd takes on its socket)
+scale = typed(_scale)  # a clock's speed: MIN_SCALE to MAX_SCALE
+count = typed(_count)  # 1, 2, ...
+iso_time = typed(_iso)
+host_port = typed(_listen)  # HOST:PORT, kept as text

@@ -37,6 +37,9 @@ BAD = [
     (("migd.ctl.migctl", "apply", "--lock-timeout", "-3", str(PROFILES / "day.yaml")), "--lock-timeout"),
     (("migd.ctl.migctl", "apply", "--lock-timeout", "1e9", str(PROFILES / "day.yaml")), "--lock-timeout"),  # (migd
     (("migd.ctl.migctl", "apply", "--busy-timeout", "9000h", str(PROFILES / "day.yaml")), "--busy-timeout"),  # refuses)
+    (("migd.ctl.migctl", "export", "--name", "a b"), "--name"),  # (exported, then refused by validate and apply)
+    (("migd.ctl.migctl", "export", "--name", ""), "--name"),
+    (("migd.ctl.migctl", "export", "--name", "x\x1b[31m"), "--name"),
     (("migd.ctl.migctl", "validate", "--gpus", "0", str(PROFILES / "day.yaml")), "--gpus"),
     (("migd.ctl.migctl", "validate", "--gpus", "eight", str(PROFILES / "day.yaml")), "--gpus"),
 ]
@@ -52,3 +55,18 @@ def test_a_bad_option_value_is_one_line_and_exit_2(argv: tuple[str, ...], option
     value = argv[-2] if argv[-1].endswith(".yaml") else argv[-1]
     quoted = repr(value) if len(value) <= 40 else repr(value)[:30]  # (a long one is shown by its start)
     assert f"error: argument {option}: " in line and quoted in line, line
+
+
+@pytest.mark.parametrize(("program", "env", "said"), [
+    ("migd.ctl.migctl", {"MIGD_SIM": "bogus"}, "migctl: error: $MIGD_SIM: invalid choice: 'bogus' (choose from "),
+    ("migd.ctl.migctl", {"MIGD_SIM_STATE": "/tmp/x.json"}, "migctl: error: --sim-state (or $MIGD_SIM_STATE) needs "
+     "--sim FLEET"),
+    ("migd.daemon.main", {}, "migd: error: --sim-state needs --sim FLEET"),
+], ids=["bad MIGD_SIM", "sim state without a fleet (migctl)", "sim state without a fleet (migd)"])
+def test_what_argparse_does_not_check_is_one_line_and_exit_2(program: str, env: dict[str, str], said: str) -> None:
+    """``$MIGD_SIM`` is a default, never held to the choices: a bad one was a hardware error, exit 4.  A
+    simulator state without a fleet was silently not used (no NVIDIA driver found, exit 4)."""
+    argv = ["status"] if program.endswith("migctl") else ["--sim-state", "/tmp/x.json", "--check"]
+    r = subprocess.run([sys.executable, "-m", program, *argv], capture_output=True, text=True, timeout=60,
+                       env={"PATH": "/usr/bin:/bin", "MIGD_CONFIG": "/nonexistent", **env})
+    assert (r.returncode, r.stdout) == (2, "") and r.stderr.startswith(said) and r.stderr.count("\n") == 1, r

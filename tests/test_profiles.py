@@ -59,6 +59,8 @@ def test_examples_validate_for_every_seven_slice_model() -> None:
     (GOOD.replace("select: all", "select: some"), 5, 13, "gpus[0].select", "not allowed"),
     (GOOD.replace("profile: 1g", "profile: 9z"), 8, 19, "gpus[0].instances[0].profile", "not a MIG profile"),
     (GOOD.replace("name: t", "name: 'bad name'"), 3, 7, "name", "not a valid name"),
+    (GOOD.replace("name: t", 'name: "t\\n"'), 3, 7, "name", "not a valid name"),  # ($ matched before a newline)
+    (GOOD.replace("count: 7", 'count: 7, owner: "team\\n"'), 8, 40, "gpus[0].instances[0].owner", "not a valid owner"),
     (GOOD.replace("    instances:\n      - {profile: 1g, count: 7}\n", ""), None, None, "", None),
 ])
 def test_structural_errors_are_located(tmp_path: Path, text: str, line: int | None, col: int | None, field: str,

@@ -11,8 +11,10 @@ from migd import __version__, cliargs, paths
 from migd.apply.result import OnBusy
 from migd.catalog.models import MODELS
 from migd.cliargs import Parser
+from migd.profiles.loader import NAME_RULE, is_name
 from migd.profiles.validate import MAX_BOARD_GPUS
 from migd.sim.fleets import FLEETS
+from migd.yamlsrc import excerpt
 
 
 def _globals(p: argparse.ArgumentParser, defaults: bool) -> None:
@@ -59,6 +61,7 @@ def parser() -> argparse.ArgumentParser:
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """migctl's command line, read: a profile command's file is FILE or -f/--config-file, given once."""
     args = parser().parse_args(argv)
+    _check_sim(args)
     if args.command in PROFILE_COMMANDS:
         given = [f for f in (args.file, args.config_file) if f is not None]
         sub = Parser(prog=f"migctl {args.command}")
@@ -69,6 +72,24 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
                       "not both")
         args.file = given[0]
     return args
+
+
+def _profile_name(text: str) -> str:
+    """A name migctl validate and apply then take (an empty, spaced or escape-holding one was exported)."""
+    if not is_name(text):
+        raise ValueError(f"{excerpt(text)} is not a profile name ({NAME_RULE})")
+    return text
+
+
+def _check_sim(args: argparse.Namespace) -> None:
+    """What argparse does not check: ``$MIGD_SIM`` is a default, which it never holds to ``choices`` (a bad
+    one was a hardware error, exit 4), and ``--sim-state`` without a fleet was silently not used."""
+    usage = Parser(prog="migctl")
+    if args.sim is not None and args.sim not in FLEETS:
+        usage.error(f"$MIGD_SIM: invalid choice: {args.sim!r} (choose from {', '.join(sorted(FLEETS))})")
+    if args.sim_state and args.sim is None:
+        usage.error("--sim-state (or $MIGD_SIM_STATE) needs --sim FLEET (or $MIGD_SIM): the simulator runs only "
+                    "with a fleet")
 
 
 def _fmt(sp: argparse.ArgumentParser, choices: Sequence[str] = ("table", "json", "yaml")) -> None:
@@ -138,7 +159,8 @@ def _node_commands(cmd: Command) -> None:
     _fmt(cmd("doctor", "read-only check of driver, GPUs, profile tables, events and GPM against the catalog "
                        "(changes nothing)"))
     sp = cmd("export", "print the current state as a migd profile")
-    sp.add_argument("--name", default="exported", help="name of the exported profile (default exported)")
+    sp.add_argument("--name", default="exported", type=cliargs.typed(_profile_name),
+                    help=f"name of the exported profile ({NAME_RULE}; default exported)")
     sp.add_argument("--format", choices=["migd", "mig-parted"], default="migd",
                     help="a migd profile (default; keeps placements and owners) or a mig-parted config")
     _fmt(sp, ("yaml", "json"))

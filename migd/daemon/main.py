@@ -93,8 +93,17 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """migd's command line, with what argparse cannot check alone (one line, exit 2)."""
+    p = parser()
+    args = p.parse_args(argv)
+    if args.sim_state and not args.sim:
+        p.error("--sim-state needs --sim FLEET: the simulator runs only with a fleet")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = parse(argv)
     setup_logging(args.log_level)
     try:
         cfg = load_config(args.config)

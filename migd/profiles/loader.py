@@ -12,7 +12,13 @@ from migd.profiles.model import GpuSection, InstanceSpec, Loc, PciId, Profile, S
 from migd.yamlsrc import Node, excerpt, load, read
 
 API_VERSION = "migd/v1"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+NAME_RULE = "letters, digits, '.', '_', '-'; max 63"  # a profile's name and an owner label
+
+
+def is_name(text: str) -> bool:
+    """Whether ``text`` is a profile name or owner label (whole: ``$`` also matched before a final newline)."""
+    return _NAME.fullmatch(text) is not None
 _PROFILE = re.compile(r"^(?:[0-9]{1,2}c\.)?[0-9]{1,2}g(?:\.[0-9]{1,6}gb)?(?:[+-][a-z.]+)?$", re.ASCII)
 _CI = re.compile(r"^[0-9]{1,2}c(?:\.[0-9]{1,2}g(?:\.[0-9]{1,6}gb)?(?:[+-][a-z.]+)?)?$", re.ASCII)
 # No GPU in the catalog holds more instances of one profile (NVML's instanceCount: 7 x 1g on A100/H100);
@@ -58,8 +64,8 @@ def _load_migd(root: Node) -> Profile:
     top["apiVersion"].str(choices=[API_VERSION])
     top["kind"].str(choices=["Profile"])
     name = top["name"].str()
-    if not _NAME.match(name):
-        raise top["name"].error(f"{excerpt(name)} is not a valid name (letters, digits, '.', '_', '-'; max 63)")
+    if not is_name(name):
+        raise top["name"].error(f"{excerpt(name)} is not a valid name ({NAME_RULE})")
     description = top["description"].str() if "description" in top else ""
     sections = [_migd_section(n) for n in top["gpus"].items()]
     if not sections:
@@ -133,8 +139,8 @@ def _instance(n: Node) -> InstanceSpec:
                                  "1c.3g.40gb)")
     count = m["count"].int(minimum=1, maximum=MAX_COUNT) if "count" in m else 1
     owner = m["owner"].str() if "owner" in m else None
-    if owner is not None and not _NAME.match(owner):
-        raise m["owner"].error(f"{excerpt(owner)} is not a valid owner label (letters, digits, '.', '_', '-')")
+    if owner is not None and not is_name(owner):
+        raise m["owner"].error(f"{excerpt(owner)} is not a valid owner label ({NAME_RULE})")
     compute = None
     if "compute" in m:
         items = list(m["compute"].items())
