@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from migd import __version__
+from migd import __version__, paths
 from migd.sim import world
 from migd.sim.backend import sim_backend
 from migd.sim.state import StateStore
@@ -632,3 +632,19 @@ def test_status_as_an_ordinary_user_is_not_a_hardware_error(migd: MigdProcess) -
                             str(migd.migctl.state_dir), "status"])
     assert code == 1 and err.startswith("not permitted: ") and "Permission denied" in err, err
     assert "hardware error" not in err and len(err.strip().splitlines()) == 1, err
+    # (it said "MIG changes need root": the user is told where migd would have answered, and that none does)
+    control = paths.control_socket(None, migd.fleet, str(migd.migctl.state), str(migd.migctl.state_dir))
+    view = paths.status_socket(control)
+    assert err.endswith(f"or asks a running migd on its read-only socket {view}, where none answers\n"), err
+
+
+def test_a_control_socket_path_that_is_no_socket_is_said_with_its_path(tmp_path: Path) -> None:
+    """``--control-socket`` through a regular file said ``not applied: Not a directory``, no path, for a
+    command that applies nothing."""
+    (tmp_path / "file").write_text("")
+    sock = tmp_path / "file" / "control.sock"
+    r = subprocess.run([sys.executable, "-m", "migd.ctl.migctl", "--sim", "single-a100", "--sim-state",
+                        str(tmp_path / "s.json"), "--control-socket", str(sock), "daemon"],
+                       capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", f"error talking to migd: migd's socket {sock}: Not a "
+                                                         "directory\n"), r

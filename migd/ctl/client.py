@@ -17,6 +17,10 @@ from migd.api.commands import MAX_REPLY, BadJson, Reply, parse_object, reply_as
 from migd.wire import WireError, to_json
 
 
+class ControlError(ConnectionError):
+    """Talking to migd failed (it died, or closed the socket): not the caller's own stdout."""
+
+
 def _connect(path: Path, timeout_s: float) -> socket.socket | None:
     """Connected, or None if nobody listens; a full backlog (EAGAIN) is waited out for up to 10 s."""
     deadline = time.monotonic() + min(timeout_s, 10.0)
@@ -36,10 +40,14 @@ def _connect(path: Path, timeout_s: float) -> socket.socket | None:
                 raise TimeoutError(f"migd's control socket {path} stays busy (too many clients at once)") from None
             time.sleep(delay)
             delay = min(0.2, delay * 2)
+        except PermissionError:  # (the caller may try the read-only socket)
+            s.close()
+            raise
+        except OSError as e:  # a path through a file, one too long for a socket, ...: said with the path
+            s.close()
+            raise ControlError(f"migd's socket {path}: {e.strerror or e}") from None
 
 
-class ControlError(ConnectionError):
-    """Talking to migd failed (it died, or closed the socket): not the caller's own stdout."""
 
 
 

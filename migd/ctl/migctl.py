@@ -366,12 +366,18 @@ def _run(args: argparse.Namespace) -> int:
             return Exit.NOT_APPLIED
     try:
         return _local(args)
-    except PermissionError:  # not root: `status` and `isolation` are answered by migd's read-only socket
+    except PermissionError as e:  # not root: `status` and `isolation` are answered by migd's read-only socket
         if args.command == "isolation" and (code := isolation_from_daemon(args)) is not None:
             return code
-        if args.command != "status" or (doc := layout_from_daemon(args)) is None:
+        if args.command == "status" and (doc := layout_from_daemon(args)) is not None:
+            return status_out(args, doc)
+        if args.command not in ("status", "isolation") or args.command == "isolation" and (args.profile or args.probe):
             raise
-        return status_out(args, doc)
+        sock = paths.status_socket(control_socket(args))  # (said: the user is told migd is not answering)
+        print(shown(f"not permitted: {e.filename or e}: {e.strerror}; `migctl {args.command}` reads the GPUs here "
+                    f"(their device files), or asks a running migd on its read-only socket {sock}, where none "
+                    "answers"), file=sys.stderr)
+        return Exit.NOT_APPLIED
 
 
 def _local(args: argparse.Namespace) -> int:

@@ -125,7 +125,11 @@ def daemon_request(args: argparse.Namespace, req: object, timeout_s: float = 30.
         reply = request(sock, req, timeout_s=timeout_s)
     except PermissionError:  # (a user who is not root: the request may be one the read-only socket answers)
         sock = paths.status_socket(sock)
-        reply = request(sock, req, timeout_s=timeout_s)
+        try:
+            reply = request(sock, req, timeout_s=timeout_s)
+        except PermissionError as e:  # (migd makes it 0666: someone changed it)
+            raise ControlError(f"migd's read-only socket {sock}: {e.strerror}, and its control socket is root's; "
+                               "migd opens the read-only one to every user when it starts") from None
     if reply is None:
         raise ConnectionError(f"no migd is listening on {sock}")
     return reply
