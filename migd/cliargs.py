@@ -9,7 +9,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, NoReturn, TypeVar
 
-from migd.numeral import whole
+from migd.numeral import MOST_DIGITS, whole
 from migd.printable import clipped
 from migd.yamlsrc import SECONDS_RANGE, parse_duration, parse_host_port, within_a_year
 
@@ -23,7 +23,7 @@ class Parser(argparse.ArgumentParser):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._negative_number_matcher = re.compile(r"^-\.?\d")  # (no option of ours looks like -5)
+        self._negative_number_matcher = re.compile(r"^-(\.?\d|inf|nan)", re.I)  # (no option of ours looks like -5)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -46,11 +46,12 @@ def typed(parse: Callable[[str], T]) -> Callable[[str], T]:
     return convert
 
 
+_FLOAT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3})?|[+-]?(?:inf|nan)", re.ASCII | re.I)
+
+
 def _number(text: str, minimum: float, strict: bool) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
+    """A decimal number as a person types it: ASCII (``float`` also takes ``1_000`` and fullwidth digits)."""
+    value = float(text) if _FLOAT.fullmatch(text.strip()) else math.nan
     if not math.isfinite(value) or value < minimum or (strict and value == minimum):
         raise ValueError(f"must be a number {'above' if strict else 'of at least'} {minimum:g}, not {text!r}")
     return value
@@ -66,7 +67,7 @@ def _seconds(text: str) -> float:
 def _count(text: str) -> int:
     number = whole(text.strip())
     if number is None or number < 1:
-        raise ValueError(f"must be a whole number above 0, not {text[:40]!r}")
+        raise ValueError(f"must be a whole number above 0 of at most {MOST_DIGITS} digits, not {clipped(text)!r}")
     return number
 
 

@@ -57,8 +57,10 @@ def test_a_capability_minor_that_is_not_ascii_digits_is_skipped(tmp_path: Path) 
     assert read_minors(f) == {"gpu0/gi1/access": 13}
 
 
-@pytest.mark.parametrize("usec,interval", [("4000000", 2.0), ("²", None), ("٤٠٠٠٠٠٠", None), ("9" * 5000, None)],
-                         ids=["digits", "superscript", "arabic-indic", "5000-digits"])
+@pytest.mark.parametrize("usec,interval", [("4000000", 2.0), ("²", None), ("٤٠٠٠٠٠٠", None), ("9" * 5000, None),
+                                            ("1", 0.1), ("99999999999999999", 3600.0)],
+                         ids=["digits", "superscript", "arabic-indic", "5000-digits", "a microsecond",
+                              "past TIMEOUT_MAX"])
 def test_a_watchdog_timeout_that_is_not_ascii_digits_turns_the_watchdog_off(
         monkeypatch: pytest.MonkeyPatch, usec: str, interval: float | None) -> None:
     monkeypatch.setenv("WATCHDOG_USEC", usec)

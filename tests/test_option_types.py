@@ -32,6 +32,10 @@ BAD = [
     (("migd.daemon.main", "--time-scale", "1e308"), "--time-scale"),
     (("migd.daemon.main", "--time-scale", "1e11"), "--time-scale"),
     (("migd.daemon.main", "--time-scale", "1e-9"), "--time-scale"),
+    (("migd.daemon.main", "--time-scale", "-inf"), "--time-scale"),  # ("expected one argument")
+    (("migd.daemon.main", "--time-scale", "1_000"), "--time-scale"),  # (float() takes these)
+    (("migd.daemon.main", "--time-scale", "\uff16\uff10"), "--time-scale"),
+    (("migd.ctl.migctl", "validate", "--gpus", "9" * 20, str(PROFILES / "day.yaml")), "--gpus"),
     (("migd.ctl.migctl", "apply", "--busy-timeout", "5x", str(PROFILES / "day.yaml")), "--busy-timeout"),
     (("migd.ctl.migctl", "apply", "--lock-timeout", "nan", str(PROFILES / "day.yaml")), "--lock-timeout"),
     (("migd.ctl.migctl", "apply", "--lock-timeout", "-3", str(PROFILES / "day.yaml")), "--lock-timeout"),
@@ -70,3 +74,13 @@ def test_what_argparse_does_not_check_is_one_line_and_exit_2(program: str, env: 
     r = subprocess.run([sys.executable, "-m", program, *argv], capture_output=True, text=True, timeout=60,
                        env={"PATH": "/usr/bin:/bin", "MIGD_CONFIG": "/nonexistent", **env})
     assert (r.returncode, r.stdout) == (2, "") and r.stderr.startswith(said) and r.stderr.count("\n") == 1, r
+
+
+@pytest.mark.parametrize("argv", [("lose", "--gpu", "\u0663"), ("xid", "9" * 23, "--gpu", "0")],
+                         ids=["arabic-indic GPU index", "Xid of 23 digits"])
+def test_migd_sim_takes_ascii_numbers_and_few(argv: tuple[str, ...]) -> None:
+    """``int`` took ``٣`` as GPU 3, and an Xid of 23 digits was cut to 64 bits where migd read it."""
+    r = subprocess.run([sys.executable, "-m", "migd.sim.cli", argv[0], "--sim-state", "/nonexistent/x.json", *argv[1:]],
+                       capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout) == (2, ""), r
+    assert "must be a whole number of at most 9 digits" in r.stderr and r.stderr.count("\n") == 1, r.stderr

@@ -9,6 +9,8 @@ import time
 from migd.numeral import whole
 from migd.printable import shown
 
+PING_S = (0.1, 3600.0)  # the watchdog's pings, at least and at most this far apart
+
 
 class Notifier:
     """Sends READY/STATUS/RELOADING/STOPPING/WATCHDOG to ``$NOTIFY_SOCKET`` when it is set."""
@@ -18,7 +20,10 @@ class Notifier:
         usec = os.environ.get("WATCHDOG_USEC")
         pid = os.environ.get("WATCHDOG_PID")
         timeout_us = whole(usec) if usec is not None and (pid is None or pid == str(os.getpid())) else None
-        self.watchdog_interval_s = timeout_us / 1e6 / 2 if timeout_us else None  # ping at half the timeout
+        # ping at half the timeout, within PING_S: a microsecond's timeout spun the watchdog thread at 40% of a
+        # CPU, and one of years passed threading's TIMEOUT_MAX (an OverflowError killed the thread)
+        half = timeout_us / 1e6 / 2 if timeout_us else None
+        self.watchdog_interval_s = None if half is None else min(max(half, PING_S[0]), PING_S[1])
 
     @property
     def enabled(self) -> bool:

@@ -45,6 +45,7 @@ from migd.hardware.inventory import survey
 from migd.hardware.ports import GpuBackend
 from migd.isolation.audit import Finding
 from migd.paths import StateFile
+from migd.printable import clipped
 from migd.profiles.model import Profile, describe_gpus
 from migd.slurm.transition import GateHooks
 from migd.state.live import Status
@@ -185,7 +186,7 @@ class Daemon:
         gpus = survey(self.backend).gpus
         uuids = [g.uuid for g in gpus if gpu in (str(g.index), g.uuid)]
         if not uuids:
-            raise ValidationError("clear-fault", None, None, "GPU", f"no GPU {gpu!r} on this node (it has "
+            raise ValidationError("clear-fault", None, None, "GPU", f"no GPU {clipped(gpu)!r} on this node (it has "
                                   f"{describe_gpus(gpus)})")
         cleared = [u for u in uuids if self.status.unhealthy.clear(u)]
         log.warning("fault mark cleared on %s by an operator", ", ".join(cleared) or "nothing")

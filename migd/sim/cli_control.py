@@ -17,8 +17,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from migd import cliargs
 from migd.errors import ValidationError
+from migd.numeral import whole
 from migd.paths import sim_root
+from migd.printable import clipped
 from migd.sim import world
 from migd.sim.state import FLEETS, StateStore
 from migd.trust import ensure_private_dir
@@ -143,10 +146,22 @@ def slow(args: argparse.Namespace, store: StateStore) -> str:
 Handler = Callable[[argparse.Namespace, StateStore], str]
 
 
+def _whole(text: str) -> int:
+    """A GPU index, instance id, pid or Xid: ASCII digits, at most nine (``int`` took ``٣`` as 3, and an Xid of
+    23 digits was cut to 64 bits where migd read it)."""
+    number = whole(text.strip(), 9)
+    if number is None:
+        raise ValueError(f"must be a whole number of at most 9 digits, not {clipped(text)!r}")
+    return number
+
+
+index = cliargs.typed(_whole)
+
+
 def _target_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpu", type=int, metavar="N", help="the GPU's index (as migctl status numbers them)")
-    p.add_argument("--gi", type=int, metavar="G", help="a GPU instance of it (the GI column of migctl status)")
-    p.add_argument("--ci", type=int, metavar="C", help="a compute instance of that GI (default: 0)")
+    p.add_argument("--gpu", type=index, metavar="N", help="the GPU's index (as migctl status numbers them)")
+    p.add_argument("--gi", type=index, metavar="G", help="a GPU instance of it (the GI column of migctl status)")
+    p.add_argument("--ci", type=index, metavar="C", help="a compute instance of that GI (default: 0)")
     p.add_argument("--device", metavar="MIG-UUID", help="the MIG device instead of --gpu/--gi/--ci")
 
 
@@ -159,22 +174,22 @@ def add_commands(sub: argparse._SubParsersAction[Any], common: argparse.Argument
     _target_options(start)
     start.add_argument("--memory", type=_memory, default=1024, metavar="MIB",
                        help="GPU memory it uses, in MiB, or 'unknown' (default: %(default)s)")
-    start.add_argument("--pid", type=int, help="list this running process instead of a fake pid (forgotten "
+    start.add_argument("--pid", type=index, help="list this running process instead of a fake pid (forgotten "
                        "when it exits)")
     start.set_defaults(handler=process_start)
     stop = psub.add_parser("stop", parents=[common], help="end a simulated process")
-    stop.add_argument("pid", type=int, metavar="PID")
+    stop.add_argument("pid", type=index, metavar="PID")
     stop.set_defaults(handler=process_stop)
     x = sub.add_parser("xid", parents=[common], help="raise an Xid on a GPU (GPU-wide) or on an instance")
-    x.add_argument("xid", type=int, metavar="XID", help="the Xid number (79: fallen off the bus; 31: page fault)")
+    x.add_argument("xid", type=index, metavar="XID", help="the Xid number (79: fallen off the bus; 31: page fault)")
     _target_options(x)
-    x.add_argument("--leak-to", type=int, action="append", metavar="GI",
+    x.add_argument("--leak-to", type=index, action="append", metavar="GI",
                    help="another GPU instance the fault also breaks (an isolation breach); repeatable")
     x.set_defaults(handler=xid)
     for name, fn, what in (("lose", lose, "the GPU falls off the bus (NVML: GPU_IS_LOST)"),
                            ("return", give_back, "a lost GPU answers again")):
         p = sub.add_parser(name, parents=[common], help=what)
-        p.add_argument("--gpu", type=int, metavar="N", required=True, help="the GPU's index")
+        p.add_argument("--gpu", type=index, metavar="N", required=True, help="the GPU's index")
         p.set_defaults(handler=fn)
     s = sub.add_parser("slow", parents=[common], help="every mutating NVML call takes SECONDS (0: normal)")
     s.add_argument("seconds", type=_seconds, metavar="SECONDS")
