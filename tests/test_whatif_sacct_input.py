@@ -167,8 +167,8 @@ def test_a_lone_job_at_the_ends_of_the_calendar_is_refused(tmp_path: Path, confi
     ("--nodes", "4097", "argument --nodes: must be at most 4096"),
     ("--gpus", "1000", "argument --gpus: must be at most 8 (no board in the catalog has more)"),
     ("--gpus", "9", "argument --gpus: must be at most 8"),
-    ("--gpus", "\u00b2", "argument --gpus: must be a whole number above 0, not '\u00b2'"),
-    ("--nodes", MANY, f"argument --nodes: must be a whole number above 0, not '{MANY[:40]}'"),
+    ("--gpus", "\u00b2", "argument --gpus: must be a whole number above 0 of at most 18 digits, not '\u00b2'"),
+    ("--nodes", MANY, f"argument --nodes: must be a whole number above 0 of at most 18 digits, not '{MANY[:37]}...'"),
 ])
 def test_the_options_ask_no_more_than_a_what_if_replays(tmp_path: Path, config: Path, option: str, value: str,
                                                          said: str, capsys: pytest.CaptureFixture[str]) -> None:
