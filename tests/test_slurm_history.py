@@ -106,7 +106,8 @@ def test_only_jobs_that_ran_are_read_and_in_the_order_they_ended() -> None:
         _line("5", "bio", 60, 60, "05:00:00", state="PREEMPTED"),  # ended by the cluster
         _line("6", "bio", 60, 60, "06:00:00", partition="cpu"),
         _line("7_1", "", 120, 60, "00:30:00"),  # an array task with no account
-    ]) + "\n"
+        _line("8", "bio", 60, 60, "07:00:00", alloc="billing=1,cpu=1,mem=1G,node=1"),  # held no GPU: the planner
+    ]) + "\n"  # learns live from jobs that held MIG instances only, and so does its seed
     ended = ended_jobs(text, "gpu")
     assert [(e.job, e.account, e.ran_s, e.limit_s) for e in ended] == [
         ("7_1", "-", 120, 3600), ("1", "bio", 60, 3600), ("2", "bio", 3600, 3600), ("3", "bio", 600, 3600)]

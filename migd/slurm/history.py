@@ -94,6 +94,8 @@ def _ended(row: Row) -> Ended | None:
     start = row.time("Start") if "start" in row.fields else end
     if end is None or start is None or ("alloctres" in row.fields and not row.get("AllocTRES")):
         return None  # never ran: cancelled while pending (22.05 prints Start=End=the cancel time, no AllocTRES)
+    if "alloctres" in row.fields and "gres/gpu" not in row.get("AllocTRES"):
+        return None  # held no GPU: the planner learns from jobs that held MIG instances, live as at start
     ran, limit = _seconds(row, "Elapsed"), _seconds(row, "Timelimit")
     if math.isinf(ran):
         raise row.error("Elapsed", f"{row.get('Elapsed')!r} is not a run time (D-HH:MM:SS, HH:MM:SS)")
