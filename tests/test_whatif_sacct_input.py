@@ -4,6 +4,7 @@ replay that runs for ever.  Each case is the good row beside one bad one, as a u
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -139,6 +140,25 @@ def test_a_job_not_replayed_neither_stops_nor_stretches_the_record(tmp_path: Pat
     path.write_text(f"{HEADER}\n{GOOD}\n{row(**fields)}\n")
     record = read_sacct(path)
     assert record.skipped == {why: 1} and len(record.trace.jobs) == 1, record.skipped
+
+
+@pytest.mark.parametrize("start,end", [("2026-10-25T02:50:00", "2026-10-25T02:10:00"),  # into the repeated hour
+                                       ("2026-03-29T01:50:00", "2026-03-29T03:10:00")],  # across the skipped one
+                         ids=["fall-back", "spring-forward"])
+def test_a_run_across_a_dst_change_is_its_real_length(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, start: str,
+                                                      end: str) -> None:
+    """sacct prints local times with no offset: 20 minutes that end in the repeated hour of a fall-back print
+    an End before the Start (the whole record was refused), and 20 minutes across a spring-forward read as
+    80.  Read in this machine's zone, as sacct printed them, each is 20 minutes."""
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    time.tzset()
+    try:
+        path = tmp_path / "jobs.sacct"
+        path.write_text(f"{HEADER}\n{GOOD}\n{row(Submit=start, Start=start, End=end)}\n")
+        assert read_sacct(path).trace.jobs[0].duration_s == 20 * 60  # (the first submitted)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
 
 
 def test_a_year_of_record_is_read(tmp_path: Path) -> None:

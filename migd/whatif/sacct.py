@@ -192,7 +192,7 @@ def _job(row: Row) -> _Job:
     elif why is None and start is not None:
         if end is None and math.isinf(limit):
             why = "still running with no time limit"
-        run = (end - start).total_seconds() if end is not None else limit
+        run = _seconds_between(start, end) if end is not None else limit
         if run < 0:
             raise row.error("End", f"{row.get('End')} is before Start {row.get('Start')}")
     if why is None and run > MAX_DAYS * DAY:
@@ -203,6 +203,15 @@ def _job(row: Row) -> _Job:
                             f"replays ({MAX_DAYS} days)")
     return _Job(row.get("Account") or "-", row.get("Partition") or "-", submit, start, end, max(1.0, run), limit,
                 asked, nodes, why)
+
+
+def _seconds_between(start: datetime, end: datetime) -> float:
+    """A run from sacct's local times, as this machine's zone reads them (sacct prints in its caller's zone):
+    across a DST change the times' own difference is an hour off, and an end in the repeated hour of a
+    fall-back printed before its start (the whole record was refused); that end's second occurrence
+    (``fold=1``) is the one after the start."""
+    run = end.timestamp() - start.timestamp()
+    return run if run >= 0 else end.replace(fold=1).timestamp() - start.timestamp()
 
 
 def _count(row: Row, name: str, default: int) -> int:
