@@ -58,11 +58,13 @@ from migd.printable import clipped
 from migd.slurm.ctl import hostnames, text_of
 from migd.slurm.parsable import Row, is_step, read_rows
 from migd.slurm.parsable import SacctError as SacctError  # (migctl what-if names it from here)
+from migd.slurm.queue import array_tasks
 from migd.whatif.jobs import DAY, MAX_DAYS, MAX_NODES, Trace, TraceJob
 
 NEEDED = ("Submit", "Start", "End", "Timelimit")
 FIELDS = "JobID,Submit,Start,End,Account,Partition,Timelimit,AllocTRES,ReqTRES,NNodes,NodeList,State"
 _TYPED = re.compile(r"^gres/gpu:([^=]+)=(.*)$")
+_ARRAY = re.compile(r"^[0-9]+_\[(.+)\]$")
 _PLAIN = re.compile(r"^gres/gpu=(.*)$")
 TAIL_S = 3600.0  # the replay runs past the record's last time by this (or the longest run time)
 
@@ -167,12 +169,13 @@ class _Job:
     asked: tuple[tuple[str, int], ...]  # (MIG type, instances per node)
     nodes: int
     why_not: str | None  # not replayed, and why
+    tasks: int = 1  # a pending array's row stands for its pending tasks (``12_[0-9%3]``): each replayed
 
     def trace_jobs(self, zero: datetime) -> list[TraceJob]:
         at = (self.submit - zero).total_seconds()
         limit = max(self.limit_s, self.run_s)
         return [TraceJob(at, self.account, self.partition, t, n, self.run_s, limit)
-                for t, n in self.asked for _ in range(self.nodes)]
+                for t, n in self.asked for _ in range(self.nodes * self.tasks)]
 
 
 def _job(row: Row) -> _Job:
@@ -202,7 +205,15 @@ def _job(row: Row) -> _Job:
             raise row.error("End", f"{row.get('End')}: a run of {run / DAY:.0f} days, longer than a what-if "
                             f"replays ({MAX_DAYS} days)")
     return _Job(row.get("Account") or "-", row.get("Partition") or "-", submit, start, end, max(1.0, run), limit,
-                asked, nodes, why)
+                asked, nodes, why, _tasks(row) if start is None else 1)
+
+
+def _tasks(row: Row) -> int:
+    """The pending tasks a pending array's one row stands for (sacct(1): ``ArrayJobID_[expression]``); 1
+    for any other row, or an expression not read here (sacct cuts one past SLURM_BITSTR_LEN)."""
+    m = _ARRAY.match(row.get("JobID"))
+    found = array_tasks(m[1]) if m else None
+    return len(found) if found else 1
 
 
 def _seconds_between(start: datetime, end: datetime) -> float:
