@@ -101,6 +101,41 @@ def test_http10_bad_request_and_body_close_the_connection(server: MetricsServer)
             assert _closed(s, 5), request
 
 
+def test_requests_sent_before_a_half_close_are_all_answered(server: MetricsServer) -> None:
+    """``printf 'GET ...GET ...' | nc -N``: the client closes its side after sending; asyncio's default closed
+    the connection at once, and only the first of three answers came."""
+    with _connect(server) as s:
+        s.sendall(GET + b"GET /healthz HTTP/1.1\r\n\r\n" + b"GET /nope HTTP/1.1\r\n\r\n")
+        s.shutdown(socket.SHUT_WR)
+        got = _responses(s, 3)
+        assert [h.split(b" ")[1] for h, _ in got] == [b"200", b"200", b"404"]
+        assert _closed(s, 5)
+
+
+@pytest.mark.parametrize("request_,status", [
+    (b"\r\nGET /healthz HTTP/1.1\r\n\r\n", b"200"),  # RFC 9112 2.2: a leading empty line is ignored
+    (b"GET /healthz HTTP/1.9\r\n\r\n", b"505"),  # (HTTP/1.x was taken for any x)
+    (b"GET /healthz HTTP/1.\r\n\r\n", b"505"),
+    (b"GET /healthz HTTP/1.1\r\nX: " + b"y" * 70_000 + b"\r\n\r\n", b"431"),  # (in one read it was answered)
+], ids=["leading empty line", "HTTP/1.9", "HTTP/1.", "head over the bound"])
+def test_a_request_line_is_read_as_rfc_9112_says(server: MetricsServer, request_: bytes, status: bytes) -> None:
+    with _connect(server) as s:
+        s.sendall(request_)
+        (head, _), = _responses(s, 1)
+        assert head.split(b" ")[1] == status, head
+        if status != b"200":
+            assert b"Connection: close" in head and _closed(s, 5)
+
+
+def test_a_chunked_body_is_never_read_as_a_request(server: MetricsServer) -> None:
+    """``Transfer-Encoding: chunked`` on a GET kept the connection, and its body ``0\\r\\n\\r\\n`` was answered 400."""
+    with _connect(server) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+        (head, body), = _responses(s, 1)
+        assert head.startswith(b"HTTP/1.1 200") and b"Connection: close" in head and body == b"ok\n"
+        assert _closed(s, 5)
+
+
 def test_at_the_cap_a_new_connection_takes_the_place_of_the_longest_idle(server: MetricsServer) -> None:
     """The cap bounds descriptors, but never locks a scrape out: the connection idle longest makes room."""
     server.max_connections = 2

@@ -7,6 +7,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -401,6 +402,16 @@ def test_fresh_removes_only_what_migd_wrote(tmp_path: Path, given: str) -> None:
         assert f"not starting: {conf}: --fresh replaces only a simulator's state: " in p.stderr, p.stderr
         assert conf.read_text() == "not a sim state\n"
     assert "Traceback" not in p.stderr
+
+
+def test_the_address_metrics_are_served_on_is_said(migd: MigdProcess) -> None:
+    """``--metrics-listen 127.0.0.1:0`` bound a port nobody could find: the log now names it."""
+    migd.start(now="2026-11-23T10:00:00", extra=("--metrics-listen", "127.0.0.1:0"))
+    migd.wait_ready()
+    m = re.search(r"serving /metrics, /healthz and the page on 127\.0\.0\.1:(\d+)", migd.log.read_text())
+    assert m is not None and m[1] != "0", migd.log.read_text()[-2000:]
+    with urllib.request.urlopen(f"http://127.0.0.1:{m[1]}/healthz", timeout=10) as r:
+        assert r.status in (200, 503)
 
 
 def test_fresh_is_refused_on_real_gpus(migd: MigdProcess) -> None:

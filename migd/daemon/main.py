@@ -266,6 +266,8 @@ def _metrics(listen: str, sampler: Sampler, daemon: Daemon, errors: NvmlErrorCou
     server, collector = start_metrics(listen, Sources(
         lambda: daemon.status, lambda: daemon.audit_findings, errors, events), sampler)
     daemon.on_apply.append(collector.observe_apply)
+    host, port = server.server_address[:2]
+    log.info("serving /metrics, /healthz and the page on %s", f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
     return server
 
 

@@ -14,8 +14,9 @@ as servers defend against slowloris; at ``max_connections`` a new connection tak
 one idle longest (the bound that kept ~1,100 idle connections from exhausting the daemon's
 descriptors, without letting 64 of them lock a scrape out); pipelined requests are answered one per
 turn of the event loop, so one connection's buffer cannot hold the others back; a request head over
-``max_header_bytes`` drops the connection.  Only GET /metrics, GET /healthz and GET / (the page,
-page.py) exist; nothing here can change a GPU.
+``max_header_bytes`` is answered 431 and the connection closed; a request with a body (Content-Length,
+Transfer-Encoding) is answered and the connection closed, its body never read as a request.  Only
+GET /metrics, GET /healthz and GET / (the page, page.py) exist; nothing here can change a GPU.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from migd.metrics.exposition import Exposition
 from migd.metrics.sampler import Sampler
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-            503: "Service Unavailable"}
+            431: "Request Header Fields Too Large", 503: "Service Unavailable", 505: "HTTP Version Not Supported"}
 _TEXT = "text/plain; charset=utf-8"
 _END = b"\r\n\r\n"
 
@@ -71,8 +72,10 @@ class MetricsServer:
         whether the connection stays open for another request."""
         lines = head.decode("latin-1").split("\r\n")
         parts = lines[0].split()
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
             return _response(400, _TEXT, b"bad request\n", "", keep=False), False
+        if parts[2] not in ("HTTP/1.0", "HTTP/1.1"):
+            return _response(505, _TEXT, b"HTTP/1.0 and HTTP/1.1 only\n", "", keep=False), False
         method, target, version = parts
         keep = version == "HTTP/1.1" and method == "GET" and _keep_alive(lines)
         path = target.split("?", 1)[0]
@@ -139,7 +142,7 @@ class _Connection(asyncio.Protocol):
     """One client: request heads are collected from the bytes received and answered in order, one per
     turn of the event loop."""
 
-    __slots__ = ("server", "transport", "buffer", "active", "paused", "queued", "held")
+    __slots__ = ("server", "transport", "buffer", "active", "paused", "queued", "held", "eof")
 
     def __init__(self, server: MetricsServer) -> None:
         self.server = server
@@ -148,6 +151,7 @@ class _Connection(asyncio.Protocol):
         self.queued = False  # a turn to answer the next request is scheduled
         self.held = False  # reading paused: enough unanswered requests are buffered
         self.active = 0.0  # loop time of the last complete request (or the connect, or writing resumed)
+        self.eof = False  # the client closed its side: answer what it sent, then close
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -163,6 +167,14 @@ class _Connection(asyncio.Protocol):
             self.held = True  # read no more until what is buffered is answered
             self.transport.pause_reading()
         self._queue()
+
+    def eof_received(self) -> bool:
+        """A client that sends its requests and closes its side (``nc -N``) still gets every answer: the
+        transport stays open for writing until the buffered requests are answered (asyncio's default
+        closed it at once, and all but the first answer were lost)."""
+        self.eof = True
+        self._queue()
+        return True
 
     def pause_writing(self) -> None:
         self.paused = True
@@ -185,10 +197,16 @@ class _Connection(asyncio.Protocol):
         self.queued = False
         if self.paused or self.transport.is_closing():
             return
+        while self.buffer.startswith(b"\r\n"):  # (RFC 9112 2.2: empty lines before a request line are ignored)
+            del self.buffer[:2]
         end = self.buffer.find(_END)
+        if end > self.server.max_header_bytes or (end < 0 and len(self.buffer) > self.server.max_header_bytes):
+            self.transport.write(_response(431, _TEXT, b"request head too large\n", "", keep=False))
+            self.transport.close()  # a head that large is no request of ours
+            return
         if end < 0:
-            if len(self.buffer) > self.server.max_header_bytes:
-                self.transport.abort()  # a head that large is no request of ours
+            if self.eof:
+                self.transport.close()  # every request the client sent is answered
             elif self.held:
                 self.held = False
                 self.transport.resume_reading()
@@ -200,8 +218,8 @@ class _Connection(asyncio.Protocol):
         self.transport.write(response)
         if not keep:
             self.transport.close()  # after the response is sent
-        elif self.buffer or self.held:
-            self._queue()  # the next request, or reading resumed once the buffer is answered
+        elif self.buffer or self.held or self.eof:
+            self._queue()  # the next request, or reading resumed once the buffer is answered, or the close
 
 
 def _keep_alive(lines: list[str]) -> bool:
@@ -209,7 +227,8 @@ def _keep_alive(lines: list[str]) -> bool:
     for line in lines[1:]:
         name, _, value = line.partition(":")
         name = name.strip().lower()
-        if name == "content-length" or (name == "connection" and value.strip().lower() == "close"):
+        if name in ("content-length", "transfer-encoding") or (name == "connection"
+                                                               and value.strip().lower() == "close"):
             return False
     return True
 
