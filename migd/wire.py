@@ -76,14 +76,15 @@ def loads(text: str | bytes) -> Any:
     """JSON as migd reads it from a socket line or a state file, nested at most MAX_DEPTH deep: json's
     own recursion (text nested 100,000 deep) and Python's limit on an integer's digits raise, not a
     JSONDecodeError, and either was a traceback."""
-    try:
-        doc = json.loads(text)
+    try:  # (bytes decoded as UTF-8 here: json.loads guesses UTF-16 or 32 from a leading NUL, and says so)
+        doc = json.loads(text.decode("utf-8") if isinstance(text, bytes) else text)
     except json.JSONDecodeError as e:
         raise JsonError(JsonFault.NOT_JSON, f"not JSON ({e})", e.lineno, e.colno, e.msg) from None
     except RecursionError:
         raise JsonError(JsonFault.TOO_DEEP, f"nested deeper than {MAX_DEPTH} levels") from None
     except UnicodeDecodeError as e:
-        raise JsonError(JsonFault.NOT_JSON, f"not JSON ({e})", reason=str(e)) from None
+        why = f"not UTF-8: {e.reason} at byte {e.start}"
+        raise JsonError(JsonFault.NOT_JSON, f"not JSON ({why})", reason=why) from None
     except ValueError:  # (the only other: an integer of too many digits to convert)
         raise JsonError(JsonFault.LONG_NUMBER, f"a number of more than {sys.get_int_max_str_digits()} digits") from None
     if depth(doc) > MAX_DEPTH:

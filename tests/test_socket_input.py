@@ -168,6 +168,8 @@ BAD_REPLIES: dict[str, object] = {
     "fields of the wrong type": b'{"ok": true, "exit": 0, "lifted": 7, "profile": [], "result": "x", '
                                 b'"cleared": "0", "daemon": [], "detail": 3}\n',
     "64 MiB": _huge,
+    "a leading NUL": b'\x00{"ok": true, "exit": 0}\n',  # (json.loads took the bytes for UTF-16: said so)
+    "a refusal without its reason": b'{"ok": false, "exit": 3}\n',  # (it said "...: None")
 }
 COMMANDS = {"daemon": ("daemon",), "resume": ("resume",), "reload": ("reload",), "clear-fault": ("clear-fault", "0"),
             "apply": ("apply", str(PROFILES / "day.yaml"))}
@@ -198,6 +200,20 @@ def test_migctl_says_a_reply_it_cannot_read_in_one_line(tmp_path: Path, fake: Fa
     run = Migctl(tmp_path, "single-a100").process("--control-socket", str(fake.path), *COMMANDS[command], timeout=60)
     _one_line_failure(run, f"{command} / {reply}")
     assert time.monotonic() - started < 30, (command, reply)
+
+
+@pytest.mark.parametrize(("reply", "said"), [
+    ("a leading NUL", "error talking to migd: its reply does not read as this migctl expects (a migd of another "
+                      "version?): reply: not JSON (Expecting value: line 1 column 1 (char 0))"),
+    ("a refusal without its reason", "error talking to migd: its reply does not read as this migctl expects (a "
+                                     "migd of another version?): reply.error: missing beside ok: false (a refusal "
+                                     "says why)"),
+])
+def test_a_reply_migctl_cannot_read_says_what_is_wrong_with_it(tmp_path: Path, fake: FakeServer, reply: str,
+                                                               said: str) -> None:
+    fake.reply = BAD_REPLIES[reply]
+    run = Migctl(tmp_path, "single-a100").process("--control-socket", str(fake.path), "daemon", timeout=60)
+    assert (run.returncode, run.stdout, run.stderr) == (1, "", said + "\n"), run
 
 
 def test_a_reply_that_never_ends_stops_at_the_commands_timeout(tmp_path: Path, fake: FakeServer) -> None:
