@@ -125,6 +125,11 @@ class Reply:
     error: str | None = None
     warnings: tuple[str, ...] = ()
 
+    @property
+    def why(self) -> str:
+        """The refusal's reason as said to a user (a reply with none said ``None``)."""
+        return self.error or f"no reason given (exit {self.exit})"
+
 
 @dataclass(frozen=True)
 class Refusal:

@@ -85,8 +85,6 @@ def request(path: str | Path, req: object, timeout_s: float = 3600.0,
     except BadJson as e:
         raise WireError("reply", str(e)) from None
     head = reply_as(Reply, reply)
-    if not head.ok and head.error is None:
-        raise WireError("reply.error", "missing beside ok: false (a refusal says why)")
     if not (1 if head.error is not None else 0) <= head.exit <= 255:
         raise WireError("reply.exit", f"{head.exit} is not an exit status{' for a refusal' if head.exit == 0 else ''}")
     return reply

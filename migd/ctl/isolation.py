@@ -53,7 +53,7 @@ def isolation_from_daemon(args: argparse.Namespace) -> int | None:
         return None
     head = reply_as(Reply, reply)
     if not head.ok:  # (a busy socket: said, never taken for "no migd")
-        raise ControlError(f"migd's control socket: {head.error}")
+        raise ControlError(f"migd's control socket: {head.why}")
     found = reply_as(IsolationReply, reply).audit
     doc = IsolationDoc(found.findings, (), DaemonMarks(found.unhealthy, found.breaches, found.faults, found.clock))
     return _isolation_out(args, doc)

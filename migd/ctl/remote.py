@@ -146,7 +146,7 @@ def layout_from_daemon(args: argparse.Namespace) -> StatusDoc | None:
         return None
     head = reply_as(Reply, reply)
     if not head.ok:  # (a busy socket: said, never taken for "no migd")
-        raise ControlError(f"migd's read-only socket {paths.status_socket(control_socket(args))}: {head.error}")
+        raise ControlError(f"migd's read-only socket {paths.status_socket(control_socket(args))}: {head.why}")
     return reply_as(LayoutReply, reply).status
 
 
@@ -165,7 +165,7 @@ def cmd_reload(args: argparse.Namespace) -> int:
         raise ConnectionError(f"no migd is listening on {sock}")
     head = reply_as(Reply, reply)
     if not head.ok:
-        print(shown(f"error: reload rejected, migd keeps its running configuration: {head.error}"), file=sys.stderr)
+        print(shown(f"error: reload rejected, migd keeps its running configuration: {head.why}"), file=sys.stderr)
         return head.exit or Exit.INVALID
     print(shown(f"reloaded: {reply_as(ReloadReply, reply).detail or 'configuration accepted'}"))
     return Exit.OK
@@ -234,5 +234,5 @@ def _daemon_doc(args: argparse.Namespace, timeout_s: float) -> DaemonDoc:
     reply = daemon_request(args, Ask(Command.STATUS), timeout_s=timeout_s)
     head = reply_as(Reply, reply)
     if not head.ok:
-        raise ConnectionError(f"migd did not answer with its state: {head.error}")
+        raise ConnectionError(f"migd did not answer with its state: {head.why}")
     return reply_as(DaemonReply, reply).daemon
