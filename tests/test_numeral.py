@@ -13,8 +13,8 @@ from migd.daemon.sdnotify import Notifier
 from migd.demand.inputs import Layout
 from migd.hardware.caps import read_minors
 from migd.numeral import is_whole, whole
-from migd.slurm.ctl import hostnames
 from migd.slurm.demandplan import layout_of
+from migd.slurm.hostlist import hostnames
 from migd.slurm.want import Want
 
 

@@ -86,26 +86,6 @@ def test_a_node_without_its_own_line_is_refused() -> None:
         set_node_gres(CONF, "gpu3", "gpu:7g.80gb:1")
 
 
-DETAIL = ("JobId=7 JobState=RUNNING JOB_GRES=gpu:1g.10gb:2 Nodes={nodes} CPU_IDs=0 Mem=0 GRES=gpu:1g.10gb:1(IDX:0) "
-          "Nodes=gpu9 CPU_IDs=0 Mem=0 GRES=gpu:1g.10gb:1(IDX:3) MinCPUsNode=1")
-
-
-@pytest.mark.parametrize(("nodes", "node", "held"), [
-    ("gpu1", "gpu1", "gpu:1g.10gb:1(IDX:0)"),
-    ("gpu[1-3,5]", "gpu5", "gpu:1g.10gb:1(IDX:0)"),
-    ("gpu[01-03]", "gpu02", "gpu:1g.10gb:1(IDX:0)"),
-    ("gpu[1-3]", "gpu4", ""),  # the job's GPUs are elsewhere: it holds none here
-    ("gpu[a-c]", "gpu4", "gpu:1g.10gb:1(IDX:0),gpu:1g.10gb:2"),  # a hostlist not read here: never free
-    ("gpu[1-99999999]", "gpu4", "gpu:1g.10gb:1(IDX:0),gpu:1g.10gb:2"),  # nor one past any cluster (it filled memory)
-])
-def test_what_a_job_holds_on_this_node(nodes: str, node: str, held: str) -> None:
-    """scontrol show job -d's per-node detail, as ctl.allocated_gres reads it."""
-    from migd.slurm.ctl import allocated_gres
-    assert allocated_gres(DETAIL.format(nodes=nodes), node) == held
-    assert allocated_gres("JobId=8 JobState=RUNNING JOB_GRES=(null) Nodes=gpu1 CPU_IDs=0 Mem=0 MinCPUsNode=1",
-                          "gpu1") == ""
-
-
 def test_a_shared_gres_conf_keeps_the_other_nodes_lines() -> None:
     """One gres.conf for the cluster (gres.conf(5): each line names its NodeName=): a node rewriting its
     records leaves the others' lines, and the operator's, as they were."""

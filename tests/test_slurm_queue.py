@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from migd.slurm.ctl import SlurmError, node_info, node_text
+from migd.slurm.jobjson import on_node
 from migd.slurm.parsable import seconds
 from migd.slurm.queue import MAX_ARRAY_TASKS, array_tasks, read_queue
 
@@ -28,13 +29,15 @@ def _job(**fields: object) -> str:
 
 def test_the_recorded_queue_is_read_as_the_jobs_were_submitted() -> None:
     """tests/test_slurm_queue_real.py's jobs (SOURCES.md): the stopped job runs on gpu1 with its one 1g
-    instance, whatever its name and output path say; the array is ten requests; the rest as asked."""
+    instance, whatever its name and output path say; the array is ten requests, three of them
+    startable at once; the rest as asked."""
     q = read_queue(JOBS, "main", NOW)
     assert {n: [(r.job, r.mig_type, r.count, r.account, r.limit_s) for r in rs] for n, rs in q.running.items()} == {
         "gpu1": [("1", "1g.10gb", 1, "bio", 1800.0)]}
     assert 1700 < q.running["gpu1"][0].ends_in_s <= 1800
     got = Counter((p.job.split("_")[0], p.mig_type, p.count, p.startable) for p in q.pending)
-    assert got == {("3", "7g.80gb", 1, True): 10, ("4", "1g.10gb", 2, False): 1, ("5", "3g.40gb", 1, False): 2,
+    assert got == {("3", "7g.80gb", 1, True): 3, ("3", "7g.80gb", 1, False): 7,  # (%3: three at once)
+                   ("4", "1g.10gb", 2, False): 1, ("5", "3g.40gb", 1, False): 2,
                    ("6", "1g.10gb", 1, False): 1, ("7", "1g.10gb", 2, False): 1, ("8", "3g.40gb", 2, False): 1}
     assert {p.account for p in q.pending} == {"physics"} and all(p.time_limit_s == 1800 for p in q.pending)
     assert q.untyped == 1  # --gres=gpu
@@ -136,3 +139,54 @@ def test_a_damaged_planner_history_is_named_and_set_aside(tmp_path: Path, caplog
     path.write_text('{"schema": "migd.demand/v1", "switches": {"gpu1": [1795000000]}}')
     assert Planner(settings, "main", "gpu1", SlurmCtl("gpu1", lambda argv, t: ""), {}, path).history == {
         "gpu1": [1795000000.0]}
+
+
+def _running(**fields: object) -> str:
+    return _job(**{"job_state": "RUNNING", "state_reason": "None", "nodes": "gpu[1-2]", **fields})
+
+
+@pytest.mark.parametrize(("job", "node", "held"), [
+    # 22.05: a slot per node in the job's order, null where it holds no GRES (it shifted the next one)
+    (_running(gres_detail=[None, "gpu:1g.10gb:1(IDX:3)"],
+              job_resources={"allocated_nodes": [{"nodename": "gpu1"}, {"nodename": "gpu2"}]}), "gpu2",
+     "gpu:1g.10gb:1(IDX:3)"),
+    (_running(gres_detail=[None, "gpu:1g.10gb:1(IDX:3)"],
+              job_resources={"allocated_nodes": [{"nodename": "gpu1"}, {"nodename": "gpu2"}]}), "gpu1", ""),
+    # 23.11 on: job_resources.nodes.allocation, and a completing job's state list
+    (_running(job_state=["COMPLETED", "COMPLETING"], gres_detail=["gpu:3g.40gb:1(IDX:0)", "gpu:3g.40gb:1(IDX:1)"],
+              job_resources={"nodes": {"list": "gpu[1-2]", "allocation": [{"name": "gpu1"}, {"name": "gpu2"}]}}),
+     "gpu2", "gpu:3g.40gb:1(IDX:1)"),
+    # a hostlist not read here: the job may be anywhere, its GRES held here (never assume free)
+    (_running(nodes="gpu[a-c]", gres_detail=["gpu:1g.10gb:2"]), "gpu4", "gpu:1g.10gb:2"),
+    (_running(nodes="gpu[1-3]", gres_detail=["gpu:1g.10gb:2"],
+              job_resources={"allocated_nodes": [{"nodename": "gpu1"}]}), "gpu4", None),  # elsewhere: not listed
+    # the user's own text is text: a CPU-only job named like a detail holds nothing
+    (_running(nodes="gpu1", name="x Nodes=gpu1 CPU_IDs=0 Mem=0 GRES=gpu:1g.10gb:1", standard_output="GRES=gpu:7g",
+              gres_detail=[], job_resources={"allocated_nodes": [{"nodename": "gpu1"}]}), "gpu1", ""),
+], ids=["null slot: the second node", "null slot: the first node", "23.11 shapes", "unread hostlist",
+        "elsewhere", "user text"])
+def test_what_a_job_holds_on_a_node(job: str, node: str, held: str | None) -> None:
+    """A node's own switch waits for the jobs holding GPUs there (``SlurmCtl.jobs``); the planner places
+    running jobs the same way (one reader, slurm/jobjson.py)."""
+    found = on_node(job, node)
+    assert (found[0][2] if found else None) == held, found
+
+
+def test_the_planner_places_running_jobs_by_the_same_reading() -> None:
+    job = _running(gres_detail=[None, "gpu:1g.10gb:1(IDX:3)"],
+                   job_resources={"allocated_nodes": [{"nodename": "gpu1"}, {"nodename": "gpu2"}]})
+    q = read_queue(job, "main", NOW)
+    assert {n: [(r.job, r.mig_type, r.count) for r in rs] for n, rs in q.running.items()} == {
+        "gpu2": [("9", "1g.10gb", 1)]}
+
+
+def test_an_arrays_throttle_limits_the_tasks_that_may_start_now() -> None:
+    """``--array=0-9%3`` with one task running: two more may start now; the other tasks wait for them."""
+    pending = _job(job_id=20, array_job_id=20, array_task_string="1-9%3", array_max_tasks=3,
+                   tres_per_node="gres:gpu:1g.10gb:1")
+    running = _running(job_id=21, array_job_id=20, nodes="gpu1", gres_detail=["gpu:1g.10gb:1(IDX:0)"],
+                       job_resources={"allocated_nodes": [{"nodename": "gpu1"}]})
+    jobs = json.dumps({"jobs": json.loads(pending)["jobs"] + json.loads(running)["jobs"]})
+    q = read_queue(jobs, "main", NOW)
+    assert [(p.job, p.startable) for p in q.pending] == [("20_1", True), ("20_2", True)] + [
+        (f"20_{i}", False) for i in range(3, 10)]

@@ -1,5 +1,5 @@
 """What the demand rule decides from: one snapshot of Slurm's queue and nodes, and the candidate
-layouts each node may take.  Everything here comes from Slurm itself (squeue, scontrol show job/node)
+layouts each node may take.  Everything here comes from Slurm itself (``squeue --json``, ``scontrol show node``)
 or from the profiles; the rule reads nothing else, so the same snapshot gives the same decision.
 """
 

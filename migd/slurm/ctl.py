@@ -2,8 +2,8 @@
 
 Every call goes through one ``Runner`` (argv, timeout -> stdout), so tests and the daemon share
 the path and a failing command is one SlurmError naming it.  Output formats are the documented
-ones: ``scontrol show node -o`` (one line of Key=Value), ``squeue -h -o`` and ``sinfo -h -o``
-with explicit fields.
+ones: ``scontrol show node -o`` (one line of Key=Value, its free text last), ``squeue --json``
+(jobs: jobjson.py) and ``sinfo -h -o`` with explicit fields.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
 
-from migd.numeral import whole
+from migd.slurm.jobjson import on_node
 
 Runner = Callable[[Sequence[str], float], str]
 
@@ -24,8 +24,6 @@ _FIELD = re.compile(r" (?=[A-Za-z_][\w:/]*=)")  # keys such as AllocNode:Sid= an
 NODE_TEXT = ("Reason", "Comment", "Extra")  # scontrol show node's free-text fields, printed last in this order
 # Node states that mean slurmctld does not (yet) accept the node's registration (scontrol man page).
 UNREGISTERED = frozenset({"NOT_RESPONDING", "INVALID_REG", "INVALID", "DOWN", "UNKNOWN", "FUTURE", "NO_RESPOND"})
-ACTIVE_JOB_STATES = "RUNNING,COMPLETING,CONFIGURING,SUSPENDED,STOPPED,STAGE_OUT"  # (STOPPED: SIGSTOP, its
-# allocation kept: squeue(1))
 
 
 class SlurmError(Exception):
@@ -85,62 +83,6 @@ class Job:
     @property
     def uses_gpus(self) -> bool:
         return "gpu" in self.gres
-
-
-_DETAIL = re.compile(r"\bNodes=(\S+) CPU_IDs=\S* Mem=\S*(?: GRES=(\S*))?")
-
-
-MAX_HOSTLIST = 1 << 20  # names in one hostlist migd expands from Slurm's output: past any cluster's size, so
-# that a list like n[1-99999999] (a misread line, a hand-made node range) cannot fill migd's memory
-
-
-def hostnames(expr: str, most: int | None = None) -> set[str] | None:
-    """A hostlist (``gpu1``, ``gpu[1-3,5]``, ``a1,b[2-3]``) as names; None if it is a form not read here.
-    ``most``: a list naming more nodes is a ValueError, counted before any name is made (``n[1-99999999]``
-    would otherwise fill memory)."""
-    names: set[str] = set()
-    counted = 0
-    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", expr):
-        m = re.fullmatch(r"([^\[]*)\[([^\]]*)\]", part)
-        if m is None:
-            names.add(part)
-            continue
-        for r in m.group(2).split(","):
-            lo, _, hi = r.partition("-")
-            first, last = whole(lo), whole(hi or lo)
-            if first is None or last is None:
-                return None
-            counted += max(0, last - first + 1)
-            if most is not None and counted > most:
-                raise ValueError(f"names more than {most} nodes")
-            names.update(f"{m.group(1)}{n:0{len(lo)}d}" for n in range(first, last + 1))
-    return names
-
-
-def bounded_hostnames(expr: str) -> set[str] | None:
-    """:func:`hostnames` of Slurm's output, None (not read here: its callers then assume the worst) for a
-    list naming more than MAX_HOSTLIST nodes."""
-    try:
-        return hostnames(expr, most=MAX_HOSTLIST)
-    except ValueError:
-        return None
-
-
-def allocated_gres(detail: str, node: str) -> str:
-    """The GRES ``scontrol show job -d -o`` says the job holds on ``node`` (its per-node detail:
-    ``Nodes=gpu1 CPU_IDs=0 Mem=0 GRES=gpu:1g.10gb:1(IDX:0)``), however it asked (``--gres``,
-    ``--gpus``, ``--gpus-per-node``, ``--gpus-per-task``: squeue's ``%b`` shows only the first).  A
-    hostlist not read here counts as holding the job's GRES anywhere (``JOB_GRES``): never assume free."""
-    held, unread = [], False
-    for nodes, gres in _DETAIL.findall(detail):
-        names = bounded_hostnames(nodes)
-        unread = unread or names is None
-        if names is None or node in names:
-            held.append(gres)
-    if unread:
-        m = re.search(r"\bJOB_GRES=(\S+)", detail)
-        held.append(m.group(1) if m and m.group(1) != "(null)" else "")
-    return ",".join(g for g in held if g)
 
 
 def fields(line: str) -> dict[str, str]:
@@ -230,12 +172,14 @@ class SlurmCtl:
         self._call("scontrol", "update", f"nodename={node}", f"extra={text}")
 
     def jobs(self) -> list[Job]:
-        """The active jobs on this node with what Slurm allocated them here (one ``scontrol show job -d``
-        per job: squeue lists them, its ``%b`` does not show GPUs asked for with ``--gpus*``)."""
-        out = self._call("squeue", "-h", "-w", self.node, "-t", ACTIVE_JOB_STATES, "-o", "%A|%T")
-        listed = [line.split("|", 1) for line in out.splitlines() if line.count("|") == 1]
-        return [Job(job, state, allocated_gres(self._call("scontrol", "show", "job", "-d", "-o", job), self.node))
-                for job, state in listed]
+        """The active jobs on this node with what Slurm allocated them here, however they asked (``--gres``,
+        ``--gpus*``), from one ``squeue --json`` (22.05 ignores its filters: the whole queue, read by
+        slurm/jobjson.py, where a job's name or paths are never taken for its allocation)."""
+        try:
+            found = on_node(self._call("squeue", "--json"), self.node)
+        except ValueError as e:
+            raise SlurmError(f"squeue --json: {e}") from None
+        return [Job(job, state, gres) for job, state, gres in found]
 
     def drain(self, reason: str) -> None:
         self._call("scontrol", "update", f"nodename={self.node}", "state=drain", f"reason={node_text(reason)}")

@@ -55,7 +55,8 @@ from pathlib import Path
 from migd.demand.inputs import slices_of
 from migd.numeral import whole
 from migd.printable import clipped
-from migd.slurm.ctl import hostnames, text_of
+from migd.slurm.ctl import text_of
+from migd.slurm.hostlist import hostnames
 from migd.slurm.parsable import Row, is_step, read_rows
 from migd.slurm.parsable import SacctError as SacctError  # (migctl what-if names it from here)
 from migd.slurm.queue import array_tasks
