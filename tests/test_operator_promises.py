@@ -384,6 +384,7 @@ def test_fresh_removes_only_what_migd_wrote(tmp_path: Path, given: str) -> None:
     victim = tmp_path / "victim"
     (victim / "sub").mkdir(parents=True)
     (victim / "precious.txt").write_text("keep")
+    (victim / "control.sock").write_text("not a socket")  # (the socket's claim removed any file there first)
     (victim / "journal.json").write_text("{}")  # (migd's own: removed only when the rest is migd's too)
     conf = tmp_path / "important.conf"
     conf.write_text("not a sim state\n")
@@ -397,7 +398,7 @@ def test_fresh_removes_only_what_migd_wrote(tmp_path: Path, given: str) -> None:
     if given.startswith("a state dir"):
         assert (f"not starting: {victim}: --fresh removes only migd's own state, and this directory holds 2 other "
                 "entries (precious.txt, sub): name a state dir of migd's alone") in p.stderr, p.stderr
-        assert sorted(x.name for x in victim.iterdir()) == ["journal.json", "precious.txt", "sub"]
+        assert sorted(x.name for x in victim.iterdir()) == ["control.sock", "journal.json", "precious.txt", "sub"]
     else:
         assert f"not starting: {conf}: --fresh replaces only a simulator's state: " in p.stderr, p.stderr
         assert conf.read_text() == "not a sim state\n"
@@ -412,6 +413,35 @@ def test_the_address_metrics_are_served_on_is_said(migd: MigdProcess) -> None:
     assert m is not None and m[1] != "0", migd.log.read_text()[-2000:]
     with urllib.request.urlopen(f"http://127.0.0.1:{m[1]}/healthz", timeout=10) as r:
         assert r.status in (200, 503)
+
+
+def test_fresh_with_the_sim_state_in_its_own_state_dir_starts(tmp_path: Path) -> None:
+    """``--sim-state D/node.json --state-dir D``: the simulator's own file and its lock are not strangers."""
+    d = tmp_path / "d"
+    d.mkdir(mode=0o700)
+    cfg = tmp_path / "migd.yaml"
+    cfg.write_text(f"profiles_dir: {PROFILES}\nschedule:\n  - {{profile: day, at: '08:30'}}\n")
+    argv = [sys.executable, "-m", "migd.daemon.main", "--config", str(cfg), "--sim", "single-a100", "--fresh",
+            "--metrics-listen", "127.0.0.1:0", "--sim-state", str(d / "node.json"), "--state-dir", str(d)]
+    for _ in range(2):  # (the second start finds the first one's files)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + 30
+            while not (d / "control.sock").exists() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert proc.poll() is None and (d / "control.sock").exists(), proc.communicate(timeout=10)[0]
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def test_a_file_where_the_control_socket_goes_is_never_removed(migd: MigdProcess) -> None:
+    """A stale socket is cleared at start; any other file there was removed too, whoever's it was."""
+    sock = migd.tmp / "file.sock"
+    sock.write_text("someone's")
+    p = _migd_run(migd, "--control-socket", str(sock), "--metrics-listen", "127.0.0.1:0")
+    assert p.returncode == 2 and sock.read_text() == "someone's", p
+    assert f"not starting: {sock}: is not a socket" in p.stderr, p.stderr
 
 
 def test_fresh_is_refused_on_real_gpus(migd: MigdProcess) -> None:

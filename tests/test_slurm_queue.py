@@ -112,8 +112,9 @@ def test_words_in_a_nodes_reason_and_comment_are_not_its_fields() -> None:
     node = node_info(TEXT_LINE)
     assert (node.gres, node.states, node.partitions) == ("gpu:1g.10gb:1", frozenset({"IDLE", "DRAIN"}), ("main",))
     assert node.reason == "check Gres=q Comment=r [root@2026-11-29T07:36:11]"
-    # (a comment holding " Extra=" is cut there: migd writes none, node_text)
-    assert node.comment == "a Gres=x" and node.extra.startswith("y Reason=z Extra=migd:want=")
+    assert node.comment == "a Gres=x Extra=y Reason=z" and node.extra == "migd:want=day,by=gpu1,at=1,until=2"
+    later = TEXT_LINE.replace("until=2", "until=2 ReservationName=migd-gpu1 InstanceId=i-1")  # (after 22.05)
+    assert node_info(later).extra == "migd:want=day,by=gpu1,at=1,until=2"
     assert node_text("register with Gres=gpu:7g.80gb:1 Extra=x Reason=y Comment=z") == (
         "register with Gres=gpu:7g.80gb:1 Extra:x Reason:y Comment:z")
 

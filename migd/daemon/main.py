@@ -172,8 +172,8 @@ def _start_fresh(args: argparse.Namespace, state: Path | None, state_dir: Path, 
     if state is None:
         raise ValidationError("--fresh", None, None, "", "only with --sim: on real GPUs the state dir holds the "
                               "journal that recovers an interrupted apply")
-    claim(socket_path)
     _refuse_foreign(state, state_dir)
+    claim(socket_path)
     with contextlib.suppress(FileNotFoundError):
         state.unlink()
     for f in StateFile:  # (what it set aside stays, for the operator)
@@ -186,7 +186,8 @@ def _refuse_foreign(state: Path, state_dir: Path) -> None:
     file that is not a simulator's, is refused as it is given (a mistyped ``--state-dir /tmp`` removed
     every file in /tmp, and ``--sim-state`` of a configuration file replaced it)."""
     if state_dir.is_dir():
-        other = sorted(e.name for e in os.scandir(state_dir) if not migd_wrote(e.name))
+        sim = {state.name, f"{state.name}.lock"} if state.parent == state_dir else set()  # (its own, beside)
+        other = sorted(e.name for e in os.scandir(state_dir) if not migd_wrote(e.name) and e.name not in sim)
         if other:
             raise ValidationError(str(state_dir), None, None, "", f"--fresh removes only migd's own state, and this "
                                   f"directory holds {len(other)} other entr{'y' if len(other) == 1 else 'ies'} "

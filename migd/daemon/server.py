@@ -13,6 +13,7 @@ import os
 import select
 import socket
 import socketserver
+import stat
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from migd.api.status import StatusDoc
 from migd.apply.result import ApplyResult, Flag
 from migd.daemon.answers import Reloaded, Resumed
 from migd.daemon.slots import Late, Limits, Slots, SlottedThreadingMixIn, read_request
+from migd.errors import ValidationError
 from migd.exits import EXPECTED, Exit, failure, for_result
 from migd.paths import listening
 from migd.profiles.loader import load_profile
@@ -140,8 +142,13 @@ def claim(path: Path) -> None:
     A second migd must never delete a running daemon's socket: that one would go on changing GPUs
     while migctl, finding no socket, applied locally behind its back."""
     if not listening(path):
-        with contextlib.suppress(FileNotFoundError):
+        try:
+            if not stat.S_ISSOCK(path.lstat().st_mode):  # (a file there is someone's: never removed)
+                raise ValidationError(str(path), None, None, "", "is not a socket: migd puts its control socket "
+                                      "there and removes only a stale socket (remove it, or name another path)")
             path.unlink()  # left by a daemon that died: nobody listens
+        except FileNotFoundError:
+            pass
         return
     raise AlreadyRunning(f"another migd is running (its control socket {path} answers)")
 

@@ -22,6 +22,8 @@ Runner = Callable[[Sequence[str], float], str]
 
 _FIELD = re.compile(r" (?=[A-Za-z_][\w:/]*=)")  # keys such as AllocNode:Sid= and CPUs/Task= too
 NODE_TEXT = ("Reason", "Comment", "Extra")  # scontrol show node's free-text fields, printed last in this order
+NODE_TRAILING = ("InstanceId", "InstanceType", "ReservationName", "ResumeAfterTime")  # printed after them by
+# releases after 22.05 (src/api/node_info.c)
 # Node states that mean slurmctld does not (yet) accept the node's registration (scontrol man page).
 UNREGISTERED = frozenset({"NOT_RESPONDING", "INVALID_REG", "INVALID", "DOWN", "UNKNOWN", "FUTURE", "NO_RESPOND"})
 
@@ -105,11 +107,19 @@ def node_fields(line: str) -> dict[str, str]:
     while (key := next((k for k in left if rest.startswith(f"{k}=")), None)) is not None:
         left.remove(key)
         rest = rest[len(key) + 1:]
-        ends = [(j, s) for later in left for s in ("] ", " ") if (j := rest.find(f"{s}{later}=")) >= 0]
-        stamped = [j + 1 for j, s in ends if s == "] "]  # (Slurm's [user@time] closes a reason)
-        end = min(stamped or [j for j, _ in ends], default=len(rest))
-        out[key], rest = rest[:end].strip(), rest[end:].strip()
+        out[key], rest = rest[:_text_end(rest, left)].strip(), rest[_text_end(rest, left):].strip()
     return out
+
+
+def _text_end(rest: str, left: list[str]) -> int:
+    """Where a free-text value ends: at Slurm's ``] `` before a free-text key still to come (a reason's
+    ``[user@time]``), else at that key (Extra's last: migd's own form follows an operator's comment that
+    quotes one), else at a field later releases print after the free text, else at the line's end."""
+    ends = [(j, s) for later in left for s in ("] ", " ")
+            if (j := (rest.rfind if later == "Extra" else rest.find)(f"{s}{later}=")) >= 0]
+    stamped = [j + 1 for j, s in ends if s == "] "]
+    trailing = [j for key in NODE_TRAILING if (j := rest.find(f" {key}=")) >= 0]
+    return min(stamped or [j for j, _ in ends] or trailing, default=len(rest))
 
 
 def node_text(text: str) -> str:
