@@ -232,18 +232,21 @@ def parse_host_port(value: str) -> tuple[str, int]:
     host, _, port = value.rpartition(":")
     number = whole(port, 5)
     name = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if number is None or number > 65535 or not _is_host(name) or (name != host and ":" not in name):
+    if number is None or number > 65535 or not host:
         raise ValueError(f"{excerpt(value)} is not HOST:PORT (e.g. 127.0.0.1:9835, [::1]:9835, node1.lab:9835)")
+    if not (name == "*" == host or _is_host(name)) or (name != host and ":" not in name):
+        raise ValueError(f"{excerpt(value)}: the host is not an IP address, a host name (letters, digits, '-', "
+                         "'_', '.'; labels of 1 to 63) or * (every interface)")
     return name, number
 
 
-_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$", re.ASCII)
+_LABEL = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?$", re.ASCII)
 
 
 def _is_host(name: str) -> bool:
-    """An IP address, or a DNS name of ASCII labels (RFC 1123): what the listener binds.  A label over 63
-    characters, an empty one (``a..b``) or a non-ASCII name passed here and then stopped migd at start with
-    a UnicodeError traceback from the IDNA codec, and ``*`` bound every interface."""
+    """An IP address, or a DNS name of ASCII labels (``_`` too: /etc/hosts has them): what the listener binds.
+    A label over 63 characters, an empty one (``a..b``) or a non-ASCII name passed here and then stopped
+    migd at start with a UnicodeError traceback from the IDNA codec."""
     try:
         ipaddress.ip_address(name)
         return True

@@ -24,7 +24,6 @@ BAD = [
     (("migd.daemon.main", "--metrics-listen", "a..b:9835"), "--metrics-listen"),
     (("migd.daemon.main", "--metrics-listen", "a" * 64 + ":9835"), "--metrics-listen"),
     (("migd.daemon.main", "--metrics-listen", "\u200b:9835"), "--metrics-listen"),
-    (("migd.daemon.main", "--metrics-listen", "*:9835"), "--metrics-listen"),  # (bound every interface)
     # the clock past year 9999 (at once, or after a profile was applied), or a schedule that never fires
     (("migd.daemon.main", "--now", "9999-12-31T23:59:59"), "--now"),
     (("migd.daemon.main", "--now", "0001-01-01T00:00:00"), "--now"),

@@ -157,12 +157,21 @@ def _cfg(tmp_path: Path, body: str) -> Path:
     ("schedule:\n  - {profile: day, cron: '0 ٨ * * *'}\n", "is not a cron expression: ASCII", 2),
     ("schedule:\n  - {profile: day, at: '٠:٣٠'}\n", "not a time of day", 2),
     ("schedule:\n  - {profile: day, at: '08:30'}\nmetrics: {listen: '127.0.0.1:98²'}\n", "is not HOST:PORT", 3),
-    ("schedule:\n  - {profile: day, at: '08:30'}\nmetrics: {listen: 'a..b:9835'}\n", "is not HOST:PORT", 3),  # (IDNA)
+    ("schedule:\n  - {profile: day, at: '08:30'}\nmetrics: {listen: 'a..b:9835'}\n", "the host is not an IP", 3),
 ])
 def test_config_errors_are_located(tmp_path: Path, body: str, needle: str, line: int) -> None:
     with pytest.raises(ValidationError) as e:
         load_config(_cfg(tmp_path, body))
     assert needle in str(e.value) and e.value.line == line and "migd.yaml" in e.value.file, str(e.value)
+
+
+@pytest.mark.parametrize("listen", ["*:9835", "gpu_node1:9835", "[::]:9835", "localhost:0", "node1.lab.:9835"])
+def test_listen_addresses_operators_write_are_taken(tmp_path: Path, listen: str) -> None:
+    """``*`` binds every interface and host names may hold ``_`` (/etc/hosts): refusing them would stop a
+    configuration that worked at its ``--check`` after an upgrade."""
+    body = f"schedule:\n  - {{profile: day, at: '08:30'}}\nmetrics: {{listen: '{listen}'}}\n"
+    cfg = load_config(_cfg(tmp_path, body))
+    assert cfg.metrics_listen == listen
 
 
 def test_config_loads(tmp_path: Path) -> None:
