@@ -9,7 +9,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, NoReturn, TypeVar
 
-from migd.numeral import MOST_DIGITS, whole
+from migd.numeral import FIRST_YEAR, LAST_YEAR, MOST_DIGITS, whole
 from migd.printable import clipped
 from migd.yamlsrc import SECONDS_RANGE, parse_duration, parse_host_port, within_a_year
 
@@ -29,8 +29,6 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-FIRST_YEAR, LAST_YEAR = 1970, 9000  # times migd takes from a user: Unix time (no schedule fires before 1970),
-# days to years either side of them still inside Python's datetime (years 1 to 9999)
 MIN_SCALE, MAX_SCALE = 1e-3, 1e5  # --time-scale: 1e5 runs a year in 5 minutes; past it the loop's waits are
 # below a millisecond, and from year 9000 it would reach 9999 (the end of datetime) within days
 

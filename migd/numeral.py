@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 
 MOST_DIGITS = 18  # below 2**63: every count, id and duration migd reads fits, and int() never refuses it
+FIRST_YEAR, LAST_YEAR = 1970, 9000  # the years of a time migd reads (a user's --now, Slurm's records): Unix time
+# (no schedule fires before 1970, Slurm records none), days to years either side still inside datetime (1-9999)
 
 _DIGITS = re.compile(r"[0-9]+", re.ASCII)
 

@@ -163,6 +163,10 @@ def test_without_accounting_the_planner_says_so_in_one_line_and_decides(tmp_path
      "sacct:2: Elapsed: 'a while' is not a Slurm time"),
     (HEADER + "\n" + _line("1", "bio", 60, 60, "01:00:00").replace("|60|", "|soon|"),
      "sacct:2: Timelimit: 'soon' is not a Slurm time"),
+    (HEADER + "\n" + _line("1", "bio", 60, 60, "01:00:00").replace("|60|", "|\u0663\u0660|"),  # (int took it)
+     "sacct:2: Timelimit: '\u0663\u0660' is not a Slurm time"),
+    (HEADER + "\n" + _line("1", "bio", 60, 60, "01:00:00").replace("|60|", "|1:2:3:4|"),
+     "sacct:2: Timelimit: '1:2:3:4' is not a Slurm time"),
     (HEADER + "\n1|bio|gpu\n", "sacct:2: 3 fields where the header names 9"),
 ])
 def test_output_that_cannot_be_read_is_one_line_naming_where(tmp_path: Path, caplog: pytest.LogCaptureFixture,

@@ -4,7 +4,7 @@ its run times from accounting (slurm/history.py), and ``migctl what-if``, which 
 
 The first non-empty line names the fields (any order, any more of them); each line after it is one
 row, its fields separated by ``|`` (``--parsable``'s trailing ``|`` is read too).  Times are as sacct
-prints them by default (ISO, ``2026-11-28T03:46:32``, slurmctld's local time, with no UTC offset);
+prints them by default (ISO, ``2026-11-28T03:46:32``, the local time of whoever ran sacct, with no UTC offset);
 Slurm times (``D-HH:MM:SS``, ``UNLIMITED``) as :func:`seconds` reads them.  A line that cannot be read is one
 ``SacctError``: ``source:line: field: what``.
 """
@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from migd.cliargs import FIRST_YEAR, LAST_YEAR
+from migd.numeral import FIRST_YEAR, LAST_YEAR, whole
 
 _NEVER = ("UNKNOWN", "NONE", "")
 # (Slurm records Unix times, none before 1970; what reads them works days to a year or two either side of
@@ -28,7 +28,10 @@ def seconds(limit: str) -> float:
     if limit.upper() in ("UNLIMITED", "INFINITE", "PARTITION_LIMIT", ""):
         return float("inf")
     days, _, rest = limit.rpartition("-")
-    parts = [int(x) for x in rest.split(":")]
+    found = [whole(x, 9) for x in rest.split(":")]
+    parts = [x for x in found if x is not None]
+    if len(parts) != len(found) or len(parts) > 3 or (days and whole(days, 9) is None):
+        raise ValueError(f"{limit!r} is not a Slurm time")
     h, m, s = ([0] * (3 - len(parts)) + parts) if len(parts) > 1 else (0, parts[0], 0)
     return (int(days or 0) * 24 + h) * 3600 + m * 60 + s
 
@@ -59,7 +62,7 @@ class Row:
             raise self.error(name, f"{text!r} is not a time as sacct prints it (2026-11-28T03:46:32; "
                              "unset SLURM_TIME_FORMAT)") from None
         if value.tzinfo is not None:  # beside sacct's own naive times it could be compared with none
-            raise self.error(name, f"{text!r} has a UTC offset: sacct prints slurmctld's local time without "
+            raise self.error(name, f"{text!r} has a UTC offset: sacct prints its caller's local time without "
                              "one (2026-11-28T03:46:32; unset SLURM_TIME_FORMAT)")
         if not FIRST_YEAR <= value.year <= LAST_YEAR:
             raise self.error(name, f"{text!r} is no time a cluster ran at (Slurm records Unix times: years "

@@ -12,8 +12,9 @@ Timelimit, and AllocTRES or ReqTRES; Account, Partition, JobID, NNodes and NodeL
 - Job steps (``123.batch``, ``123.0``; without JobID, a line with neither Partition nor Timelimit,
   as sacct prints steps) are skipped: a step runs inside its job's allocation.  Array tasks
   (``123_4``) are jobs of their own, as Slurm schedules them.
-- Times are as sacct prints them by default (ISO, ``2026-11-28T03:46:32``, slurmctld's local time;
-  one with a UTC offset is refused: it could be compared with none of the others).
+- Times are as sacct prints them by default (ISO, ``2026-11-28T03:46:32``, the local time of whoever
+  ran sacct, read in this machine's zone; one with a UTC offset is refused: it could be compared with
+  none of the others).
   A job started if it has a Start and an AllocTRES (Slurm 22.05 prints a job cancelled while
   pending with Start and End both the cancel time, and no AllocTRES).  One that never started and
   is still pending (End ``Unknown``) with a finite Timelimit is replayed with its time limit as its
@@ -173,7 +174,7 @@ class _Job:
     tasks: int = 1  # a pending array's row stands for its pending tasks (``12_[0-9%3]``): each replayed
 
     def trace_jobs(self, zero: datetime) -> list[TraceJob]:
-        at = (self.submit - zero).total_seconds()
+        at = self.submit.timestamp() - zero.timestamp()  # (in the machine's zone, as the runs: one time base)
         limit = max(self.limit_s, self.run_s)
         return [TraceJob(at, self.account, self.partition, t, n, self.run_s, limit)
                 for t, n in self.asked for _ in range(self.nodes * self.tasks)]
