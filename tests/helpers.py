@@ -57,6 +57,7 @@ class Run:
 
 
 MIGCTL = [sys.executable, "-m", "migd.ctl.migctl"]  # migctl as the console script runs it
+NO_JOBS = '{"jobs": []}'  # squeue --json of an empty queue
 
 
 class Migctl:

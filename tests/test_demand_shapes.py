@@ -26,7 +26,7 @@ from migd.slurm.demandplan import Planner
 from migd.slurm.queue import read_queue
 from migd.slurm.slurmconf import SlurmSettings
 from migd.whatif.policies import Setup
-from tests.helpers import PROFILES
+from tests.helpers import NO_JOBS, PROFILES
 
 H100 = MODELS["H100-SXM5-80GB"]
 NAMES = ("day", "night", "night-two", "balanced")
@@ -35,7 +35,6 @@ SHAPES = shapes(PROFS, NAMES, [H100] * 8)
 FOUR = "4xH100-SXM5-80GB"
 OLD = 6 * 3600.0
 NOW = 1795671590.0
-NO_JOBS = "{\"jobs\": []}"  # squeue --json of an empty queue
 
 
 def notebooks(n: int) -> tuple[Pending, ...]:

@@ -21,7 +21,7 @@ from migd.slurm.demandconf import DemandMode, DemandSettings
 from migd.slurm.demandplan import History, Planner
 from migd.slurm.history import RETRY_S, ended_jobs, seed
 from migd.slurm.parsable import SacctError
-from tests.helpers import PROFILES
+from tests.helpers import NO_JOBS, PROFILES
 
 NOW = datetime.fromisoformat("2026-11-28T06:00:00").timestamp()
 HEADER = "JobID|Account|Partition|Start|End|Elapsed|Timelimit|AllocTRES|State"
@@ -55,7 +55,7 @@ class Sacct:
             if self.error is not None:
                 raise SlurmError(self.error)
             return self.text
-        return '{"jobs": []}' if argv[0] == "squeue" else ""
+        return NO_JOBS if argv[0] == "squeue" else ""
 
     def sacct_calls(self) -> list[tuple[str, ...]]:
         return [c for c in self.calls if c[0] == "sacct"]

@@ -24,11 +24,11 @@ from migd.slurm.demandplan import Planner
 from migd.slurm.queue import read_queue
 from migd.slurm.slurmconf import SlurmSettings
 from migd.slurm.want import Want
+from tests.helpers import NO_JOBS
 
 pytestmark = pytest.mark.integration  # Slurm's commands faked as programs
 
 NOW = 1795671590.0
-NO_JOBS = "{\"jobs\": []}"  # squeue --json of an empty queue
 MS_UNTIL = "1795678790000"  # until= in milliseconds: 13 digits
 REASON = b"Reason=maintenance caf\xe9 (Latin-1) [root@2026-11-27T10:00:00]"
 
