@@ -277,6 +277,41 @@ def test_an_xid_right_after_the_watch_starts_is_seen(make_backend: Any) -> None:
         watch.stop()
 
 
+def test_a_guarded_change_holds_off_marking_but_never_a_reader() -> None:
+    """An apply holds the guard through each GPU's change; /metrics read the marks under the same lock, so
+    during a slow apply every scrape, /healthz and the page waited (an outside audit: no answer for a
+    minute).  A reader gets its copy at once; a new mark waits for the change to end."""
+    import threading
+
+    from migd.isolation.marks import FaultMarks
+    from migd.isolation.xids import FaultMark
+    marks = FaultMarks()
+    marks.mark("GPU-a", FaultMark(79, 1.0))
+    in_change, done, marked = threading.Event(), threading.Event(), threading.Event()
+
+    def apply() -> None:
+        with marks.guard("GPU-b"):
+            in_change.set()
+            done.wait(30)
+
+    def watch() -> None:
+        marks.mark("GPU-b", FaultMark(79, 2.0))
+        marked.set()
+    threading.Thread(target=apply, daemon=True).start()
+    assert in_change.wait(30)
+    try:
+        reader = threading.Thread(target=lambda: (marks.snapshot(), marks.reasons(), marks.clear("GPU-x")),
+                                  daemon=True)
+        reader.start()
+        reader.join(10)
+        assert not reader.is_alive()  # (it waited for the change to end)
+        threading.Thread(target=watch, daemon=True).start()
+        assert not marked.wait(0.3) and list(marks.snapshot()) == ["GPU-a"]  # the mark waits for the change
+    finally:
+        done.set()
+    assert marked.wait(30) and sorted(marks.snapshot()) == ["GPU-a", "GPU-b"]
+
+
 def test_fault_marks_are_read_whole_while_the_watch_writes_them() -> None:
     """The watch thread set marks in a plain dict that scrapes and status iterated and the loop popped:
     'dictionary changed size during iteration' in a scrape.  Readers now get copies taken under the lock."""

@@ -444,6 +444,33 @@ def test_a_file_where_the_control_socket_goes_is_never_removed(migd: MigdProcess
     assert f"not starting: {sock}: is not a socket" in p.stderr, p.stderr
 
 
+def test_metrics_answer_while_a_slow_apply_runs(migd: MigdProcess) -> None:
+    """docs/metrics.md: a scrape never waits for an apply.  The fault marks' one lock was held through
+    each GPU's change and read by every scrape: during a slow apply /metrics, /healthz and the page gave no
+    answer for a minute (Prometheus would have called migd down)."""
+    _day(migd)
+    from migd.sim import world
+    from migd.sim.state import StateStore
+    store = StateStore(migd.migctl.state)
+    world.set_mutation_delay(store, 0.25)  # ~4 s per GPU's change, 8 GPUs
+    apply = subprocess.Popen([*MIGCTL, "--sim", migd.fleet, "--sim-state", str(migd.migctl.state), "--state-dir",
+                              str(migd.migctl.state_dir), "apply", str(PROFILES / "night.yaml")],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3)  # (the apply is under way: 8 GPUs of about 4 s each)
+        for _ in range(5):
+            started = time.monotonic()
+            with urllib.request.urlopen(f"http://127.0.0.1:{migd.port}/metrics", timeout=10) as r:
+                assert r.status == 200 and b"migd_build_info" in r.read()
+            assert time.monotonic() - started < 3, time.monotonic() - started
+            time.sleep(0.5)
+        assert apply.poll() is None  # (the apply was still running through every scrape)
+        world.set_mutation_delay(store, 0.0)
+    finally:
+        out, err = apply.communicate(timeout=120)
+    assert apply.returncode == 0, (out, err)
+
+
 def test_fresh_is_refused_on_real_gpus(migd: MigdProcess) -> None:
     p = subprocess.run([sys.executable, "-m", "migd.daemon.main", "--config", str(migd.config), "--fresh",
                         "--state-dir", str(migd.tmp / "state")], capture_output=True, text=True, timeout=60)

@@ -1,9 +1,12 @@
-"""The GPU-wide fault marks, owned in one place under one lock.
+"""The GPU-wide fault marks, owned in one place.
 
 The fault watch sets a mark from its own thread when a fatal Xid arrives; an operator clears it
 (``migctl clear-fault``); status and scrapes read copies; and an apply checks it at the last moment
-before every change to a GPU, holding the same lock the watch takes to set it.  So a fatal Xid that
-lands while an apply waits for busy instances is seen before the next step, never 15 ms after it.
+before every change to a GPU, holding the lock the watch takes to set it (``_marking``) through the
+change.  So a fatal Xid that lands while an apply waits for busy instances is seen before the next
+step, never 15 ms after it.  Readers take only the short lock over the marks themselves (``_data``):
+with one lock for both, a scrape waited out every GPU's change, and /metrics, /healthz and the page
+stopped answering for the whole of a slow apply.
 
 A mark is only as early as the watch's reading of the event, and the fatal Xid most likely to come
 while an apply waits is the one that ends the awaited work (Xid 79 takes every process with it): the
@@ -27,7 +30,8 @@ CATCH_UP_S = 10.0  # the watch reads a pending event within ~0.1 s; this long me
 
 class FaultMarks:
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._marking = threading.Lock()  # held through a guarded change: no mark is set meanwhile
+        self._lock = threading.Lock()  # over the dict alone: never held for longer than a copy
         self._marks: dict[str, FaultMark] = {}
         self._reader: Callable[[float], bool] | None = None  # the running fault watch's catch-up
         # how a mark's time reads in its words (refusals, ``unhealthy``, the log): UTC, or on migd's own
@@ -41,7 +45,7 @@ class FaultMarks:
         self._reader = catch_up
 
     def mark(self, uuid: str, mark: FaultMark) -> None:
-        with self._lock:
+        with self._marking, self._lock:
             self._marks[uuid] = mark
 
     def clear(self, uuid: str) -> bool:
@@ -71,6 +75,7 @@ class FaultMarks:
     def guard(self, uuid: str) -> Iterator[str | None]:
         """The GPU's mark (None: healthy), with marking held off until the block ends: a caller that
         finds none makes its change before any new mark can be set."""
-        with self._lock:
-            mark = self._marks.get(uuid)
+        with self._marking:
+            with self._lock:
+                mark = self._marks.get(uuid)
             yield None if mark is None else mark.text(self.shown)
