@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -121,6 +122,14 @@ def test_a_manual_apply_waiting_inside_migd_is_shown_and_its_ctrl_c_is_a_cancel(
         table = dgx.migctl.process("daemon").stdout
         assert f"manual apply of night ({PROFILES / 'night.yaml'}) in progress since " in table, table
         assert f"GPU 2 waiting for PIDs {pid}; at " in table and "it is refused (on-busy wait" in table, table
+        # ... and on what people watch: /metrics (0 and nothing, while migctl daemon said it) and the page
+        with urllib.request.urlopen(f"http://127.0.0.1:{dgx.port}/metrics", timeout=10) as r:
+            metrics = r.read().decode()
+        assert "\nmigd_transition_blocked 1.0\n" in metrics, metrics
+        assert re.search(r'\nmigd_gpu_blocked_since_timestamp_seconds\{gpu="2"\} \S+\n', metrics), metrics
+        with urllib.request.urlopen(f"http://127.0.0.1:{dgx.port}/", timeout=10) as r:
+            page = r.read().decode()
+        assert f"GPU 2: waiting: the manual apply of night waits for processes {pid}" in page, page
         apply.send_signal(signal.SIGINT)
         out, err = apply.communicate(timeout=60)
     finally:

@@ -21,6 +21,7 @@ from migd.api.access import AccessView
 from migd.api.daemon import Outcome, Progress
 from migd.api.demand import DemandView, Source
 from migd.api.slurm import Phase, SlurmSnapshot
+from migd.numeral import whole
 from migd.state.live import Status
 
 
@@ -57,13 +58,16 @@ def profile_families(st: Status) -> Iterator[Metric]:
 def transition_families(st: Status) -> Iterator[Metric]:
     yield GaugeMetricFamily("migd_drift_gpus", "GPUs whose layout differs from the desired profile",
                             value=len(st.drifted))
-    yield GaugeMetricFamily("migd_transition_blocked", "1 while a transition waits for busy instances",
-                            value=1 if st.blocked_since else 0)
+    manual = st.applying  # (a manual apply through migd waits for busy instances as a transition does)
+    yield GaugeMetricFamily("migd_transition_blocked", "1 while a transition or a manual apply waits for busy "
+                            "instances", value=1 if st.blocked_since or manual else 0)
     g = GaugeMetricFamily("migd_gpu_blocked_since_timestamp_seconds",
                           "Since when a GPU's change waits for busy instances (the other GPUs went ahead)",
                           labels=["gpu"])
-    for i, b in st.with_progress(Progress.WAITING).items():
-        g.add_metric([str(i)], b.since)
+    since = {str(i): b.since for i, b in st.with_progress(Progress.WAITING).items()}
+    since.update({i: manual.since for i in manual.waiting if i not in since} if manual else {})
+    for i, t in sorted(since.items(), key=lambda kv: -1 if (n := whole(kv[0])) is None else n):
+        g.add_metric([i], t)
     yield g
     yield GaugeMetricFamily("migd_busy_timeout_seconds", "How long a transition waits for busy instances before "
                             "on_busy decides (config busy_timeout)", value=st.busy_timeout_s)

@@ -73,6 +73,10 @@ def _summary(snap: Snapshot | None, status: Mapping[str, Any]) -> str:
     for i, g in sorted(status.get("gpus", {}).items()):
         if g.get("state") not in (None, "converged"):
             lines.append(f"<p class=\"warn\">GPU {e(i)}: {e(g['state'])}: {e(g.get('reason') or '')}</p>")
+    applying = status.get("applying") or {}
+    for i, pids in sorted(applying.get("waiting", {}).items()):
+        lines.append(f"<p class=\"warn\">GPU {e(i)}: waiting: the manual apply of {e(applying['profile'])} waits for "
+                     f"processes {e(', '.join(map(str, pids)))}</p>")
     for uuid, fault in status.get("unhealthy", {}).items():
         lines.append(f"<p class=\"warn\">unhealthy {e(uuid)}: {e(fault)}</p>")
     lines.append(_owners(snap))
