@@ -72,6 +72,15 @@ def test_the_page_draws_each_gpu_and_instance_where_it_sits(tmp_path: Path) -> N
     assert b"http://" not in text and b"https://" not in text and b'http-equiv="refresh" content="15"' in text
 
 
+def test_a_waiting_gpu_is_said_once_and_without_its_pids_repeated(tmp_path: Path) -> None:
+    """The wait line read ``GPU 2: waiting: GPU 2: destroy CI ... [busy: pids 7]``: the GPU twice."""
+    snap = sampled(Migctl(tmp_path, "dgx-h100"), "day")
+    status = {"active": {"profile": "night", "reason": "schedule"}, "unhealthy": {},
+              "gpus": {"2": {"state": "waiting", "reason": "GPU 2: destroy GI 7 [busy: pids 7]"}}}
+    text = render_page(snap, status, 15).decode()
+    assert '<p class="warn">GPU 2: waiting: destroy GI 7</p>' in text, text
+
+
 def chromium() -> str | None:
     found = shutil.which("chromium") or shutil.which("chromium-browser")
     if found is None and os.environ.get("MIGD_REQUIRE_CHROMIUM") == "1":

@@ -5,6 +5,7 @@ The live state it is made from (``migd.state.live``) is the daemon's; this is th
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import ClassVar
@@ -200,3 +201,9 @@ class DaemonDoc:
     clock: SimClock | None = field(default=None, metadata=OMIT_NONE)  # (added in v1: only on a clock of migd's own)
     faults: dict[str, Fault] | None = field(default=None, metadata=OMIT_NONE)  # (added in v1: ``unhealthy``'s marks
     # as numbers, by GPU UUID; left out with none)
+
+
+def wait_words(reason: str) -> str:
+    """A GPU's wait reason without what its line already says (the GPU, the PIDs): ``migctl daemon`` and the
+    page show it beside the GPU (``GPU 0: waiting: GPU 0: destroy CI ...`` said the GPU twice)."""
+    return re.sub(r" \[busy: pids [0-9, ]+\]", "", re.sub(r"\bGPU [0-9]+: ", "", reason))

@@ -8,7 +8,6 @@ other tables and takes ``daemon_table`` from here.)
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timezone
@@ -25,6 +24,7 @@ from migd.api.daemon import (
     Progress,
     Reason,
     SimClock,
+    wait_words,
 )
 from migd.api.demand import DemandView, PlanSummary
 from migd.api.plan import SignalSent
@@ -101,11 +101,6 @@ def _asked_line(doc: DaemonDoc) -> str:
     return f"applied profile: {doc.applied_profile or '-'}; {now}"
 
 
-def _what(reason: str) -> str:
-    """A wait's reason without what its line already says (the GPU, the PIDs)."""
-    return re.sub(r" \[busy: pids [0-9, ]+\]", "", re.sub(r"\bGPU \d+: ", "", reason))
-
-
 def _gpu_lines(doc: DaemonDoc, when: When) -> list[str]:
     lines = []
     for i, g in doc.gpus.items():
@@ -115,7 +110,7 @@ def _gpu_lines(doc: DaemonDoc, when: When) -> list[str]:
                          f"{when(g.next_try)}{again}")
         elif g.state is Progress.WAITING and g.pids:
             lines.append(f"  GPU {i}: waiting for {_pids(g.pids)} since {when(g.since)}: they run on instances the "
-                         f"change must destroy ({_what(g.reason or '')}); it goes ahead when they end")
+                         f"change must destroy ({wait_words(g.reason or '')}); it goes ahead when they end")
         elif g.state is not Progress.CONVERGED:
             why = f": {g.reason}" if g.reason else ""
             lines.append(f"  GPU {i}: {g.state.value} since {when(g.since)}{why}")

@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from migd.api.daemon import wait_words
 from migd.catalog.models import Placement
 from migd.metrics import share
 from migd.metrics.snapshot import GiSample, GpuSample, Snapshot
@@ -72,7 +73,7 @@ def _summary(snap: Snapshot | None, status: Mapping[str, Any]) -> str:
                  "<p id=\"next\">next transition: none</p>")
     for i, g in sorted(status.get("gpus", {}).items()):
         if g.get("state") not in (None, "converged"):
-            lines.append(f"<p class=\"warn\">GPU {e(i)}: {e(g['state'])}: {e(g.get('reason') or '')}</p>")
+            lines.append(f"<p class=\"warn\">GPU {e(i)}: {e(g['state'])}: {e(wait_words(g.get('reason') or ''))}</p>")
     applying = status.get("applying") or {}
     for i, pids in sorted(applying.get("waiting", {}).items()):
         lines.append(f"<p class=\"warn\">GPU {e(i)}: waiting: the manual apply of {e(applying['profile'])} waits for "
