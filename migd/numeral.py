@@ -27,6 +27,13 @@ def whole(text: str, digits: int = MOST_DIGITS) -> int | None:
     return int(text)
 
 
+def order(text: str) -> int:
+    """A sort key for indexes kept as text (GPU ``"10"`` after ``"9"``): the number, -1 (first) for text that
+    is none."""
+    found = whole(text)
+    return -1 if found is None else found
+
+
 def is_whole(text: str, digits: int = MOST_DIGITS) -> bool:
     """Whether :func:`whole` reads ``text``."""
     return whole(text, digits) is not None

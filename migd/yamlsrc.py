@@ -343,8 +343,8 @@ def load(path: str | Path, text: str | None = None, strict: bool = False, what: 
     """
     name = str(path)
     if text is None:
-        text = read(path, strict, what)
-    if len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
+        text = read(path, strict, what)  # (read no more than MAX_BYTES)
+    elif len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
         raise _too_large(name)
     try:
         _check_shape(name, text)

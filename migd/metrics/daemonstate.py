@@ -21,7 +21,7 @@ from migd.api.access import AccessView
 from migd.api.daemon import Outcome, Progress
 from migd.api.demand import DemandView, Source
 from migd.api.slurm import Phase, SlurmSnapshot
-from migd.numeral import whole
+from migd.numeral import order
 from migd.state.live import Status
 
 
@@ -66,7 +66,7 @@ def transition_families(st: Status) -> Iterator[Metric]:
                           labels=["gpu"])
     since = {str(i): b.since for i, b in st.with_progress(Progress.WAITING).items()}
     since.update({i: manual.since for i in manual.waiting if i not in since} if manual else {})
-    for i, t in sorted(since.items(), key=lambda kv: -1 if (n := whole(kv[0])) is None else n):
+    for i, t in sorted(since.items(), key=lambda kv: order(kv[0])):
         g.add_metric([i], t)
     yield g
     yield GaugeMetricFamily("migd_busy_timeout_seconds", "How long a transition waits for busy instances before "

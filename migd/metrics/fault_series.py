@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from migd.isolation.audit import SEVERITY, Check
 from migd.isolation.xids import INSTANCE_XIDS, KNOWN_XIDS, FaultMark
 from migd.metrics.snapshot import Snapshot
-from migd.numeral import whole
+from migd.numeral import order
 
 Gpu = tuple[str, str]  # (index, uuid)
 
@@ -26,7 +26,7 @@ def known_gpus(snap: Snapshot | None, events: Any) -> list[Gpu]:
     gpus = {str(g.info.index): g.info.uuid for g in snap.gpus} if snap else {}
     for uuid, index in events.gpu_of.items():
         gpus.setdefault(index, uuid)
-    return sorted(gpus.items(), key=lambda kv: -1 if (n := whole(kv[0])) is None else n)
+    return sorted(gpus.items(), key=lambda kv: order(kv[0]))
 
 
 def xid_families(snap: Snapshot | None, events: Any, gpus: list[Gpu]) -> Iterator[Metric]:

@@ -107,7 +107,8 @@ def node_fields(line: str) -> dict[str, str]:
     while (key := next((k for k in left if rest.startswith(f"{k}=")), None)) is not None:
         left.remove(key)
         rest = rest[len(key) + 1:]
-        out[key], rest = rest[:_text_end(rest, left)].strip(), rest[_text_end(rest, left):].strip()
+        end = _text_end(rest, left)
+        out[key], rest = rest[:end].strip(), rest[end:].strip()
     return out
 
 
