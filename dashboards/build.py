@@ -104,6 +104,9 @@ ROWS: list[tuple[str, list[Panel]]] = [
         Panel("Xid errors by GPU", "timeseries",
               ((f'increase(migd_xid_events_total{{{NODE}, gpu=~"$gpu"}}[1h])', "GPU {{gpu}} Xid {{xid}}"),)),
         Panel("GPUs blocked by a GPU-wide fault", "table", ((f"migd_gpu_unhealthy{{{NODE}}} == 1", ""),)),
+        Panel("GPUs NVML cannot read (lost)", "table", ((f"migd_gpu_lost{{{NODE}}} == 1", ""),),
+              description="Fallen off the bus (Xid 79) or otherwise lost: NVML_ERROR_GPU_IS_LOST. migd leaves "
+              "the GPU alone; its other series are absent until it is back."),
         Panel("Sampler age", "timeseries",
               ((f"time() - migd_sampler_last_success_timestamp_seconds{{{NODE}}}", "age {{instance}}"),
                (f"migd_sampler_duration_seconds{{{NODE}}}", "duration {{instance}}")), "s"),
@@ -152,8 +155,8 @@ def dashboard() -> dict[str, Any]:
         "editable": True, "time": {"from": "now-24h", "to": "now"}, "refresh": "30s", "tags": ["migd", "mig", "gpu"],
         "templating": {"list": [{"name": "datasource", "label": "Data source", "type": "datasource",
                                  "query": "prometheus"},
-                                _variable("node", "Node", "label_values(migd_gpu_info, instance)"),
-                                _variable("gpu", "GPU", 'label_values(migd_gpu_info{instance=~"$node"}, gpu)'),
+                                _variable("node", "Node", "label_values(migd_gpu_up, instance)"),
+                                _variable("gpu", "GPU", 'label_values(migd_gpu_up{instance=~"$node"}, gpu)'),
                                 _variable("owner", "Owner",
                                           'label_values(migd_instance_info{instance=~"$node"}, owner)')]},
         "panels": panels, "annotations": {"list": []}}

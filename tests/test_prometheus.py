@@ -63,6 +63,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MigdProces
             assert r.code == 0, r.err
             world.raise_xid(store, 3, 31, gi=store.read().gpus[3].gis[0].id, ci=0)
             world.raise_xid(store, 1, 79)
+            world.set_lost(store, 0)  # GPU 0 fell off the bus: NVML reads it no more
             world.fail_call(store, "nvmlGpmMigSampleGet", 999)
             time.sleep(8)
             yield m, pport
@@ -133,3 +134,18 @@ def test_alerts_fire_on_the_live_daemon(stack: tuple[MigdProcess, int]) -> None:
               query(pport, 'ALERTS{alertstate="firing", alertname=~"Migd.*"}')}
     assert ("MigdGpuUnhealthy", "1") in firing
 
+
+
+def test_a_lost_gpu_stays_in_the_dashboards_gpu_list(stack: tuple[MigdProcess, int]) -> None:
+    """GPU 0 fell off the bus: its info and memory series are gone, but the dashboard's GPU list, read
+    from the series every GPU keeps, still offers it, and the lost-GPU panel names it."""
+    _, pport = stack
+    dash = json.loads(DASHBOARD.read_text())
+    (var,) = [v for v in dash["templating"]["list"] if v["name"] == "gpu"]
+    m = re.fullmatch(r"label_values\((.*), *(\w+)\)", substitute(var["query"]["query"]))
+    assert m is not None
+    assert "0" in {r["metric"][m.group(2)] for r in query(pport, m.group(1))}
+    assert not query(pport, 'migd_gpu_info{gpu="0"}')  # (what the list was read from)
+    (lost,) = [t["expr"] for p in dash["panels"] if p["title"].startswith("GPUs NVML cannot read")
+               for t in p["targets"]]
+    assert [r["metric"]["gpu"] for r in query(pport, substitute(lost))] == ["0"]
