@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -118,3 +118,24 @@ def test_words_in_a_nodes_comment_or_reason_are_never_its_fields(cluster: SlurmC
         assert [n.gres for n in ctl.nodes() if n.name == "gpu2"] == [GRES]
     finally:
         c.cmd("scontrol", "update", "nodename=gpu2", "state=resume", "comment=", "extra=")
+
+
+def test_a_node_without_jobs_is_told_so_without_reading_the_whole_queue(cluster: SlurmCluster) -> None:
+    """22.05's ``squeue --json`` ignores its filters: every pass of a drain read the whole queue (about 3 KB
+    a job).  ``squeue -w`` lists the node's active jobs first, and the JSON is read only when it names one."""
+    c = cluster
+    c.cmd("scancel", "-u", "root")
+    c.wait(lambda: not c.cmd("squeue", "-h", "-w", "gpu1", "-o", "%A").strip(), "the node's jobs to end", 30)
+    calls: list[tuple[str, ...]] = []
+
+    def run(argv: Sequence[str], timeout_s: float) -> str:
+        calls.append(tuple(argv))
+        return c.cmd(*argv)
+
+    ctl = SlurmCtl("gpu1", run)
+    assert ctl.jobs() == [] and not [a for a in calls if "--json" in a], calls
+    cpu = c.cmd("sbatch", "--parsable", "-o", "/dev/null", "-t", "30", "-w", "gpu1", "--wrap", "sleep 300").strip()
+    c.wait(lambda: c.cmd("squeue", "-h", "-j", cpu, "-o", "%T").strip() == "RUNNING", "the CPU job to run", 30)
+    assert [(j.id, j.uses_gpus) for j in ctl.jobs()] == [(cpu, False)]
+    assert ("squeue", "--json") in calls
+    c.cmd("scancel", cpu)

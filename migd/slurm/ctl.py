@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
 
-from migd.slurm.jobjson import on_node
+from migd.slurm.jobjson import ACTIVE, on_node
 
 Runner = Callable[[Sequence[str], float], str]
 
@@ -184,8 +184,12 @@ class SlurmCtl:
 
     def jobs(self) -> list[Job]:
         """The active jobs on this node with what Slurm allocated them here, however they asked (``--gres``,
-        ``--gpus*``), from one ``squeue --json`` (22.05 ignores its filters: the whole queue, read by
-        slurm/jobjson.py, where a job's name or paths are never taken for its allocation)."""
+        ``--gpus*``), from ``squeue --json`` (read by slurm/jobjson.py, where a job's name or paths are never
+        taken for its allocation).  22.05 ignores that command's filters, and its whole queue is about 3 KB
+        a job (docs/slurm.md), so it is read only while ``squeue -w`` (filters honoured; job ids alone, no
+        user text) lists an active job here: a drained node's last passes, and an idle node's, cost a line."""
+        if not self._call("squeue", "-h", "-w", self.node, "-t", ",".join(sorted(ACTIVE)), "-o", "%A").strip():
+            return []
         try:
             found = on_node(self._call("squeue", "--json"), self.node)
         except ValueError as e:
