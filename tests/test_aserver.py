@@ -114,10 +114,11 @@ def test_requests_sent_before_a_half_close_are_all_answered(server: MetricsServe
 
 @pytest.mark.parametrize("request_,status", [
     (b"\r\nGET /healthz HTTP/1.1\r\n\r\n", b"200"),  # RFC 9112 2.2: a leading empty line is ignored
+    (b"\nGET /healthz HTTP/1.1\nHost: x\n\n", b"200"),  # 2.2: a bare LF may end a line (none was answered)
     (b"GET /healthz HTTP/1.9\r\n\r\n", b"505"),  # (HTTP/1.x was taken for any x)
     (b"GET /healthz HTTP/1.\r\n\r\n", b"505"),
     (b"GET /healthz HTTP/1.1\r\nX: " + b"y" * 70_000 + b"\r\n\r\n", b"431"),  # (in one read it was answered)
-], ids=["leading empty line", "HTTP/1.9", "HTTP/1.", "head over the bound"])
+], ids=["leading empty line", "bare LF", "HTTP/1.9", "HTTP/1.", "head over the bound"])
 def test_a_request_line_is_read_as_rfc_9112_says(server: MetricsServer, request_: bytes, status: bytes) -> None:
     with _connect(server) as s:
         s.sendall(request_)

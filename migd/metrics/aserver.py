@@ -22,6 +22,7 @@ GET /metrics, GET /healthz and GET / (the page, page.py) exist; nothing here can
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,7 +35,8 @@ from migd.metrics.sampler import Sampler
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
             431: "Request Header Fields Too Large", 503: "Service Unavailable", 505: "HTTP Version Not Supported"}
 _TEXT = "text/plain; charset=utf-8"
-_END = b"\r\n\r\n"
+_END = re.compile(rb"\r?\n\r?\n")  # RFC 9112 2.2: a recipient may take a bare LF for a line's end
+_LINE = re.compile(r"\r?\n")
 
 
 class MetricsServer:
@@ -70,7 +72,7 @@ class MetricsServer:
     def answer(self, head: bytes) -> tuple[bytes, bool]:
         """The response to one request head (request line and headers, without the blank line), and
         whether the connection stays open for another request."""
-        lines = head.decode("latin-1").split("\r\n")
+        lines = _LINE.split(head.decode("latin-1"))
         parts = lines[0].split()
         if len(parts) != 3 or not parts[2].startswith("HTTP/"):
             return _response(400, _TEXT, b"bad request\n", "", keep=False), False
@@ -197,14 +199,15 @@ class _Connection(asyncio.Protocol):
         self.queued = False
         if self.paused or self.transport.is_closing():
             return
-        while self.buffer.startswith(b"\r\n"):  # (RFC 9112 2.2: empty lines before a request line are ignored)
-            del self.buffer[:2]
-        end = self.buffer.find(_END)
+        while self.buffer[:1] == b"\n" or self.buffer[:2] == b"\r\n":  # (RFC 9112 2.2: empty lines before a
+            del self.buffer[:1 if self.buffer[:1] == b"\n" else 2]  # request line are ignored)
+        found = _END.search(self.buffer)
+        end = -1 if found is None else found.start()
         if end > self.server.max_header_bytes or (end < 0 and len(self.buffer) > self.server.max_header_bytes):
             self.transport.write(_response(431, _TEXT, b"request head too large\n", "", keep=False))
             self.transport.close()  # a head that large is no request of ours
             return
-        if end < 0:
+        if found is None:
             if self.eof:
                 self.transport.close()  # every request the client sent is answered
             elif self.held:
@@ -212,7 +215,7 @@ class _Connection(asyncio.Protocol):
                 self.transport.resume_reading()
             return
         head = bytes(self.buffer[:end])
-        del self.buffer[:end + len(_END)]
+        del self.buffer[:found.end()]
         self.active = self.server._loop.time()
         response, keep = self.server.answer(head)
         self.transport.write(response)
