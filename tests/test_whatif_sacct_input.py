@@ -193,14 +193,14 @@ def test_a_lone_job_at_the_ends_of_the_calendar_is_refused(tmp_path: Path, confi
 @pytest.mark.parametrize("option,value,said", [
     ("--nodes", "99999999", "argument --nodes: must be at most 4096 (the most nodes a what-if replays)"),
     ("--nodes", "4097", "argument --nodes: must be at most 4096"),
-    ("--gpus", "1000", "argument --gpus: must be at most 8 (no board in the catalog has more)"),
-    ("--gpus", "9", "argument --gpus: must be at most 8"),
+    ("--gpus", "1000", "argument --gpus: must be at most 16 (PCIe servers carry up to 10)"),
+    ("--gpus", "17", "argument --gpus: must be at most 16"),
     ("--gpus", "\u00b2", "argument --gpus: must be a whole number above 0 of at most 18 digits, not '\u00b2'"),
     ("--nodes", MANY, f"argument --nodes: must be a whole number above 0 of at most 18 digits, not '{MANY[:37]}...'"),
 ])
 def test_the_options_ask_no_more_than_a_what_if_replays(tmp_path: Path, config: Path, option: str, value: str,
                                                          said: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """More nodes than a what-if replays, or more GPUs per node than any board has, is the option's one
+    """More nodes than a what-if replays, or more GPUs per node than any server has, is the option's one
     line, exit 2, before anything is read."""
     with pytest.raises(SystemExit) as e:
         what_if(tmp_path, config, GOOD, capsys, option, value)
@@ -208,9 +208,17 @@ def test_the_options_ask_no_more_than_a_what_if_replays(tmp_path: Path, config: 
     assert e.value.code == 2 and said in err and len(err.splitlines()) == 1, err
 
 
+def test_a_pcie_server_of_ten_gpus_is_replayed(tmp_path: Path, config: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Ten GPUs a node (a PCIe server) was refused: the bound was HGX's eight."""
+    code, out, err = what_if(tmp_path, config, GOOD, capsys, "--nodes", "1", "--gpus", "10")
+    assert code == 0, err
+    assert ", 1 node of 10 x H100-SXM5-80GB, " in out, out
+
+
 def test_the_help_names_the_bounds_the_types_hold(capsys: pytest.CaptureFixture[str]) -> None:
     """--nodes's help says its bound without importing the what-if (migctl starts without it): kept equal."""
     with pytest.raises(SystemExit):
         migctl(["what-if", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert f"nodes replayed, at most {MAX_NODES} " in help_text and "GPUs per node, at most 8 " in help_text
+    assert f"nodes replayed, at most {MAX_NODES} " in help_text and "GPUs per node, at most 16 " in help_text
