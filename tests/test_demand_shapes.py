@@ -4,6 +4,7 @@ saying so."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -113,10 +114,10 @@ def test_mixes_false_keeps_every_node_whole_in_one_candidate_and_auto_does_under
 
 
 def _planner(tmp_path: Path, gres: dict[str, str], mixes: Mixes = Mixes.ON,
-             extra: dict[str, str] | None = None) -> tuple[Planner, SlurmCtl]:
+             extra: dict[str, str] | None = None, jobs: str = NO_JOBS) -> tuple[Planner, SlurmCtl]:
     def runner(argv: Sequence[str], timeout_s: float) -> str:
         if argv[:2] == ("squeue", "--json"):
-            return NO_JOBS
+            return jobs
         if argv[:2] != ("scontrol", "show"):
             return ""
         return "".join(f"NodeName={n} Arch=x86_64 Gres={g} State=IDLE Partitions=main "
@@ -184,3 +185,19 @@ def test_the_daemons_planner_keeps_nodes_whole_on_slurm_unless_told_mixes_true(
     assert demand.planner is not None
     assert demand.planner.shapes.choices == (frozenset(NAMES) if whole else None)
     assert len(demand.planner.shapes.own) == 165  # (a node in a mix is read as one either way)
+
+
+def test_the_planner_says_which_pending_work_no_candidate_layout_can_serve(tmp_path: Path) -> None:
+    """Jobs asking a type by Slurm AutoDetect's name or a whole GPU's type (a partition's non-MIG nodes), or
+    GPUs without a type, are work no change serves.  Any such job stopped every decision, and every pass of
+    the planner node's migd, with a ValueError; now the planner says how many there are of each."""
+    base = {"account": "a", "job_state": "PENDING", "state_reason": "Priority", "partition": "main", "node_count": 1,
+            "tasks": 1, "time_limit": 60, "submit_time": NOW - 600, "tres_per_job": "", "tres_per_task": "",
+            "tres_per_socket": "", "array_task_string": "", "priority": 5}
+    asks = [(1, "gres:gpu:nvidia_h100_80gb_hbm3_1g.10gb:1", 1), (2, "gres:gpu:nvidia_h100_80gb_hbm3_1g.10gb:2", 2),
+            (3, "gres:gpu:1g.10gb:1", 1), (4, "gres:gpu:2", 1), (5, "gres:gpu:a100:1", 1)]
+    jobs = json.dumps({"jobs": [{**base, "job_id": j, "tres_per_node": ask, "node_count": n} for j, ask, n in asks]})
+    planner, _ = _planner(tmp_path, {"gpu1": "gpu:7g.80gb:8"}, Mixes.OFF, jobs=jobs)
+    plan = planner.tick()
+    assert plan.error is None and plan.unoffered == {"a100": 1, "nvidia_h100_80gb_hbm3_1g.10gb": 2}  # (jobs)
+    assert plan.untyped == 1 and "1g.10gb" in plan.wanted_slice_h

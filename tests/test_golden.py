@@ -184,8 +184,9 @@ def test_daemon_status_with_demand(tmp_path: Path, mixed: Migctl) -> None:
                                             "idled while it drains (ready in 3 min)",),
                        ("gpu2: night -> day: gains 30.0 ...; held: in night for 10 min of the 60 min minimum; "
                         "earliest change in 50 min",),
-                       {"1g.10gb": 56.0}, ("gpu9: drained by an operator (disk)",), 1, 0,
-                       run_share={"nlp": 0.25, "teaching": 0.5}, seeded_jobs=412)
+                       {"1g.10gb": 56.0}, ("gpu9: drained by an operator (disk)",), 1, 2,
+                       run_share={"nlp": 0.25, "teaching": 0.5}, seeded_jobs=412,
+                       unoffered={"nvidia_h100_80gb_hbm3_1g.10gb": 3})
     doc["demand"] = to_json(DemandView("on", "gpu1", Source.PLANNER, "night", "planner gpu1 wants night",
                                        1795007200.0, plan))
     doc["active"] = {"profile": "night", "reason": "demand", "source": "gpu1", "until": 1795007200.0}

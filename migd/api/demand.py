@@ -37,6 +37,9 @@ class PlanSummary:
     # (learned from accounting at the planner's start and from the jobs it watched end)
     run_share: dict[str, float] | None = field(default=None, metadata=OMIT_NONE)  # (None: not said)
     seeded_jobs: int | None = None  # ended jobs read from accounting at start (None: not read)
+    # pending jobs per MIG type that no candidate layout offers: work the rule cannot serve by any change
+    # (a type asked under another name, e.g. Slurm AutoDetect's nvidia_h100_80gb_hbm3_1g.10gb; docs/slurm.md)
+    unoffered: dict[str, int] | None = field(default=None, metadata=OMIT_NONE)  # (None: none, or not said)
 
 
 @dataclass(frozen=True)

@@ -250,4 +250,9 @@ def _demand_lines(dm: DemandView | None, when: When) -> list[str]:
         lines += _run_times(plan)
         lines += [f"  change {c}" for c in plan.changes] + [f"  held {h}" for h in plan.held]
         lines += [f"  skipped {s}" for s in plan.skipped]
+        lines += [f"  not offered by any candidate layout: {t} ({n} pending job(s))"
+                  for t, n in sorted((plan.unoffered or {}).items())]
+        if plan.untyped:
+            lines.append(f"  {plan.untyped} pending request(s) for GPUs without a MIG type (--gres=gpu:N): no layout "
+                         "is chosen for them")
     return lines

@@ -13,6 +13,13 @@ from functools import cache, cached_property
 _SLICES = re.compile(r"^([0-9]{1,2})g\.", re.ASCII)
 
 
+def is_mig_type(name: str) -> bool:
+    """A GPU instance profile's name, as the rule weighs it (``1g.10gb``, ``3g.40gb``, ``1g.10gb+me``): not a
+    whole GPU's type (``a100``), a compute instance's (``1c.3g.40gb``: layouts count GPU instances) or
+    Slurm AutoDetect's (``nvidia_a100_1g.5gb``).  No candidate layout offers any of those."""
+    return _SLICES.match(name) is not None
+
+
 @cache  # (the rule asks it millions of times a replay, of a handful of names)
 def slices_of(mig_type: str) -> int:
     """The compute slices of a MIG type (``3g.40gb`` -> 3; ``1g.10gb+me`` -> 1): the unit demand and

@@ -139,7 +139,8 @@ class Planner:
                            {t: round(v, 1) for t, v in decision.demand}, tuple(skipped),
                            writes, queue.untyped, None, self.capacity_count, self.capacity_sum, self.capacity_last,
                            dict(self.runtimes.ratios()),
-                           self.accounting.seeded.jobs if self.accounting.seeded is not None else None)
+                           self.accounting.seeded.jobs if self.accounting.seeded is not None else None,
+                           _unoffered(queue, decision.unservable) or None)
 
     def _served(self, node: NodeInfo, current: str | None, now: float) -> None:
         """A node changed for pending work now serves its new layout: its time to capacity is observed."""
@@ -238,3 +239,10 @@ class Planner:
             if job not in seen:
                 self.runtimes.observe(account, now - started, limit)
         self._watched = seen
+
+
+def _unoffered(queue: Queue, types: tuple[str, ...]) -> dict[str, int]:
+    """Pending jobs (an array's each task) per GPU type no candidate layout offers: the MIG types among
+    ``types`` (the rule's), and every type that is no MIG type; a job over N nodes once."""
+    mig = Counter(t for t, _ in {(p.mig_type, p.job) for p in queue.pending if p.mig_type in types})
+    return dict(sorted((mig + Counter(queue.others)).items()))

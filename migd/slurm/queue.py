@@ -20,10 +20,10 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from migd.demand.inputs import Pending, Running
+from migd.demand.inputs import Pending, Running, is_mig_type
 from migd.numeral import whole
 from migd.slurm.ctl import SlurmError
 from migd.slurm.jobjson import active, allocations, job_id, limit_s, number, read_jobs, states, text
@@ -43,6 +43,7 @@ class Queue:
     pending: tuple[Pending, ...]
     running: dict[str, tuple[Running, ...]]  # node -> its running GPU jobs
     untyped: int  # pending jobs asking for GPUs without a MIG type (no layout can be chosen for them)
+    others: dict[str, int] = field(default_factory=dict)  # pending jobs per GPU type that is no MIG type
 
 
 def array_tasks(expr: str) -> list[str] | None:
@@ -105,7 +106,7 @@ def read_queue(jobs_json: str, partition: str, now: float) -> Queue:
     arrays = Counter(str(number(j.get("array_job_id"))) for j in jobs if active(j) and number(j.get("array_job_id")))
     pending: list[Pending] = []
     running: dict[str, list[Running]] = {}
-    untyped = 0
+    untyped, others = 0, set()
     for job in jobs:
         reason, account, limit = text(job.get("state_reason")), text(job.get("account")) or "-", limit_s(job)
         submitted = number(job.get("submit_time")) or now
@@ -116,6 +117,9 @@ def read_queue(jobs_json: str, partition: str, now: float) -> Queue:
                     if not mig_type:
                         untyped += 1
                         continue
+                    if not is_mig_type(mig_type):  # (a whole GPU's type, say: a candidate layout never offers it)
+                        others.add((mig_type, task))
+                        continue
                     pending += [Pending(task, account, mig_type, count, limit, number(job.get("priority")) or 0,
                                         max(0.0, now - submitted), free and not reason.startswith(WAITING_ON))] * nodes
         elif active(job):
@@ -125,6 +129,9 @@ def read_queue(jobs_json: str, partition: str, now: float) -> Queue:
                 if node is None:
                     continue  # (a node not named: the planner cannot place it; a node's own switch counts it)
                 for mig_type, count in _ALLOC.findall(gres):
+                    if not is_mig_type(mig_type):
+                        continue  # (its node holds a type no candidate layout has: the planner skips that node)
                     running.setdefault(node, []).append(Running(job_id(job), mig_type, int(count), ends_in, account,
                                                                 max(0.0, now - submitted), limit))
-    return Queue(tuple(pending), {n: tuple(r) for n, r in running.items()}, untyped)
+    return Queue(tuple(pending), {n: tuple(r) for n, r in running.items()}, untyped,
+                 dict(Counter(t for t, _ in sorted(others))))
