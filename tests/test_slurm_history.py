@@ -241,3 +241,38 @@ def test_a_decision_says_the_run_times_even_when_slurm_cannot_be_read(tmp_path: 
     assert plan.error is not None and plan.run_share == {"nlp": 0.25}
     older = PlanSummary(NOW, "on", (), (), {}, (), 0, 0)  # (from a migd that does not say its run times)
     assert older.run_share is None and _run_times(older) == []
+
+
+def test_an_unreadable_slurm_is_logged_when_it_starts_changes_and_ends(tmp_path: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """The planner logged "cannot read Slurm" at every interval (a line a minute while slurmctld is down);
+    ``migd_demand_slurm_unreadable`` says it throughout, the log when it starts, changes and ends."""
+    from migd.slurm.ctl import SlurmCtl
+    why = ["scontrol exited 1: Unable to contact slurm controller"]
+
+    def runner(argv: Sequence[str], timeout_s: float) -> str:
+        if why[0]:
+            raise SlurmError(why[0])
+        return NO_JOBS if argv[0] == "squeue" else ""
+
+    settings = DemandSettings(DemandMode.DRY_RUN, "gpu1", ("day", "night"), history_s=0)
+    planner = Planner(settings, "gpu", "gpu1", SlurmCtl("gpu1", runner), {}, tmp_path / "demand.json", lambda: NOW)
+    caplog.set_level(logging.INFO, logger="migd")
+    for cause in (why[0], why[0], why[0], "squeue --json exited 1: Socket timed out", "", ""):
+        why[0] = cause
+        assert (planner.tick().error is None) == (not cause)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("demand: ")]
+    unread = "cannot read Slurm, no decision"
+    assert [s.split(":")[1].strip() for s in said] == [unread, unread, "Slurm can be read again"], said
+    assert "Unable to contact" in said[0] and "Socket timed out" in said[1]
+
+
+def test_a_lasting_condition_is_said_again_after_the_repeat_time() -> None:
+    from migd.repeat import Said
+    now = [0.0]
+    said = Said(600.0, lambda: now[0])
+    assert said.due("down") and not said.due("down")
+    now[0] = 599.0
+    assert not said.due("down") and said.due("other") and not said.due("other")
+    now[0] = 1199.0
+    assert said.due("other") and said.ended() and not said.ended() and said.due("other")

@@ -23,11 +23,11 @@ from typing import Any
 from migd.daemon.sdnotify import Notifier
 from migd.hardware.ports import GpuBackend
 from migd.hardware.types import HardwareError
+from migd.repeat import Said
 from migd.yamlsrc import parse_host_port
 
 log = logging.getLogger("migd")
 FIRST_S, MOST_S = 1.0, 60.0  # between tries: 1 s, 2 s, 4 s, ... at most 60 s (systemd's watchdog is not armed yet)
-REPEAT_S = 600.0  # the same cause is logged again at most this often
 
 
 class _Unavailable(http.server.BaseHTTPRequestHandler):
@@ -82,15 +82,14 @@ def open_nvml(open_backend: Callable[[], GpuBackend], notifier: Notifier, stop: 
     except HardwareError as e:
         why = str(e)
     server = _health(listen)
-    since, delay, said, logged = time.monotonic(), FIRST_S, "", 0.0
+    since, delay, said = time.monotonic(), FIRST_S, Said()  # (the same cause again every 10 min at most)
     try:
         while True:
             if server is not None:
                 server.why = why
-            if why != said or time.monotonic() - logged >= REPEAT_S:
+            if said.due(why):
                 log.warning("cannot open NVML (%s): waiting for the NVIDIA driver, trying again every %gs at most; "
                             "migd serves the GPUs once it opens", why, MOST_S)
-                said, logged = why, time.monotonic()
             notifier.status(f"waiting for the NVIDIA driver ({why}); next try in {delay:g}s")
             if stop.wait(delay / scale):
                 log.info("stopped while waiting for the NVIDIA driver")

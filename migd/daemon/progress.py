@@ -18,10 +18,10 @@ from migd.daemon.retry import Failure
 from migd.hardware.inventory import Unreadable
 from migd.numeral import whole
 from migd.plan.planner import GpuPlan
+from migd.repeat import REPEAT_S  # (a wait past busy_timeout is logged again at most this often)
 from migd.state.live import GpuProgress, Status
 
 log = logging.getLogger("migd")
-REPEAT_S = 600.0  # a wait past busy_timeout is logged again at most this often
 _SET_ASIDE = (Progress.FAULTED, Progress.LOST, Progress.UNREADABLE)
 _BUSY = re.compile(r"\[busy: pids ([0-9, ]+)\]")
 

@@ -26,6 +26,7 @@ from migd.demand.runtime import RunTimes
 from migd.demand.seen import LastSeen
 from migd.errors import ValidationError
 from migd.numeral import whole
+from migd.repeat import Said
 from migd.slurm.ctl import NodeInfo, SlurmCtl, SlurmError
 from migd.slurm.demandconf import DemandMode, DemandSettings
 from migd.slurm.history import Accounting
@@ -86,6 +87,7 @@ class Planner:
         self.history: dict[str, list[float]] = self._load()  # node -> its switches (epoch), newest last
         self._saved = 0.0  # when demand.json was last written
         self._shape: dict[str, str] = {}  # node -> the shape its Gres= last matched
+        self._unreadable = Said()  # (logged when it starts or changes, then every 10 min)
 
     def _load(self) -> dict[str, list[float]]:
         try:
@@ -115,9 +117,13 @@ class Planner:
             nodes = [n for n in self.ctl.nodes() if self.partition in n.partitions]
             queue = read_queue(self.ctl.all_jobs(), self.partition, now)
         except SlurmError as e:
-            log.error("demand: cannot read Slurm, no decision: %s", e)
+            if self._unreadable.due(str(e)):
+                log.error("demand: cannot read Slurm, no decision: %s (said again every %.0f min while it lasts)",
+                          e, self._unreadable.repeat_s / 60)
             return PlanSummary(now, self.s.mode.value, (), (), {}, (), 0, 0, str(e),
                                run_share=dict(self.runtimes.ratios()))
+        if self._unreadable.ended():
+            log.info("demand: Slurm can be read again")
         self._learn(queue.running, now)
         running = [r for rs in queue.running.values() for r in rs]
         self.seen.observe(now, [(p.mig_type, p.count) for p in queue.pending] + [(r.mig_type, r.count)
