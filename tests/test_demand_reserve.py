@@ -96,3 +96,12 @@ def test_a_trial_weighed_exactly_scores_what_taking_it_gives() -> None:
     f.put({"b": trial})
     assert exact == f.score()
     assert ranked != exact  # (a's 2g, behind the 7g jobs that lose b's instances, is held longer)
+
+
+def test_an_arrays_tasks_past_bf_max_job_array_resv_reserve_nothing() -> None:
+    """Slurm's backfill tries at most ``bf_max_job_array_resv`` (20) tasks of one pending array in a pass
+    (backfill.c); a thousand-task array was read as a thousand reservations ahead of every younger type."""
+    array = [job(f"7_{i}", "7g.80gb", 500) for i in range(1000)]
+    ahead = Ahead.of([*array, job("8", "7g.80gb", 400), job("9", "2g.20gb", 300)], hours)
+    assert ahead.before["2g.20gb"] == {"7g.80gb": (7.0 * 21, 21)}  # (20 of the array, and job 8)
+    assert ahead.everyone["7g.80gb"] == (7.0 * 21, 21)

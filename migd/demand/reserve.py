@@ -33,6 +33,8 @@ from migd.demand.inputs import Layout, Pending
 from migd.numeral import whole
 
 BF_MAX_JOB_TEST = 500  # slurm.conf(5) bf_max_job_test's default: jobs past it reserve nothing
+BF_MAX_JOB_ARRAY_RESV = 20  # slurm.conf(5) bf_max_job_array_resv's default: a pending array's tasks past it
+# are not tested in a backfill pass (backfill.c tries the array's next task only while test_array_count is below it)
 
 
 Work = Callable[[Pending], float]  # a pending job's slice-hours within the horizon
@@ -51,7 +53,7 @@ class Ahead:
         """What is ahead of whom in the order Slurm's backfill tests pending jobs: priority first, then
         submission, then job id (numerically: 999 before 1000, 12_2 before 12_10); a job waiting on a
         dependency or its begin time is not tested and reserves nothing."""
-        queue = tested(pending)
+        queue = _reserving(pending)
         before: dict[str, dict[str, tuple[float, int]]] = {}
         seen: dict[str, tuple[float, int]] = defaultdict(lambda: (0.0, 0))
         for p in queue:
@@ -83,6 +85,22 @@ def tested(pending: Iterable[Pending]) -> list[Pending]:
     """The pending jobs Slurm's backfill tests, in its order: those it may start (no dependency or begin
     time to wait for), by ``priority_order``, at most ``BF_MAX_JOB_TEST``."""
     return sorted((p for p in pending if p.startable), key=priority_order)[:BF_MAX_JOB_TEST]
+
+
+def _reserving(pending: Iterable[Pending]) -> list[Pending]:
+    """The jobs Slurm's backfill tests, so that they may reserve a node: as :func:`tested`, but of each array
+    only its first ``BF_MAX_JOB_ARRAY_RESV`` tasks (an array is one record of Slurm's queue, its tasks tried
+    in turn up to that many), and ``BF_MAX_JOB_TEST`` counted over what is left."""
+    seen: dict[str, int] = defaultdict(int)
+    out = []
+    for p in sorted((p for p in pending if p.startable), key=priority_order):
+        array, task, _ = p.job.partition("_")
+        if task:
+            seen[array] += 1
+            if seen[array] > BF_MAX_JOB_ARRAY_RESV:
+                continue
+        out.append(p)
+    return out[:BF_MAX_JOB_TEST]
 
 
 def priority_order(p: Pending) -> tuple[int, float, tuple[str | int, ...]]:
