@@ -17,7 +17,7 @@ from migd.sim.backend import sim_backend
 from migd.sim.filewatch import FileWatch
 from migd.sim.library import loaded
 from migd.sim.state import StateStore
-from tests.slurm_node import night_node, node  # noqa: F401  (the Slurm tests' fixtures)
+from tests.slurm_node import night_node, node, shared_partition_node  # noqa: F401  (the Slurm tests' fixtures)
 
 REPO = Path(__file__).resolve().parents[1]
 FACTS_DIR = REPO / "tests" / "fixtures" / "reference"  # copies, see SOURCES.md there

@@ -115,6 +115,14 @@ def night_node(tmp_path: Path) -> Iterator[Node]:
         yield n
 
 
+@pytest.fixture
+def shared_partition_node(tmp_path: Path) -> Iterator[Node]:
+    """The node in the night layout, in a partition that also offers a whole GPU's type (``gpu:a100``, as a
+    partition with non-MIG nodes does; the catalog node declares it)."""
+    with _node(tmp_path, "night", catalog=CATALOG + ",gpu:a100:1") as n:
+        yield n
+
+
 PAIR_CATALOG = "gpu:1g.12gb:14,gpu:2g.24gb:2,gpu:3g.47gb:2,gpu:7g.94gb:2"  # every candidate's types (H100 NVL)
 
 

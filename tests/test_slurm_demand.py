@@ -67,6 +67,29 @@ def test_notebooks_pending_at_night_switch_the_node_and_start(night_node: Node) 
     assert 0 < plan.capacity_last_s < 300 and plan.changes == ()
 
 
+def test_work_no_candidate_offers_is_named_and_the_planner_goes_on(shared_partition_node: Node) -> None:
+    """A job of the partition asking a whole GPU's type (``--gres=gpu:a100:1``) raised ValueError in the
+    planner's decision: every pass of the planner node's migd stopped there.  Now it, and a MIG type no
+    candidate offers (3g: the candidates are day and night), are named, and the notebooks' work decided."""
+    node = shared_partition_node
+    c = node.cluster
+    c.submit("gpu:a100:1", "sleep 2", "-t", "60")
+    c.submit("gpu:3g.40gb:1", "sleep 2", "-t", "60")
+    notebooks(node, 2)
+    d = node.daemon(Clock(NIGHT), settings=demand(mode="dry-run"))
+    d.reconcile("demand")
+    assert d.slurm is not None and d.slurm.demand is not None
+    plan = d.slurm.demand.last_plan
+    assert plan is not None and plan.error is None and plan.unoffered == {"3g.40gb": 1, "a100": 1}, plan
+    assert plan.changes and plan.changes[0].startswith("gpu1: night -> day"), plan.changes
+    table = daemon_table(d.status.view())
+    assert "  not offered by any candidate layout: a100 (1 pending job(s))\n" in table, table
+    metrics = {f.name: {tuple(smp.labels.values()): smp.value for smp in f.samples}
+               for f in demand_families(d.status.demand)}  # type: ignore[arg-type]
+    assert metrics["migd_demand_unoffered_jobs"] == {("3g.40gb",): 1, ("a100",): 1}
+    assert metrics["migd_demand_untyped_requests"] == {(): 0}
+
+
 def test_dry_run_decides_and_changes_nothing(night_node: Node) -> None:
     c = night_node.cluster
     notebooks(night_node, 20)

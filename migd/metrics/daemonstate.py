@@ -179,6 +179,13 @@ def demand_families(view: DemandView) -> Iterator[Metric]:
     for account, share in sorted((plan.run_share or {}).items()):
         g.add_metric([account], share)
     yield g
+    g = GaugeMetricFamily("migd_demand_unoffered_jobs", "Pending jobs per GPU type no candidate layout offers (no "
+                          "change serves them), at the planner's last decision", labels=["gpu_type"])
+    for gpu_type, jobs in sorted((plan.unoffered or {}).items()):
+        g.add_metric([gpu_type], float(jobs))
+    yield g
+    yield GaugeMetricFamily("migd_demand_untyped_requests", "Pending requests for GPUs without a MIG type (no layout "
+                            "is chosen for them), at the planner's last decision", value=float(plan.untyped))
     yield SummaryMetricFamily("migd_demand_time_to_capacity_seconds", "From the oldest pending job a layout change "
                               "was made for to the node serving the new layout", count_value=plan.capacity_count,
                               sum_value=plan.capacity_sum_s)
