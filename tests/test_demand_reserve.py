@@ -105,3 +105,12 @@ def test_an_arrays_tasks_past_bf_max_job_array_resv_reserve_nothing() -> None:
     ahead = Ahead.of([*array, job("8", "7g.80gb", 400), job("9", "2g.20gb", 300)], hours)
     assert ahead.before["2g.20gb"] == {"7g.80gb": (7.0 * 21, 21)}  # (20 of the array, and job 8)
     assert ahead.everyone["7g.80gb"] == (7.0 * 21, 21)
+
+
+def test_a_job_over_several_nodes_is_one_of_the_jobs_backfill_tests() -> None:
+    """A pending job over N nodes is read as N requests of one node (queue.py); Slurm tests it once against
+    ``bf_max_job_test``, so the 500th job's requests and no more are ahead of a younger type."""
+    wide = [job(f"{i}", "7g.80gb", 1000 - i) for i in range(BF_MAX_JOB_TEST - 1) for _ in range(2)]
+    ahead = Ahead.of([*wide, job("x", "3g.40gb", 100), job("y", "2g.20gb", 50)], hours)
+    assert ahead.before["3g.40gb"] == {"7g.80gb": (7.0 * 998, 998)}
+    assert "2g.20gb" not in ahead.before  # (the 501st job)

@@ -84,7 +84,17 @@ class Ahead:
 def tested(pending: Iterable[Pending]) -> list[Pending]:
     """The pending jobs Slurm's backfill tests, in its order: those it may start (no dependency or begin
     time to wait for), by ``priority_order``, at most ``BF_MAX_JOB_TEST``."""
-    return sorted((p for p in pending if p.startable), key=priority_order)[:BF_MAX_JOB_TEST]
+    return _first_jobs(sorted((p for p in pending if p.startable), key=priority_order))
+
+
+def _first_jobs(queue: list[Pending]) -> list[Pending]:
+    """The requests of the first ``BF_MAX_JOB_TEST`` jobs: a job over N nodes is N requests and one test."""
+    seen: set[str] = set()
+    for i, p in enumerate(queue):
+        seen.add(p.job)
+        if len(seen) > BF_MAX_JOB_TEST:
+            return queue[:i]
+    return queue
 
 
 def _reserving(pending: Iterable[Pending]) -> list[Pending]:
@@ -100,7 +110,7 @@ def _reserving(pending: Iterable[Pending]) -> list[Pending]:
             if seen[array] > BF_MAX_JOB_ARRAY_RESV:
                 continue
         out.append(p)
-    return out[:BF_MAX_JOB_TEST]
+    return _first_jobs(out)
 
 
 def priority_order(p: Pending) -> tuple[int, float, tuple[str | int, ...]]:
