@@ -114,3 +114,10 @@ def test_a_job_over_several_nodes_is_one_of_the_jobs_backfill_tests() -> None:
     ahead = Ahead.of([*wide, job("x", "3g.40gb", 100), job("y", "2g.20gb", 50)], hours)
     assert ahead.before["3g.40gb"] == {"7g.80gb": (7.0 * 998, 998)}
     assert "2g.20gb" not in ahead.before  # (the 501st job)
+
+
+def test_job_ids_past_18_digits_are_ordered_as_numbers() -> None:
+    """Their digit runs were read as text past 18 digits and compared with numbers: TypeError in the rule."""
+    from migd.demand.reserve import tested
+    big = [job("9223372036854775808_0", "1g.10gb", 60), job("5", "1g.10gb", 60), job("10_2", "1g.10gb", 60)]
+    assert [p.job for p in tested(big)] == ["5", "10_2", "9223372036854775808_0"]

@@ -107,7 +107,10 @@ def test_only_jobs_that_ran_are_read_and_in_the_order_they_ended() -> None:
         _line("6", "bio", 60, 60, "06:00:00", partition="cpu"),
         _line("7_1", "", 120, 60, "00:30:00"),  # an array task with no account
         _line("8", "bio", 60, 60, "07:00:00", alloc="billing=1,cpu=1,mem=1G,node=1"),  # held no GPU: the planner
-    ]) + "\n"  # learns live from jobs that held MIG instances only, and so does its seed
+        # (learns live from jobs that held MIG instances only, and so does its seed); End before Start (a clock
+        # stepped back), which sacct prints as Elapsed INVALID: it refused the whole read, again every hour
+        _line("9", "bio", 60, 60, "08:00:00").replace("|00:01:00|", "|INVALID|"),
+    ]) + "\n"
     ended = ended_jobs(text, "gpu")
     assert [(e.job, e.account, e.ran_s, e.limit_s) for e in ended] == [
         ("7_1", "-", 120, 3600), ("1", "bio", 60, 3600), ("2", "bio", 3600, 3600), ("3", "bio", 600, 3600)]

@@ -191,3 +191,24 @@ def test_an_arrays_throttle_limits_the_tasks_that_may_start_now() -> None:
     q = read_queue(jobs, "main", NOW)
     assert [(p.job, p.startable) for p in q.pending] == [("20_1", True), ("20_2", True)] + [
         (f"20_{i}", False) for i in range(3, 10)]
+
+
+@pytest.mark.parametrize("detail", [1, True, "gpu:1g.10gb:1(IDX:0)"], ids=["number", "bool", "string"])
+def test_gres_detail_that_is_not_a_list_is_unreadable_not_no_gpu(detail: object) -> None:
+    """A string was walked a character at a time ('g,p,u,...': no GPU held, so a switch would go ahead
+    under the job) and a number raised TypeError, which stopped migd's pass; both are output not read."""
+    running = _running(nodes="gpu1", gres_detail=detail)
+    with pytest.raises(SlurmError, match="gres_detail is not a list"):
+        read_queue(running, "main", NOW)
+    with pytest.raises(ValueError, match="gres_detail is not a list"):
+        on_node(running, "gpu1")
+
+
+def test_a_wide_array_of_wide_jobs_is_bounded() -> None:
+    """``sbatch -N 1024 --array=0-4095`` was four million requests: a minute and a gigabyte each decision,
+    past systemd's watchdog.  A record gives at most MAX_ARRAY_TASKS requests, and a number past 18
+    digits (no Slurm field has one) is not read as one."""
+    wide = _job(node_count=1024, array_task_string="0-4095", array_job_id=9, tres_per_node="gres:gpu:1g.10gb:1")
+    assert len(read_queue(wide, "main", NOW).pending) == MAX_ARRAY_TASKS
+    huge = read_queue(_job(node_count=2**63, submit_time=10**400, tres_per_node="gres:gpu:1g.10gb:1"), "main", NOW)
+    assert [(p.job, p.age_s) for p in huge.pending] == [("9", 0.0)]

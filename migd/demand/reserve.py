@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from migd.demand.inputs import Layout, Pending
-from migd.numeral import whole
 
+_DIGITS = re.compile(r"([0-9]+)", re.ASCII)  # (split: text at even places, digit runs at odd ones, for every id)
 BF_MAX_JOB_TEST = 500  # slurm.conf(5) bf_max_job_test's default: jobs past it reserve nothing
 BF_MAX_JOB_ARRAY_RESV = 20  # slurm.conf(5) bf_max_job_array_resv's default: a pending array's tasks past it
 # are not tested in a backfill pass (backfill.c tries the array's next task only while test_array_count is below it)
@@ -115,7 +115,7 @@ def _reserving(pending: Iterable[Pending]) -> list[Pending]:
 
 def priority_order(p: Pending) -> tuple[int, float, tuple[str | int, ...]]:
     """The order Slurm's backfill tests pending jobs in (``Ahead.of``): the sort key."""
-    return -p.priority, -p.age_s, tuple(x if (n := whole(x)) is None else n for x in re.split(r"([0-9]+)", p.job))
+    return -p.priority, -p.age_s, tuple(int(x) if i % 2 else x for i, x in enumerate(_DIGITS.split(p.job)))
 
 
 NONE = Ahead({}, {})  # no reservations weighed: the bench's plain model, where none are made

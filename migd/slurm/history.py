@@ -96,6 +96,9 @@ def _ended(row: Row) -> Ended | None:
         return None  # never ran: cancelled while pending (22.05 prints Start=End=the cancel time, no AllocTRES)
     if "alloctres" in row.fields and "gres/gpu" not in row.get("AllocTRES"):
         return None  # held no GPU: the planner learns from jobs that held MIG instances, live as at start
+    if row.get("Elapsed") == "INVALID":  # sacct's word for a negative run time (End before Start: a clock
+        return None  # stepped back; src/common/parse_time.c secs2time_str): one such record taught nothing and
+    # refused the whole read, every hour
     ran, limit = _seconds(row, "Elapsed"), _seconds(row, "Timelimit")
     if math.isinf(ran):
         raise row.error("Elapsed", f"{row.get('Elapsed')!r} is not a run time (D-HH:MM:SS, HH:MM:SS)")

@@ -20,6 +20,7 @@ from migd.wire import JsonError, loads
 # STAGE_OUT is staging files out, its nodes not yet released
 ACTIVE = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "STAGE_OUT"})
 INFINITE = 0xFFFFFFFE  # slurm.h NO_VAL (0xfffffffe) and INFINITE (0xffffffff): no time limit
+MOST = 10**18 - 1  # the largest number read (as migd.numeral reads text): a float of it stays a time
 
 
 def read_jobs(text: str) -> list[Mapping[str, Any]]:
@@ -41,7 +42,9 @@ def number(value: Any) -> int | None:
         if value.get("infinite") is True:
             return -1
         return number(value.get("number")) if value.get("set", True) is True else None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) <= MOST:
+        return value
+    return None  # (past 18 digits no Slurm field: job ids are 32 bits, times 64-bit seconds of this era)
 
 
 def text(value: Any) -> str:
@@ -76,7 +79,10 @@ def allocations(job: Mapping[str, Any]) -> Iterator[tuple[str | None, str]]:
     ``gres_detail_str``), named by ``job_resources`` (22.05: ``allocated_nodes[].nodename``; 23.11 on:
     ``nodes.allocation[].name``) or by a one-node ``nodes``.  A node not named is None: the GRES is held
     somewhere the reader cannot place (never assume it free)."""
-    detail = [d if isinstance(d, str) else "" for d in job.get("gres_detail") or ()]
+    listed = job.get("gres_detail") or []
+    if not isinstance(listed, list):  # (a string would be walked a character at a time: no GPU held, a switch
+        raise ValueError(f"job {job_id(job) or '?'}: gres_detail is not a list")  # under the job)
+    detail = [d if isinstance(d, str) else "" for d in listed]
     names = _node_names(job)
     for i, gres in enumerate(detail):
         yield (names[i] if i < len(names) else None), gres

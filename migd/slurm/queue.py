@@ -101,37 +101,62 @@ def read_queue(jobs_json: str, partition: str, now: float) -> Queue:
     """``squeue --json``'s jobs of ``partition``; SlurmError for output that is not its document."""
     try:
         jobs = [j for j in read_jobs(jobs_json) if partition in text(j.get("partition")).split(",")]
+        return _Reader(jobs, now).queue()
     except ValueError as e:
         raise SlurmError(f"squeue --json: {e}") from None
-    arrays = Counter(str(number(j.get("array_job_id"))) for j in jobs if active(j) and number(j.get("array_job_id")))
-    pending: list[Pending] = []
-    running: dict[str, list[Running]] = {}
-    untyped, others = 0, set()
-    for job in jobs:
-        reason, account, limit = text(job.get("state_reason")), text(job.get("account")) or "-", limit_s(job)
-        submitted = number(job.get("submit_time")) or now
-        if "PENDING" in states(job) and not reason.startswith(NEVER):
-            nodes = max(1, number(job.get("node_count")) or 1)
-            for task, free in _tasks(job, arrays):
-                for mig_type, count in _asked(job):
-                    if not mig_type:
-                        untyped += 1
-                        continue
-                    if not is_mig_type(mig_type):  # (a whole GPU's type, say: a candidate layout never offers it)
-                        others.add((mig_type, task))
-                        continue
-                    pending += [Pending(task, account, mig_type, count, limit, number(job.get("priority")) or 0,
-                                        max(0.0, now - submitted), free and not reason.startswith(WAITING_ON))] * nodes
-        elif active(job):
-            end = number(job.get("end_time"))
-            ends_in = max(0.0, (end if end and end > 0 else now + limit) - now)
-            for node, gres in allocations(job):
-                if node is None:
-                    continue  # (a node not named: the planner cannot place it; a node's own switch counts it)
-                for mig_type, count in _ALLOC.findall(gres):
-                    if not is_mig_type(mig_type):
-                        continue  # (its node holds a type no candidate layout has: the planner skips that node)
-                    running.setdefault(node, []).append(Running(job_id(job), mig_type, int(count), ends_in, account,
-                                                                max(0.0, now - submitted), limit))
-    return Queue(tuple(pending), {n: tuple(r) for n, r in running.items()}, untyped,
-                 dict(Counter(t for t, _ in sorted(others))))
+
+
+class _Reader:
+    """One read of the queue's job records into pending requests and running jobs per node."""
+
+    def __init__(self, jobs: list[Mapping[str, Any]], now: float) -> None:
+        self.jobs, self.now = jobs, now
+        self.arrays = Counter(str(number(j.get("array_job_id"))) for j in jobs
+                              if active(j) and number(j.get("array_job_id")))
+        self.pending: list[Pending] = []
+        self.running: dict[str, list[Running]] = {}
+        self.untyped = 0
+        self.others: set[tuple[str, str]] = set()
+
+    def queue(self) -> Queue:
+        for job in self.jobs:
+            reason = text(job.get("state_reason"))
+            if "PENDING" in states(job) and not reason.startswith(NEVER):
+                self._pending(job, reason)
+            elif active(job):
+                self._running(job)
+        return Queue(tuple(self.pending), {n: tuple(r) for n, r in self.running.items()}, self.untyped,
+                     dict(Counter(t for t, _ in sorted(self.others))))
+
+    def _age_s(self, job: Mapping[str, Any]) -> float:
+        return max(0.0, self.now - (number(job.get("submit_time")) or self.now))
+
+    def _pending(self, job: Mapping[str, Any], reason: str) -> None:
+        """Each task's request on each of the job's nodes, at most ``MAX_ARRAY_TASKS`` for the record: an
+        array of 4,096 tasks over 1,024 nodes was four million requests, a minute and a gigabyte a decision."""
+        nodes = min(max(1, number(job.get("node_count")) or 1), MAX_ARRAY_TASKS)
+        account, limit, left = text(job.get("account")) or "-", limit_s(job), MAX_ARRAY_TASKS
+        for task, free in _tasks(job, self.arrays):
+            for mig_type, count in _asked(job):
+                if not mig_type:
+                    self.untyped += 1
+                elif not is_mig_type(mig_type):  # (a whole GPU's type, say: a candidate layout never offers it)
+                    self.others.add((mig_type, task))
+                elif left > 0:
+                    copies = min(nodes, left)
+                    left -= copies
+                    self.pending += [Pending(task, account, mig_type, count, limit, number(job.get("priority")) or 0,
+                                             self._age_s(job), free and not reason.startswith(WAITING_ON))] * copies
+
+    def _running(self, job: Mapping[str, Any]) -> None:
+        limit, end = limit_s(job), number(job.get("end_time"))
+        ends_in = max(0.0, (end if end and end > 0 else self.now + limit) - self.now)
+        for node, gres in allocations(job):
+            if node is None:
+                continue  # (a node not named: the planner cannot place it; a node's own switch counts it)
+            for mig_type, count in _ALLOC.findall(gres):
+                if not is_mig_type(mig_type):
+                    continue  # (its node holds a type no candidate layout has: the planner skips that node)
+                self.running.setdefault(node, []).append(Running(job_id(job), mig_type, int(count), ends_in,
+                                                                 text(job.get("account")) or "-", self._age_s(job),
+                                                                 limit))
