@@ -235,7 +235,7 @@ def parse_host_port(value: str) -> tuple[str, int]:
     if number is None or number > 65535 or not host:
         raise ValueError(f"{excerpt(value)} is not HOST:PORT (e.g. 127.0.0.1:9835, [::1]:9835, node1.lab:9835)")
     if name == host and ":" in name:  # '::1:9835' is also the address ::1:9835 with no port
-        raise ValueError(f"{excerpt(value)}: an IPv6 address takes brackets, as in [::1]:9835")
+        raise ValueError(f"{excerpt(value)}: a host with ':' is an IPv6 address, in brackets: [::1]:9835")
     if not (name == "*" == host or _is_host(name)) or (name != host and ":" not in name):
         raise ValueError(f"{excerpt(value)}: the host is not an IP address, a host name (letters, digits, '-', "
                          "'_', '.'; labels of 1 to 63) or * (every interface)")

@@ -105,6 +105,8 @@ def test_an_arrays_tasks_past_bf_max_job_array_resv_reserve_nothing() -> None:
     ahead = Ahead.of([*array, job("8", "7g.80gb", 400), job("9", "2g.20gb", 300)], hours)
     assert ahead.before["2g.20gb"] == {"7g.80gb": (7.0 * 21, 21)}  # (20 of the array, and job 8)
     assert ahead.everyone["7g.80gb"] == (7.0 * 21, 21)
+    wide = [job(f"7_{i}", "7g.80gb", 500) for i in range(30) for _ in range(2)]  # each task over two nodes
+    assert Ahead.of(wide, hours).everyone["7g.80gb"] == (7.0 * 40, 40)  # (20 tasks, not 10)
 
 
 def test_a_job_over_several_nodes_is_one_of_the_jobs_backfill_tests() -> None:

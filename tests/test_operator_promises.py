@@ -32,7 +32,7 @@ from tests.helpers import MIGCTL, PROFILES, Migctl
 pytestmark = pytest.mark.integration  # real migd daemons, migctl as a program
 
 TYPOS = {
-    "index": "select: {index: [9]}",
+    "index": "select: {index: [12]}",
     "model": "select: {model: [A10O*]}",
 }
 PROFILE = """\
@@ -99,14 +99,15 @@ def test_a_profile_that_selects_no_gpu_is_not_held_by_the_daemon(migd: MigdProce
 def test_validate_catches_an_index_beyond_the_node(tmp_path: Path) -> None:
     path = str(_typo(tmp_path, "index"))
     m = Migctl(tmp_path, "dgx-a100")
-    known = m("validate", path)  # the fleet is known (--sim dgx-a100): index 9 cannot exist there
-    assert known.code == 2 and "index 9 is beyond this node's GPUs (0-7)" in known.err, known
+    known = m("validate", path)  # the fleet is known (--sim dgx-a100): index 12 cannot exist there
+    assert known.code == 2 and "index 12 is beyond this node's GPUs (0-7)" in known.err, known
     sized = m("validate", "--gpus", "16", path)  # told the node is larger: fine
     assert sized.code == 0, sized
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         code = main(["validate", path])  # nothing known about the node: a warning, not an error
-    assert code == 0 and "warning: " in err.getvalue() and "index 9" in err.getvalue(), err.getvalue()
+    said = err.getvalue()
+    assert code == 0 and "warning: " in said and "index 12: no server carries more than 10" in said, said
 
 
 def test_validate_notes_unconfirmed_facts_once_for_all_files() -> None:

@@ -159,7 +159,7 @@ def _cfg(tmp_path: Path, body: str) -> Path:
     ("schedule:\n  - {profile: day, at: '08:30'}\nmetrics: {listen: '127.0.0.1:98²'}\n", "is not HOST:PORT", 3),
     ("schedule:\n  - {profile: day, at: '08:30'}\nmetrics: {listen: 'a..b:9835'}\n", "the host is not an IP", 3),
     # read as [::1]:9835 it was a guess: '::1:9835' is also the address 0:0:0:0:0:0:1:9835, no port given
-    ("schedule:\n  - {profile: day, at: '08:30'}\nmetrics: {listen: '::1:9835'}\n", "takes brackets", 3),
+    ("schedule:\n  - {profile: day, at: '08:30'}\nmetrics: {listen: '::1:9835'}\n", "in brackets", 3),
 ])
 def test_config_errors_are_located(tmp_path: Path, body: str, needle: str, line: int) -> None:
     with pytest.raises(ValidationError) as e:

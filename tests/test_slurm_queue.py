@@ -12,7 +12,7 @@ import pytest
 from migd.slurm.ctl import SlurmError, node_info, node_text
 from migd.slurm.jobjson import on_node
 from migd.slurm.parsable import seconds
-from migd.slurm.queue import MAX_ARRAY_TASKS, array_tasks, read_queue
+from migd.slurm.queue import MAX_ARRAY_TASKS, MAX_REQUESTS, array_tasks, read_queue
 
 FIX = Path(__file__).parent / "fixtures" / "slurm"
 JOBS = (FIX / "squeue-json.json").read_text()
@@ -193,7 +193,8 @@ def test_an_arrays_throttle_limits_the_tasks_that_may_start_now() -> None:
         (f"20_{i}", False) for i in range(3, 10)]
 
 
-@pytest.mark.parametrize("detail", [1, True, "gpu:1g.10gb:1(IDX:0)"], ids=["number", "bool", "string"])
+@pytest.mark.parametrize("detail", [1, True, "gpu:1g.10gb:1(IDX:0)", "", 0],
+                         ids=["number", "bool", "string", "empty string", "zero"])
 def test_gres_detail_that_is_not_a_list_is_unreadable_not_no_gpu(detail: object) -> None:
     """A string was walked a character at a time ('g,p,u,...': no GPU held, so a switch would go ahead
     under the job) and a number raised TypeError, which stopped migd's pass; both are output not read."""
@@ -206,9 +207,9 @@ def test_gres_detail_that_is_not_a_list_is_unreadable_not_no_gpu(detail: object)
 
 def test_a_wide_array_of_wide_jobs_is_bounded() -> None:
     """``sbatch -N 1024 --array=0-4095`` was four million requests: a minute and a gigabyte each decision,
-    past systemd's watchdog.  A record gives at most MAX_ARRAY_TASKS requests, and a number past 18
+    past systemd's watchdog.  A record gives at most MAX_REQUESTS requests, and a number past 18
     digits (no Slurm field has one) is not read as one."""
     wide = _job(node_count=1024, array_task_string="0-4095", array_job_id=9, tres_per_node="gres:gpu:1g.10gb:1")
-    assert len(read_queue(wide, "main", NOW).pending) == MAX_ARRAY_TASKS
+    assert len(read_queue(wide, "main", NOW).pending) == MAX_REQUESTS
     huge = read_queue(_job(node_count=2**63, submit_time=10**400, tres_per_node="gres:gpu:1g.10gb:1"), "main", NOW)
     assert [(p.job, p.age_s) for p in huge.pending] == [("9", 0.0)]

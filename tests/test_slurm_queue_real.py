@@ -122,7 +122,7 @@ def test_words_in_a_nodes_comment_or_reason_are_never_its_fields(cluster: SlurmC
 
 def test_a_node_without_jobs_is_told_so_without_reading_the_whole_queue(cluster: SlurmCluster) -> None:
     """22.05's ``squeue --json`` ignores its filters: every pass of a drain read the whole queue (about 3 KB
-    a job).  ``squeue -w`` lists the node's active jobs first, and the JSON is read only when it names one."""
+    a job).  ``squeue -w`` lists the node's jobs first, and the JSON is read only when it names one."""
     c = cluster
     c.cmd("scancel", "-u", "root")
     c.wait(lambda: not c.cmd("squeue", "-h", "-w", "gpu1", "-o", "%A").strip(), "the node's jobs to end", 30)
@@ -135,7 +135,9 @@ def test_a_node_without_jobs_is_told_so_without_reading_the_whole_queue(cluster:
     ctl = SlurmCtl("gpu1", run)
     assert ctl.jobs() == [] and not [a for a in calls if "--json" in a], calls
     cpu = c.cmd("sbatch", "--parsable", "-o", "/dev/null", "-t", "30", "-w", "gpu1", "--wrap", "sleep 300").strip()
-    c.wait(lambda: c.cmd("squeue", "-h", "-j", cpu, "-o", "%T").strip() == "RUNNING", "the CPU job to run", 30)
-    assert [(j.id, j.uses_gpus) for j in ctl.jobs()] == [(cpu, False)]
-    assert ("squeue", "--json") in calls
-    c.cmd("scancel", cpu)
+    try:
+        c.wait(lambda: c.cmd("squeue", "-h", "-j", cpu, "-o", "%T").strip() == "RUNNING", "the CPU job to run", 30)
+        assert [(j.id, j.uses_gpus) for j in ctl.jobs()] == [(cpu, False)]
+        assert ("squeue", "--json") in calls
+    finally:
+        c.cmd("scancel", cpu)

@@ -193,8 +193,8 @@ def test_a_lone_job_at_the_ends_of_the_calendar_is_refused(tmp_path: Path, confi
 @pytest.mark.parametrize("option,value,said", [
     ("--nodes", "99999999", "argument --nodes: must be at most 4096 (the most nodes a what-if replays)"),
     ("--nodes", "4097", "argument --nodes: must be at most 4096"),
-    ("--gpus", "1000", "argument --gpus: must be at most 16 (PCIe servers carry up to 10)"),
-    ("--gpus", "17", "argument --gpus: must be at most 16"),
+    ("--gpus", "1000", "argument --gpus: must be at most 10 (no server carries more MIG GPUs)"),
+    ("--gpus", "11", "argument --gpus: must be at most 10"),
     ("--gpus", "\u00b2", "argument --gpus: must be a whole number above 0 of at most 18 digits, not '\u00b2'"),
     ("--nodes", MANY, f"argument --nodes: must be a whole number above 0 of at most 18 digits, not '{MANY[:37]}...'"),
 ])
@@ -221,4 +221,4 @@ def test_the_help_names_the_bounds_the_types_hold(capsys: pytest.CaptureFixture[
     with pytest.raises(SystemExit):
         migctl(["what-if", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert f"nodes replayed, at most {MAX_NODES} " in help_text and "GPUs per node, at most 16 " in help_text
+    assert f"nodes replayed, at most {MAX_NODES} " in help_text and "GPUs per node, at most 10 " in help_text

@@ -12,6 +12,7 @@ from migd.apply.result import OnBusy
 from migd.catalog.models import MODELS
 from migd.cliargs import Parser
 from migd.profiles.loader import NAME_RULE, is_name
+from migd.profiles.validate import MAX_NODE_GPUS
 from migd.sim.fleets import FLEETS
 from migd.yamlsrc import excerpt
 
@@ -150,7 +151,7 @@ def _node_commands(cmd: Command) -> None:
     sp = cmd("validate", "check profile files offline")
     sp.add_argument("files", nargs="+", help="profile or mig-parted files")
     sp.add_argument("--gpus", type=cliargs.count, metavar="N", help="the node has N GPUs: an index selector "
-                    "beyond N-1 is an error (default: the --sim fleet's size; otherwise indexes no board has are "
+                    "beyond N-1 is an error (default: the --sim fleet's size; otherwise indexes no server has are "
                     "warned about)")
     _fmt(cmd("daemon", "the running migd: active profile and why, next transition, blocked reason, last apply"))
     cmd("reload", "make the running migd reload its configuration and profiles")
@@ -168,7 +169,6 @@ def _node_commands(cmd: Command) -> None:
 
 
 WHAT_IF_MODEL = "H100-SXM5-80GB"  # a node's GPUs in a what-if, unless --gpu says
-WHAT_IF_GPUS = 16  # HGX boards carry 8 MIG GPUs and PCIe servers up to 10 (a node of 10 was refused at 8)
 
 
 def _what_if_nodes(text: str) -> int:
@@ -188,8 +188,8 @@ def _what_if_options(sp: argparse.ArgumentParser) -> None:
                     help="nodes replayed, at most 4096 (default: as many as sacct's NodeList names)")
     sp.add_argument("--gpu", default=WHAT_IF_MODEL, choices=sorted(MODELS), metavar="MODEL",
                     help=f"each node's GPU model, a catalog key (default {WHAT_IF_MODEL})")
-    sp.add_argument("--gpus", type=cliargs.count_upto(WHAT_IF_GPUS, "PCIe servers carry up to 10"),
-                    default=8, metavar="N", help=f"GPUs per node, at most {WHAT_IF_GPUS} (default 8)")
+    sp.add_argument("--gpus", type=cliargs.count_upto(MAX_NODE_GPUS, "no server carries more MIG GPUs"),
+                    default=8, metavar="N", help=f"GPUs per node, at most {MAX_NODE_GPUS} (default 8)")
     sp.add_argument("--partition", help="replay only this partition's jobs (default: every job)")
     sp.add_argument("--search", type=cliargs.count, default=40, metavar="N",
                     help="replays the search for the best fixed mix may make (default 40)")

@@ -84,7 +84,8 @@ class Ahead:
 def tested(pending: Iterable[Pending]) -> list[Pending]:
     """The pending jobs Slurm's backfill tests, in its order: those it may start (no dependency or begin
     time to wait for), by ``priority_order``, at most ``BF_MAX_JOB_TEST``."""
-    return _first_jobs(sorted((p for p in pending if p.startable), key=priority_order))
+    return sorted((p for p in pending if p.startable), key=priority_order)[:BF_MAX_JOB_TEST]  # (requests: what
+    # the replay check weighs stays bounded however many nodes a job spans)
 
 
 def _first_jobs(queue: list[Pending]) -> list[Pending]:
@@ -101,13 +102,13 @@ def _reserving(pending: Iterable[Pending]) -> list[Pending]:
     """The jobs Slurm's backfill tests, so that they may reserve a node: as :func:`tested`, but of each array
     only its first ``BF_MAX_JOB_ARRAY_RESV`` tasks (an array is one record of Slurm's queue, its tasks tried
     in turn up to that many), and ``BF_MAX_JOB_TEST`` counted over what is left."""
-    seen: dict[str, int] = defaultdict(int)
+    tasks: dict[str, set[str]] = defaultdict(set)
     out = []
     for p in sorted((p for p in pending if p.startable), key=priority_order):
         array, task, _ = p.job.partition("_")
         if task:
-            seen[array] += 1
-            if seen[array] > BF_MAX_JOB_ARRAY_RESV:
+            tasks[array].add(p.job)  # (a task over N nodes, or asking two types, is one task)
+            if len(tasks[array]) > BF_MAX_JOB_ARRAY_RESV:
                 continue
         out.append(p)
     return _first_jobs(out)

@@ -68,9 +68,9 @@ def check_section(section: GpuSection) -> list[str]:
     return ok
 
 
-# NVIDIA's HGX and DGX boards (A100, H100, H200, B200, B300) carry 8 GPUs, the most of any
-# MIG-capable system in the catalog (sim/state.py FLEETS follows the same board sizes).
-MAX_BOARD_GPUS = 8
+# The most MIG GPUs one server carries: NVIDIA's HGX and DGX boards (A100, H100, H200, B200, B300) 8, PCIe
+# servers up to 10 double-width cards (sim/state.py FLEETS follows the board sizes).
+MAX_NODE_GPUS = 10
 
 
 def check_indexes(profile: Profile, gpus: int | None) -> list[str]:
@@ -78,12 +78,12 @@ def check_indexes(profile: Profile, gpus: int | None) -> list[str]:
     warnings for indexes no known board has: a typo there selects nothing, which apply refuses."""
     warnings = []
     for s in profile.sections:
-        beyond = [i for i in s.selector.indexes or () if i >= (gpus or MAX_BOARD_GPUS)]
+        beyond = [i for i in s.selector.indexes or () if i >= (gpus or MAX_NODE_GPUS)]
         if beyond and gpus is not None:
             raise s.loc.error(f"index {','.join(map(str, beyond))} is beyond this node's GPUs (0-{gpus - 1})")
         if beyond:
-            warnings.append(f"{s.loc}: index {','.join(map(str, beyond))}: no board in the catalog has more than "
-                            f"{MAX_BOARD_GPUS} GPUs; on a node without it this profile selects nothing "
+            warnings.append(f"{s.loc}: index {','.join(map(str, beyond))}: no server carries more than "
+                            f"{MAX_NODE_GPUS} MIG GPUs; on a node without it this profile selects nothing "
                             "(--gpus N checks against a node's size)")
     return warnings
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
 
-from migd.slurm.jobjson import ACTIVE, on_node
+from migd.slurm.jobjson import on_node
 
 Runner = Callable[[Sequence[str], float], str]
 
@@ -187,8 +187,11 @@ class SlurmCtl:
         ``--gpus*``), from ``squeue --json`` (read by slurm/jobjson.py, where a job's name or paths are never
         taken for its allocation).  22.05 ignores that command's filters, and its whole queue is about 3 KB
         a job (docs/slurm.md), so it is read only while ``squeue -w`` (filters honoured; job ids alone, no
-        user text) lists an active job here: a drained node's last passes, and an idle node's, cost a line."""
-        if not self._call("squeue", "-h", "-w", self.node, "-t", ",".join(sorted(ACTIVE)), "-o", "%A").strip():
+        user text) lists a job here: a drained node's last passes, and an idle node's, cost a line.  No
+        ``-t``: its state names match a job's whole state, so RUNNING misses a running job being signalled
+        (RUNNING|SIGNALING, src/squeue/print.c), where squeue's default keeps every running, suspended,
+        completing and staging job whatever its flags."""
+        if not self._call("squeue", "-h", "-w", self.node, "-o", "%A").strip():
             return []
         try:
             found = on_node(self._call("squeue", "--json"), self.node)

@@ -13,14 +13,17 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from migd.numeral import MOST_DIGITS
 from migd.slurm.hostlist import bounded_hostnames
 from migd.wire import JsonError, loads
 
 # Job states that hold an allocation (squeue(1) JOB STATE CODES): STOPPED is SIGSTOP, its CPUs and GRES kept;
-# STAGE_OUT is staging files out, its nodes not yet released
-ACTIVE = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "STAGE_OUT"})
+# STAGE_OUT is staging files out, its nodes not yet released; 22.05 writes a running job's flag in place of its
+# state (job_state_string: SIGNALING while slurmctld signals it, RESIZING while it changes size)
+ACTIVE = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "STAGE_OUT", "SIGNALING",
+                    "RESIZING"})
 INFINITE = 0xFFFFFFFE  # slurm.h NO_VAL (0xfffffffe) and INFINITE (0xffffffff): no time limit
-MOST = 10**18 - 1  # the largest number read (as migd.numeral reads text): a float of it stays a time
+MOST = 10**MOST_DIGITS - 1  # the largest number read, as migd.numeral reads text: a float of it stays a time
 
 
 def read_jobs(text: str) -> list[Mapping[str, Any]]:
@@ -79,7 +82,8 @@ def allocations(job: Mapping[str, Any]) -> Iterator[tuple[str | None, str]]:
     ``gres_detail_str``), named by ``job_resources`` (22.05: ``allocated_nodes[].nodename``; 23.11 on:
     ``nodes.allocation[].name``) or by a one-node ``nodes``.  A node not named is None: the GRES is held
     somewhere the reader cannot place (never assume it free)."""
-    listed = job.get("gres_detail") or []
+    listed = job.get("gres_detail")
+    listed = [] if listed is None else listed
     if not isinstance(listed, list):  # (a string would be walked a character at a time: no GPU held, a switch
         raise ValueError(f"job {job_id(job) or '?'}: gres_detail is not a list")  # under the job)
     detail = [d if isinstance(d, str) else "" for d in listed]

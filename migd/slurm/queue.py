@@ -8,11 +8,11 @@ A job asks for MIG instances with ``--gres`` or ``--gpus-per-node`` (``tres_per_
 alone (``tres_per_task``, times its tasks) or ``--gpus-per-socket`` (``tres_per_socket``, times its
 sockets per node); Slurm 22.05 prints ``gres:gpu:TYPE:N``, later releases ``gres/gpu:TYPE=N``: both are
 read.  A job over N nodes asks its share on each: N requests.  A pending job array is one record for
-all its pending tasks (``array_task_string``: ``1-9%3``), each a request of its own (up to
-``MAX_ARRAY_TASKS`` per array), as many startable at once as its throttle (``%3``) leaves beside its
-running tasks.  A running job's instances on a node are what Slurm allocated there
-(``gres_detail``).  Held jobs and jobs whose dependency can never be met are not demand.  Times are
-Unix seconds.
+all its pending tasks (``array_task_string``: ``1-9%3``), each a request of its own, as many
+startable at once as its throttle (``%3``) leaves beside its running tasks.  A record gives at most
+``MAX_REQUESTS`` requests, its tasks times its nodes.  A running job's instances on a node are what
+Slurm allocated there (``gres_detail``).  Held jobs and jobs whose dependency can never be met are not
+demand.  Times are Unix seconds.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ _ALLOC = re.compile(r"gpu:([^:(,\s]+):([0-9]{1,9})\b", re.ASCII)
 WAITING_ON = ("Dependency", "BeginTime")
 NEVER = ("JobHeld", "DependencyNeverSatisfied")  # not demand: it starts only when someone acts (or never)
 MAX_ARRAY_TASKS = 4096  # pending tasks of one array read as requests: past a day's work for any fleet planned
+MAX_REQUESTS = MAX_ARRAY_TASKS  # requests one pending record gives (tasks times nodes): as many, for the same reason
 
 
 @dataclass(frozen=True)
@@ -132,10 +133,10 @@ class _Reader:
         return max(0.0, self.now - (number(job.get("submit_time")) or self.now))
 
     def _pending(self, job: Mapping[str, Any], reason: str) -> None:
-        """Each task's request on each of the job's nodes, at most ``MAX_ARRAY_TASKS`` for the record: an
+        """Each task's request on each of the job's nodes, at most ``MAX_REQUESTS`` for the record: an
         array of 4,096 tasks over 1,024 nodes was four million requests, a minute and a gigabyte a decision."""
-        nodes = min(max(1, number(job.get("node_count")) or 1), MAX_ARRAY_TASKS)
-        account, limit, left = text(job.get("account")) or "-", limit_s(job), MAX_ARRAY_TASKS
+        nodes = min(max(1, number(job.get("node_count")) or 1), MAX_REQUESTS)
+        account, limit, left = text(job.get("account")) or "-", limit_s(job), MAX_REQUESTS
         for task, free in _tasks(job, self.arrays):
             for mig_type, count in _asked(job):
                 if not mig_type:
