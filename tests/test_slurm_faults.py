@@ -4,6 +4,7 @@ cluster of tests/slurm_cluster.py, with migd's daemon in-process over the simula
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -332,3 +333,27 @@ def test_a_blocked_manual_apply_goes_on_when_its_job_ends_not_an_interval_later(
     finally:
         d.events.terminate()
         runner.join(30)
+
+
+def test_a_slurm_without_its_json_serializer_is_said_at_start(node: Node, caplog: pytest.LogCaptureFixture) -> None:
+    """A Slurm built without json-c has no serializer/json plugin: ``squeue --json`` fails, so every switch
+    with a job on the node waits, and nothing said so before that switch.  migd says it at start.  The real
+    squeue, its plugin directory without that one plugin."""
+    c = node.cluster
+    config = {k.strip(): v.strip() for k, _, v in (line.partition("=") for line in
+                                                    c.cmd("scontrol", "show", "config").splitlines())}
+    plugins = node.tmp / "plugins"
+    plugins.mkdir()
+    for f in Path(config["PluginDir"]).iterdir():
+        if f.name != "serializer_json.so":
+            (plugins / f.name).symlink_to(f)
+    conf = node.tmp / "slurm-no-json.conf"
+    conf.write_text(c.conf.read_text() + f"PluginDir={plugins}\n")
+    fake = node.fake("squeue", f'exec env SLURM_CONF={conf} {shutil.which("squeue")} "$@"\n')
+    d = node.daemon(Clock(NIGHT - timedelta(hours=10)), path_first=fake)  # (a weekday's day: nothing to switch)
+    caplog.set_level(logging.WARNING, logger="migd")
+    d.start()
+    (said,) = [r.getMessage() for r in caplog.records if "squeue --json" in r.getMessage()]
+    assert said.startswith("Slurm: squeue --json exited 1: ") and "Unable to find plugin: serializer/json" in said
+    assert "until it can be read, a switch while jobs run on this node waits (docs/slurm.md)" in said, said
+    assert node.layout() == DAY_LAYOUT

@@ -279,6 +279,8 @@ class Daemon:
         except REFUSALS as e:
             log.error("cannot recover an interrupted apply yet: %s", e)
         self._reschedule_hold()
+        if self.slurm is not None:
+            self.slurm.probe()
         if self.status.override is not None:
             ov = self.status.override
             log.info("manual apply of %s (%s) still holds until %s", ov.profile.name, ov.profile.source,

@@ -74,6 +74,16 @@ class SlurmSwitch:
         """For status JSON and metrics: the node, its switch phase and what it waits for."""
         return SlurmSnapshot.of(self.gate.s.node, self.gate.state)
 
+    def probe(self) -> None:
+        """At start: a Slurm whose ``squeue --json`` cannot be read is said now, not first at the switch a
+        running job holds up (the switch then cannot tell which jobs hold GPUs, and waits)."""
+        with self._unheld():
+            why = self.gate.ctl.queue_unreadable()
+        if why is not None:
+            planner = self.demand is not None and self.demand.s.planner == self.gate.s.node
+            log.warning("Slurm: %s: until it can be read, a switch while jobs run on this node waits%s "
+                        "(docs/slurm.md)", why, ", and the demand planner decides nothing" if planner else "")
+
     def reserve_ahead(self, transition: datetime | None) -> None:
         try:
             with self._unheld():

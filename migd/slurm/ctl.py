@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
 
-from migd.slurm.jobjson import on_node
+from migd.slurm.jobjson import on_node, read_jobs
 
 Runner = Callable[[Sequence[str], float], str]
 
@@ -174,6 +174,17 @@ class SlurmCtl:
     def all_jobs(self) -> str:
         """``squeue --json``: every job with its per-node GRES, one call (slurm/queue.py reads it)."""
         return self._call("squeue", "--json")
+
+    def queue_unreadable(self) -> str | None:
+        """Why ``squeue --json`` cannot be read now (None: it can).  A Slurm built without json-c has no
+        ``serializer/json`` plugin: its squeue says ``fatal: Unable to find plugin: serializer/json``."""
+        try:
+            read_jobs(self.all_jobs())
+        except SlurmError as e:
+            return str(e)
+        except ValueError as e:
+            return f"squeue --json: {e}"
+        return None
 
     def accounting(self, *args: str, timeout_s: float | None = None) -> str:
         """``sacct`` with ``args``: slurmdbd's record of ended jobs (the demand planner's run times at start)."""
