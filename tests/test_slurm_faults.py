@@ -349,11 +349,13 @@ def test_a_slurm_without_its_json_serializer_is_said_at_start(node: Node, caplog
             (plugins / f.name).symlink_to(f)
     conf = node.tmp / "slurm-no-json.conf"
     conf.write_text(c.conf.read_text() + f"PluginDir={plugins}\n")
-    fake = node.fake("squeue", f'exec env SLURM_CONF={conf} {shutil.which("squeue")} "$@"\n')
+    for command in ("squeue", "sinfo"):
+        fake = node.fake(command, f'exec env SLURM_CONF={conf} {shutil.which(command)} "$@"\n')
+    assert "Unable to find plugin: serializer/json" in c.cmd("sh", "-c", f"{fake}/squeue --json 2>&1 || true")
     d = node.daemon(Clock(NIGHT - timedelta(hours=10)), path_first=fake)  # (a weekday's day: nothing to switch)
     caplog.set_level(logging.WARNING, logger="migd")
     d.start()
-    (said,) = [r.getMessage() for r in caplog.records if "squeue --json" in r.getMessage()]
-    assert said.startswith("Slurm: squeue --json exited 1: ") and "Unable to find plugin: serializer/json" in said
-    assert "until it can be read, a switch while jobs run on this node waits (docs/slurm.md)" in said, said
+    (said,) = [r.getMessage() for r in caplog.records if "serializer" in r.getMessage()]
+    assert said.startswith("Slurm: sinfo --json exited 1: ") and "Unable to find plugin: serializer/json" in said
+    assert "until it can, squeue --json fails and a switch while jobs run on this node waits" in said, said
     assert node.layout() == DAY_LAYOUT

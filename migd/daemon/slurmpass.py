@@ -75,14 +75,14 @@ class SlurmSwitch:
         return SlurmSnapshot.of(self.gate.s.node, self.gate.state)
 
     def probe(self) -> None:
-        """At start: a Slurm whose ``squeue --json`` cannot be read is said now, not first at the switch a
-        running job holds up (the switch then cannot tell which jobs hold GPUs, and waits)."""
+        """At start: a Slurm that cannot write JSON is said now, not first at the switch a running job holds
+        up (``squeue --json`` fails: the switch cannot tell which jobs hold GPUs, and waits)."""
         with self._unheld():
-            why = self.gate.ctl.queue_unreadable()
+            why = self.gate.ctl.json_unavailable()
         if why is not None:
             planner = self.demand is not None and self.demand.s.planner == self.gate.s.node
-            log.warning("Slurm: %s: until it can be read, a switch while jobs run on this node waits%s "
-                        "(docs/slurm.md)", why, ", and the demand planner decides nothing" if planner else "")
+            log.warning("Slurm: %s: until it can, squeue --json fails and a switch while jobs run on this node "
+                        "waits%s (docs/slurm.md)", why, ", and the demand planner decides nothing" if planner else "")
 
     def reserve_ahead(self, transition: datetime | None) -> None:
         try:

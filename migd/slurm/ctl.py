@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
 
-from migd.slurm.jobjson import on_node, read_jobs
+from migd.slurm.jobjson import on_node
+from migd.wire import JsonError, loads
 
 Runner = Callable[[Sequence[str], float], str]
 
@@ -175,15 +176,17 @@ class SlurmCtl:
         """``squeue --json``: every job with its per-node GRES, one call (slurm/queue.py reads it)."""
         return self._call("squeue", "--json")
 
-    def queue_unreadable(self) -> str | None:
-        """Why ``squeue --json`` cannot be read now (None: it can).  A Slurm built without json-c has no
-        ``serializer/json`` plugin: its squeue says ``fatal: Unable to find plugin: serializer/json``."""
+    def json_unavailable(self) -> str | None:
+        """Why Slurm's commands cannot write JSON here (None: they can), asked of ``sinfo --json``: the same
+        plugins as ``squeue --json`` (serializer/json, openapi), for a reply of the nodes, not the whole
+        queue (a fleet's restart is not a thousand reads of it).  A Slurm built without json-c has no
+        serializer/json: ``fatal: Unable to find plugin: serializer/json``."""
         try:
-            read_jobs(self.all_jobs())
+            loads(self._call("sinfo", "--json"))
         except SlurmError as e:
             return str(e)
-        except ValueError as e:
-            return f"squeue --json: {e}"
+        except JsonError as e:
+            return f"sinfo --json: {e}"
         return None
 
     def accounting(self, *args: str, timeout_s: float | None = None) -> str:
