@@ -84,8 +84,13 @@ class Ahead:
 def tested(pending: Iterable[Pending]) -> list[Pending]:
     """The pending jobs Slurm's backfill tests, in its order: those it may start (no dependency or begin
     time to wait for), by ``priority_order``, at most ``BF_MAX_JOB_TEST``."""
-    return sorted((p for p in pending if p.startable), key=priority_order)[:BF_MAX_JOB_TEST]  # (requests: what
-    # the replay check weighs stays bounded however many nodes a job spans)
+    return _in_order(pending)[:BF_MAX_JOB_TEST]  # (requests: what the replay check weighs stays bounded however
+    # many nodes a job spans)
+
+
+def _in_order(pending: Iterable[Pending]) -> list[Pending]:
+    """Those Slurm's backfill may start (no dependency or begin time to wait for), in its order."""
+    return sorted((p for p in pending if p.startable), key=priority_order)
 
 
 def _first_jobs(queue: list[Pending]) -> list[Pending]:
@@ -104,7 +109,7 @@ def _reserving(pending: Iterable[Pending]) -> list[Pending]:
     in turn up to that many), and ``BF_MAX_JOB_TEST`` counted over what is left."""
     tasks: dict[str, set[str]] = defaultdict(set)
     out = []
-    for p in sorted((p for p in pending if p.startable), key=priority_order):
+    for p in _in_order(pending):
         array, task, _ = p.job.partition("_")
         if task:
             tasks[array].add(p.job)  # (a task over N nodes, or asking two types, is one task)

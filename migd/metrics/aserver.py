@@ -37,6 +37,7 @@ _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Al
 _TEXT = "text/plain; charset=utf-8"
 _END = re.compile(rb"\r?\n\r?\n")  # RFC 9112 2.2: a recipient may take a bare LF for a line's end
 _LINE = re.compile(r"\r?\n")
+_EMPTY = re.compile(rb"(?:\r?\n)+")
 
 
 class MetricsServer:
@@ -199,8 +200,8 @@ class _Connection(asyncio.Protocol):
         self.queued = False
         if self.paused or self.transport.is_closing():
             return
-        while self.buffer[:1] == b"\n" or self.buffer[:2] == b"\r\n":  # (RFC 9112 2.2: empty lines before a
-            del self.buffer[:1 if self.buffer[:1] == b"\n" else 2]  # request line are ignored)
+        if (empty := _EMPTY.match(self.buffer)) is not None:  # (RFC 9112 2.2: empty lines before a request
+            del self.buffer[:empty.end()]  # line are ignored)
         found = _END.search(self.buffer)
         end = -1 if found is None else found.start()
         if end > self.server.max_header_bytes or (end < 0 and len(self.buffer) > self.server.max_header_bytes):

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from migd.demand.runtime import RunTimes
+from migd.repeat import Said
 from migd.slurm.ctl import SlurmCtl, SlurmError
 from migd.slurm.parsable import Row, SacctError, is_step, read_rows, seconds
 
@@ -132,7 +133,7 @@ class Accounting:
         self.ctl, self.partition, self.window_s = ctl, partition, window_s
         self.next_s = 0.0 if window_s > 0 else math.inf  # (0: off)
         self.seeded: Seeded | None = None
-        self._said = ""
+        self._said = Said(math.inf)  # (a failure said when it differs from the last)
 
     def due(self, now: float) -> bool:
         return now >= self.next_s
@@ -145,11 +146,9 @@ class Accounting:
             ended = ended_jobs(text, self.partition)
         except (SlurmError, SacctError) as e:
             self.next_s = now + RETRY_S
-            said = str(e)
-            if said != self._said:
+            if self._said.due(str(e)):
                 log.warning("demand: run times not seeded from accounting (%s); learning them from jobs seen to end, "
-                            "reading accounting again every %.0f min", said, RETRY_S / 60)
-            self._said = said
+                            "reading accounting again every %.0f min", e, RETRY_S / 60)
             return None
         self.seeded = seed(runtimes, ended)
         log.info("demand: run times seeded from accounting: %d jobs of %d accounts that ended in partition %s in "

@@ -136,9 +136,10 @@ class _Reader:
         """Each task's request on each of the job's nodes, at most ``MAX_REQUESTS`` for the record: an
         array of 4,096 tasks over 1,024 nodes was four million requests, a minute and a gigabyte a decision."""
         nodes = min(max(1, number(job.get("node_count")) or 1), MAX_REQUESTS)
-        account, limit, left = text(job.get("account")) or "-", limit_s(job), MAX_REQUESTS
+        account, limit, left = _account(job), limit_s(job), MAX_REQUESTS
+        asked, priority, age = _asked(job), number(job.get("priority")) or 0, self._age_s(job)  # (each task's own)
         for task, free in _tasks(job, self.arrays):
-            for mig_type, count in _asked(job):
+            for mig_type, count in asked:
                 if not mig_type:
                     self.untyped += 1
                 elif not is_mig_type(mig_type):  # (a whole GPU's type, say: a candidate layout never offers it)
@@ -146,18 +147,22 @@ class _Reader:
                 elif left > 0:
                     copies = min(nodes, left)
                     left -= copies
-                    self.pending += [Pending(task, account, mig_type, count, limit, number(job.get("priority")) or 0,
-                                             self._age_s(job), free and not reason.startswith(WAITING_ON))] * copies
+                    self.pending += [Pending(task, account, mig_type, count, limit, priority, age,
+                                             free and not reason.startswith(WAITING_ON))] * copies
 
     def _running(self, job: Mapping[str, Any]) -> None:
         limit, end = limit_s(job), number(job.get("end_time"))
         ends_in = max(0.0, (end if end and end > 0 else self.now + limit) - self.now)
+        own, account, age = job_id(job), _account(job), self._age_s(job)
         for node, gres in allocations(job):
             if node is None:
                 continue  # (a node not named: the planner cannot place it; a node's own switch counts it)
             for mig_type, count in _ALLOC.findall(gres):
                 if not is_mig_type(mig_type):
                     continue  # (its node holds a type no candidate layout has: the planner skips that node)
-                self.running.setdefault(node, []).append(Running(job_id(job), mig_type, int(count), ends_in,
-                                                                 text(job.get("account")) or "-", self._age_s(job),
+                self.running.setdefault(node, []).append(Running(own, mig_type, int(count), ends_in, account, age,
                                                                  limit))
+
+
+def _account(job: Mapping[str, Any]) -> str:
+    return text(job.get("account")) or "-"
