@@ -20,7 +20,8 @@ Timelimit, and AllocTRES or ReqTRES; Account, Partition, JobID, NNodes and NodeL
   is still pending (End ``Unknown``) with a finite Timelimit is replayed with its time limit as its
   run time (an upper bound); one that ended before it started (cancelled), or is pending without a
   limit, is counted and not replayed: its run time is unknown.  End ``Unknown`` with a Start (still
-  running) runs to its limit the same way.
+  running) runs to its limit the same way.  One whose End is before its Start (a clock stepped back;
+  sacct's Elapsed says ``INVALID``) is counted and not replayed: its run time is unknown.
 - The MIG type and count: ``gres/gpu:<type>=N`` in AllocTRES for a job that started (what Slurm
   gave it: a job that asked a plain ``gres/gpu=N`` shows there the type it got), in ReqTRES for one
   that did not.  A job that names no typed GPU (``gres/gpu=N`` alone: no type was asked, or the
@@ -68,6 +69,7 @@ FIELDS = "JobID,Submit,Start,End,Account,Partition,Timelimit,AllocTRES,ReqTRES,N
 _TYPED = re.compile(r"^gres/gpu:([^=]+)=(.*)$")
 _ARRAY = re.compile(r"^[0-9]+_\[(.+)\]$")
 _PLAIN = re.compile(r"^gres/gpu=(.*)$")
+ENDED_BEFORE_START = "End before Start (a clock stepped back: sacct's Elapsed INVALID)"
 TAIL_S = 3600.0  # the replay runs past the record's last time by this (or the longest run time)
 
 
@@ -198,8 +200,8 @@ def _job(row: Row) -> _Job:
         if end is None and math.isinf(limit):
             why = "still running with no time limit"
         run = _seconds_between(start, end) if end is not None else limit
-        if run < 0:
-            raise row.error("End", f"{row.get('End')} is before Start {row.get('Start')}")
+        if run < 0:  # sacct prints its Elapsed INVALID (parse_time.c secs2time_str): the record is Slurm's own,
+            why = ENDED_BEFORE_START  # and its run time unknown, as the planner's seed reads it (history.py)
     if why is None and run > MAX_DAYS * DAY:
         if start is None or end is None:  # a limit replayed as the run (a partition's MaxTime may allow it):
             why = f"a time limit past {MAX_DAYS} days"  # skipped, as one with no limit is
