@@ -85,6 +85,7 @@ def test_a_job_on_two_nodes_is_a_job_per_node_with_its_share_and_two_types_are_t
     rec = read_sacct(sacct(tmp_path, line))
     assert sorted((j.gres, j.count) for j in rec.trace.jobs) == [("1g.10gb", 2), ("1g.10gb", 2),
                                                                   ("2g.20gb", 1), ("2g.20gb", 1)]
+    assert {j.job for j in rec.trace.jobs} == {"9"}  # (one of the jobs Slurm's backfill tests)
     assert rec.nodes == {"gpu1", "gpu2"}
 
 

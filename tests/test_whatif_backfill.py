@@ -6,8 +6,11 @@ reservation beginning as the job's limit ends."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from migd.demand.inputs import Layout
-from migd.whatif.backfill import backfill, overlaps, will_run
+from migd.demand.reserve import BF_MAX_JOB_TEST
+from migd.whatif.backfill import backfill, first_jobs, overlaps, will_run
 from migd.whatif.jobs import TraceJob
 from migd.whatif.replay import Cluster, Job, Node
 
@@ -108,3 +111,43 @@ def test_a_change_drains_its_node_a_lag_after_it_is_ordered() -> None:
     assert (j.node, gpu1.target) == ("gpu1", None)
     c.step(11, 1)
     assert gpu1.target == BALANCED and c.ordered == {}
+
+
+def _array_fleet() -> tuple[Cluster, Job]:
+    """22 nodes, each with a 7g instance busy until 600 s and a 1g instance free; 30 pending 7g tasks
+    of array 12, then a younger 1g job whose limit reaches past 600 s (``young``)."""
+    mixed = Layout.of("mixed", {"7g.80gb": 1, "1g.10gb": 1})
+    nodes = [Node(f"gpu{i:02}", mixed, 14) for i in range(22)]
+    for n in nodes:
+        running(n, "7g.80gb", 0, 600)
+    c = cluster(*nodes)
+    for t in range(30):
+        j = Job(TraceJob(1 + t, "a", "main", "7g.80gb", 1, 300, 600, f"12_{t}"))
+        c.pending["7g.80gb"].append(j)
+    young = Job(TraceJob(40, "a", "main", "1g.10gb", 1, 1800, 3600, "13"))
+    c.pending["1g.10gb"].append(young)
+    return c, young
+
+
+def test_only_an_arrays_first_twenty_tasks_reserve_a_node() -> None:
+    """Slurm's backfill tries a pending array's next task after a reservation only while fewer than
+    bf_max_job_array_resv (20) of its tasks reserved in the pass (backfill.c, test_array_count): 20 of
+    the 22 nodes are reserved from 600 s, and the younger 1g job starts on one of the two left.  Thirty
+    jobs that are no array's tasks reserve every node, and it waits."""
+    c, young = _array_fleet()
+    backfill(c.nodes, c.pending, 50, 0.0)
+    assert young.start == 50 and young.node is not None
+    c, young = _array_fleet()
+    for j in c.pending["7g.80gb"]:
+        j.spec = replace(j.spec, job=j.spec.job.replace("12_", "1"))
+    backfill(c.nodes, c.pending, 50, 0.0)
+    assert young.start is None
+
+
+def test_a_job_over_several_nodes_is_one_of_the_jobs_backfill_tests() -> None:
+    """bf_max_job_test counts Slurm's jobs: the model's shares of one job over two nodes are one test."""
+    shares = [Job(TraceJob(0, "a", "main", "1g.10gb", 1, 60, 60, "7")) for _ in range(2)]
+    others = [Job(TraceJob(1 + i, "a", "main", "1g.10gb", 1, 60, 60, str(100 + i))) for i in range(BF_MAX_JOB_TEST)]
+    assert first_jobs(shares + others) == shares + others[:-1]
+    unnamed = [Job(TraceJob(0, "a", "main", "1g.10gb", 1, 60, 60)) for _ in range(2)]
+    assert first_jobs(unnamed + others) == unnamed + others[:-2]

@@ -110,13 +110,20 @@ def _reserving(pending: Iterable[Pending]) -> list[Pending]:
     tasks: dict[str, set[str]] = defaultdict(set)
     out = []
     for p in _in_order(pending):
-        array, task, _ = p.job.partition("_")
-        if task:
+        array = array_of(p.job)
+        if array is not None:
             tasks[array].add(p.job)  # (a task over N nodes, or asking two types, is one task)
             if len(tasks[array]) > BF_MAX_JOB_ARRAY_RESV:
                 continue
         out.append(p)
     return _first_jobs(out)
+
+
+def array_of(job: str) -> str | None:
+    """The array a job id's task belongs to (``12`` for ``12_3``, as Slurm names a task); None for a job
+    that is no array's task."""
+    array, task, _ = job.partition("_")
+    return array if task else None
 
 
 def priority_order(p: Pending) -> tuple[int, float, tuple[str | int, ...]]:

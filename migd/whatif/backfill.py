@@ -17,7 +17,12 @@ What Slurm does (src/plugins/sched/backfill/backfill.c ``_attempt_backfill``; se
 - if that start is after the first moment a reserved node opens again, the job is tried from that
   moment instead; if its window then meets a reservation on the node chosen, from its start;
 - the job reserves that whole node from its start to its start plus its time limit
-  (``_add_reservation`` removes the node from the plan: a younger job of another MIG type waits too).
+  (``_add_reservation`` removes the node from the plan: a younger job of another MIG type waits too);
+- of a pending array, only the first ``bf_max_job_array_resv`` (20) tasks reserve: the pass tries the
+  array's next task after a reservation only while ``test_array_count`` is below it (a task that starts
+  is followed by the next whatever the count), and the tasks left start when they can, as the main
+  scheduler starts them;
+- a job over N nodes is N of the model's jobs, each reserving a node, and one of ``bf_max_job_test``.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from dataclasses import dataclass
 from heapq import heappop, heappush
 from typing import Any
 
-from migd.demand.reserve import BF_MAX_JOB_TEST
+from migd.demand.reserve import BF_MAX_JOB_ARRAY_RESV, BF_MAX_JOB_TEST, array_of
 from migd.whatif.fleet import Job, Node
 from migd.whatif.place import best_fit
 
@@ -63,7 +68,7 @@ class Backfill:
         self.passes = 0  # passes whose work was done (the rest were skipped)
 
     def __call__(self, nodes: list[Node], pending: dict[str, list[Job]], now: float, epoch_s: float) -> None:
-        queue = sorted((j for q in pending.values() for j in q), key=lambda j: j.spec.submit_s)[:BF_MAX_JOB_TEST]
+        queue = first_jobs(sorted((j for q in pending.values() for j in q), key=lambda j: j.spec.submit_s))
         reads = (epoch_s, tuple(queue), tuple((n.name, n.layout, n.target, n.ready_at, tuple(n.running),
                                                tuple(j.start for j in n.running)) for n in nodes))
         if now < self._until and reads == self._reads:
@@ -77,6 +82,17 @@ class Backfill:
         if started:
             for t, q in pending.items():
                 pending[t] = [j for j in q if id(j) not in started]
+
+
+def first_jobs(queue: list[Job]) -> list[Job]:
+    """The first ``BF_MAX_JOB_TEST`` jobs of ``queue``: the model's jobs of one Slurm job (one over N nodes)
+    are one test; a job with no id is one of its own."""
+    seen: set[str | int] = set()
+    for i, j in enumerate(queue):
+        seen.add(j.spec.job or id(j))
+        if len(seen) > BF_MAX_JOB_TEST:
+            return queue[:i]
+    return queue
 
 
 def backfill(nodes: list[Node], pending: dict[str, list[Job]], now: float, epoch_s: float) -> None:
@@ -124,6 +140,7 @@ class _Pass:
         it was), a job whose estimates still say what they said and whose comparisons with ``now`` have
         not turned is placed as then, without a walk."""
         started: set[int] = set()
+        arrays: dict[str, set[str]] = {}  # array -> its tasks that reserved this pass
         same = True
         for job in queue:
             note = before.get(id(job)) if same else None
@@ -143,6 +160,8 @@ class _Pass:
                 self.nodes[i].running.append(job)
                 started.add(id(job))
                 self.estimates, self.running, self.nowhere = {}, None, {}
+            elif not self.may_reserve(job, arrays):
+                continue
             else:
                 self.nowhere = {shape: got for shape, got in self.nowhere.items() if got[0] < at}
                 self.made += 1
@@ -150,6 +169,19 @@ class _Pass:
                 self.begins[i].insert(x, at)
                 insort(self.ends[i], at + job.spec.time_limit_s)
         return started
+
+    @staticmethod
+    def may_reserve(job: Job, arrays: dict[str, set[str]]) -> bool:
+        """Whether ``job`` may reserve: not an array's task past the first ``BF_MAX_JOB_ARRAY_RESV`` that
+        reserved (a task over N nodes is one, reserving N)."""
+        array = array_of(job.spec.job)
+        if array is None:
+            return True
+        tasks = arrays.setdefault(array, set())
+        if job.spec.job not in tasks and len(tasks) >= BF_MAX_JOB_ARRAY_RESV:
+            return False
+        tasks.add(job.spec.job)
+        return True
 
     def still(self, note: _Note) -> bool:
         """Whether a job's last place holds: ``now`` before its turn, its estimates unchanged."""

@@ -31,6 +31,8 @@ class TraceJob:
     count: int
     duration_s: float
     time_limit_s: float
+    job: str = ""  # Slurm's job id where known (sacct's JobID; ``12_3``: an array's task): a job over N nodes
+    # is N of these with one id, and an array's tasks past the first few reserve nothing (backfill.py)
 
 
 @dataclass(frozen=True)

@@ -193,13 +193,18 @@ def migd(setup: Setup) -> Planner:
         """The same number in every run (the rule orders jobs by it; ``id()`` differs between runs)."""
         return ids.setdefault(id(j), str(len(ids)))
 
+    def asked(j: Job) -> str:
+        """A pending job's id as the planner reads it from Slurm, where the trace has it (sacct's: a job over
+        N nodes is one, an array's task ``12_3``, whose array's later tasks reserve nothing)."""
+        return j.spec.job or named(j)
+
     def policy(now: float, c: Cluster) -> dict[str, Layout]:
         for j in c.ended:  # (as the planner sees a job it watched run leave Slurm's running set)
             learned.observe(j.spec.account, j.spec.duration_s, j.spec.time_limit_s)
         c.ended.clear()
         seen.observe(now, ((j.spec.gres, j.spec.count) for q in (*c.pending.values(), *(n.running for n in c.nodes))
                            for j in q))
-        snap = Snapshot(tuple(Pending(named(j), j.spec.account, j.spec.gres, j.spec.count, j.spec.time_limit_s,
+        snap = Snapshot(tuple(Pending(asked(j), j.spec.account, j.spec.gres, j.spec.count, j.spec.time_limit_s,
                                       age_s=now - j.spec.submit_s) for q in c.pending.values() for j in q),
                         tuple(_view(n, now, c, named) for n in c.nodes if _heading(n, c).name in setup.mixes),
                         learned.ratios(), seen.seen(now))

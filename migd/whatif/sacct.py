@@ -173,13 +173,14 @@ class _Job:
     asked: tuple[tuple[str, int], ...]  # (MIG type, instances per node)
     nodes: int
     why_not: str | None  # not replayed, and why
-    tasks: int = 1  # a pending array's row stands for its pending tasks (``12_[0-9%3]``): each replayed
+    ids: tuple[str, ...] = ("",)  # the job id of each job the row stands for: a pending array's row
+    # (``12_[0-9%3]``) stands for its pending tasks, each replayed
 
     def trace_jobs(self, zero: datetime) -> list[TraceJob]:
         at = self.submit.timestamp() - zero.timestamp()  # (in the machine's zone, as the runs: one time base)
         limit = max(self.limit_s, self.run_s)
-        return [TraceJob(at, self.account, self.partition, t, n, self.run_s, limit)
-                for t, n in self.asked for _ in range(self.nodes * self.tasks)]
+        return [TraceJob(at, self.account, self.partition, t, n, self.run_s, limit, job)
+                for t, n in self.asked for job in self.ids for _ in range(self.nodes)]
 
 
 def _job(row: Row) -> _Job:
@@ -209,15 +210,17 @@ def _job(row: Row) -> _Job:
             raise row.error("End", f"{row.get('End')}: a run of {run / DAY:.0f} days, longer than a what-if "
                             f"replays ({MAX_DAYS} days)")
     return _Job(row.get("Account") or "-", row.get("Partition") or "-", submit, start, end, max(1.0, run), limit,
-                asked, nodes, why, _tasks(row) if start is None else 1)
+                asked, nodes, why, _ids(row, pending=start is None))
 
 
-def _tasks(row: Row) -> int:
-    """The pending tasks a pending array's one row stands for (sacct(1): ``ArrayJobID_[expression]``); 1
-    for any other row, or an expression not read here (sacct cuts one past SLURM_BITSTR_LEN)."""
-    m = _ARRAY.match(row.get("JobID"))
+def _ids(row: Row, pending: bool) -> tuple[str, ...]:
+    """The job ids a row stands for: a pending array's one row (sacct(1): ``ArrayJobID_[expression]``) its
+    pending tasks', ``12_0``, ``12_1``...; any other row (or an expression not read here: sacct cuts one
+    past SLURM_BITSTR_LEN) its JobID alone."""
+    job = row.get("JobID")
+    m = _ARRAY.match(job) if pending else None
     found = array_tasks(m[1]) if m else None
-    return len(found) if found else 1
+    return tuple(f"{job.partition('_')[0]}_{task}" for task in found) if found else (job,)
 
 
 def _seconds_between(start: datetime, end: datetime) -> float:
