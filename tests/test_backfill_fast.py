@@ -20,8 +20,9 @@ from migd.catalog.models import MODELS
 from migd.config.migdyaml import load_config
 from migd.ctl.migctl import main as migctl
 from migd.demand.inputs import Layout
+from migd.demand.reserve import BF_MAX_JOB_TEST
 from migd.whatif import weigh
-from migd.whatif.backfill import BF_MAX_JOB_TEST, YEAR_S, Backfill, backfill, overlaps, will_run
+from migd.whatif.backfill import YEAR_S, Backfill, backfill, overlaps, will_run
 from migd.whatif.jobs import TraceJob
 from migd.whatif.policies import Setup, fixed
 from migd.whatif.replay import Cluster, Job, Node, Policy, run

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from migd.demand.inputs import Layout
 from migd.demand.reserve import BF_MAX_JOB_TEST
-from migd.whatif.backfill import backfill, first_jobs, overlaps, will_run
+from migd.whatif.backfill import backfill, overlaps, will_run
 from migd.whatif.jobs import TraceJob
 from migd.whatif.replay import Cluster, Job, Node
 
@@ -145,9 +145,20 @@ def test_only_an_arrays_first_twenty_tasks_reserve_a_node() -> None:
 
 
 def test_a_job_over_several_nodes_is_one_of_the_jobs_backfill_tests() -> None:
-    """bf_max_job_test counts Slurm's jobs: the model's shares of one job over two nodes are one test."""
-    shares = [Job(TraceJob(0, "a", "main", "1g.10gb", 1, 60, 60, "7")) for _ in range(2)]
-    others = [Job(TraceJob(1 + i, "a", "main", "1g.10gb", 1, 60, 60, str(100 + i))) for i in range(BF_MAX_JOB_TEST)]
-    assert first_jobs(shares + others) == shares + others[:-1]
-    unnamed = [Job(TraceJob(0, "a", "main", "1g.10gb", 1, 60, 60)) for _ in range(2)]
-    assert first_jobs(unnamed + others) == unnamed + others[:-2]
+    """bf_max_job_test counts Slurm's jobs: the model's shares of one job over two nodes are one test, so
+    the 500th job after it is tested too, and starts on the one node that has a free instance; two jobs
+    without an id are two tests, and it is not tested."""
+    for job, tested in (("7", True), ("", False)):
+        free, busy = Node("free", SMALL, 7), Node("busy", SMALL, 7)
+        for _ in range(2):
+            running(busy, "1g.10gb", 0, 600)
+        running(free, "1g.10gb", 0, 600)
+        c = cluster(free, busy)
+        for _ in range(2):
+            c.pending["2g.20gb"].append(Job(TraceJob(0, "a", "main", "2g.20gb", 1, 60, 60, job)))
+        for i in range(BF_MAX_JOB_TEST - 2):
+            c.pending["2g.20gb"].append(Job(TraceJob(1 + i, "a", "main", "2g.20gb", 1, 60, 60, str(100 + i))))
+        last = Job(TraceJob(BF_MAX_JOB_TEST, "a", "main", "1g.10gb", 1, 60, 60, "99999"))
+        c.pending["1g.10gb"].append(last)
+        backfill(c.nodes, c.pending, 10, 0.0)
+        assert (last.start is not None) is tested

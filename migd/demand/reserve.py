@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from migd.demand.inputs import Layout, Pending
 
@@ -37,6 +38,7 @@ BF_MAX_JOB_ARRAY_RESV = 20  # slurm.conf(5) bf_max_job_array_resv's default: a p
 # are not tested in a backfill pass (backfill.c tries the array's next task only while test_array_count is below it)
 
 
+T = TypeVar("T")
 Work = Callable[[Pending], float]  # a pending job's slice-hours within the horizon
 
 
@@ -93,11 +95,12 @@ def _in_order(pending: Iterable[Pending]) -> list[Pending]:
     return sorted((p for p in pending if p.startable), key=priority_order)
 
 
-def _first_jobs(queue: list[Pending]) -> list[Pending]:
-    """The requests of the first ``BF_MAX_JOB_TEST`` jobs: a job over N nodes is N requests and one test."""
-    seen: set[str] = set()
+def first_jobs(queue: list[T], job_of: Callable[[T], Hashable]) -> list[T]:
+    """The requests of the first ``BF_MAX_JOB_TEST`` jobs (``job_of``: a request's job): a job over N nodes
+    is N requests and one test.  The queue model's backfill counts its jobs by the same rule."""
+    seen: set[Hashable] = set()
     for i, p in enumerate(queue):
-        seen.add(p.job)
+        seen.add(job_of(p))
         if len(seen) > BF_MAX_JOB_TEST:
             return queue[:i]
     return queue
@@ -116,7 +119,7 @@ def _reserving(pending: Iterable[Pending]) -> list[Pending]:
             if len(tasks[array]) > BF_MAX_JOB_ARRAY_RESV:
                 continue
         out.append(p)
-    return _first_jobs(out)
+    return first_jobs(out, lambda p: p.job)
 
 
 def array_of(job: str) -> str | None:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from heapq import heappop, heappush
 from typing import Any
 
-from migd.demand.reserve import BF_MAX_JOB_ARRAY_RESV, BF_MAX_JOB_TEST, array_of
+from migd.demand.reserve import BF_MAX_JOB_ARRAY_RESV, array_of, first_jobs
 from migd.whatif.fleet import Job, Node
 from migd.whatif.place import best_fit
 
@@ -68,7 +68,8 @@ class Backfill:
         self.passes = 0  # passes whose work was done (the rest were skipped)
 
     def __call__(self, nodes: list[Node], pending: dict[str, list[Job]], now: float, epoch_s: float) -> None:
-        queue = first_jobs(sorted((j for q in pending.values() for j in q), key=lambda j: j.spec.submit_s))
+        queue = first_jobs(sorted((j for q in pending.values() for j in q), key=lambda j: j.spec.submit_s),
+                           lambda j: j.spec.job or id(j))  # (a job with no id: one of its own)
         reads = (epoch_s, tuple(queue), tuple((n.name, n.layout, n.target, n.ready_at, tuple(n.running),
                                                tuple(j.start for j in n.running)) for n in nodes))
         if now < self._until and reads == self._reads:
@@ -82,17 +83,6 @@ class Backfill:
         if started:
             for t, q in pending.items():
                 pending[t] = [j for j in q if id(j) not in started]
-
-
-def first_jobs(queue: list[Job]) -> list[Job]:
-    """The first ``BF_MAX_JOB_TEST`` jobs of ``queue``: the model's jobs of one Slurm job (one over N nodes)
-    are one test; a job with no id is one of its own."""
-    seen: set[str | int] = set()
-    for i, j in enumerate(queue):
-        seen.add(j.spec.job or id(j))
-        if len(seen) > BF_MAX_JOB_TEST:
-            return queue[:i]
-    return queue
 
 
 def backfill(nodes: list[Node], pending: dict[str, list[Job]], now: float, epoch_s: float) -> None:
