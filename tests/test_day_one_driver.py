@@ -5,8 +5,13 @@ whose nvmlInit fails with NVML_ERROR_DRIVER_NOT_LOADED until the test loads the 
 
 from __future__ import annotations
 
+import re
+import shutil
 import socket
 import struct
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +21,9 @@ import pytest
 from migd.sim import world
 from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
+from tests.helpers import migctl_as, need_root
+
+NOBODY = 65534
 
 pytestmark = pytest.mark.integration  # real migd daemons
 
@@ -59,6 +67,48 @@ def test_a_driver_not_loaded_yet_is_waited_for_not_a_configuration_error(migd: M
     assert "NVML opened after waiting" in migd.log.read_text()
     assert migd.stop() == 0
     migd.assert_no_traceback()
+
+
+def test_migctl_is_told_migd_waits_for_the_driver_not_that_no_migd_listens(tmp_path: Path) -> None:
+    """While migd waited for the driver its sockets were not bound: `migctl daemon` said "no migd is
+    listening" of a migd that ran, and a second migd started beside it.  Now both sockets answer every
+    request with the wait's line (exit 4, a hardware condition), for root and for an ordinary user, a
+    second migd is refused as at any time, and once NVML opens migd's own sockets answer."""
+    need_root("to become another user")
+    run = Path(tempfile.mkdtemp(prefix="migd-run-", dir="/tmp"))  # like /run: open to look into
+    run.chmod(0o755)
+    (run / "migd").mkdir(mode=0o700)
+    m = MigdProcess(tmp_path)
+    try:
+        with m.config.open("a") as f:
+            f.write(f"control_socket: {run / 'migd' / 'control.sock'}\n")
+        assert m.migctl("status").code == 0
+        store = StateStore(m.migctl.state)
+        world.driver_not_loaded(store, 10_000)
+        m.start(now="2026-11-23T10:00:00")
+        m.wait_for(lambda s: "STATUS=waiting for the NVIDIA driver" in s, timeout=30)
+        argv = ["--sim", m.fleet, "--sim-state", str(m.migctl.state), "--state-dir", str(m.migctl.state_dir),
+                "--control-socket", str(run / "migd" / "control.sock")]
+        waits = re.compile(r"hardware error: migd is waiting for the NVIDIA driver \(\d+ s so far; it serves the "
+                           r"GPUs once NVML opens\): .*DRIVER_NOT_LOADED.*\n")
+        for who, cmd in (("root", "daemon"), ("nobody", "daemon"), ("nobody", "status"), ("nobody", "isolation")):
+            code, out, err = migctl_as(0 if who == "root" else NOBODY, 0 if who == "root" else NOBODY, [*argv, cmd])
+            assert (code, out) == (4, "") and waits.fullmatch(err), (who, cmd, code, out, err)
+        code, _, err = migctl_as(0, 0, [*argv, "resume"])  # (a request that would change: migd's refusal, its exit)
+        assert code == 4 and err.startswith("error (from migd): migd is waiting for the NVIDIA driver ("), err
+        second = subprocess.run([sys.executable, "-m", "migd.daemon.main", "--config", str(m.config), "--sim", m.fleet,
+                                 "--sim-state", str(m.migctl.state), "--state-dir", str(m.migctl.state_dir)],
+                                capture_output=True, text=True, timeout=60)
+        assert second.returncode == 2 and "another migd is running" in second.stderr, second.stderr
+        world.driver_not_loaded(store, 0)
+        m.wait_ready(timeout=60)
+        code, out, err = migctl_as(NOBODY, NOBODY, [*argv, "daemon"])
+        assert code == 0 and "active profile: day" in out and err == "", (out, err)
+        assert m.stop() == 0
+        m.assert_no_traceback()
+    finally:
+        m.close()
+        shutil.rmtree(run, ignore_errors=True)
 
 
 def test_healthz_while_waiting_for_the_driver_holds_no_thread_and_logs_no_traceback(migd: MigdProcess) -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 from migd.api.checks import DaemonMarks, IsolationDoc
 from migd.api.commands import Ask, Command, IsolationReply, Reply, reply_as
 from migd.apply.executor import Applier
-from migd.ctl.client import ControlError, request
-from migd.ctl.remote import control_socket, daemon_request, out
+from migd.ctl.client import request
+from migd.ctl.remote import control_socket, daemon_request, out, refusal
 from migd.ctl.text import isolation_table
 from migd.exits import Exit, partly
 from migd.hardware.ports import GpuBackend
@@ -53,7 +53,7 @@ def isolation_from_daemon(args: argparse.Namespace) -> int | None:
         return None
     head = reply_as(Reply, reply)
     if not head.ok:  # (a busy socket: said, never taken for "no migd")
-        raise ControlError(f"migd's control socket: {head.why}")
+        raise refusal(head, "migd's control socket")
     found = reply_as(IsolationReply, reply).audit
     doc = IsolationDoc(found.findings, (), DaemonMarks(found.unhealthy, found.breaches, found.faults, found.clock))
     return _isolation_out(args, doc)

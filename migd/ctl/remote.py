@@ -33,6 +33,7 @@ from migd.ctl.daemon_table import clock_of
 from migd.ctl.text import RESUME_HINT, apply_table, daemon_table
 from migd.errors import ValidationError
 from migd.exits import Exit
+from migd.hardware.types import HardwareError
 from migd.paths import listening
 from migd.printable import shown
 from migd.report import dump
@@ -146,7 +147,7 @@ def layout_from_daemon(args: argparse.Namespace) -> StatusDoc | None:
         return None
     head = reply_as(Reply, reply)
     if not head.ok:  # (a busy socket: said, never taken for "no migd")
-        raise ControlError(f"migd's read-only socket {paths.status_socket(control_socket(args))}: {head.why}")
+        raise refusal(head, f"migd's read-only socket {paths.status_socket(control_socket(args))}")
     return reply_as(LayoutReply, reply).status
 
 
@@ -224,7 +225,7 @@ def caps_root(args: argparse.Namespace) -> str:
     node; a simulated node's own tree), else "/"."""
     try:
         doc = _daemon_doc(args, 10.0)
-    except (OSError, WireError):
+    except (OSError, WireError, HardwareError):
         return "/"
     return doc.access.root if doc.access is not None else "/"
 
@@ -234,5 +235,13 @@ def _daemon_doc(args: argparse.Namespace, timeout_s: float) -> DaemonDoc:
     reply = daemon_request(args, Ask(Command.STATUS), timeout_s=timeout_s)
     head = reply_as(Reply, reply)
     if not head.ok:
-        raise ConnectionError(f"migd did not answer with its state: {head.why}")
+        raise refusal(head, "migd did not answer with its state")
     return reply_as(DaemonReply, reply).daemon
+
+
+def refusal(head: Reply, what: str) -> Exception:
+    """What migd's refusal is to migctl: a hardware condition as one (exit 4: migd waits for the NVIDIA
+    driver), anything else ``what`` it said (exit 1)."""
+    if head.exit == Exit.HARDWARE:
+        return HardwareError(head.why or what)
+    return ControlError(f"{what}: {head.why}")

@@ -74,15 +74,22 @@ def _health(listen: str | None) -> _HealthServer | None:
     return server
 
 
+Answer = Callable[[Callable[[], str]], Callable[[], None]]  # (what migd is doing, asked) -> stop answering
+
+
 def open_nvml(open_backend: Callable[[], GpuBackend], notifier: Notifier, stop: threading.Event,
-              listen: str | None, scale: float = 1.0) -> GpuBackend | None:
-    """The backend, once NVML opens; None if ``stop`` was set first (SIGTERM while waiting)."""
+              listen: str | None, scale: float = 1.0, answer: Answer | None = None) -> GpuBackend | None:
+    """The backend, once NVML opens; None if ``stop`` was set first (SIGTERM while waiting).  ``answer``:
+    started when the wait begins, with the line that says it (migd's sockets refuse with it, so migctl
+    tells that migd runs and why it serves nothing yet, not that no migd listens), stopped when it ends."""
     try:
         return open_backend()
     except HardwareError as e:
         why = str(e)
     server = _health(listen)
     since, delay, said = time.monotonic(), FIRST_S, Said()  # (the same cause again every 10 min at most)
+    stop_answering = answer(lambda: f"migd is waiting for the NVIDIA driver ({time.monotonic() - since:.0f} s so "
+                                    f"far; it serves the GPUs once NVML opens): {why}") if answer else None
     try:
         while True:
             if server is not None:
@@ -102,6 +109,8 @@ def open_nvml(open_backend: Callable[[], GpuBackend], notifier: Notifier, stop: 
             log.info("NVML opened after waiting %.0fs for the NVIDIA driver", time.monotonic() - since)
             return backend
     finally:
+        if stop_answering is not None:
+            stop_answering()
         if server is not None:
             server.shutdown()
             server.server_close()

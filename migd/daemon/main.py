@@ -25,7 +25,7 @@ from migd.config.migdyaml import Config, load_config, unmapped_owners
 from migd.daemon import loop
 from migd.daemon.driverwait import open_nvml
 from migd.daemon.sdnotify import Notifier
-from migd.daemon.server import AlreadyRunning, ControlServer, Handlers, claim
+from migd.daemon.server import AlreadyRunning, ControlServer, Handlers, claim, refusing
 from migd.daemon.service import Clock, Daemon
 from migd.daemon.signals import SignalRelay
 from migd.daemon.watchdog import Watchdog
@@ -129,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValidationError(str(socket_path), None, None, "", why)
         claim(socket_path)
         hup = threading.Event()  # SIGHUP while waiting for the driver: reloaded once the daemon runs
-        backend = _open(args, cfg, partial(_backend, args, state, errors), hup)
+        backend = _open(args, cfg, partial(_backend, args, state, errors), hup, socket_path)
     except (AlreadyRunning, ValidationError) as e:
         log.critical("not starting: %s", e)
         return Exit.INVALID
@@ -153,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _open(args: argparse.Namespace, cfg: Config, open_backend: Callable[[], GpuBackend],
-          hup: threading.Event) -> GpuBackend | None:
+          hup: threading.Event, socket_path: Path) -> GpuBackend | None:
     """NVML, waiting for the driver while it cannot be opened (driverwait.py); None: SIGTERM came first."""
     stop = threading.Event()
 
@@ -161,9 +161,30 @@ def _open(args: argparse.Namespace, cfg: Config, open_backend: Callable[[], GpuB
         (hup if signum == signal.SIGHUP else stop).set()
     relay = SignalRelay((signal.SIGHUP, signal.SIGTERM, signal.SIGINT), on_signal)
     try:
-        return open_nvml(open_backend, Notifier(), stop, args.metrics_listen or cfg.metrics_listen, args.time_scale)
+        return open_nvml(open_backend, Notifier(), stop, args.metrics_listen or cfg.metrics_listen, args.time_scale,
+                         partial(_answer_waiting, socket_path))
     finally:
         relay.close()
+
+
+def _answer_waiting(socket_path: Path, said: Callable[[], str]) -> Callable[[], None]:
+    """migd's two sockets while it waits for the driver, each refusing with ``said()``: ``migctl daemon``
+    tells that migd runs and waits (it said no migd listened), and a second migd is refused as at any
+    time.  Closed (the sockets removed) before the daemon's own are bound."""
+    handlers = refusing(said)
+    try:
+        control = ControlServer(socket_path, handlers)
+    except OSError as e:
+        log.error("no control socket while waiting for the NVIDIA driver: %s", e.strerror or e)
+        return lambda: None
+    control.start()
+    viewer = _viewer(paths.status_socket(socket_path), handlers)
+
+    def close() -> None:
+        control.close()
+        if viewer is not None:
+            viewer.close()
+    return close
 
 
 def _start_fresh(args: argparse.Namespace, state: Path | None, state_dir: Path, socket_path: Path) -> None:

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from migd.api.checks import DaemonAudit
 from migd.api.commands import (
@@ -45,6 +45,7 @@ from migd.daemon.answers import Reloaded, Resumed
 from migd.daemon.slots import Late, Limits, Slots, SlottedThreadingMixIn, read_request
 from migd.errors import ValidationError
 from migd.exits import EXPECTED, Exit, failure, for_result
+from migd.hardware.types import HardwareError
 from migd.paths import listening
 from migd.profiles.loader import load_profile
 from migd.profiles.model import Profile
@@ -164,6 +165,14 @@ class Handlers:
     clear_fault: Callable[[str], list[str]]  # GPU index or UUID -> fault marks cleared
     resume: Callable[[], Resumed]  # lift a manual apply's hold: back to the schedule now
     layout: Callable[[], StatusDoc]  # as `migctl status` prints it
+
+
+def refusing(said: Callable[[], str]) -> Handlers:
+    """Handlers that refuse every request with ``said()``, a hardware condition (exit 4): migd runs and
+    cannot serve the GPUs yet (it waits for the NVIDIA driver)."""
+    def refuse(*_: object) -> NoReturn:
+        raise HardwareError(said())
+    return Handlers(refuse, refuse, refuse, refuse, refuse, refuse, refuse)
 
 
 @dataclass(frozen=True)
