@@ -25,6 +25,9 @@ from migd.trust import open_regular, refuse_untrusted
 _TOKEN = re.compile(r"[A-Za-z0-9+=_-]{20,}")  # a long unbroken run: a key, a token, a password hash
 _HEXISH = re.compile(r"^(?:(?:GPU|MIG)-)?[0-9a-fA-F-]+$")  # a (GPU or MIG) UUID, a PCI id: shown
 _HIDDEN = ("PRIVATE KEY", "BEGIN ", "$1$", "$2", "$5$", "$6$", "$y$")
+_BOOLS = {**yaml.SafeLoader.bool_values, "y": True, "n": False}  # YAML 1.1's words (PyYAML's, and y/n as
+# an explicit ``!!bool`` takes them, as migd read them before and Go's yaml.v2 reads them)
+MAX_INT_CHARS = 40  # no count, index or id a configuration gives is longer, in any base YAML 1.1 writes
 
 
 def _secret_looking(text: str) -> bool:
@@ -147,9 +150,13 @@ class Node:
         return str(self.node.tag), str(self.node.value)
 
     def str(self, choices: Iterable[str] | None = None) -> str:
+        """A text value.  None holds NUL: every one is a name, a path, an argument or a time, and the
+        kernel's paths, exec and chdir take C strings (a path holding one raised ValueError at start)."""
         tag, value = self._scalar()
         if tag == "tag:yaml.org,2002:null" or (tag != "tag:yaml.org,2002:str" and value == ""):
             raise self.error("must not be empty")
+        if "\0" in value:
+            raise self.error("holds a NUL byte, which no name, program argument, path or environment value can")
         choice_list = list(choices) if choices is not None else None
         if choice_list is not None and value not in choice_list:
             raise self.error(f"{excerpt(value)} is not allowed", choice_list)
@@ -159,6 +166,9 @@ class Node:
         tag, value = self._scalar()
         if tag != "tag:yaml.org,2002:int":
             raise self.error(f"must be an integer, not {excerpt(value)}")
+        if len(value) > MAX_INT_CHARS:  # (Python turns no int of 4,300 digits or more into text: the
+            raise self.error(f"{excerpt(value)} is not an integer migd reads (at most {MAX_INT_CHARS} "  # error
+                             "characters)")  # below would have raised ValueError, a traceback)
         try:  # YAML 1.1 ints include 0x1F, 0o17, 1_000 and 1:30 (sexagesimal): let PyYAML read them
             n = int(yaml.SafeLoader("").construct_yaml_int(cast(yaml.ScalarNode, self.node)))  # _scalar checked
         except (ValueError, yaml.YAMLError):
@@ -171,17 +181,15 @@ class Node:
 
     def bool(self) -> bool:
         tag, value = self._scalar()
-        if tag != "tag:yaml.org,2002:bool":
+        word = _BOOLS.get(value.lower()) if tag == "tag:yaml.org,2002:bool" else None
+        if word is None:  # (an explicit ``!!bool maybe`` is tagged bool and is no boolean: it was read as false)
             raise self.error(f"must be true or false, not {excerpt(value)}")
-        return value.lower() in ("true", "yes", "on", "y")
+        return word
 
     def arg(self) -> builtins.str:
-        """A string handed to a program (an argument, a path, an environment value): the kernel's exec
-        and chdir take C strings, so one holding NUL cannot be passed (it crashed the first apply)."""
-        value = self.str()
-        if "\0" in value:
-            raise self.error("holds a NUL byte, which no program argument, path or environment value can")
-        return value
+        """A string handed to a program (an argument, a path, an environment value): :meth:`str`, which
+        refuses NUL (one crashed the first apply)."""
+        return self.str()
 
     def environment(self) -> tuple[tuple[builtins.str, builtins.str], ...]:
         """``{NAME: value}`` for a program's environment: a name is not empty and holds neither ``=``

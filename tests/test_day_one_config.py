@@ -136,3 +136,38 @@ def test_a_socket_path_too_long_beside_a_sim_state_is_said_at_start(tmp_path: Pa
     assert r.returncode == 2 and "Traceback" not in r.stderr, r
     assert f"not starting: {deep / 'sim.json.d' / 'control.sock'}: is " in r.stderr, r.stderr
     assert "a Unix socket's path is at most 107 (unix(7))" in r.stderr, r.stderr
+
+
+def test_a_huge_integer_in_a_profile_is_one_line_and_a_running_migd_keeps_its_configuration(migd: MigdProcess) -> None:
+    """YAML 1.1 reads 0x and 0o integers of any length, and the error naming one (``not N``) raised
+    ValueError past Python's 4,300 digits: ``migctl validate`` printed a traceback, and a reload with
+    such a profile in the profiles directory killed the running migd."""
+    huge = "0x" + "f" * 3600
+    migd.start(now="2026-11-23T10:00:00")
+    migd.wait_ready()
+    bad = migd.tmp / "profiles" / "huge.yaml"
+    bad.write_text("apiVersion: migd/v1\nkind: Profile\nname: huge\ngpus:\n  - select: all\n"
+                   f"    instances: [{{profile: 1g, count: {huge}}}]\n")
+    said = "huge.yaml:6:38: gpus[0].instances[0].count: "
+    validate = migd.migctl("validate", str(bad))
+    assert validate.code == 2 and validate.err.count("\n") == 1 and said in validate.err, validate
+    assert "is not an integer migd reads (at most 40 characters)" in validate.err
+    reload = migd.migctl("reload")
+    assert reload.code == 2 and said in reload.err and "keeps its running configuration" in reload.err, reload
+    assert migd.proc is not None and migd.proc.poll() is None
+    bad.unlink()
+    assert migd.migctl("reload").code == 0
+    assert migd.stop() == 0
+    migd.assert_no_traceback()
+
+
+@pytest.mark.parametrize("line, said", [
+    ('state_dir: "/tmp/st\\0ate"', "state_dir: holds a NUL byte"),  # (--check said ok; the start, a traceback)
+    ('hooks: "hooks\\0.yaml"', "hooks: holds a NUL byte"),  # (a traceback in --check itself)
+    ("strict_permissions: !!bool x", "strict_permissions: must be true or false, not 'x'")])  # (read as false)
+def test_a_value_no_kernel_or_yaml_reads_is_refused_at_check(migd: MigdProcess, line: str, said: str) -> None:
+    with migd.config.open("a") as f:
+        f.write(line + "\n")
+    check = subprocess.run([sys.executable, "-m", "migd.daemon.main", "--config", str(migd.config), "--check"],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 2 and check.stderr.count("\n") == 1 and said in check.stderr, check

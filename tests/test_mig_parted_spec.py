@@ -147,3 +147,13 @@ def test_spec_test_document_loads_every_config() -> None:
         {"devices": "all", "mig-enabled": True, "mig-devices": {"0g.0gb": 100}}]}})
     with pytest.raises(ValidationError, match="at most"):
         load_profile("s.yaml", config="valid-format-non-existent-devices", text=bad)
+
+
+@pytest.mark.parametrize("value", ["!!bool maybe", "!!bool ''"])
+def test_a_tag_of_bool_on_a_word_that_is_no_boolean_is_refused_not_read_as_false(value: str) -> None:
+    """``mig-enabled: !!bool maybe`` was read as false: an apply of it destroyed every instance and
+    turned MIG off.  Go's YAML reader refuses it as no bool; so does migd, naming the line."""
+    text = f"version: v1\nmig-configs:\n  c:\n    - devices: all\n      mig-enabled: {value}\n      mig-devices: {{}}\n"
+    with pytest.raises(ValidationError, match=r"f.yaml:5:20: mig-configs.c\[0\].mig-enabled: must be true or false"):
+        load_profile("f.yaml", config="c", text=text)
+    assert load_profile("f.yaml", config="c", text=text.replace(value, "!!bool off")).sections
