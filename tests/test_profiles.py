@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import resource
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -292,3 +293,30 @@ def test_mig_parted_device_filters_with_subsystem_and_the_last_matching_entry() 
     assert section is not None and section.mig is False  # the later entry
     gpu1 = GpuInfo(1, "GPU-z", "NVIDIA H100 80GB HBM3", "", 0x233010DE, 9, 0, True, True, MODELS["H100-SXM5-80GB"])
     assert two.section_for(gpu1) is not None and two.section_for(gpu1).mig is True  # type: ignore[union-attr]
+
+
+def test_a_mig_parted_config_past_the_gpus_compute_slices_is_refused_without_walking_its_orderings(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """mig-parted tries orderings of a config's devices until one fits; one of 18 devices of six
+    profiles (34 compute slices on a GPU of 7) walked every distinct ordering, tens of seconds each at
+    validate, plan and migd's start.  No ordering fits more slices than the GPU has, so none is tried,
+    and the error is the one the planner gives; a config that fits is still packed by its orderings."""
+    import migd.profiles.resolve as resolve
+
+    walked: list[int] = []
+    real = resolve._orderings
+
+    def counted(items: list[resolve.Item]) -> Iterator[list[resolve.Item]]:
+        walked.append(len(items))
+        return real(items)
+    monkeypatch.setattr(resolve, "_orderings", counted)
+    devices = '{"1g.10gb": 7, "2g.20gb": 3, "3g.40gb": 2, "4g.40gb": 1, "7g.80gb": 1, "1g.20gb": 4}'
+    text = ("version: v1\nmig-configs:\n  c:\n    - devices: all\n      mig-enabled: true\n"
+            f"      mig-devices: {devices}\n")
+    h100 = MODELS["H100-SXM5-80GB"]
+    with pytest.raises(ValidationError, match="needs 41 memory slices, .* has 8"):
+        check_section(load_profile("f.yaml", config="c", text=text).sections[0])
+    assert walked == []
+    fits = text.replace(devices, '{"1c.3g.40gb": 2, "2c.3g.40gb": 2}')  # (two 3g GIs of [2c, 1c]: orderings)
+    laid = resolve_section(load_profile("f.yaml", config="c", text=fits).sections[0], h100)
+    assert [len(d.cis) for d in laid.instances] == [2, 2] and walked == [4]
