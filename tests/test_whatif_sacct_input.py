@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from migd.ctl.migctl import main as migctl
+from migd.whatif import sacct
 from migd.whatif.jobs import MAX_NODES
-from migd.whatif.sacct import read_sacct
+from migd.whatif.sacct import SacctError, read_sacct
 
 REPO = Path(__file__).resolve().parents[1]
 HEADER = "JobID|Submit|Start|End|Account|Partition|Timelimit|AllocTRES|ReqTRES|NNodes|NodeList|State"
@@ -224,3 +225,24 @@ def test_the_help_names_the_bounds_the_types_hold(capsys: pytest.CaptureFixture[
         migctl(["what-if", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert f"nodes replayed, at most {MAX_NODES} " in help_text and "GPUs per node, at most 10 " in help_text
+
+
+def test_a_pending_array_over_many_nodes_is_replayed_up_to_4096_jobs_and_the_rest_counted(tmp_path: Path) -> None:
+    """Each task is a job on each of its nodes: 4,096 tasks over 4,096 nodes were 16.7 million jobs, a
+    what-if that ate memory until it died.  One row gives at most 4,096 (as the planner reads one pending
+    record, queue.MAX_REQUESTS): here the first task's 4,096 nodes, and 4,095 tasks counted."""
+    path = tmp_path / "jobs.sacct"
+    wide = row(JobID="1_[0-4095]", NNodes="4096", NodeList="None assigned", **PENDING)
+    path.write_text(f"{HEADER}\n{GOOD}\n{wide}\n")
+    record = read_sacct(path)
+    assert len(record.trace.jobs) == 1 + 4096 and {j.job for j in record.trace.jobs[1:]} == {"1_0"}
+    assert record.skipped == {"array tasks past 4096 jobs of one row (tasks times nodes)": 4095}
+
+
+def test_a_record_past_the_jobs_a_what_if_replays_is_refused_at_the_row(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sacct, "MAX_JOBS", 5)
+    path = tmp_path / "jobs.sacct"
+    path.write_text(f"{HEADER}\n{GOOD}\n{row(JobID='1_[0-3]', **PENDING)}\n{row(JobID='3')}\n")
+    with pytest.raises(SacctError, match=r"jobs.sacct:4: JobID: the record gives more than 5 jobs to replay"):
+        read_sacct(path)

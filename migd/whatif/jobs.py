@@ -20,6 +20,10 @@ MAX_NODES = 4096
 # are a month or a quarter (docs/demand.md: -S 2026-10-01); a replay's time grows with its span (30 days
 # of two jobs on one node took 54 s), and a year is longer than any window it is meant for.
 MAX_DAYS = 366
+# The most jobs a what-if replays from one record (a row stands for up to 4,096: queue.MAX_REQUESTS).  A
+# month of a busy partition is some 10^5; each job is a few hundred bytes held and stepped through the
+# replay, so a record past this is refused at the row that passes it, not read until memory runs out.
+MAX_JOBS = 1_000_000
 
 
 @dataclass(frozen=True)

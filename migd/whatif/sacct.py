@@ -50,7 +50,7 @@ import math
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -61,8 +61,8 @@ from migd.slurm.ctl import text_of
 from migd.slurm.hostlist import hostnames
 from migd.slurm.parsable import Row, is_step, read_rows
 from migd.slurm.parsable import SacctError as SacctError  # (migctl what-if names it from here)
-from migd.slurm.queue import array_tasks
-from migd.whatif.jobs import DAY, MAX_DAYS, MAX_NODES, Trace, TraceJob
+from migd.slurm.queue import MAX_REQUESTS, array_tasks
+from migd.whatif.jobs import DAY, MAX_DAYS, MAX_JOBS, MAX_NODES, Trace, TraceJob
 
 NEEDED = ("Submit", "Start", "End", "Timelimit")
 FIELDS = "JobID,Submit,Start,End,Account,Partition,Timelimit,AllocTRES,ReqTRES,NNodes,NodeList,State"
@@ -102,6 +102,7 @@ def _record(source: str, rows: Sequence[Row], partition: str | None) -> Record:
     read: list[tuple[datetime, _Job]] = []
     first: datetime | None = None
     last: datetime | None = None
+    count = 0  # the jobs replayed so far
     for row in rows:
         if is_step(row):
             continue
@@ -115,8 +116,16 @@ def _record(source: str, rows: Sequence[Row], partition: str | None) -> Record:
         if job.why_not is not None:  # (before the span: a job not replayed stretches nothing, a held one
             skipped[job.why_not] += 1  # submitted long ago included, which ``sacct -S`` lists whenever it came)
             continue
+        ids, past = _replayed(job.ids, job.nodes)
+        if past:
+            skipped[f"array tasks past {MAX_REQUESTS} jobs of one row (tasks times nodes)"] += past
+            job = replace(job, ids=ids)
         first, last = _span(row, job, first, last)
         read.append((job.submit, job))
+        count += len(job.asked) * len(job.ids) * job.nodes
+        if count > MAX_JOBS:
+            raise row.error("JobID", f"the record gives more than {MAX_JOBS:,} jobs to replay, the most a what-if "
+                            "replays (sacct -S and -E: a shorter window)")
     if not read or last is None:
         said = "; ".join(f"{n} {why}" for why, n in sorted(skipped.items())) or "no job lines"
         raise SacctError(f"{source}: no job to replay ({said})")
@@ -221,6 +230,14 @@ def _ids(row: Row, pending: bool) -> tuple[str, ...]:
     m = _ARRAY.match(job) if pending else None
     found = array_tasks(m[1]) if m else None
     return tuple(f"{job.partition('_')[0]}_{task}" for task in found) if found else (job,)
+
+
+def _replayed(ids: tuple[str, ...], nodes: int) -> tuple[tuple[str, ...], int]:
+    """The tasks of a row replayed, and how many are not: each task is a job on each of its nodes, at
+    most ``MAX_REQUESTS`` of them from one row, as the planner reads one pending record (an array of
+    4,096 tasks over 4,096 nodes was 16.7 million jobs: memory without end)."""
+    keep = max(1, MAX_REQUESTS // nodes)
+    return ids[:keep], max(0, len(ids) - keep)
 
 
 def _seconds_between(start: datetime, end: datetime) -> float:
