@@ -4,6 +4,8 @@ replay that runs for ever.  Each case is the good row beside one bad one, as a u
 
 from __future__ import annotations
 
+import io
+import os
 import time
 from pathlib import Path
 
@@ -246,3 +248,37 @@ def test_a_record_past_the_jobs_a_what_if_replays_is_refused_at_the_row(tmp_path
     path.write_text(f"{HEADER}\n{GOOD}\n{row(JobID='1_[0-3]', **PENDING)}\n{row(JobID='3')}\n")
     with pytest.raises(SacctError, match=r"jobs.sacct:4: JobID: the record gives more than 5 jobs to replay"):
         read_sacct(path)
+
+
+@pytest.mark.parametrize("which", ["--sacct", "--config"])
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "directory"])
+def test_a_file_that_is_not_a_regular_one_is_one_line_not_a_read_for_ever(
+        tmp_path: Path, config: Path, capsys: pytest.CaptureFixture[str], which: str, kind: str) -> None:
+    """Read whole, a FIFO blocked what-if for ever and /dev/zero ended in MemoryError (as plan and
+    validate refuse them)."""
+    path = tmp_path / "jobs.sacct"
+    path.write_text(f"{HEADER}\n{GOOD}\n")
+    odd = {"fifo": tmp_path / "fifo", "/dev/zero": Path("/dev/zero"), "directory": tmp_path}[kind]
+    if kind == "fifo":
+        os.mkfifo(odd)
+    given = {"--sacct": str(path), "--config": str(config), which: str(odd)}
+    assert migctl(["what-if", *(x for kv in given.items() for x in kv)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{odd}: cannot read" in err and "not a regular file" in err, err
+
+
+def test_a_configuration_that_is_not_utf8_is_named(tmp_path: Path, config: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "jobs.sacct"
+    path.write_text(f"{HEADER}\n{GOOD}\n")
+    config.write_bytes(b"a: \xff\n")
+    assert migctl(["what-if", "--sacct", str(path), "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {config}: cannot read file: not UTF-8 text (invalid start byte at byte 3)\n", err
+
+
+def test_standard_input_past_what_a_what_if_reads_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sacct, "MAX_BYTES", 100)
+    with pytest.raises(SacctError, match=r"^<stdin>: over 0 MiB, more than a what-if reads"):
+        sacct.read_bounded("<stdin>", io.BytesIO(b"x" * 101))
+    assert sacct.read_bounded("<stdin>", io.BytesIO(b"x" * 100)) == "x" * 100

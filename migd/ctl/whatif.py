@@ -26,9 +26,10 @@ from migd.exits import Exit
 from migd.printable import shown
 from migd.whatif.figures import table
 from migd.whatif.policies import Setup
-from migd.whatif.sacct import Record, SacctError, days_of, read_sacct
+from migd.whatif.sacct import Record, SacctError, days_of, read_bounded, read_sacct
 from migd.whatif.suggest import write_mig_parted, write_suggestion
 from migd.whatif.weigh import BEST, Weighed, weigh
+from migd.yamlsrc import read
 
 
 def cmd_whatif(args: argparse.Namespace) -> int:
@@ -76,14 +77,14 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 
 def _record(args: argparse.Namespace) -> Record:
     if args.sacct == "-":
-        return read_sacct("<stdin>", sys.stdin.buffer.read().decode("utf-8", errors="replace"), args.partition)
+        return read_sacct("<stdin>", read_bounded("<stdin>", sys.stdin.buffer), args.partition)
     return read_sacct(args.sacct, partition=args.partition)
 
 
 def _config(path: Path) -> Config:
     """migd's configuration, as migd loads it; its text read here, so any user who may read it can
     weigh it (nothing is applied from it)."""
-    return load_config(path, path.read_text())
+    return load_config(path, read(path))  # (a regular file, at most yamlsrc.MAX_BYTES, UTF-8: each said)
 
 
 def _nodes(n: int) -> str:

@@ -53,8 +53,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import BinaryIO
 
 from migd.demand.inputs import slices_of
+from migd.errors import ValidationError
 from migd.numeral import whole
 from migd.printable import clipped
 from migd.slurm.ctl import text_of
@@ -62,6 +64,7 @@ from migd.slurm.hostlist import hostnames
 from migd.slurm.parsable import Row, is_step, read_rows
 from migd.slurm.parsable import SacctError as SacctError  # (migctl what-if names it from here)
 from migd.slurm.queue import MAX_REQUESTS, array_tasks
+from migd.trust import open_regular
 from migd.whatif.jobs import DAY, MAX_DAYS, MAX_JOBS, MAX_NODES, Trace, TraceJob
 
 NEEDED = ("Submit", "Start", "End", "Timelimit")
@@ -70,6 +73,7 @@ _TYPED = re.compile(r"^gres/gpu:([^=]+)=(.*)$")
 _ARRAY = re.compile(r"^[0-9]+_\[(.+)\]$")
 _PLAIN = re.compile(r"^gres/gpu=(.*)$")
 ENDED_BEFORE_START = "End before Start (a clock stepped back: sacct's Elapsed INVALID)"
+MAX_BYTES = 1 << 30  # a record of MAX_JOBS rows of a few hundred bytes each (jobs.py), and room beside
 TAIL_S = 3600.0  # the replay runs past the record's last time by this (or the longest run time)
 
 
@@ -85,15 +89,32 @@ class Record:
 
 
 def read_sacct(path: Path | str, text: str | None = None, partition: str | None = None) -> Record:
-    """The file's jobs (``text``: its contents already read, e.g. standard input).  Bytes that are not
-    UTF-8 (an account or comment in Latin-1) are read as U+FFFD, never refused."""
+    """The file's jobs (``text``: its contents already read).  Bytes that are not UTF-8 (an account or
+    comment in Latin-1) are read as U+FFFD, never refused."""
     if text is None:
         try:
-            text = text_of(Path(path).read_bytes())
+            fd, _ = open_regular(path, lead="it ")  # (a FIFO blocked the read for ever; /dev/zero: MemoryError)
+        except ValidationError as e:
+            raise SacctError(f"{path}: cannot read: {e.message}") from None
         except OSError as e:
             raise SacctError(f"{path}: cannot read: {e.strerror or e}") from None
+        with open(fd, "rb", closefd=True) as f:
+            text = read_bounded(str(path), f)
     rows = read_rows(str(path), text, NEEDED, f"sacct --parsable2 -o {FIELDS}", any_of=("AllocTRES", "ReqTRES"))
     return _record(str(path), rows, partition)
+
+
+def read_bounded(name: str, stream: BinaryIO) -> str:
+    """At most ``MAX_BYTES`` of a record (a file, or standard input), as text: a stream past it is refused,
+    not read until memory runs out."""
+    try:
+        data = stream.read(MAX_BYTES + 1)
+    except OSError as e:
+        raise SacctError(f"{name}: cannot read: {e.strerror or e}") from None
+    if len(data) > MAX_BYTES:
+        raise SacctError(f"{name}: over {MAX_BYTES >> 20} MiB, more than a what-if reads (sacct -S and -E: a "
+                         "shorter window)")
+    return text_of(data)
 
 
 def _record(source: str, rows: Sequence[Row], partition: str | None) -> Record:
