@@ -15,7 +15,7 @@ from migd.errors import ValidationError
 from migd.hardware.types import GpuInfo
 from migd.profiles.loader import load_profile, mig_parted_configs
 from migd.profiles.resolve import resolve_section
-from migd.profiles.validate import check_section, validate_file
+from migd.profiles.validate import check_file, check_section, validate_file
 from tests.helpers import MIGCTL, PROFILES, REFERENCE, Migctl
 
 GOOD = """\
@@ -320,3 +320,30 @@ def test_a_mig_parted_config_past_the_gpus_compute_slices_is_refused_without_wal
     fits = text.replace(devices, '{"1c.3g.40gb": 2, "2c.3g.40gb": 2}')  # (two 3g GIs of [2c, 1c]: orderings)
     laid = resolve_section(load_profile("f.yaml", config="c", text=fits).sections[0], h100)
     assert [len(d.cis) for d in laid.instances] == [2, 2] and walked == [4]
+
+
+def test_a_mig_parted_file_is_parsed_a_few_times_not_once_per_config(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """validate and migd's profiles directory read a mig-parted file again for each of its configs: a
+    file of 2,500 configs (within the 128 KiB a file may have) took minutes, past the unit's watchdog at
+    start.  Now the file is parsed a fixed number of times, however many configs it has."""
+    import yaml
+
+    from migd.config.migdyaml import load_profiles
+
+    parsed: list[int] = []
+    real = yaml.compose
+
+    def counted(*args: object, **kw: object) -> object:
+        parsed.append(1)
+        return real(*args, **kw)  # type: ignore[arg-type]
+    monkeypatch.setattr(yaml, "compose", counted)
+    configs = "".join(f"  c{i}:\n    - devices: all\n      mig-enabled: false\n" for i in range(200))
+    (tmp_path / "parted.yaml").write_text(f"version: v1\nmig-configs:\n{configs}")
+    checked = check_file(tmp_path / "parted.yaml")
+    assert len(checked.configs) == 200 and not any(isinstance(r, ValidationError) for _, r in checked.configs)
+    assert len(parsed) <= 3, len(parsed)
+    parsed.clear()
+    profiles, unusable = load_profiles(tmp_path, strict=False)
+    assert len(profiles) == 200 and not unusable and profiles["parted.yaml#c199"].name == "c199"
+    assert len(parsed) <= 3, len(parsed)

@@ -20,7 +20,7 @@ from migd.errors import ValidationError
 from migd.kinds import Word
 from migd.paths import socket_too_long
 from migd.printable import code, unprintable
-from migd.profiles.loader import load_profile, mig_parted_configs
+from migd.profiles.loader import load_profile, mig_parted_profiles
 from migd.profiles.model import Profile
 from migd.profiles.validate import check_profile
 from migd.slurm.slurmconf import SlurmSettings, parse_slurm
@@ -102,11 +102,11 @@ def load_profiles(directory: Path, strict: bool) -> tuple[dict[str, Profile], di
             found.append((None, load_profile(f, strict=strict)))
         else:
             _printable_file_name(f)  # (its name is in each of its profiles' names)
-            for config in mig_parted_configs(f):
-                try:
-                    found.append((f"{f.name}#{config}", load_profile(f, config=config, strict=strict)))
-                except ValidationError as e:
-                    unusable[f"{f.name}#{config}"] = e
+            for config, loaded in mig_parted_profiles(f, strict=strict).items():  # (the file read once)
+                if isinstance(loaded, ValidationError):
+                    unusable[f"{f.name}#{config}"] = loaded
+                else:
+                    found.append((f"{f.name}#{config}", loaded))
         for key, p in found:
             for w in p.warnings:  # read as mig-parted reads it, and worth a look
                 log.warning("%s", w)

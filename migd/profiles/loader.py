@@ -169,6 +169,26 @@ def mig_parted_configs(path: str | Path, text: str | None = None) -> list[str]:
     return list(configs)
 
 
+def mig_parted_profiles(path: str | Path, strict: bool = False) -> dict[str, Profile | ValidationError]:
+    """Every config of a mig-parted file as a profile, or why it is none: the file read and parsed once
+    (a file of 2,500 configs read again for each took minutes, past the unit's watchdog at start)."""
+    text = read(path, strict, "profile")
+    root = load(path, text)
+    profile_top(root)
+    top = root.mapping(allowed=["version", "mig-configs"], required=["version", "mig-configs"])
+    top["version"].str(choices=["v1"])
+    configs = top["mig-configs"].named()
+    if not configs:
+        raise top["mig-configs"].error("must name at least one config")
+    out: dict[str, Profile | ValidationError] = {}
+    for name in configs:
+        try:
+            out[name] = replace(_mig_parted_profile(root, configs, name), text=text)
+        except ValidationError as e:
+            out[name] = e
+    return out
+
+
 def _load_mig_parted(root: Node, config: str | None) -> Profile:
     top = root.mapping(allowed=["version", "mig-configs"], required=["version", "mig-configs"])
     top["version"].str(choices=["v1"])
@@ -177,6 +197,10 @@ def _load_mig_parted(root: Node, config: str | None) -> Profile:
         raise root.error("this is a mig-parted file: choose a config with --config NAME", sorted(configs))
     if config not in configs:
         raise top["mig-configs"].error(f"no config named {excerpt(config)}", sorted(configs))
+    return _mig_parted_profile(root, configs, config)
+
+
+def _mig_parted_profile(root: Node, configs: dict[str, Node], config: str) -> Profile:
     warnings: list[str] = []
     sections = [_mig_parted_section(n, warnings) for n in configs[config].items()]
     if not sections:

@@ -10,7 +10,7 @@ from migd.catalog.models import MODELS, GpuModel
 from migd.errors import ValidationError
 from migd.plan.offline import fake_gpu
 from migd.plan.planner import PlanError, plan_gpu
-from migd.profiles.loader import load_profile, mig_parted_configs, profile_top
+from migd.profiles.loader import load_profile, mig_parted_configs, mig_parted_profiles, profile_top
 from migd.profiles.model import GpuSection, Profile
 from migd.profiles.resolve import gi_name_of, resolve_section
 from migd.yamlsrc import load
@@ -137,19 +137,32 @@ class FileCheck:
     models: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)  # config -> config_models
 
 
+def _profiles(path: str | Path) -> dict[str | None, Profile | ValidationError]:
+    """A migd profile (None: its one config), or each config of a mig-parted file, read once."""
+    top = profile_top(load(path))
+    if "mig-configs" in top:
+        return {name: p for name, p in mig_parted_profiles(path).items()}
+    if "version" in top and "apiVersion" not in top:
+        mig_parted_configs(path)  # (a spec with nothing to apply, or the line that says what is wrong)
+        return {}
+    try:
+        return {None: load_profile(path)}
+    except ValidationError as e:
+        return {None: e}
+
+
 def check_file(path: str | Path, gpus: int | None = None) -> FileCheck:
     """:func:`validate_file` plus caveats and warnings: a layout planned on a borrowed or derived table
     may differ on the real GPU (its live table decides).  ``gpus``: the node's GPU count, if known."""
-    top = profile_top(load(path))
-    mig_parted = "mig-configs" in top or ("version" in top and "apiVersion" not in top)
-    names: list[str | None] = list(mig_parted_configs(path)) if mig_parted else [None]
     out: list[tuple[str, Checked]] = []
     notes: Caveats = {}
     warnings: list[str] = []
     models: dict[str, tuple[list[str], dict[str, str]]] = {}
-    for name in names:
+    for name, loaded in _profiles(path).items():
         try:
-            p = load_profile(path, config=name)
+            if isinstance(loaded, ValidationError):
+                raise loaded
+            p = loaded
             warns = [*p.warnings, *check_indexes(p, gpus)]
             checked = check_profile(p)
         except ValidationError as e:
