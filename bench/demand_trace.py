@@ -13,7 +13,9 @@ import csv
 from pathlib import Path
 
 from migd.demand.inputs import slices_of
-from migd.whatif.jobs import DAY, Trace, TraceJob
+from migd.errors import ValidationError
+from migd.trust import open_regular
+from migd.whatif.jobs import DAY, MAX_DAYS, Trace, TraceJob
 
 __all__ = ["DAY", "FIELDS", "Trace", "TraceError", "TraceJob", "read_csv", "write_csv"]
 FIELDS = ["submit_s", "account", "partition", "gres", "count", "duration_s", "time_limit_s"]
@@ -23,14 +25,25 @@ class TraceError(Exception):
     """One line: file, line, field and what is wrong."""
 
 
+MOST = {"count": 4096.0, "submit_s": MAX_DAYS * DAY, "duration_s": MAX_DAYS * DAY, "time_limit_s": MAX_DAYS * DAY}
+
+
 def read_csv(path: Path) -> list[TraceJob]:
     try:
-        text = path.read_text()
+        fd, _ = open_regular(path, lead="it ")  # (a FIFO would block the bench for ever)
+        with open(fd, "rb", closefd=True) as f:
+            text = f.read().decode("utf-8")
+    except ValidationError as e:
+        raise TraceError(f"{path}: cannot read: {e.message}") from None
     except OSError as e:
         raise TraceError(f"{path}: cannot read: {e.strerror or e}") from None
-    rows = csv.DictReader(text.splitlines())
-    if rows.fieldnames is None or [f.strip() for f in rows.fieldnames] != FIELDS:
+    except UnicodeDecodeError as e:
+        raise TraceError(f"{path}: cannot read: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    lines = csv.reader(text.splitlines())
+    header = [f.strip() for f in next(lines, [])]
+    if header != FIELDS:
         raise TraceError(f"{path}:1: the header must be {','.join(FIELDS)}")
+    rows = (dict(zip(FIELDS, (v.strip() for v in values), strict=False)) for values in lines)
     return sorted((_row(path, n, r) for n, r in enumerate(rows, 2)), key=lambda j: j.submit_s)
 
 
@@ -38,10 +51,12 @@ def _row(path: Path, line: int, r: dict[str, str]) -> TraceJob:
     def num(field: str, minimum: float) -> float:
         try:
             v = float(r[field])
-        except (TypeError, ValueError):
+        except (KeyError, ValueError):
             raise TraceError(f"{path}:{line}: {field}: {r.get(field)!r} is not a number") from None
         if not v >= minimum:
             raise TraceError(f"{path}:{line}: {field}: {v:g} is below {minimum:g}")
+        if not v <= MOST[field]:  # (inf: an int() of it raised OverflowError, a traceback)
+            raise TraceError(f"{path}:{line}: {field}: {v:g} is above {MOST[field]:,.0f}")
         return v
     gres = (r.get("gres") or "").strip()
     try:

@@ -298,15 +298,26 @@ def test_a_trace_replays_from_csv(tmp_path: Path) -> None:
     assert doc["jobs"] == 50 and doc["start"].startswith("2026-11-30")
 
 
+def test_a_header_with_spaces_is_read_as_it_is_checked(tmp_path: Path) -> None:
+    """The header was checked with its names stripped and read without: ``KeyError`` on the first row."""
+    path = tmp_path / "jobs.csv"
+    path.write_text(" submit_s, account,partition,gres,count,duration_s,time_limit_s\n10, a,gpu,1g.10gb,1,600,900\n")
+    assert [(j.submit_s, j.account, j.count) for j in read_csv(path)] == [(10, "a", 1)]
+
+
 @pytest.mark.parametrize("row,said", [
     ("10,a,gpu,1g.10gb,1,600,300", "jobs.csv:2: time_limit_s: 300 is shorter than duration_s 600"),
     ("10,a,gpu,gpu:1g,1,600,900", "jobs.csv:2: gres: 'gpu:1g' is not a MIG type"),
     ("ten,a,gpu,1g.10gb,1,600,900", "jobs.csv:2: submit_s: 'ten' is not a number"),
     ("10,a,gpu,1g.10gb,1.5,600,900", "jobs.csv:2: count: 1.5 is not a whole number"),
+    ("10,a,gpu,1g.10gb,inf,600,900", "jobs.csv:2: count: inf is above 4,096"),  # (OverflowError: a traceback)
+    ("10,a,gpu,1g.10gb,1,inf,inf", "jobs.csv:2: duration_s: inf is above 31,622,400"),  # (taken, for ever)
+    ("10,\xff,gpu,1g.10gb,1,600,900", "jobs.csv: cannot read: not UTF-8 text"),  # (the file was not named)
 ])
 def test_a_bad_trace_row_is_one_line_and_exit_2(tmp_path: Path, row: str, said: str) -> None:
     path = tmp_path / "jobs.csv"
-    path.write_text("submit_s,account,partition,gres,count,duration_s,time_limit_s\n" + row + "\n")
+    path.write_bytes(("submit_s,account,partition,gres,count,duration_s,time_limit_s\n" + row + "\n")
+                     .encode("latin-1"))
     r = subprocess.run([sys.executable, str(REPO / "bench" / "demand.py"), "--trace", str(path)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, r.stderr
