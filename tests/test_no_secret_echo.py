@@ -75,3 +75,33 @@ def test_a_profile_value_that_looks_like_a_token_is_not_quoted(tmp_path: Path) -
 ])
 def test_ordinary_profile_values_are_still_quoted_short(value: str, shown: str) -> None:
     assert excerpt(value) == shown
+
+
+@pytest.mark.parametrize("where", ["timezone", "hook"])
+def test_a_configuration_value_that_looks_like_a_token_is_not_quoted(tmp_path: Path, where: str) -> None:
+    """The time zone and a hook's command were quoted whole (a sexagesimal time zone, a line of 9 KB)."""
+    from migd.config.migdyaml import load_config
+    from migd.errors import ValidationError
+
+    token = "AbCdEfGhIjKlMnOpQrStUvWxYz0123456789secretTOKEN"
+    (tmp_path / "hooks.yaml").write_text(f"version: v1\nhooks:\n  apply-start:\n  - {{command: {token}}}\n")
+    config = tmp_path / "migd.yaml"
+    config.write_text("schedule:\n  - {profile: day, at: '08:00'}\nprofiles_dir: "
+                      f"{Path(__file__).resolve().parents[1] / 'profiles'}\n"
+                      + (f"timezone: {token}\n" if where == "timezone" else f"hooks: {tmp_path / 'hooks.yaml'}\n"))
+    with pytest.raises(ValidationError) as e:
+        load_config(config, config.read_text())
+    assert "secretTOKEN" not in str(e.value) and "not shown" in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("at", ["'25:99'", "'" + "9" * 500 + "'"])
+def test_a_schedule_time_is_quoted_short(tmp_path: Path, at: str) -> None:
+    from migd.config.migdyaml import load_config
+    from migd.errors import ValidationError
+
+    config = tmp_path / "migd.yaml"
+    config.write_text(f"schedule:\n  - {{profile: day, at: {at}}}\nprofiles_dir: "
+                      f"{Path(__file__).resolve().parents[1] / 'profiles'}\n")
+    with pytest.raises(ValidationError) as e:
+        load_config(config, config.read_text())
+    assert "is not a time of day HH:MM" in str(e.value) and len(str(e.value)) < 300, str(e.value)

@@ -148,7 +148,7 @@ def parse_hooks(node: object, strict: bool = True) -> Hooks:
 
     With ``strict`` (like sshd's StrictModes) a hook program that group or others may rewrite
     is refused: it runs as root whenever the GPUs are reconfigured."""
-    from migd.yamlsrc import Node
+    from migd.yamlsrc import Node, excerpt
 
     if not isinstance(node, Node):
         raise TypeError(f"parse_hooks takes a located YAML node, not {type(node).__name__}")
@@ -164,9 +164,10 @@ def parse_hooks(node: object, strict: bool = True) -> Hooks:
             if not argv:
                 raise m["command"].error("must list the program and its arguments")
             if not os.path.isabs(argv[0]):
-                raise m["command"].error(f"{argv[0]!r} must be an absolute path (hooks run without a shell or PATH)")
+                raise m["command"].error(f"{excerpt(argv[0])} must be an absolute path (hooks run without a shell or "
+                                         "PATH)")
             if not os.path.isfile(argv[0]):  # a missing hook created later by someone else would run as root
-                raise m["command"].error(f"{argv[0]!r} does not exist (or is not a file)")
+                raise m["command"].error(f"{excerpt(argv[0])} does not exist (or is not a file)")
             if strict:
                 try:
                     check_path(argv[0], "hook program")

@@ -25,7 +25,7 @@ from migd.profiles.model import Profile
 from migd.profiles.validate import check_profile
 from migd.slurm.slurmconf import SlurmSettings, parse_slurm
 from migd.trust import check_path
-from migd.yamlsrc import Node, load, parse_host_port
+from migd.yamlsrc import Node, excerpt, load, parse_host_port
 
 log = logging.getLogger("migd")
 KEYS = ["timezone", "profiles_dir", "schedule", "on_busy", "busy_timeout", "reconcile_interval", "reconcile",
@@ -66,9 +66,9 @@ def _schedule(node: Node, tz: ZoneInfo, profiles: dict[str, Profile],
         m = item.mapping(allowed=["profile", "at", "days", "cron"], required=["profile"])
         name = m["profile"].name()
         if name in unusable:
-            raise m["profile"].error(f"{name!r} cannot be applied: {unusable[name]}")
+            raise m["profile"].error(f"{excerpt(name)} cannot be applied: {unusable[name]}")
         if name not in profiles:
-            raise m["profile"].error(f"no profile named {name!r} in the profiles directory", sorted(profiles))
+            raise m["profile"].error(f"no profile named {excerpt(name)} in the profiles directory", sorted(profiles))
         try:
             if "cron" in m:
                 if "at" in m or "days" in m:
@@ -119,7 +119,7 @@ def load_profiles(directory: Path, strict: bool) -> tuple[dict[str, Profile], di
                 continue
             name = key or p.name
             if name in out:
-                raise ValidationError(str(f), None, None, "name", f"profile name {name!r} is also used by "
+                raise ValidationError(str(f), None, None, "name", f"profile name {excerpt(name)} is also used by "
                                       f"{out[name].source}")
             out[name] = p
     return out, unusable
@@ -142,7 +142,7 @@ def load_config(path: str | Path, text: str | None = None) -> Config:
     try:
         tz = ZoneInfo(tz_name)
     except (ZoneInfoNotFoundError, ValueError):
-        raise m["timezone"].error(f"unknown time zone {tz_name!r} (an IANA name like Asia/Seoul)") from None
+        raise m["timezone"].error(f"unknown time zone {excerpt(tz_name)} (an IANA name like Asia/Seoul)") from None
     pdir = Path(path).parent / Path(m["profiles_dir"].str() if "profiles_dir" in m else "profiles")  # (beside
     # the config unless absolute: an absolute profiles_dir replaces the parent)
     profiles, unusable = load_profiles(pdir, strict)

@@ -42,7 +42,7 @@ def _day_number(token: str) -> int:
     number = whole(t, 1)
     if number is not None and number <= 7:
         return number % 7  # cron: 0 and 7 are Sunday
-    raise ScheduleError(f"{token!r} is not a weekday (use mon..sun, or cron numbers 0-7 with 0/7 = Sunday)")
+    raise ScheduleError(f"{excerpt(token)} is not a weekday (use mon..sun, or cron numbers 0-7 with 0/7 = Sunday)")
 
 
 def normalize_days(spec: str) -> str:
@@ -57,7 +57,7 @@ def normalize_days(spec: str) -> str:
             part, s = part.split("/", 1)
             step = whole(s, 1) or 0
             if step < 1:
-                raise ScheduleError(f"bad step in weekday field {spec!r}")
+                raise ScheduleError(f"bad step in weekday field {excerpt(spec)}")
         if part in ("*", ""):
             lo, hi = 0, 6
         elif "-" in part:
@@ -66,7 +66,7 @@ def normalize_days(spec: str) -> str:
             if b.strip() == "7" or (hi < lo and b.strip()[:3] == "sun"):
                 hi = 7  # "5-7" / "fri-sun": through Sunday
             if hi < lo:
-                raise ScheduleError(f"weekday range {part!r} runs backwards")
+                raise ScheduleError(f"weekday range {excerpt(part)} runs backwards")
         else:
             lo = hi = _day_number(part)
         days.update(d % 7 for d in range(lo, hi + 1, step))
@@ -103,7 +103,7 @@ class Entry:
     def at(cls, profile: str, hhmm: str, days: str = "*") -> Entry:
         m = _HHMM.match(hhmm.strip())
         if not m:
-            raise ScheduleError(f"{hhmm!r} is not a time of day HH:MM")
+            raise ScheduleError(f"{excerpt(hhmm)} is not a time of day HH:MM")
         fields = (("minute", str(int(m.group(2)))), ("hour", str(int(m.group(1)))),
                   ("day_of_week", normalize_days(days)))
         _ = CronTrigger(**dict(fields), timezone=UTC)
@@ -115,15 +115,15 @@ class Entry:
             raise ScheduleError(f"{excerpt(expr)} is not a cron expression: ASCII, at most {MAX_CRON} characters")
         parts = expr.split()
         if len(parts) != 5:
-            raise ScheduleError(f"{expr!r}: a cron expression has 5 fields (minute hour day month weekday)")
+            raise ScheduleError(f"{excerpt(expr)}: a cron expression has 5 fields (minute hour day month weekday)")
         fields = (("minute", parts[0]), ("hour", parts[1]), ("day", parts[2]), ("month", parts[3]),
                   ("day_of_week", normalize_days(parts[4])))
         try:
             trigger = CronTrigger(**dict(fields), timezone=UTC)
         except ValueError as e:
-            raise ScheduleError(f"{expr!r}: {e}") from None
+            raise ScheduleError(f"{excerpt(expr)}: {e}") from None
         if trigger.get_next_fire_time(None, datetime(2000, 1, 1, tzinfo=UTC)) is None:
-            raise ScheduleError(f"{expr!r} never fires (no such date, e.g. February 30)")
+            raise ScheduleError(f"{excerpt(expr)} never fires (no such date, e.g. February 30)")
         return cls(profile, fields, f"{profile} at cron {expr!r}")
 
     def fires_on(self, day: date, tz: ZoneInfo) -> list[datetime]:

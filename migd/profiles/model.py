@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from migd.errors import ValidationError
 from migd.hardware.types import GpuInfo
+from migd.printable import clipped
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,7 @@ class Profile:
         which = "; ".join(f"{s.loc.field}: {s.selector.describe()}" if len(self.sections) > 1 else
                           f"selects {s.selector.describe()}" for s in self.sections) or "no entries"
         first = self.sections[0].loc if self.sections else Loc(self.source, None, None, "")
-        return first.error(f"profile {self.name} matches no GPU of this node ({which}); this node has "
+        return first.error(f"profile {self.name} matches no GPU of this node ({clipped(which, 200)}); this node has "
                            f"{describe_gpus(gpus)}; nothing was changed")
 
 

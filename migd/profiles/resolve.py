@@ -16,6 +16,7 @@ from migd.catalog.models import CiProfile, GiProfile, GpuModel, Placement
 from migd.plan.firstfit import first_fit
 from migd.plan.requests import DesiredInstance, DesiredLayout
 from migd.profiles.model import GpuSection, InstanceSpec
+from migd.yamlsrc import excerpt
 
 Item = tuple[GiProfile, CiProfile]  # one MIG device of a mig-parted config
 ROLES = ("1g", "1g+me", "2g", "2g+me", "3g", "4g", "7g", "1g+gfx", "1g-me", "1g+me.all", "2g+gfx", "2g-me",
@@ -44,7 +45,7 @@ def _ci_profile(spec: InstanceSpec, gi: GiProfile, name: str) -> CiProfile:
     else:
         ci = gi.ci_by_name(name)
     if ci is None:
-        raise spec.loc.error(f"compute instance {name!r} does not fit a {gi.name} GPU instance",
+        raise spec.loc.error(f"compute instance {excerpt(name)} does not fit a {gi.name} GPU instance",
                              [c.name for c in gi.ci_profiles])
     return ci
 
@@ -68,7 +69,7 @@ def resolve_instances(spec: InstanceSpec, model: GpuModel) -> list[DesiredInstan
     m = _CI_NAME.match(name)
     parent = _gi_profile(spec, m.group(2), model) if m and m.group(2) else None
     if m is None or parent is None or spec.compute is not None:
-        raise spec.loc.error(f"unknown profile {name!r} for {model.key}", allowed_names(model))
+        raise spec.loc.error(f"unknown profile {excerpt(name)} for {model.key}", allowed_names(model))
     ci = _ci_profile(spec, parent, name)
     per_gi = min(ci.instance_count, parent.slices // ci.slices)
     out = []
