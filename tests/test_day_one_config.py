@@ -171,3 +171,20 @@ def test_a_value_no_kernel_or_yaml_reads_is_refused_at_check(migd: MigdProcess, 
     check = subprocess.run([sys.executable, "-m", "migd.daemon.main", "--config", str(migd.config), "--check"],
                            capture_output=True, text=True, timeout=60)
     assert check.returncode == 2 and check.stderr.count("\n") == 1 and said in check.stderr, check
+
+
+@pytest.mark.parametrize("value, said", [
+    ("nope", "profiles_dir: profiles directory cannot be read: No such file or directory"),
+    ("x" * 300, "profiles_dir: profiles directory cannot be read: File name too long"),  # (was "[Errno 36] File
+    # name too long: '<the whole path>'", no file, line or field)
+    ("migd.yaml", "profiles_dir: the profiles directory is a file, not a directory")])
+def test_a_profiles_dir_that_cannot_be_listed_is_said_where_the_configuration_names_it(
+        tmp_path: Path, value: str, said: str) -> None:
+    from migd.config.migdyaml import load_config
+    from migd.errors import ValidationError
+
+    config = tmp_path / "migd.yaml"
+    config.write_text(f"schedule:\n  - {{profile: day, at: '08:00'}}\nprofiles_dir: {value}\n")
+    with pytest.raises(ValidationError) as e:
+        load_config(config, config.read_text())
+    assert str(e.value) == f"{config}:3:15: {said}", str(e.value)

@@ -7,6 +7,7 @@ so a bad edit followed by SIGHUP leaves the daemon running on the old one.
 from __future__ import annotations
 
 import logging
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -24,7 +25,7 @@ from migd.profiles.loader import load_profile, mig_parted_profiles
 from migd.profiles.model import Profile
 from migd.profiles.validate import check_profile
 from migd.slurm.slurmconf import SlurmSettings, parse_slurm
-from migd.trust import check_path
+from migd.trust import check_path, file_kind
 from migd.yamlsrc import Node, excerpt, load, parse_host_port
 
 log = logging.getLogger("migd")
@@ -85,14 +86,24 @@ def _schedule(node: Node, tz: ZoneInfo, profiles: dict[str, Profile],
     return Schedule(tuple(entries), tz)
 
 
+class NotADirectory(ValidationError):
+    """The profiles directory cannot be listed: said by :func:`load_config` where its file names it."""
+
+
 def load_profiles(directory: Path, strict: bool) -> tuple[dict[str, Profile], dict[str, ValidationError]]:
     """Every ``*.yaml``/``*.yml`` in the directory, each fully validated offline.
 
     A mig-parted file gives one profile per config, named ``FILE#CONFIG`` (``config-default.yaml#
     all-balanced``), so a site keeps its mig-parted file as the source of truth.  Its configs for GPUs
     this node cannot take are only an error if the schedule names them (second dict)."""
-    if not directory.is_dir():
-        raise ValidationError(str(directory), None, None, "", "profiles directory does not exist")
+    try:
+        st = directory.stat()
+    except OSError as e:  # (ENAMETOOLONG was a bare "[Errno 36] File name too long: '<the path>'")
+        raise NotADirectory(str(directory), None, None, "", f"profiles directory cannot be read: "
+                            f"{e.strerror or e}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        kind = file_kind(st.st_mode) or "a file"
+        raise NotADirectory(str(directory), None, None, "", f"the profiles directory is {kind}, not a directory")
     out: dict[str, Profile] = {}
     unusable: dict[str, ValidationError] = {}
     for f in sorted([*directory.glob("*.yaml"), *directory.glob("*.yml")]):
@@ -145,7 +156,12 @@ def load_config(path: str | Path, text: str | None = None) -> Config:
         raise m["timezone"].error(f"unknown time zone {excerpt(tz_name)} (an IANA name like Asia/Seoul)") from None
     pdir = Path(path).parent / Path(m["profiles_dir"].str() if "profiles_dir" in m else "profiles")  # (beside
     # the config unless absolute: an absolute profiles_dir replaces the parent)
-    profiles, unusable = load_profiles(pdir, strict)
+    try:
+        profiles, unusable = load_profiles(pdir, strict)
+    except NotADirectory as e:  # (said where the configuration names it, or where its default lies)
+        raise (m["profiles_dir"].error(e.message) if "profiles_dir" in m else
+               ValidationError(str(pdir), None, None, "", f"{e.message} (the default, beside {Path(path).name}; "
+                               "profiles_dir: names another)")) from None
     metrics: str | None = "127.0.0.1:9835"
     if "metrics" in m:
         mm = m["metrics"].mapping(allowed=["listen", "enabled"])
