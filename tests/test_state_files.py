@@ -324,3 +324,20 @@ def test_every_state_files_write_sets_a_directory_in_its_place_aside(tmp_path: P
     assert json.loads((tmp_path / name).read_text()) == {"a": 1}
     (aside,) = [p for p in tmp_path.iterdir() if p.name.startswith(f"{name}.unreadable-")]
     assert aside.is_dir() and any(f"set aside as {aside}" in r.message for r in caplog.records), caplog.records
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero"])
+def test_a_simulator_state_that_is_no_regular_file_is_a_hardware_error_not_a_hang(
+        tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--sim-state`` of a FIFO blocked migctl for ever, and /dev/zero ended in MemoryError (a traceback):
+    the simulated node's state is refused as any file that is no regular one (migd.trust)."""
+    from migd.ctl.migctl import main as migctl
+
+    state = tmp_path / "fifo" if kind == "fifo" else Path(kind)
+    if kind == "fifo":
+        os.mkfifo(state)
+    code = migctl(["--sim", "dgx-h100", "--sim-state", str(state), "--state-dir", str(tmp_path / "st"), "status"])
+    assert code == 4
+    err = capsys.readouterr().err
+    assert err == f"hardware error: simulator state {state} cannot be read: it is a " \
+                  f"{'FIFO' if kind == 'fifo' else 'character device'}, not a regular file\n", err

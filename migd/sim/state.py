@@ -23,14 +23,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from migd.errors import ValidationError
 from migd.sim.filewatch import FileWatch
 from migd.sim.fleets import CATALOG_FLEETS, DEFAULT_FLEET, DRIVER_VERSION, FLEET_MINORS, FLEETS, PASSTHROUGH_FLEETS
 from migd.sim.gpu import SimCi, SimGi, SimGpu, SimProcess
+from migd.trust import open_regular
 
 __all__ = ["CATALOG_FLEETS", "FLEETS", "PASSTHROUGH_FLEETS", "DEFAULT_FLEET", "SimCi", "SimGi", "SimGpu",
            "SimProcess", "SimFault", "SimState", "StateStore", "new_state", "open_store"]
 
 MAX_EVENTS = 200
+MAX_STATE_BYTES = 64 << 20  # a node of 8 GPUs, every instance and event kept, is some 100 KB
 MAX_CONFIG_EVENTS = 32  # MIG-config-change events are a hint to re-read; Xids are kept longer
 
 
@@ -205,13 +208,19 @@ class StateStore:
         if self._cache is not None and self._cache[0] == generation:
             return self._cache[1]  # nobody wrote since we parsed it
         try:
-            with open(self._path_str, "rb") as f:
-                state = SimState.from_json(json.loads(f.read()))
+            fd_state, _ = open_regular(self._path_str, lead="it ")  # (a FIFO blocked, /dev/zero never ended)
+            with open(fd_state, "rb", closefd=True) as f:
+                raw = f.read(MAX_STATE_BYTES + 1)
+            if len(raw) > MAX_STATE_BYTES:
+                raise ValueError(f"over {MAX_STATE_BYTES >> 20} MiB: no simulated node's state is")
+            state = SimState.from_json(json.loads(raw))
             self._cache = (generation, state, state.quiet)
             return state
         except FileNotFoundError:
             raise FileNotFoundError(f"simulator state {self.path} does not exist; create it with "
                                     f"`migctl --sim FLEET --sim-state {self.path} status`") from None
+        except ValidationError as e:
+            raise ValueError(e.message) from None
 
     def _write(self, fd: int, state: SimState) -> None:
         assert self.path is not None
