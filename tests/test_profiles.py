@@ -347,3 +347,17 @@ def test_a_mig_parted_file_is_parsed_a_few_times_not_once_per_config(tmp_path: P
     profiles, unusable = load_profiles(tmp_path, strict=False)
     assert len(profiles) == 200 and not unusable and profiles["parted.yaml#c199"].name == "c199"
     assert len(parsed) <= 3, len(parsed)
+
+
+@pytest.mark.parametrize("select, said", [
+    ("{index: []}", "gpus[0].select.index: lists nothing: it would select no GPU"),
+    ("{uuid: ''}", "gpus[0].select.uuid: must not be empty: it would select no GPU"),
+    ("{model: ['']}", "gpus[0].select.model[0]: must not be empty: it would select no GPU"),
+    ("{pci_device_id: '٢٣٣٠١٠'}", "is not a PCI device id"),  # (Python's int read Arabic-Indic digits; Go's does not)
+])
+def test_a_selector_that_can_select_no_gpu_is_refused_when_read(select: str, said: str) -> None:
+    """validate called these ok, and plan then refused the profile as matching no GPU."""
+    text = f"apiVersion: migd/v1\nkind: Profile\nname: p\ngpus:\n  - select: {select}\n" \
+           "    instances: [{profile: 1g, count: 1}]\n"
+    with pytest.raises(ValidationError, match=re.escape(said)):
+        load_profile("p.yaml", text=text)

@@ -82,11 +82,22 @@ def _selector(n: Node) -> Selector:
         raise n.error("must name at least one of index, uuid, model, pci_device_id")
 
     def many(node: Node) -> list[Node]:
-        return list(node.items()) if node.is_sequence() else [node]
+        """A value or a list of them, never none: an empty list or text selects no GPU (a typo that
+        validate called ok and plan refused)."""
+        out = list(node.items()) if node.is_sequence() else [node]
+        if not out:
+            raise node.error("lists nothing: it would select no GPU")
+        return out
+
+    def text(node: Node) -> str:
+        value = node.str()
+        if not value.strip():
+            raise node.error("must not be empty: it would select no GPU")
+        return value
 
     indexes = tuple(x.int(minimum=0, maximum=63) for x in many(m["index"])) if "index" in m else None
-    uuids = tuple(x.str() for x in many(m["uuid"])) if "uuid" in m else None
-    models = tuple(x.str() for x in many(m["model"])) if "model" in m else None
+    uuids = tuple(text(x) for x in many(m["uuid"])) if "uuid" in m else None
+    models = tuple(text(x) for x in many(m["model"])) if "model" in m else None
     pci = tuple(_pci_id(x) for x in many(m["pci_device_id"])) if "pci_device_id" in m else None
     return Selector(indexes=indexes, uuids=uuids, models=models, pci=pci)
 
@@ -107,6 +118,8 @@ def _pci_id(n: Node) -> PciId:
 
 def _go_uint32(text: str) -> int:
     t = text.strip().lower()
+    if not t.isascii():  # (Python's int reads other scripts' digits, Go's ParseUint does not)
+        raise ValueError(text)
     if t.startswith(("0x", "0o", "0b")):
         value = int(t, 0)
     elif t.startswith("0") and len(t) > 1:
