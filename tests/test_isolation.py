@@ -43,6 +43,22 @@ def test_clean_layout_has_no_findings(tmp_path: Path) -> None:
     assert "no findings" in m("isolation").out
 
 
+def test_a_mig_parted_profile_is_audited_against_the_config_named(tmp_path: Path) -> None:
+    """isolation --profile of a mig-parted file said "choose a config with --config NAME", and refused
+    --config; it takes mig-parted's -c/--config as plan and assert do."""
+    m = Migctl(tmp_path, "single-h100")
+    parted = tmp_path / "parted.yaml"
+    parted.write_text("version: v1\nmig-configs:\n  ones:\n    - devices: all\n      mig-enabled: true\n"
+                      "      mig-devices: {1g.10gb: 7}\n  whole:\n    - devices: all\n      mig-enabled: true\n"
+                      "      mig-devices: {7g.80gb: 1}\n")
+    assert m("apply", str(parted), "-c", "ones").code == 0
+    assert m("isolation", "--profile", str(parted), "-c", "ones").code == 0
+    r = m("isolation", "--profile", str(parted), "--config", "whole", "-o", "json")
+    assert r.code == 0 and {f["check"] for f in r.json()["findings"]} >= {"orphan"}, r.out
+    r = m("isolation", "-c", "ones")
+    assert r.code == 2 and r.err == "error: --config: names a config of the file --profile gives: give --profile\n"
+
+
 def test_audit_finds_hand_made_overlap_and_orphans(tmp_path: Path) -> None:
     m = Migctl(tmp_path, "single-a100")
     m("apply", str(PROFILES / "night-two.yaml"))

@@ -12,6 +12,7 @@ from migd.apply.executor import Applier
 from migd.ctl.client import request
 from migd.ctl.remote import control_socket, daemon_request, out, refusal
 from migd.ctl.text import isolation_table
+from migd.errors import ValidationError
 from migd.exits import Exit, partly
 from migd.hardware.ports import GpuBackend
 from migd.isolation.audit import Severity, audit
@@ -22,7 +23,9 @@ from migd.wire import from_json
 
 
 def cmd_isolation(args: argparse.Namespace, backend: GpuBackend, state_dir: Path) -> int:
-    profile = load_profile(args.profile) if args.profile else None
+    if args.config and not args.profile:
+        raise ValidationError("--config", None, None, "", "names a config of the file --profile gives: give --profile")
+    profile = load_profile(args.profile, config=args.config) if args.profile else None
     plans = {p.gpu.index: p for p in Applier(backend, state_dir).plan(profile)} if profile else None
     findings, unreadable = audit(backend, plans, f"profile {profile.name}" if profile else "the active profile")
     daemon = request(control_socket(args), Ask(Command.ISOLATION), timeout_s=10)

@@ -144,6 +144,8 @@ def _node_commands(cmd: Command) -> None:
     sp.add_argument("--yes", action="store_true", help="with --discard: do not ask")
     sp = cmd("isolation", "fault-isolation audit (and the daemon's fault marks and breaches)")
     sp.add_argument("--profile", help="also report instances missing from / not in this profile")
+    sp.add_argument("--config", "-c", "--selected-config", metavar="NAME",
+                    help="with --profile: the config of a mig-parted file (mig-parted's -c/--selected-config)")
     sp.add_argument("--probe", action="store_true", help="run a tiny CUDA workload in each instance")
     _fmt(sp)
     sp = cmd("clear-fault", "clear a GPU-wide fault mark so the GPU may be reconfigured")
