@@ -26,6 +26,7 @@ from migd.isolation.events import EventCounters
 from migd.isolation.marks import FaultMarks
 from migd.isolation.watch import FaultWatch
 from migd.metrics.sampler import Sampler
+from migd.sim import state as state_module
 from migd.sim import world
 from migd.sim.backend import sim_backend
 from migd.sim.entry_telemetry import activity
@@ -66,11 +67,13 @@ def test_the_state_is_read_again_only_after_a_write(h100: NvmlBackend, monkeypat
     reads = []
     path = str(lib().store.path)
 
+    real = state_module.open_regular
+
     def counting_open(file: Any, *args: Any, **kwargs: Any) -> Any:
         if str(file) == path:
             reads.append(1)
-        return open(file, *args, **kwargs)
-    monkeypatch.setattr("migd.sim.state.open", counting_open, raising=False)
+        return real(file, *args, **kwargs)
+    monkeypatch.setattr(state_module, "open_regular", counting_open)
     h100.list_gpus()
     assert h100.gpu_processes(3) == [] and not reads  # 100+ calls, no write: the file is not read
     in_another_process("world.start_process(store, 3, gi=7, ci=0)")  # another process writes
