@@ -341,3 +341,16 @@ def test_a_simulator_state_that_is_no_regular_file_is_a_hardware_error_not_a_han
     err = capsys.readouterr().err
     assert err == f"hardware error: simulator state {state} cannot be read: it is a " \
                   f"{'FIFO' if kind == 'fifo' else 'character device'}, not a regular file\n", err
+
+
+@pytest.mark.parametrize("text", ['{"gpus": 5}', "[]", "{}"])
+def test_a_simulator_state_of_another_shape_is_said_in_one_line_of_migds_words(
+        tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """JSON that is no simulated node's state was said in Python's words ("'int' object is not iterable")."""
+    from migd.ctl.migctl import main as migctl
+
+    state = tmp_path / "node.json"
+    state.write_text(text)
+    assert migctl(["--sim", "dgx-h100", "--sim-state", str(state), "--state-dir", str(tmp_path / "st"), "status"]) == 4
+    assert capsys.readouterr().err == f"hardware error: simulator state {state} cannot be read: its JSON is not a " \
+                                      "simulated node's (a new node is made at a path of its own)\n"

@@ -37,6 +37,9 @@ def sim_backend(state_path: str | os.PathLike[str], fleet: str = DEFAULT_FLEET, 
         load_library(state_path, fleet, mig_enabled)
     except PermissionError as e:  # as a device node the user may not open: not permitted, not a fault
         raise PermissionError(e.errno, e.strerror, str(state_path)) from None
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError) as e:
         raise HardwareError(f"simulator state {state_path} cannot be read: {e}") from None
+    except (KeyError, TypeError, AttributeError):  # (JSON of another shape: Python's own words named no field)
+        raise HardwareError(f"simulator state {state_path} cannot be read: its JSON is not a simulated node's "
+                            "(a new node is made at a path of its own)") from None
     return NvmlBackend(smi_argv=smi_argv(state_path), on_nvml_error=on_nvml_error)
