@@ -12,12 +12,14 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from migd.paths import listening
 from migd.sim import world
 from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
@@ -100,8 +102,24 @@ def test_migctl_is_told_migd_waits_for_the_driver_not_that_no_migd_listens(tmp_p
                                  "--sim-state", str(m.migctl.state), "--state-dir", str(m.migctl.state_dir)],
                                 capture_output=True, text=True, timeout=60)
         assert second.returncode == 2 and "another migd is running" in second.stderr, second.stderr
+        gaps: list[float] = []  # a moment where nothing listened: a second migd could claim the socket
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.is_set():
+                if not listening(run / "migd" / "control.sock"):
+                    gaps.append(time.monotonic())
+                time.sleep(0.005)
+        watcher = threading.Thread(target=watch)
+        watcher.start()
         world.driver_not_loaded(store, 0)
-        m.wait_ready(timeout=60)
+        try:
+            m.wait_ready(timeout=60)
+            m.wait_until(lambda: migctl_as(0, 0, [*argv, "daemon"])[0] == 0, timeout=30)
+        finally:
+            done.set()
+            watcher.join()
+        assert not gaps, f"the control socket did not listen for {len(gaps)} look(s) at the hand-over"
         code, out, err = migctl_as(NOBODY, NOBODY, [*argv, "daemon"])
         assert code == 0 and "active profile: day" in out and err == "", (out, err)
         assert m.stop() == 0

@@ -81,7 +81,8 @@ def open_nvml(open_backend: Callable[[], GpuBackend], notifier: Notifier, stop: 
               listen: str | None, scale: float = 1.0, answer: Answer | None = None) -> GpuBackend | None:
     """The backend, once NVML opens; None if ``stop`` was set first (SIGTERM while waiting).  ``answer``:
     started when the wait begins, with the line that says it (migd's sockets refuse with it, so migctl
-    tells that migd runs and why it serves nothing yet, not that no migd listens), stopped when it ends."""
+    tells that migd runs and why it serves nothing yet, not that no migd listens); stopped if the wait
+    ends without a backend, else left answering for the daemon to take over."""
     try:
         return open_backend()
     except HardwareError as e:
@@ -90,6 +91,7 @@ def open_nvml(open_backend: Callable[[], GpuBackend], notifier: Notifier, stop: 
     since, delay, said = time.monotonic(), FIRST_S, Said()  # (the same cause again every 10 min at most)
     stop_answering = answer(lambda: f"migd is waiting for the NVIDIA driver ({time.monotonic() - since:.0f} s so "
                                     f"far; it serves the GPUs once NVML opens): {why}") if answer else None
+    backend: GpuBackend | None = None
     try:
         while True:
             if server is not None:
@@ -109,7 +111,7 @@ def open_nvml(open_backend: Callable[[], GpuBackend], notifier: Notifier, stop: 
             log.info("NVML opened after waiting %.0fs for the NVIDIA driver", time.monotonic() - since)
             return backend
     finally:
-        if stop_answering is not None:
+        if stop_answering is not None and backend is None:
             stop_answering()
         if server is not None:
             server.shutdown()

@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -128,8 +129,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if (why := socket_too_long(socket_path)) is not None:  # (--control-socket, or beside a --sim-state)
             raise ValidationError(str(socket_path), None, None, "", why)
         claim(socket_path)
+        sockets = _Sockets(socket_path)
         hup = threading.Event()  # SIGHUP while waiting for the driver: reloaded once the daemon runs
-        backend = _open(args, cfg, partial(_backend, args, state, errors), hup, socket_path)
+        backend = _open(args, cfg, partial(_backend, args, state, errors), hup, sockets)
     except (AlreadyRunning, ValidationError) as e:
         log.critical("not starting: %s", e)
         return Exit.INVALID
@@ -143,17 +145,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                         reload_config=lambda: load_config(args.config))
         if hup.is_set():
             daemon.events.request_reload()
-        return _serve(args, cfg, backend, state, daemon, socket_path, errors)
+        return _serve(args, cfg, backend, state, daemon, sockets, errors)
     except EXPECTED as e:  # what start-up could not survive: one line, never a traceback in the journal
         f = failure(e)
         log.critical("stopping: %s", f)
         return f.code
+    except AlreadyRunning as e:  # (its socket taken in a moment migd did not hold it: one line too)
+        log.critical("stopping: %s", e)
+        return Exit.INVALID
     finally:
+        sockets.close()
         backend.close()
 
 
 def _open(args: argparse.Namespace, cfg: Config, open_backend: Callable[[], GpuBackend],
-          hup: threading.Event, socket_path: Path) -> GpuBackend | None:
+          hup: threading.Event, sockets: _Sockets) -> GpuBackend | None:
     """NVML, waiting for the driver while it cannot be opened (driverwait.py); None: SIGTERM came first."""
     stop = threading.Event()
 
@@ -162,29 +168,44 @@ def _open(args: argparse.Namespace, cfg: Config, open_backend: Callable[[], GpuB
     relay = SignalRelay((signal.SIGHUP, signal.SIGTERM, signal.SIGINT), on_signal)
     try:
         return open_nvml(open_backend, Notifier(), stop, args.metrics_listen or cfg.metrics_listen, args.time_scale,
-                         partial(_answer_waiting, socket_path))
+                         sockets.waiting)
     finally:
         relay.close()
 
 
-def _answer_waiting(socket_path: Path, said: Callable[[], str]) -> Callable[[], None]:
-    """migd's two sockets while it waits for the driver, each refusing with ``said()``: ``migctl daemon``
-    tells that migd runs and waits (it said no migd listened), and a second migd is refused as at any
-    time.  Closed (the sockets removed) before the daemon's own are bound."""
-    handlers = refusing(said)
-    try:
-        control = ControlServer(socket_path, handlers)
-    except OSError as e:
-        log.error("no control socket while waiting for the NVIDIA driver: %s", e.strerror or e)
-        return lambda: None
-    control.start()
-    viewer = _viewer(paths.status_socket(socket_path), handlers)
+@dataclass
+class _Sockets:
+    """migd's control socket and read-only socket, each bound once: while migd waits for the driver they
+    refuse every request with the wait (``migctl daemon`` said no migd listened, and a second migd
+    started beside it), then the daemon takes them over, with no moment where neither listens."""
 
-    def close() -> None:
-        control.close()
-        if viewer is not None:
-            viewer.close()
-    return close
+    path: Path
+    control: ControlServer | None = None
+    viewer: ControlServer | None = None
+
+    def answer(self, handlers: Handlers) -> None:
+        if self.control is None:
+            self.control = ControlServer(self.path, handlers)
+            self.control.start()
+            self.viewer = _viewer(paths.status_socket(self.path), handlers)
+            return
+        self.control.take(handlers)
+        if self.viewer is not None:  # (one that could not be made was said once, at the wait)
+            self.viewer.take(handlers)
+
+    def waiting(self, said: Callable[[], str]) -> Callable[[], None]:
+        """``open_nvml``'s answer: refusing with ``said()``; what it returns closes them."""
+        try:
+            self.answer(refusing(said))
+        except (OSError, ValidationError, AlreadyRunning) as e:  # (the daemon's own binding says it again)
+            log.error("no control socket while waiting for the NVIDIA driver: %s", e)
+        return self.close
+
+    def close(self) -> None:
+        for server in (self.control, self.viewer):
+            if server is not None:
+                server.close()
+        self.control = self.viewer = None
 
 
 def _start_fresh(args: argparse.Namespace, state: Path | None, state_dir: Path, socket_path: Path) -> None:
@@ -231,7 +252,7 @@ def _clock(args: argparse.Namespace, cfg: Config) -> Clock:
 
 
 def _serve(args: argparse.Namespace, cfg: Config, backend: GpuBackend, sim_state: Path | None, daemon: Daemon,
-           socket_path: Path, errors: NvmlErrorCounter) -> int:
+           sockets: _Sockets, errors: NvmlErrorCounter) -> int:
     """Metrics, fault watch and control socket around the daemon's loop, until it stops."""
     events = EventCounters()
     listen = args.metrics_listen or cfg.metrics_listen
@@ -248,23 +269,19 @@ def _serve(args: argparse.Namespace, cfg: Config, backend: GpuBackend, sim_state
         sampler.invalidate()
     watch = FaultWatch(backend, daemon.hw_lock, events, daemon.status.unhealthy, on_config_change=config_changed)
     handlers = _handlers(daemon, watch, sampler)
-    control = ControlServer(socket_path, handlers)
-    control.start()
-    viewer = _viewer(paths.status_socket(socket_path), handlers)
+    sockets.answer(handlers)
     watch.start()
     signals = SignalRelay((signal.SIGHUP, signal.SIGTERM, signal.SIGINT), partial(_on_signal, daemon))
     watchdog = Watchdog(daemon.notifier, daemon.heartbeat)
     watchdog.start()
-    _prepare(args, cfg, backend, daemon, socket_path, sim_state)
+    _prepare(args, cfg, backend, daemon, sockets.path, sim_state)
     try:
         loop.run(daemon)
     finally:
         watchdog.stop()
         signals.close()
         watch.stop()
-        control.close()
-        if viewer is not None:
-            viewer.close()
+        sockets.close()
         if metrics is not None:
             metrics.stop()
         sampler.stop()

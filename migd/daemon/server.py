@@ -207,6 +207,12 @@ class ControlServer(SlottedThreadingMixIn, socketserver.UnixStreamServer):
             os.umask(old)
         os.chmod(path, mode)
 
+    def take(self, handlers: Handlers) -> None:
+        """Answer with ``handlers`` from now on, on the socket already bound: the wait for the driver hands
+        over to the daemon with no moment where nobody listens (a second migd started in one)."""
+        self.handlers = handlers
+        self.routes = self._routes()
+
     def dispatch(self, req: dict[str, Any], conn: socket.socket) -> object:
         """One request's reply (a wire type of ``migd.api.commands``); an expected failure is a Refusal
         with its exit code, never a traceback; a request that does not fit its type is a ValueError."""
