@@ -171,7 +171,7 @@ class Node:
                              "characters)")  # below would have raised ValueError, a traceback)
         try:  # YAML 1.1 ints include 0x1F, 0o17, 1_000 and 1:30 (sexagesimal): let PyYAML read them
             n = int(yaml.SafeLoader("").construct_yaml_int(cast(yaml.ScalarNode, self.node)))  # _scalar checked
-        except (ValueError, yaml.YAMLError):
+        except (ValueError, IndexError, yaml.YAMLError):  # (IndexError: PyYAML's reading of ``!!int ""``)
             raise self.error(f"{excerpt(value)} is not an integer") from None
         if minimum is not None and n < minimum:
             raise self.error(f"must be at least {minimum}, not {n}")

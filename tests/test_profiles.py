@@ -361,3 +361,13 @@ def test_a_selector_that_can_select_no_gpu_is_refused_when_read(select: str, sai
            "    instances: [{profile: 1g, count: 1}]\n"
     with pytest.raises(ValidationError, match=re.escape(said)):
         load_profile("p.yaml", text=text)
+
+
+@pytest.mark.parametrize("value", ['!!int ""', '!!int "-"', '!!int "0x"', '!!int "1:"'])
+def test_an_explicit_int_tag_on_no_number_is_one_line(value: str) -> None:
+    """PyYAML's own reading of ``!!int ""`` raises IndexError: validate printed a traceback, and a reload
+    with such a profile in the profiles directory ended the running migd."""
+    text = f"apiVersion: migd/v1\nkind: Profile\nname: p\ngpus:\n  - select: all\n    instances: [{{profile: 1g, " \
+           f"count: {value}}}]\n"
+    with pytest.raises(ValidationError, match=r"^p.yaml:6:38: gpus\[0\].instances\[0\].count: '.*' is not an integer$"):
+        load_profile("p.yaml", text=text)
