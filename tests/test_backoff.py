@@ -337,3 +337,21 @@ def test_a_busy_wait_is_not_called_drift(tmp_path: Path, caplog: pytest.LogCaptu
         assert _gpu0(d).progress is Progress.WAITING and not d.retries.failures
     finally:
         backend.close()
+
+
+def test_a_reload_whose_reading_fails_unexpectedly_is_rejected_and_migd_serves_on(tmp_path: Path) -> None:
+    """A reader's fault (an exception no check foresaw) ended the running migd at a reload, twice this
+    year from values PyYAML read; it is a rejected reload like any bad file, the configuration kept."""
+    d, _, backend = _in_process(tmp_path)
+    try:
+        before = d.config
+
+        def broken() -> Any:
+            raise IndexError("string index out of range")
+        d._reload_config = broken
+        done = d.reload()
+        assert done.error == "migd could not read it (IndexError: string index out of range; a fault of migd's " \
+                             "reader, worth a report)"
+        assert d.config is before and d.status.last_reload_error == done.error
+    finally:
+        backend.close()
