@@ -43,8 +43,9 @@ def read_csv(path: Path) -> list[TraceJob]:
     header = [f.strip() for f in next(lines, [])]
     if header != FIELDS:
         raise TraceError(f"{path}:1: the header must be {','.join(FIELDS)}")
-    rows = (dict(zip(FIELDS, (v.strip() for v in values), strict=False)) for values in lines)
-    return sorted((_row(path, n, r) for n, r in enumerate(rows, 2)), key=lambda j: j.submit_s)
+    rows = ((n, dict(zip(FIELDS, (v.strip() for v in values), strict=False))) for n, values in enumerate(lines, 2)
+            if any(v.strip() for v in values))  # (a blank line is no row, as csv.DictReader read it)
+    return sorted((_row(path, n, r) for n, r in rows), key=lambda j: j.submit_s)
 
 
 def _row(path: Path, line: int, r: dict[str, str]) -> TraceJob:

@@ -301,8 +301,9 @@ def test_a_trace_replays_from_csv(tmp_path: Path) -> None:
 def test_a_header_with_spaces_is_read_as_it_is_checked(tmp_path: Path) -> None:
     """The header was checked with its names stripped and read without: ``KeyError`` on the first row."""
     path = tmp_path / "jobs.csv"
-    path.write_text(" submit_s, account,partition,gres,count,duration_s,time_limit_s\n10, a,gpu,1g.10gb,1,600,900\n")
-    assert [(j.submit_s, j.account, j.count) for j in read_csv(path)] == [(10, "a", 1)]
+    path.write_text(" submit_s, account,partition,gres,count,duration_s,time_limit_s\n10, a,gpu,1g.10gb,1,600,900\n"
+                    "\n20,b,gpu,2g.20gb,1,60,90\n\n")  # (blank lines: no rows)
+    assert [(j.submit_s, j.account, j.count) for j in read_csv(path)] == [(10, "a", 1), (20, "b", 1)]
 
 
 @pytest.mark.parametrize("row,said", [
