@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -188,3 +189,26 @@ def test_a_profiles_dir_that_cannot_be_listed_is_said_where_the_configuration_na
     with pytest.raises(ValidationError) as e:
         load_config(config, config.read_text())
     assert str(e.value) == f"{config}:3:15: {said}", str(e.value)
+
+
+def test_a_profiles_dir_this_user_may_not_list_is_said_not_taken_for_empty(tmp_path: Path) -> None:
+    """glob finds nothing in a directory its reader may not list, and the schedule's profiles were then
+    said not to exist: ``migctl what-if --config /etc/migd/migd.yaml``, which any user may run, misled."""
+    from migd.ctl import whatif  # noqa: F401 - imported before the fork, which cannot read this interpreter's files
+    from tests.helpers import migctl_as, need_root
+
+    need_root("to become another user")
+    tmp_path = Path(tempfile.mkdtemp(prefix="migd-cfg-", dir="/tmp"))  # (pytest's is root's alone: 0700 above)
+    tmp_path.chmod(0o755)
+    shutil.copytree(PROFILES, tmp_path / "profiles")
+    (tmp_path / "profiles").chmod(0o700)
+    config = tmp_path / "migd.yaml"
+    config.write_text("schedule:\n  - {profile: day, at: '08:00'}\n")
+    config.chmod(0o644)
+    sacct = Path(__file__).resolve().parent / "fixtures" / "slurm" / "sacct-parsable2.txt"
+    try:
+        code, _, err = migctl_as(65534, 65534, ["what-if", "--sacct", str(sacct), "--config", str(config)])
+    finally:
+        shutil.rmtree(tmp_path)
+    assert code == 2 and err == f"error: {tmp_path / 'profiles'}: profiles directory cannot be read: Permission " \
+                                f"denied (the default, beside migd.yaml; profiles_dir: names another)\n", err

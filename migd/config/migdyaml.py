@@ -7,6 +7,7 @@ so a bad edit followed by SIGHUP leaves the daemon running on the old one.
 from __future__ import annotations
 
 import logging
+import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,23 +91,30 @@ class NotADirectory(ValidationError):
     """The profiles directory cannot be listed: said by :func:`load_config` where its file names it."""
 
 
+def _profile_files(directory: Path) -> list[Path]:
+    """The directory's ``*.yaml`` and ``*.yml``, listed: one it cannot list is said (glob found nothing in a
+    directory this user may not read, and the schedule's profiles were then said not to exist)."""
+    try:
+        st = directory.stat()
+        if not stat.S_ISDIR(st.st_mode):
+            kind = file_kind(st.st_mode) or "a file"
+            raise NotADirectory(str(directory), None, None, "", f"the profiles directory is {kind}, not a directory")
+        names = os.listdir(directory)
+    except OSError as e:  # (ENAMETOOLONG was a bare "[Errno 36] File name too long: '<the path>'")
+        raise NotADirectory(str(directory), None, None, "", f"profiles directory cannot be read: "
+                            f"{e.strerror or e}") from None
+    return sorted(directory / n for n in names if n.endswith((".yaml", ".yml")) and not n.startswith("."))
+
+
 def load_profiles(directory: Path, strict: bool) -> tuple[dict[str, Profile], dict[str, ValidationError]]:
     """Every ``*.yaml``/``*.yml`` in the directory, each fully validated offline.
 
     A mig-parted file gives one profile per config, named ``FILE#CONFIG`` (``config-default.yaml#
     all-balanced``), so a site keeps its mig-parted file as the source of truth.  Its configs for GPUs
     this node cannot take are only an error if the schedule names them (second dict)."""
-    try:
-        st = directory.stat()
-    except OSError as e:  # (ENAMETOOLONG was a bare "[Errno 36] File name too long: '<the path>'")
-        raise NotADirectory(str(directory), None, None, "", f"profiles directory cannot be read: "
-                            f"{e.strerror or e}") from None
-    if not stat.S_ISDIR(st.st_mode):
-        kind = file_kind(st.st_mode) or "a file"
-        raise NotADirectory(str(directory), None, None, "", f"the profiles directory is {kind}, not a directory")
     out: dict[str, Profile] = {}
     unusable: dict[str, ValidationError] = {}
-    for f in sorted([*directory.glob("*.yaml"), *directory.glob("*.yml")]):
+    for f in _profile_files(directory):
         top = load(f, strict=strict).mapping()
         found: list[tuple[str | None, Profile]] = []
         if "mig-configs" not in top:
