@@ -282,3 +282,17 @@ def test_standard_input_past_what_a_what_if_reads_is_refused(monkeypatch: pytest
     with pytest.raises(SacctError, match=r"^<stdin>: over 0 MiB, more than a what-if reads"):
         sacct.read_bounded("<stdin>", io.BytesIO(b"x" * 101))
     assert sacct.read_bounded("<stdin>", io.BytesIO(b"x" * 100)) == "x" * 100
+
+
+@pytest.mark.parametrize("tres, nodes, jobs, past", [
+    ("gres/gpu:1g.10gb=1", "1", 4096, 10_000 - 4096),  # (past 4,096 tasks the row's tasks vanished uncounted)
+    ("gres/gpu:1g.10gb=1", "2", 4096, 10_000 - 2048),
+    ("gres/gpu:1g.10gb=1,gres/gpu:2g.20gb=1", "1", 4096, 10_000 - 2048)])  # (two types: a job each)
+def test_every_task_of_a_wide_array_is_replayed_or_counted(tmp_path: Path, tres: str, nodes: str, jobs: int,
+                                                          past: int) -> None:
+    path = tmp_path / "jobs.sacct"
+    wide = row(JobID="1_[0-9999]", NNodes=nodes, ReqTRES=tres, NodeList="None assigned", **PENDING)
+    path.write_text(f"{HEADER}\n{GOOD}\n{wide}\n")
+    record = read_sacct(path)
+    assert len(record.trace.jobs) == 1 + jobs
+    assert record.skipped == {"array tasks past 4096 jobs of one row (tasks times nodes)": past}

@@ -47,6 +47,20 @@ class Queue:
     others: dict[str, int] = field(default_factory=dict)  # pending jobs per GPU type that is no MIG type
 
 
+def array_size(expr: str) -> int | None:
+    """How many tasks ``1-9%3``, ``0-99:2``, ``1,3,5-7`` names, however many (:func:`array_tasks` lists at
+    most MAX_ARRAY_TASKS of them); None for a form not read here."""
+    total = 0
+    for part in expr.partition("%")[0].split(","):
+        span, _, step_text = part.partition(":")
+        lo_text, _, hi_text = span.partition("-")
+        lo, hi, step = whole(lo_text), whole(hi_text or lo_text), whole(step_text or "1")
+        if lo is None or hi is None or not step or hi < lo:
+            return None
+        total += (hi - lo) // step + 1
+    return total
+
+
 def array_tasks(expr: str) -> list[str] | None:
     """The task ids of a pending array's ``1-9%3``, ``0-99:2``, ``1,3,5-7`` (the ``%N`` throttle limits how
     many run at once, not how many there are), at most MAX_ARRAY_TASKS; None for a form not read here."""

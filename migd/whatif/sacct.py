@@ -63,7 +63,7 @@ from migd.slurm.ctl import text_of
 from migd.slurm.hostlist import hostnames
 from migd.slurm.parsable import Row, is_step, read_rows
 from migd.slurm.parsable import SacctError as SacctError  # (migctl what-if names it from here)
-from migd.slurm.queue import MAX_REQUESTS, array_tasks
+from migd.slurm.queue import MAX_REQUESTS, array_size, array_tasks
 from migd.trust import open_regular
 from migd.whatif.jobs import DAY, MAX_DAYS, MAX_JOBS, MAX_NODES, Trace, TraceJob
 
@@ -137,7 +137,7 @@ def _record(source: str, rows: Sequence[Row], partition: str | None) -> Record:
         if job.why_not is not None:  # (before the span: a job not replayed stretches nothing, a held one
             skipped[job.why_not] += 1  # submitted long ago included, which ``sacct -S`` lists whenever it came)
             continue
-        ids, past = _replayed(job.ids, job.nodes)
+        ids, past = _replayed(job)
         if past:
             skipped[f"array tasks past {MAX_REQUESTS} jobs of one row (tasks times nodes)"] += past
             job = replace(job, ids=ids)
@@ -205,6 +205,7 @@ class _Job:
     why_not: str | None  # not replayed, and why
     ids: tuple[str, ...] = ("",)  # the job id of each job the row stands for: a pending array's row
     # (``12_[0-9%3]``) stands for its pending tasks, each replayed
+    more: int = 0  # tasks the row names past ``ids`` (an array of more than MAX_ARRAY_TASKS)
 
     def trace_jobs(self, zero: datetime) -> list[TraceJob]:
         at = self.submit.timestamp() - zero.timestamp()  # (in the machine's zone, as the runs: one time base)
@@ -240,25 +241,28 @@ def _job(row: Row) -> _Job:
             raise row.error("End", f"{row.get('End')}: a run of {run / DAY:.0f} days, longer than a what-if "
                             f"replays ({MAX_DAYS} days)")
     return _Job(row.get("Account") or "-", row.get("Partition") or "-", submit, start, end, max(1.0, run), limit,
-                asked, nodes, why, _ids(row, pending=start is None))
+                asked, nodes, why, *_ids(row, pending=start is None))
 
 
-def _ids(row: Row, pending: bool) -> tuple[str, ...]:
-    """The job ids a row stands for: a pending array's one row (sacct(1): ``ArrayJobID_[expression]``) its
-    pending tasks', ``12_0``, ``12_1``...; any other row (or an expression not read here: sacct cuts one
-    past SLURM_BITSTR_LEN) its JobID alone."""
+def _ids(row: Row, pending: bool) -> tuple[tuple[str, ...], int]:
+    """The job ids a row stands for, and how many tasks past them it names: a pending array's one row
+    (sacct(1): ``ArrayJobID_[expression]``) its pending tasks', ``12_0``, ``12_1``... (at most
+    MAX_ARRAY_TASKS listed); any other row (or an expression not read here: sacct cuts one past
+    SLURM_BITSTR_LEN) its JobID alone."""
     job = row.get("JobID")
     m = _ARRAY.match(job) if pending else None
     found = array_tasks(m[1]) if m else None
-    return tuple(f"{job.partition('_')[0]}_{task}" for task in found) if found else (job,)
+    if not m or not found:
+        return (job,), 0
+    return tuple(f"{job.partition('_')[0]}_{task}" for task in found), (array_size(m[1]) or 0) - len(found)
 
 
-def _replayed(ids: tuple[str, ...], nodes: int) -> tuple[tuple[str, ...], int]:
-    """The tasks of a row replayed, and how many are not: each task is a job on each of its nodes, at
-    most ``MAX_REQUESTS`` of them from one row, as the planner reads one pending record (an array of
-    4,096 tasks over 4,096 nodes was 16.7 million jobs: memory without end)."""
-    keep = max(1, MAX_REQUESTS // nodes)
-    return ids[:keep], max(0, len(ids) - keep)
+def _replayed(job: _Job) -> tuple[tuple[str, ...], int]:
+    """The tasks of a row replayed, and how many are not: each task is a job for each MIG type it asks on
+    each of its nodes, at most ``MAX_REQUESTS`` of them from one row, as the planner reads one pending
+    record (an array of 4,096 tasks over 4,096 nodes was 16.7 million jobs: memory without end)."""
+    keep = max(1, MAX_REQUESTS // (job.nodes * max(1, len(job.asked))))
+    return job.ids[:keep], max(0, len(job.ids) - keep) + job.more
 
 
 def _seconds_between(start: datetime, end: datetime) -> float:
