@@ -162,3 +162,19 @@ def test_a_job_over_several_nodes_is_one_of_the_jobs_backfill_tests() -> None:
         c.pending["1g.10gb"].append(last)
         backfill(c.nodes, c.pending, 10, 0.0)
         assert (last.start is not None) is tested
+
+
+def test_an_arrays_tasks_past_those_tested_do_not_take_the_tests_of_the_jobs_behind_it() -> None:
+    """A pending array of 600 tasks filled bf_max_job_test's 500, and a younger 1g job was never tested,
+    a free 1g on another node and all: Slurm tests an array's tasks up to its 20th reservation, and
+    counts only those tested (backfill.c, job_test_count at next_task)."""
+    seven = Layout.of("seven", {"7g.80gb": 1})
+    a, b = Node("a", seven, 7), Node("b", SMALL, 7)
+    running(a, "7g.80gb", 0, 600)
+    c = cluster(a, b)
+    for t in range(600):
+        c.pending["7g.80gb"].append(Job(TraceJob(1 + t / 1000, "a", "main", "7g.80gb", 1, 300, 600, f"12_{t}")))
+    young = Job(TraceJob(5, "a", "main", "1g.10gb", 1, 60, 120, "13"))
+    c.pending["1g.10gb"].append(young)
+    backfill(c.nodes, c.pending, 10, 0.0)
+    assert (young.start, young.node) == (10, "b")

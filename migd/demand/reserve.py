@@ -107,19 +107,28 @@ def first_jobs(queue: list[T], job_of: Callable[[T], Hashable]) -> list[T]:
 
 
 def _reserving(pending: Iterable[Pending]) -> list[Pending]:
-    """The jobs Slurm's backfill tests, so that they may reserve a node: as :func:`tested`, but of each array
-    only its first ``BF_MAX_JOB_ARRAY_RESV`` tasks (an array is one record of Slurm's queue, its tasks tried
-    in turn up to that many), and ``BF_MAX_JOB_TEST`` counted over what is left."""
+    """The jobs Slurm's backfill tests, so that they may reserve a node (:func:`backfill_tests`)."""
+    return backfill_tests(_in_order(pending), lambda p: p.job)[0]
+
+
+def backfill_tests(queue: list[T], job_of: Callable[[T], str]) -> tuple[list[T], list[T]]:
+    """``queue`` (in Slurm's order) as one backfill pass takes it: the requests it tests, which may reserve
+    a node, and the array tasks it leaves to the main scheduler, which starts them where they fit.  Of each
+    array only its first ``BF_MAX_JOB_ARRAY_RESV`` tasks are tested (an array is one record of Slurm's
+    queue, its tasks tried in turn up to that many reservations: a task that starts at once lets one more
+    be tried, which this leaves out), and ``BF_MAX_JOB_TEST`` jobs are counted over what is left (so a
+    thousand-task array does not take every test from the jobs behind it)."""
     tasks: dict[str, set[str]] = defaultdict(set)
-    out = []
-    for p in _in_order(pending):
-        array = array_of(p.job)
+    tested, past = [], []
+    for p in queue:
+        array = array_of(job_of(p))
         if array is not None:
-            tasks[array].add(p.job)  # (a task over N nodes, or asking two types, is one task)
+            tasks[array].add(job_of(p))  # (a task over N nodes, or asking two types, is one task)
             if len(tasks[array]) > BF_MAX_JOB_ARRAY_RESV:
+                past.append(p)
                 continue
-        out.append(p)
-    return first_jobs(out, lambda p: p.job)
+        tested.append(p)
+    return first_jobs(tested, job_of), past
 
 
 def array_of(job: str) -> str | None:

@@ -21,7 +21,8 @@ What Slurm does (src/plugins/sched/backfill/backfill.c ``_attempt_backfill``; se
 - of a pending array, only the first ``bf_max_job_array_resv`` (20) tasks reserve: the pass tries the
   array's next task after a reservation only while ``test_array_count`` is below it (a task that starts
   is followed by the next whatever the count), and the tasks left start when they can, as the main
-  scheduler starts them;
+  scheduler starts them, counting for none of ``bf_max_job_test`` (``reserve.backfill_tests``; the
+  model takes an array's first 20 tasks as those tested, though one that starts lets Slurm try one more);
 - a job over N nodes is N of the model's jobs, each reserving a node, and one of ``bf_max_job_test``.
 """
 
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from heapq import heappop, heappush
 from typing import Any
 
-from migd.demand.reserve import BF_MAX_JOB_ARRAY_RESV, array_of, first_jobs
+from migd.demand.reserve import BF_MAX_JOB_ARRAY_RESV, array_of, backfill_tests
 from migd.whatif.fleet import Job, Node
 from migd.whatif.place import best_fit
 
@@ -68,13 +69,15 @@ class Backfill:
         self.passes = 0  # passes whose work was done (the rest were skipped)
 
     def __call__(self, nodes: list[Node], pending: dict[str, list[Job]], now: float, epoch_s: float) -> None:
-        queue = first_jobs(sorted((j for q in pending.values() for j in q), key=lambda j: j.spec.submit_s),
-                           lambda j: j.spec.job or id(j))  # (a job with no id: one of its own)
+        tested, past = backfill_tests(sorted((j for q in pending.values() for j in q), key=lambda j: j.spec.submit_s),
+                                      lambda j: j.spec.job or str(id(j)))  # (a job with no id: one of its own)
+        queue = tested + past  # (the array tasks past those tested: started where they fit, reserving nothing)
         reads = (epoch_s, tuple(queue), tuple((n.name, n.layout, n.target, n.ready_at, tuple(n.running),
                                                tuple(j.start for j in n.running)) for n in nodes))
         if now < self._until and reads == self._reads:
             return
         p = _Pass(nodes, now, epoch_s)
+        p.start_only = {id(j) for j in past}
         frame = (tuple(map(id, nodes)), tuple(p.usable), epoch_s)
         self.passes += 1
         started = p.run(queue, self._notes if frame == self._frame else {})
@@ -123,6 +126,7 @@ class _Pass:
         self.notes: dict[int, _Note] = {}
         self.made = 0
         self.until = math.inf
+        self.start_only: set[int] = set()  # the jobs that start where they fit and reserve nothing
 
     def run(self, queue: list[Job], before: dict[int, _Note]) -> set[int]:
         """The pass over ``queue``.  ``before``: the last pass's notes, over the same nodes.  While every
@@ -150,7 +154,7 @@ class _Pass:
                 self.nodes[i].running.append(job)
                 started.add(id(job))
                 self.estimates, self.running, self.nowhere = {}, None, {}
-            elif not self.may_reserve(job, arrays):
+            elif id(job) in self.start_only or not self.may_reserve(job, arrays):
                 continue
             else:
                 self.nowhere = {shape: got for shape, got in self.nowhere.items() if got[0] < at}
