@@ -317,6 +317,11 @@ def test_a_mig_parted_config_past_the_gpus_compute_slices_is_refused_without_wal
     with pytest.raises(ValidationError, match="needs 41 memory slices, .* has 8"):
         check_section(load_profile("f.yaml", config="c", text=text).sections[0])
     assert walked == []
+    seven = '{"1g.10gb": 1, "1g.10gb+me": 1, "1g.20gb": 1, "1c.2g.20gb": 1, "1c.3g.40gb": 1, "1c.4g.40gb": 1, ' \
+            '"1c.7g.80gb": 1}'  # (7 compute slices, as the GPU has, in seven GIs of 22 memory slices: 5,040 walks)
+    with pytest.raises(ValidationError, match="needs 22 memory slices, .* has 8"):
+        check_section(load_profile("f.yaml", config="c", text=text.replace(devices, seven)).sections[0])
+    assert walked == []
     fits = text.replace(devices, '{"1c.3g.40gb": 2, "2c.3g.40gb": 2}')  # (two 3g GIs of [2c, 1c]: orderings)
     laid = resolve_section(load_profile("f.yaml", config="c", text=fits).sections[0], h100)
     assert [len(d.cis) for d in laid.instances] == [2, 2] and walked == [4]

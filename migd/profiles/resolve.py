@@ -138,6 +138,21 @@ def _gis_fit(model: GpuModel, gis: list[GiProfile]) -> bool:
     return tuple(g.profile_id for g in sorted(gis, key=attrgetter("search_rank"))) in first_fit(model)
 
 
+def _may_fit(model: GpuModel, items: list[Item]) -> bool:
+    """Whether any ordering of ``items`` might fit: each GI profile needs at least as many GIs as its
+    compute instances' slices fill (a GI's CIs share its slices), and those GIs at least their memory
+    slices, compute slices and instance count.  Without this a config past the GPU walked every ordering
+    (18 devices took minutes; seven distinct ones 5,040 orderings per catalog model, and migd's start and
+    reload check every config of every file)."""
+    need: dict[GiProfile, int] = {}
+    for gi, ci in items:
+        need[gi] = need.get(gi, 0) + ci.slices
+    gis = {gi: -(-slices // gi.slices) for gi, slices in need.items()}
+    return (all(n <= gi.instance_count for gi, n in gis.items())
+            and sum(n * gi.memory_slices for gi, n in gis.items()) <= model.memory_slices
+            and sum(n * gi.slices for gi, n in gis.items()) <= model.compute_slices)
+
+
 def pack_mig_parted(section: GpuSection, model: GpuModel) -> list[DesiredInstance]:
     """GPU instances as mig-parted builds them from a config (pkg/mig/config/config.go SetMigConfig):
     every MIG device is flattened in Flatten order, and orderings of that list are tried in mig-parted's
@@ -152,10 +167,7 @@ def pack_mig_parted(section: GpuSection, model: GpuModel) -> list[DesiredInstanc
         for d in resolve_instances(spec, model):
             items.extend((d.gi, c) for c in d.cis)
     items.sort(key=_mig_parted_order)
-    # A GPU's compute instances share its compute slices, so no ordering fits more than it has: without
-    # this a config far past the GPU walked every ordering (14 devices took 49 s, and migd's start and
-    # reload check every config); with it at most 7 devices are ordered, 5,040 orderings.
-    fits = sum(ci.slices for _, ci in items) <= model.compute_slices
+    fits = _may_fit(model, items)
     for order in _orderings(items) if fits else ():
         groups = _grouped(order)
         if _gis_fit(model, [gi for gi, _ in groups]):
