@@ -11,7 +11,6 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,9 +25,10 @@ from migd.config.migdyaml import Config, load_config, unmapped_owners
 from migd.daemon import loop
 from migd.daemon.driverwait import open_nvml
 from migd.daemon.sdnotify import Notifier
-from migd.daemon.server import AlreadyRunning, ControlServer, Handlers, claim, refusing
+from migd.daemon.server import AlreadyRunning, Handlers, claim
 from migd.daemon.service import Clock, Daemon
 from migd.daemon.signals import SignalRelay
+from migd.daemon.sockets import Sockets
 from migd.daemon.watchdog import Watchdog
 from migd.errors import ValidationError
 from migd.exits import EXPECTED, Exit, failure
@@ -129,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if (why := socket_too_long(socket_path)) is not None:  # (--control-socket, or beside a --sim-state)
             raise ValidationError(str(socket_path), None, None, "", why)
         claim(socket_path)
-        sockets = _Sockets(socket_path)
+        sockets = Sockets(socket_path)
         hup = threading.Event()  # SIGHUP while waiting for the driver: reloaded once the daemon runs
         backend = _open(args, cfg, partial(_backend, args, state, errors), hup, sockets)
     except (AlreadyRunning, ValidationError) as e:
@@ -140,13 +140,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return Exit.INVALID
     if backend is None:  # stopped (SIGTERM) while waiting for the NVIDIA driver
         return Exit.OK
+    return _run(args, cfg, backend, (state, state_dir), sockets, hup, errors)
+
+
+def _run(args: argparse.Namespace, cfg: Config, backend: GpuBackend, where: tuple[Path | None, Path],
+         sockets: Sockets, hup: threading.Event, errors: NvmlErrorCounter) -> int:
+    """The daemon on an opened backend (``where``: the simulator's state, if any, and the state dir), until
+    it stops; what start-up could not survive is one line, never a traceback in the journal."""
+    state, state_dir = where
     try:
         daemon = Daemon(cfg, backend, state_dir, _clock(args, cfg), Notifier(),
                         reload_config=lambda: load_config(args.config))
         if hup.is_set():
             daemon.events.request_reload()
         return _serve(args, cfg, backend, state, daemon, sockets, errors)
-    except EXPECTED as e:  # what start-up could not survive: one line, never a traceback in the journal
+    except EXPECTED as e:
         f = failure(e)
         log.critical("stopping: %s", f)
         return f.code
@@ -159,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _open(args: argparse.Namespace, cfg: Config, open_backend: Callable[[], GpuBackend],
-          hup: threading.Event, sockets: _Sockets) -> GpuBackend | None:
+          hup: threading.Event, sockets: Sockets) -> GpuBackend | None:
     """NVML, waiting for the driver while it cannot be opened (driverwait.py); None: SIGTERM came first."""
     stop = threading.Event()
 
@@ -171,41 +179,6 @@ def _open(args: argparse.Namespace, cfg: Config, open_backend: Callable[[], GpuB
                          sockets.waiting)
     finally:
         relay.close()
-
-
-@dataclass
-class _Sockets:
-    """migd's control socket and read-only socket, each bound once: while migd waits for the driver they
-    refuse every request with the wait (``migctl daemon`` said no migd listened, and a second migd
-    started beside it), then the daemon takes them over, with no moment where neither listens."""
-
-    path: Path
-    control: ControlServer | None = None
-    viewer: ControlServer | None = None
-
-    def answer(self, handlers: Handlers) -> None:
-        if self.control is None:
-            self.control = ControlServer(self.path, handlers)
-            self.control.start()
-            self.viewer = _viewer(paths.status_socket(self.path), handlers)
-            return
-        self.control.take(handlers)
-        if self.viewer is not None:  # (one that could not be made was said once, at the wait)
-            self.viewer.take(handlers)
-
-    def waiting(self, said: Callable[[], str]) -> Callable[[], None]:
-        """``open_nvml``'s answer: refusing with ``said()``; what it returns closes them."""
-        try:
-            self.answer(refusing(said))
-        except (OSError, ValidationError, AlreadyRunning) as e:  # (the daemon's own binding says it again)
-            log.error("no control socket while waiting for the NVIDIA driver: %s", e)
-        return self.close
-
-    def close(self) -> None:
-        for server in (self.control, self.viewer):
-            if server is not None:
-                server.close()
-        self.control = self.viewer = None
 
 
 def _start_fresh(args: argparse.Namespace, state: Path | None, state_dir: Path, socket_path: Path) -> None:
@@ -252,7 +225,7 @@ def _clock(args: argparse.Namespace, cfg: Config) -> Clock:
 
 
 def _serve(args: argparse.Namespace, cfg: Config, backend: GpuBackend, sim_state: Path | None, daemon: Daemon,
-           sockets: _Sockets, errors: NvmlErrorCounter) -> int:
+           sockets: Sockets, errors: NvmlErrorCounter) -> int:
     """Metrics, fault watch and control socket around the daemon's loop, until it stops."""
     events = EventCounters()
     listen = args.metrics_listen or cfg.metrics_listen
@@ -308,27 +281,6 @@ def _metrics(listen: str, sampler: Sampler, daemon: Daemon, errors: NvmlErrorCou
     host, port = server.server_address[:2]
     log.info("serving /metrics, /healthz and the page on %s", f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
     return server
-
-
-def _viewer(path: Path, handlers: Handlers) -> ControlServer | None:
-    """The read-only socket (mode 0666) in a directory others may look into but not write; a missing
-    or unsafe directory costs only this socket: said once, and migd serves on."""
-    try:
-        with contextlib.suppress(FileExistsError):
-            path.parent.mkdir(mode=0o755)
-            os.chmod(path.parent, 0o755)  # (whatever the umask)
-        st = path.parent.lstat()
-        if not os.path.isdir(path.parent) or os.path.islink(path.parent) or st.st_uid != os.geteuid() \
-                or st.st_mode & 0o022:
-            raise OSError(f"{path.parent} must be a directory of this user that others cannot write")
-        if (why := socket_too_long(path)) is not None:
-            raise OSError(f"{path}: {why}")
-        viewer = ControlServer(path, handlers, mode=0o666, read_only=True)
-    except OSError as e:
-        log.error("no read-only socket for ordinary users (migctl status/daemon as non-root): %s", e)
-        return None
-    viewer.start()
-    return viewer
 
 
 def _handlers(daemon: Daemon, watch: FaultWatch, sampler: Sampler) -> Handlers:
