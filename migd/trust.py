@@ -76,14 +76,19 @@ def file_kind(mode: int) -> str:
     return "not a file"
 
 
-def open_regular(path: str | Path, flags: int = 0, lead: str = "") -> tuple[int, os.stat_result]:
+def open_regular(path: str | Path, flags: int = 0, lead: str = "", pipes: bool = False) -> tuple[int, os.stat_result]:
     """``path`` opened for reading (``flags`` added: O_NOFOLLOW, say), and its status, if it is a regular
     file: anything else is refused before a byte is read (a FIFO would block the reader, ``/dev/zero``
-    never end, a directory be named by a descriptor number), as ``{lead}is a FIFO, not a regular file``."""
+    never end, a directory be named by a descriptor number), as ``{lead}is a FIFO, not a regular file``.
+    ``pipes``: a FIFO is read too (a command's output, ``--sacct <(sacct ...)``): opened without waiting for
+    a writer, so one that has none reads as empty, never blocks."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | flags)
     try:
         st = os.fstat(fd)
         kind = file_kind(st.st_mode)
+        if pipes and stat.S_ISFIFO(st.st_mode):
+            os.set_blocking(fd, True)  # (its writer's bytes are waited for; with no writer, end of file)
+            kind = ""
         if kind:
             raise ValidationError(str(path), None, None, "", f"{lead}is {kind}, not a regular file")
     except BaseException:

@@ -266,13 +266,13 @@ def _is_host(name: str) -> bool:
     return 0 < len(name) <= 253 and all(_LABEL.match(label) for label in labels)
 
 
-def read(path: str | Path, strict: bool = False, what: str = "file") -> str:
+def read(path: str | Path, strict: bool = False, what: str = "file", pipes: bool = False) -> str:
     """A file's text; ``strict`` refuses it unless trusted (``migd.trust``), checked on the opened file.
     Only a regular file: a FIFO or a device (``/dev/zero``) named as a profile, or left in the profiles
     directory, would block the reader or never end, so it is refused before a byte is read.  At most
     ``MAX_BYTES`` are read: a file of gigabytes named by mistake is refused, not read into memory."""
     try:
-        fd, st = open_regular(path, lead="cannot read file: it ")
+        fd, st = open_regular(path, lead="cannot read file: it ", pipes=pipes)  # (pipes: trust.open_regular)
         with open(fd, "rb", closefd=True) as f:
             if strict:
                 refuse_untrusted(str(path), st, what)

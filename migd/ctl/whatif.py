@@ -84,7 +84,7 @@ def _record(args: argparse.Namespace) -> Record:
 def _config(path: Path) -> Config:
     """migd's configuration, as migd loads it; its text read here, so any user who may read it can
     weigh it (nothing is applied from it)."""
-    return load_config(path, read(path))  # (a regular file, at most yamlsrc.MAX_BYTES, UTF-8: each said)
+    return load_config(path, read(path, pipes=True))  # (a file or a pipe, at most yamlsrc.MAX_BYTES, UTF-8)
 
 
 def _nodes(n: int) -> str:

@@ -93,7 +93,7 @@ def read_sacct(path: Path | str, text: str | None = None, partition: str | None 
     comment in Latin-1) are read as U+FFFD, never refused."""
     if text is None:
         try:
-            fd, _ = open_regular(path, lead="it ")  # (a FIFO blocked the read for ever; /dev/zero: MemoryError)
+            fd, _ = open_regular(path, lead="it ", pipes=True)  # (a device: /dev/zero ended in MemoryError)
         except ValidationError as e:
             raise SacctError(f"{path}: cannot read: {e.message}") from None
         except OSError as e:
