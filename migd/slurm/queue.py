@@ -47,30 +47,35 @@ class Queue:
     others: dict[str, int] = field(default_factory=dict)  # pending jobs per GPU type that is no MIG type
 
 
-def array_size(expr: str) -> int | None:
-    """How many tasks ``1-9%3``, ``0-99:2``, ``1,3,5-7`` names, however many (:func:`array_tasks` lists at
-    most MAX_ARRAY_TASKS of them); None for a form not read here."""
-    total = 0
+def _spans(expr: str) -> list[tuple[int, int, int]] | None:
+    """``1-9%3``, ``0-99:2``, ``1,3,5-7`` as (first, last, step) per part (the ``%N`` throttle limits how
+    many run at once, not how many there are); None for a form not read here."""
+    out = []
     for part in expr.partition("%")[0].split(","):
         span, _, step_text = part.partition(":")
         lo_text, _, hi_text = span.partition("-")
         lo, hi, step = whole(lo_text), whole(hi_text or lo_text), whole(step_text or "1")
         if lo is None or hi is None or not step or hi < lo:
             return None
-        total += (hi - lo) // step + 1
-    return total
+        out.append((lo, hi, step))
+    return out
+
+
+def array_size(expr: str) -> int | None:
+    """How many tasks a pending array's expression names, however many (:func:`array_tasks` lists at
+    most MAX_ARRAY_TASKS of them); None for a form not read here."""
+    spans = _spans(expr)
+    return None if spans is None else sum((hi - lo) // step + 1 for lo, hi, step in spans)
 
 
 def array_tasks(expr: str) -> list[str] | None:
-    """The task ids of a pending array's ``1-9%3``, ``0-99:2``, ``1,3,5-7`` (the ``%N`` throttle limits how
-    many run at once, not how many there are), at most MAX_ARRAY_TASKS; None for a form not read here."""
+    """The task ids of a pending array's ``1-9%3``, ``0-99:2``, ``1,3,5-7``, at most MAX_ARRAY_TASKS;
+    None for a form not read here."""
+    spans = _spans(expr)
+    if spans is None:
+        return None
     ids: list[str] = []
-    for part in expr.partition("%")[0].split(","):
-        span, _, step_text = part.partition(":")
-        lo_text, _, hi_text = span.partition("-")
-        lo, hi, step = whole(lo_text), whole(hi_text or lo_text), whole(step_text or "1")
-        if lo is None or hi is None or not step or hi < lo:
-            return None
+    for lo, hi, step in spans:
         ids += [str(i) for i in range(lo, min(hi, lo + step * MAX_ARRAY_TASKS) + 1, step)]
         if len(ids) >= MAX_ARRAY_TASKS:
             return ids[:MAX_ARRAY_TASKS]
