@@ -49,6 +49,13 @@ def test_a_request_without_the_profile_text_is_refused_by_name() -> None:
         got.profile_text()
 
 
+def test_a_profile_text_no_file_could_hold_is_refused_naming_the_file() -> None:
+    got = from_json(ApplyRequest, {"cmd": "apply", "file": "p.yaml", "text": "name: a\udc80\n"})
+    with pytest.raises(ValidationError, match=r"^p.yaml: the profile text is not UTF-8 \(a lone surrogate at "
+                                              r"character 7\)$"):
+        got.profile_text()
+
+
 @pytest.mark.parametrize(("req", "error"), [
     ({"cmd": "apply", "file": 7, "text": ""}, "file: expected str"),
     ({"cmd": "apply", "file": "p.yaml", "text": "", "config": ["a"]}, "config: expected str"),

@@ -110,6 +110,11 @@ class ApplyRequest:
         if self.text is None:
             raise ValidationError(self.file, None, None, "", "the request carries no profile text; migd reads "
                                   "no client's files (a migctl of this version sends the text)")
+        try:
+            self.text.encode("utf-8")  # (JSON carries a lone surrogate, "\udc80", which no file holds: it was
+        except UnicodeEncodeError as e:  # "bad request: 'utf-8' codec can't encode ...", naming no file)
+            raise ValidationError(self.file, None, None, "", f"the profile text is not UTF-8 (a lone surrogate at "
+                                  f"character {e.start})") from None
         return self.text
 
 
