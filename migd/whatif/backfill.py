@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from heapq import heappop, heappush
 from typing import Any
 
-from migd.demand.reserve import BF_MAX_JOB_ARRAY_RESV, array_of, backfill_tests
+from migd.demand.reserve import backfill_tests
 from migd.whatif.fleet import Job, Node
 from migd.whatif.place import best_fit
 
@@ -134,7 +134,6 @@ class _Pass:
         it was), a job whose estimates still say what they said and whose comparisons with ``now`` have
         not turned is placed as then, without a walk."""
         started: set[int] = set()
-        arrays: dict[str, set[str]] = {}  # array -> its tasks that reserved this pass
         same = True
         for job in queue:
             note = before.get(id(job)) if same else None
@@ -154,7 +153,7 @@ class _Pass:
                 self.nodes[i].running.append(job)
                 started.add(id(job))
                 self.estimates, self.running, self.nowhere = {}, None, {}
-            elif id(job) in self.start_only or not self.may_reserve(job, arrays):
+            elif id(job) in self.start_only:  # (an array's task past those tested: backfill_tests)
                 continue
             else:
                 self.nowhere = {shape: got for shape, got in self.nowhere.items() if got[0] < at}
@@ -163,19 +162,6 @@ class _Pass:
                 self.begins[i].insert(x, at)
                 insort(self.ends[i], at + job.spec.time_limit_s)
         return started
-
-    @staticmethod
-    def may_reserve(job: Job, arrays: dict[str, set[str]]) -> bool:
-        """Whether ``job`` may reserve: not an array's task past the first ``BF_MAX_JOB_ARRAY_RESV`` that
-        reserved (a task over N nodes is one, reserving N)."""
-        array = array_of(job.spec.job)
-        if array is None:
-            return True
-        tasks = arrays.setdefault(array, set())
-        if job.spec.job not in tasks and len(tasks) >= BF_MAX_JOB_ARRAY_RESV:
-            return False
-        tasks.add(job.spec.job)
-        return True
 
     def still(self, note: _Note) -> bool:
         """Whether a job's last place holds: ``now`` before its turn, its estimates unchanged."""
