@@ -27,7 +27,7 @@ from migd.profiles.model import Profile
 from migd.profiles.validate import check_profile
 from migd.slurm.slurmconf import SlurmSettings, parse_slurm
 from migd.trust import check_path, file_kind
-from migd.yamlsrc import Node, excerpt, load, parse_host_port
+from migd.yamlsrc import Node, excerpt, load, parse_host_port, read
 
 log = logging.getLogger("migd")
 KEYS = ["timezone", "profiles_dir", "schedule", "on_busy", "busy_timeout", "reconcile_interval", "reconcile",
@@ -115,13 +115,14 @@ def load_profiles(directory: Path, strict: bool) -> tuple[dict[str, Profile], di
     out: dict[str, Profile] = {}
     unusable: dict[str, ValidationError] = {}
     for f in _profile_files(directory):
-        top = load(f, strict=strict).mapping()
+        text = read(f, strict, "profile")  # (read once: the kind it is and the profiles are of one reading)
+        top = load(f, text).mapping()
         found: list[tuple[str | None, Profile]] = []
         if "mig-configs" not in top:
-            found.append((None, load_profile(f, strict=strict)))
+            found.append((None, load_profile(f, text=text)))
         else:
             _printable_file_name(f)  # (its name is in each of its profiles' names)
-            for config, loaded in mig_parted_profiles(f, strict=strict).items():  # (the file read once)
+            for config, loaded in mig_parted_profiles(f, text=text).items():
                 if isinstance(loaded, ValidationError):
                     unusable[f"{f.name}#{config}"] = loaded
                 else:

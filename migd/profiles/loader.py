@@ -182,10 +182,12 @@ def mig_parted_configs(path: str | Path, text: str | None = None) -> list[str]:
     return list(configs)
 
 
-def mig_parted_profiles(path: str | Path, strict: bool = False) -> dict[str, Profile | ValidationError]:
+def mig_parted_profiles(path: str | Path, strict: bool = False,
+                        text: str | None = None) -> dict[str, Profile | ValidationError]:
     """Every config of a mig-parted file as a profile, or why it is none: the file read and parsed once
-    (a file of 2,500 configs read again for each took minutes, past the unit's watchdog at start)."""
-    text = read(path, strict, "profile")
+    (a file of 2,500 configs read again for each took minutes, past the unit's watchdog at start);
+    ``text``: its contents, already read."""
+    text = read(path, strict, "profile") if text is None else text
     root = load(path, text)
     profile_top(root)
     top = root.mapping(allowed=["version", "mig-configs"], required=["version", "mig-configs"])

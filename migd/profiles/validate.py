@@ -13,7 +13,7 @@ from migd.plan.planner import PlanError, plan_gpu
 from migd.profiles.loader import load_profile, mig_parted_configs, mig_parted_profiles, profile_top
 from migd.profiles.model import GpuSection, Profile
 from migd.profiles.resolve import gi_name_of, resolve_section
-from migd.yamlsrc import load
+from migd.yamlsrc import load, read
 
 
 def _candidates(section: GpuSection) -> list[GpuModel]:
@@ -139,14 +139,15 @@ class FileCheck:
 
 def _profiles(path: str | Path) -> dict[str | None, Profile | ValidationError]:
     """A migd profile (None: its one config), or each config of a mig-parted file, read once."""
-    top = profile_top(load(path))
+    text = read(path)
+    top = profile_top(load(path, text))
     if "mig-configs" in top:
-        return {name: p for name, p in mig_parted_profiles(path).items()}
+        return {name: p for name, p in mig_parted_profiles(path, text=text).items()}
     if "version" in top and "apiVersion" not in top:
-        mig_parted_configs(path)  # (a spec with nothing to apply, or the line that says what is wrong)
+        mig_parted_configs(path, text)  # (a spec with nothing to apply, or the line that says what is wrong)
         return {}
     try:
-        return {None: load_profile(path)}
+        return {None: load_profile(path, text=text)}
     except ValidationError as e:
         return {None: e}
 
