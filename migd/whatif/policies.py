@@ -204,6 +204,8 @@ def migd(setup: Setup) -> Planner:
         c.ended.clear()
         seen.observe(now, ((j.spec.gres, j.spec.count) for q in (*c.pending.values(), *(n.running for n in c.nodes))
                            for j in q))
+        if not any(c.pending.values()):
+            return {}  # the rule changes a node only to start a waiting job: with none, deciding is moot
         snap = Snapshot(tuple(Pending(asked(j), j.spec.account, j.spec.gres, j.spec.count, j.spec.time_limit_s,
                                       age_s=now - j.spec.submit_s) for q in c.pending.values() for j in q),
                         tuple(_view(n, now, c, named) for n in c.nodes if _heading(n, c).name in setup.mixes),
