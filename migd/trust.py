@@ -10,6 +10,7 @@ they do not own there).  Each check names the file and what to fix.
 from __future__ import annotations
 
 import os
+import select
 import stat
 from pathlib import Path
 
@@ -76,18 +77,33 @@ def file_kind(mode: int) -> str:
     return "not a file"
 
 
+PIPE_WRITER_S = 5.0  # how long a FIFO's reader waits for a writer to open it
+
+
+def _first_writer(fd: int) -> None:
+    """Until a writer has opened the FIFO ``fd`` and written or closed, ``PIPE_WRITER_S`` at most.  Read at
+    once, a FIFO whose writer had not opened it yet was an empty file (a what-if of no jobs, one time in
+    several under load).  Linux's pipe_poll reports no POLLHUP before a first writer (fs/pipe.c: only once
+    ``w_counter`` moved past what the reader saw at its open), so poll waits for one."""
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    p.poll(int(PIPE_WRITER_S * 1000))
+
+
 def open_regular(path: str | Path, flags: int = 0, lead: str = "", pipes: bool = False) -> tuple[int, os.stat_result]:
     """``path`` opened for reading (``flags`` added: O_NOFOLLOW, say), and its status, if it is a regular
     file: anything else is refused before a byte is read (a FIFO would block the reader, ``/dev/zero``
     never end, a directory be named by a descriptor number), as ``{lead}is a FIFO, not a regular file``.
     ``pipes``: a FIFO is read too (a command's output, ``--sacct <(sacct ...)``): opened without waiting for
-    a writer, so one that has none reads as empty, never blocks."""
+    a writer, whose own open may come a moment later (``mkfifo p; sacct ... > p &``), so its first is
+    waited for, ``PIPE_WRITER_S`` at most; one that has none by then reads as empty, never blocks."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | flags)
     try:
         st = os.fstat(fd)
         kind = file_kind(st.st_mode)
         if pipes and stat.S_ISFIFO(st.st_mode):
-            os.set_blocking(fd, True)  # (its writer's bytes are waited for; with no writer, end of file)
+            _first_writer(fd)
+            os.set_blocking(fd, True)  # (a writer's bytes are waited for; with none, end of file)
             kind = ""
         if kind:
             raise ValidationError(str(path), None, None, "", f"{lead}is {kind}, not a regular file")

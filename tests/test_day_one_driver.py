@@ -96,8 +96,12 @@ def test_migctl_is_told_migd_waits_for_the_driver_not_that_no_migd_listens(tmp_p
         for who, cmd in (("root", "daemon"), ("nobody", "daemon"), ("nobody", "status"), ("nobody", "isolation")):
             code, out, err = migctl_as(0 if who == "root" else NOBODY, 0 if who == "root" else NOBODY, [*argv, cmd])
             assert (code, out) == (4, "") and waits.fullmatch(err), (who, cmd, code, out, err)
-        code, _, err = migctl_as(0, 0, [*argv, "resume"])  # (a request that would change: migd's refusal, its exit)
-        assert code == 4 and err.startswith("error (from migd): migd is waiting for the NVIDIA driver ("), err
+        for cmd in ("resume", "clear-fault"):  # (requests that would change: said as `daemon` says the wait)
+            code, out, err = migctl_as(0, 0, [*argv, cmd, *(["0"] if cmd == "clear-fault" else [])])
+            assert (code, out) == (4, "") and waits.fullmatch(err), (cmd, code, out, err)
+        code, out, err = migctl_as(0, 0, [*argv, "apply", str(tmp_path / "profiles" / "night.yaml")])
+        assert (code, out) == (4, "") and re.fullmatch(r"hardware error: .*DRIVER_NOT_LOADED.*\n", err), err
+        reload_while_waiting(m, [*argv, "reload"])
         second = subprocess.run([sys.executable, "-m", "migd.daemon.main", "--config", str(m.config), "--sim", m.fleet,
                                  "--sim-state", str(m.migctl.state), "--state-dir", str(m.migctl.state_dir)],
                                 capture_output=True, text=True, timeout=60)
@@ -121,12 +125,29 @@ def test_migctl_is_told_migd_waits_for_the_driver_not_that_no_migd_listens(tmp_p
             watcher.join()
         assert not gaps, f"the control socket did not listen for {len(gaps)} look(s) at the hand-over"
         code, out, err = migctl_as(NOBODY, NOBODY, [*argv, "daemon"])
-        assert code == 0 and "active profile: day" in out and err == "", (out, err)
+        assert code == 0 and "active profile: night" in out and err == "", (out, err)  # (the reload's schedule)
         assert m.stop() == 0
         m.assert_no_traceback()
     finally:
         m.close()
         shutil.rmtree(run, ignore_errors=True)
+
+
+def reload_while_waiting(m: MigdProcess, reload: list[str]) -> None:
+    """`migctl reload` while migd waits: refused as "reload rejected, migd keeps its running configuration"
+    with the wait's line, though a SIGHUP then was kept.  Now the file is read and checked at once (a bad
+    one rejected, exit 2) and kept for when migd serves the GPUs, as a SIGHUP is."""
+    good = m.config.read_text()
+    m.config.write_text(good + "schedule: [\n")
+    code, out, err = migctl_as(0, 0, reload)
+    assert code == 2 and out == "" and err.startswith("error: reload rejected, migd keeps its running configura"
+                                                      f"tion: {m.config}:"), (code, out, err)
+    nights = good.replace('{profile: day,   at: "08:30"', '{profile: night, at: "08:30"')
+    assert nights != good
+    m.config.write_text(nights)  # (migd started on `day` at 10:00 Monday: now it should serve `night`)
+    code, out, err = migctl_as(0, 0, reload)
+    assert (code, err) == (0, "") and out == (f"reloaded: {m.config}: 4 profiles, 3 transitions; migd waits for the "
+                                              "NVIDIA driver and serves the GPUs with it once NVML opens\n"), out
 
 
 def test_healthz_while_waiting_for_the_driver_holds_no_thread_and_logs_no_traceback(migd: MigdProcess) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from migd import trust
 from migd.ctl.migctl import main as migctl
 from migd.whatif import sacct
 from migd.whatif.jobs import MAX_NODES
@@ -267,10 +268,12 @@ def test_a_file_that_is_not_a_regular_one_is_one_line_not_a_read_for_ever(
 
 @pytest.mark.parametrize("which", ["--sacct", "--config"])
 def test_a_pipe_is_read_as_a_shell_hands_it_over_and_one_with_no_writer_never_blocks(
-        tmp_path: Path, config: Path, capsys: pytest.CaptureFixture[str], which: str) -> None:
+        tmp_path: Path, config: Path, capsys: pytest.CaptureFixture[str], which: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """``--sacct <(sacct ...)`` is a FIFO with a writer: read whole (refused as no regular file, it was
-    the operator's own command line that failed).  A FIFO nobody writes is an empty file, at once (read
-    whole, one blocked what-if for ever)."""
+    the operator's own command line that failed), even when the writer opens it a moment after migctl
+    (read at once, that was an empty record).  A FIFO nobody writes is an empty file after a short wait
+    (read whole, one blocked what-if for ever)."""
     path = tmp_path / "jobs.sacct"
     path.write_text(f"{HEADER}\n{GOOD}\n")
     pipe = tmp_path / "pipe"
@@ -279,7 +282,8 @@ def test_a_pipe_is_read_as_a_shell_hands_it_over_and_one_with_no_writer_never_bl
     text = (path if which == "--sacct" else config).read_bytes()
 
     def write() -> None:
-        with open(pipe, "wb") as w:  # (blocks until the reader opens it, as a shell's writer does)
+        time.sleep(0.3)  # (a writer slower to open than migctl to read: `sacct ... > pipe &` starting up)
+        with open(pipe, "wb") as w:
             w.write(text)
     writer = threading.Thread(target=write)
     writer.start()
@@ -288,6 +292,7 @@ def test_a_pipe_is_read_as_a_shell_hands_it_over_and_one_with_no_writer_never_bl
     finally:
         writer.join(timeout=30)
     assert "1 jobs replayed" in capsys.readouterr().out
+    monkeypatch.setattr(trust, "PIPE_WRITER_S", 0.2)
     assert migctl(["what-if", *(x for kv in {**given, which: str(pipe)}.items() for x in kv)]) == 2  # (no writer)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(pipe) in err, err

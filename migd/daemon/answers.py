@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from migd.apply.result import ApplyResult
+from migd.errors import ValidationError
 
 
 @dataclass(frozen=True)
@@ -14,6 +15,14 @@ class Reloaded:
 
     error: str | None
     detail: str
+
+
+def rejection(e: Exception) -> str:
+    """What a rejected reload says of ``e``: a file migd's readers fail on is still only a rejected reload
+    (twice a value PyYAML read raised past the readers' checks, and the reload ended migd with a traceback)."""
+    if isinstance(e, (ValidationError, OSError)):
+        return str(e)
+    return f"migd could not read it ({type(e).__name__}: {e}; a fault of migd's reader, worth a report)"
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from migd.apply.statefile import read_json
 from migd.cliargs import Parser
 from migd.config.migdyaml import Config, load_config, unmapped_owners
 from migd.daemon import loop
+from migd.daemon.answers import Reloaded, rejection
 from migd.daemon.driverwait import open_nvml
 from migd.daemon.sdnotify import Notifier
 from migd.daemon.server import AlreadyRunning, Handlers, claim
@@ -176,9 +177,25 @@ def _open(args: argparse.Namespace, cfg: Config, open_backend: Callable[[], GpuB
     relay = SignalRelay((signal.SIGHUP, signal.SIGTERM, signal.SIGINT), on_signal)
     try:
         return open_nvml(open_backend, Notifier(), stop, args.metrics_listen or cfg.metrics_listen, args.time_scale,
-                         sockets.waiting)
+                         lambda said: sockets.waiting(said, partial(_kept, args.config, hup)))
     finally:
         relay.close()
+
+
+def _kept(config: str, hup: threading.Event) -> Reloaded:
+    """``migctl reload`` while migd waits for the driver: the configuration read and checked now (a bad one
+    rejected, as at any time), then kept, as a SIGHUP then is: the daemon reads it again as it starts
+    serving the GPUs (there is no running configuration to change before that)."""
+    try:
+        new = load_config(config)
+    except Exception as e:  # noqa: BLE001 - a rejected reload, never a traceback (answers.rejection)
+        said = rejection(e)
+        log.error("reload rejected while waiting for the NVIDIA driver: %s", said)
+        return Reloaded(said, "")
+    hup.set()
+    log.info("reload asked while waiting for the NVIDIA driver: %s is read again once NVML opens", new.path)
+    return Reloaded(None, f"{new.path}: {len(new.profiles)} profiles, {len(new.schedule.entries)} transitions; "
+                          "migd waits for the NVIDIA driver and serves the GPUs with it once NVML opens")
 
 
 def _start_fresh(args: argparse.Namespace, state: Path | None, state_dir: Path, socket_path: Path) -> None:

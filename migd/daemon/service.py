@@ -29,7 +29,7 @@ from migd.config.schedule import Entry
 from migd.daemon.accesspass import access_control
 from migd.daemon.accesspass import view as access_view
 from migd.daemon.account import in_flight
-from migd.daemon.answers import Reloaded, Resumed
+from migd.daemon.answers import Reloaded, Resumed, rejection
 from migd.daemon.clock import Clock, iso_on
 from migd.daemon.holds import hold, rehold
 from migd.daemon.hwlock import HardwareLock
@@ -234,11 +234,8 @@ class Daemon:
                 raise ValidationError(self.config.path, None, None, "", "reload is not available")
             new = self._reload_config()
             access = access_control(new, self.backend, self.applier)  # (refused: the old one stays set)
-        except Exception as e:  # noqa: BLE001 - a file migd's readers fail on is still only a rejected reload:
-            # the daemon serves on with what it has (twice a value PyYAML read raised past the readers' checks,
-            # and the reload ended migd with a traceback)
-            said = str(e) if isinstance(e, (ValidationError, OSError)) else \
-                f"migd could not read it ({type(e).__name__}: {e}; a fault of migd's reader, worth a report)"
+        except Exception as e:  # noqa: BLE001 - the daemon serves on with what it has (answers.rejection)
+            said = rejection(e)
             self.status.last_reload_error = said
             log.error("reload rejected, keeping the running configuration: %s", said)
             self.notifier.send("READY=1", f"STATUS=reload rejected: {said}")

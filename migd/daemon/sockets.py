@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from migd import paths
+from migd.daemon.answers import Reloaded
 from migd.daemon.server import AlreadyRunning, ControlServer, Handlers, refusing
 from migd.errors import ValidationError
 from migd.paths import socket_too_long
@@ -41,10 +42,11 @@ class Sockets:
         if self.viewer is not None:  # (one that could not be made was said once, at the wait)
             self.viewer.take(handlers)
 
-    def waiting(self, said: Callable[[], str]) -> Callable[[], None]:
-        """``open_nvml``'s answer: refusing with ``said()``; what it returns closes them."""
+    def waiting(self, said: Callable[[], str], reload: Callable[[], Reloaded] | None = None) -> Callable[[], None]:
+        """``open_nvml``'s answer: refusing with ``said()`` (``reload``: what answers a reload meanwhile);
+        what it returns closes them."""
         try:
-            self.answer(refusing(said))
+            self.answer(refusing(said, reload))
         except (OSError, ValidationError, AlreadyRunning) as e:  # (the daemon's own binding says it again)
             log.error("no control socket while waiting for the NVIDIA driver: %s", e)
         return self.close
