@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -19,7 +21,9 @@ import pytest
 
 from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
-from tests.helpers import MIGCTL, PROFILES, REPO, Migctl
+from tests.helpers import MIGCTL, PROFILES, REPO, Migctl, migctl_as, need_root
+
+NOBODY = 65534
 
 pytestmark = pytest.mark.integration  # migd-sim as a program, real migd daemons
 
@@ -197,3 +201,45 @@ def test_a_running_migd_sees_each(migd: MigdProcess) -> None:
     uuid = StateStore(m.state).read().gpus[0].uuid
     assert on(m, "xid", "79", "--gpu", "0").returncode == 0
     migd.wait_until(lambda: daemon()["unhealthy"].get(uuid, "").startswith("Xid 79 (GPU-wide)"))
+
+
+def test_driver_boots_the_files_access_by_owner_and_status_mine_read(tmp_path: Path) -> None:
+    """`migd-sim driver` loads the simulated driver with its /proc and /dev under a directory, so access
+    by owner and `migctl status --mine` can be tried from a shell (only a test could boot them).  A boot
+    clears its proc, dev and run there: a directory holding anything else is refused, untouched."""
+    need_root("mknod, as the driver's nodes are made")
+    root = Path(tempfile.mkdtemp(prefix="migd-caps-", dir="/tmp"))  # (a directory every user may enter)
+    root.chmod(0o755)
+    m = MigdProcess(tmp_path, "single-a100")
+    try:
+        assert m.migctl("status").code == 0  # makes the node
+        (root / "run").mkdir()
+        r = on(m.migctl, "driver", "--caps-root", str(root))
+        assert (r.returncode, r.stdout) == (2, "") and r.stderr == (
+            f"migd-sim driver: {root} holds run: give a new or empty directory (a boot clears its proc, dev and "
+            "run)\n"), r.stderr
+        assert os.listdir(root) == ["run"]
+        (root / "run").rmdir()
+        for _ in range(2):  # (a boot's own directory boots again)
+            r = on(m.migctl, "driver", "--caps-root", str(root))
+            assert r.returncode == 0 and r.stdout.startswith(f"the simulated driver's files are under {root}: "), r
+        assert (root / "proc/driver/nvidia-caps/mig-minors").is_file() and (root / "dev/nvidia-caps").is_dir()
+        (root / "run/migd").mkdir(mode=0o700)
+        with m.config.open("a") as f:
+            f.write(f"control_socket: {root / 'run/migd/control.sock'}\n"
+                    f"access:\n  root: {root}\n  owners:\n    notebooks: {{group: nogroup}}\n")
+        m.start(now="2026-11-23T10:00:00")  # Monday morning: day, 7 x 1g.10gb for notebooks
+        m.wait_ready()
+        argv = ["--sim", m.fleet, "--sim-state", str(m.migctl.state), "--state-dir", str(m.migctl.state_dir),
+                "--control-socket", str(root / "run/migd/control.sock"), "status", "--mine"]
+        m.wait_until(lambda: len(migctl_as(NOBODY, NOBODY, argv)[1].splitlines()) == 7)
+        code, out, err = migctl_as(NOBODY, NOBODY, argv)
+        assert code == 0 and all("(owner notebooks): CUDA_VISIBLE_DEVICES=MIG-" in ln for ln in out.splitlines()), \
+            (out, err)
+        code, out, err = migctl_as(NOBODY, 100, argv)  # (another group: none of them)
+        assert code == 1 and out.startswith(f"no MIG device of this node is open to you (uid {NOBODY}, "), out
+        assert m.stop() == 0
+        m.assert_no_traceback()
+    finally:
+        m.close()
+        shutil.rmtree(root, ignore_errors=True)

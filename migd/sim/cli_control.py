@@ -22,7 +22,7 @@ from migd.errors import ValidationError
 from migd.numeral import whole
 from migd.paths import sim_root
 from migd.printable import clipped
-from migd.sim import world
+from migd.sim import caps, world
 from migd.sim.state import FLEETS, StateStore
 from migd.trust import ensure_private_dir
 
@@ -143,6 +143,29 @@ def slow(args: argparse.Namespace, store: StateStore) -> str:
         "mutating NVML calls take no extra time"
 
 
+BOOTED = ".migd-sim-driver"  # what a boot leaves in its root: a later boot may clear that root again
+BOOT_DIRS = frozenset({"proc", "dev", "sys", "run", BOOTED})
+
+
+def driver(args: argparse.Namespace, store: StateStore) -> str:
+    """The node's driver loaded with its files (/proc, /dev, /sys) under ``--caps-root``, as a boot makes
+    them, so ``access:`` in migd.yaml and ``migctl status --mine`` can be tried.  A boot clears what it
+    makes there, so the directory must be new, empty or a boot's own: never a tree it could wipe."""
+    if os.geteuid() != 0:
+        raise BadInput("needs root: the driver's device nodes are made with mknod (run it with sudo)")
+    root = Path(os.path.abspath(args.caps_root))
+    if root.is_symlink() or (root.exists() and not root.is_dir()):
+        raise BadInput(f"{root} is not a directory")
+    held = {p.name for p in root.iterdir()} if root.exists() else set()
+    if held and (BOOTED not in held or not held <= BOOT_DIRS):
+        raise BadInput(f"{root} holds {', '.join(sorted(held - {BOOTED}))[:200]}: give a new or empty directory "
+                       "(a boot clears its proc, dev and run)")
+    caps.enable(store, root, setuid_modprobe=False)
+    (root / BOOTED).write_text("a simulated NVIDIA driver's files, made by migd-sim driver\n")
+    return (f"the simulated driver's files are under {root}: proc/driver/nvidia*, dev/nvidia-caps (no setuid "
+            f"nvidia-modprobe, as on the recorded H100); give migd `access: {{root: {root}}}` to serve them")
+
+
 Handler = Callable[[argparse.Namespace, StateStore], str]
 
 
@@ -191,6 +214,11 @@ def add_commands(sub: argparse._SubParsersAction[Any], common: argparse.Argument
         p = sub.add_parser(name, parents=[common], help=what)
         p.add_argument("--gpu", type=index, metavar="N", required=True, help="the GPU's index")
         p.set_defaults(handler=fn)
+    d = sub.add_parser("driver", parents=[common], help="load the node's driver with its /proc and /dev files "
+                       "under ROOT (root only)")
+    d.add_argument("--caps-root", metavar="ROOT", required=True, help="a new or empty directory (or an earlier "
+                   "boot's)")
+    d.set_defaults(handler=driver)
     s = sub.add_parser("slow", parents=[common], help="every mutating NVML call takes SECONDS (0: normal)")
     s.add_argument("seconds", type=_seconds, metavar="SECONDS")
     s.set_defaults(handler=slow)
