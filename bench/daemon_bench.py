@@ -4,9 +4,11 @@ per sampling cycle beside a bare pynvml loop, daemon CPU at 1 s sampling, scrape
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -18,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from refs import MINIMAL_SERVER, DirectSampler
+from refs import BARE_EXPORTER, MINIMAL_SERVER, DirectSampler
 
 from migd.metrics.sampler import Sampler
 from migd.sim.backend import sim_backend
@@ -94,16 +96,27 @@ def started_daemon(tmp: Path, sample_interval: str) -> MigdProcess:
 
 
 def bench_daemon_cpu(tmp: Path, window_s: float) -> dict[str, float]:
-    """The daemon's CPU at 1 s sampling, nobody scraping (its own process, /proc)."""
+    """The daemon's CPU at 1 s sampling, nobody scraping (its own process, /proc), beside the bare exporter
+    (refs.BARE_EXPORTER) over the same node in the same window."""
     m = started_daemon(tmp / "cpu", "1s")
+    ref = subprocess.Popen([sys.executable, "-m", "migd.sim.cli", "exec", "--sim-state", str(m.migctl.state), "--",
+                            sys.executable, "-c", BARE_EXPORTER, str(Path(__file__).resolve().parent)],
+                           stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        pid = m.proc.pid  # type: ignore[union-attr]
+        line = ref.stdout.readline() if ref.stdout else ""
+        if not line.startswith("ready "):
+            raise RuntimeError(f"the bare exporter did not start: {line!r}")
+        pid, ref_pid = m.proc.pid, int(line.split()[1])  # type: ignore[union-attr]
         time.sleep(2)
-        c0, t0, r0 = _cpu_s(pid), time.monotonic(), rss_mib(pid)
+        c0, r_c0, t0, r0 = _cpu_s(pid), _cpu_s(ref_pid), time.monotonic(), rss_mib(pid)
         time.sleep(window_s)
-        return {"cpu_pct": 100 * (_cpu_s(pid) - c0) / (time.monotonic() - t0), "rss_mib": r0,
-                "rss_growth_mib": rss_mib(pid) - r0}
+        dt = time.monotonic() - t0
+        return {"cpu_pct": 100 * (_cpu_s(pid) - c0) / dt, "ref_cpu_pct": 100 * (_cpu_s(ref_pid) - r_c0) / dt,
+                "rss_mib": r0, "rss_growth_mib": rss_mib(pid) - r0}
     finally:
+        with contextlib.suppress(OSError):  # (migd-sim exec and its child: the group it leads)
+            os.killpg(ref.pid, signal.SIGKILL)
+        ref.wait()
         m.close()
 
 

@@ -32,6 +32,36 @@ asyncio.run(main())
 """
 
 
+# The same job as migd's daemon written bare against pynvml, in a process of its own over the same simulated
+# node (argv: this directory): the direct sampling cycle once a second and an Xid watch waiting 100 ms at a
+# time (migd's WAIT_MS), nothing else.  Its CPU, measured as the daemon's over the same window, is the
+# machine's floor for the job: timed waits are not free everywhere (a sleeping thread of a VM's guest may
+# be charged for its wake-ups).
+BARE_EXPORTER = """
+import os, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+import pynvml
+from refs import DirectSampler
+pynvml.nvmlInit()
+sampler = DirectSampler()
+events = pynvml.nvmlEventSetCreate()
+for i in range(pynvml.nvmlDeviceGetCount()):
+    pynvml.nvmlDeviceRegisterEvents(pynvml.nvmlDeviceGetHandleByIndex(i), pynvml.nvmlEventTypeXidCriticalError, events)
+def watch():
+    while True:
+        try:
+            pynvml.nvmlEventSetWait_v2(events, 100)
+        except pynvml.NVMLError_Timeout:
+            pass
+threading.Thread(target=watch, daemon=True).start()
+print("ready", os.getpid(), flush=True)
+while True:
+    t = time.monotonic()
+    sampler.cycle()
+    time.sleep(max(0.0, 1.0 - (time.monotonic() - t)))
+"""
+
+
 _METRICS = (pynvml.NVML_GPM_METRIC_SM_UTIL, pynvml.NVML_GPM_METRIC_SM_OCCUPANCY, pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL,
             pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL, pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL)
 
