@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -96,9 +97,10 @@ def test_migctl_is_told_migd_waits_for_the_driver_not_that_no_migd_listens(tmp_p
         for who, cmd in (("root", "daemon"), ("nobody", "daemon"), ("nobody", "status"), ("nobody", "isolation")):
             code, out, err = migctl_as(0 if who == "root" else NOBODY, 0 if who == "root" else NOBODY, [*argv, cmd])
             assert (code, out) == (4, "") and waits.fullmatch(err), (who, cmd, code, out, err)
-        for cmd in ("resume", "clear-fault"):  # (requests that would change: said as `daemon` says the wait)
+        for cmd in ("resume", "clear-fault"):  # (requests that would change: migd's refusal, its exit)
             code, out, err = migctl_as(0, 0, [*argv, cmd, *(["0"] if cmd == "clear-fault" else [])])
-            assert (code, out) == (4, "") and waits.fullmatch(err), (cmd, code, out, err)
+            assert (code, out) == (4, "") and err.startswith("error (from migd): migd is waiting for the NVIDIA "
+                                                             "driver ("), (cmd, code, out, err)
         code, out, err = migctl_as(0, 0, [*argv, "apply", str(tmp_path / "profiles" / "night.yaml")])
         assert (code, out) == (4, "") and re.fullmatch(r"hardware error: .*DRIVER_NOT_LOADED.*\n", err), err
         reload_while_waiting(m, [*argv, "reload"])
@@ -136,18 +138,20 @@ def test_migctl_is_told_migd_waits_for_the_driver_not_that_no_migd_listens(tmp_p
 def reload_while_waiting(m: MigdProcess, reload: list[str]) -> None:
     """`migctl reload` while migd waits: refused as "reload rejected, migd keeps its running configuration"
     with the wait's line, though a SIGHUP then was kept.  Now the file is read and checked at once (a bad
-    one rejected, exit 2) and kept for when migd serves the GPUs, as a SIGHUP is."""
+    one rejected, exit 2, dropping any reload kept before it) and kept for when migd serves the GPUs, as a
+    SIGHUP is, with what only a restart changes said."""
     good = m.config.read_text()
     m.config.write_text(good + "schedule: [\n")
     code, out, err = migctl_as(0, 0, reload)
     assert code == 2 and out == "" and err.startswith("error: reload rejected, migd keeps its running configura"
                                                       f"tion: {m.config}:"), (code, out, err)
     nights = good.replace('{profile: day,   at: "08:30"', '{profile: night, at: "08:30"')
-    assert nights != good
-    m.config.write_text(nights)  # (migd started on `day` at 10:00 Monday: now it should serve `night`)
-    code, out, err = migctl_as(0, 0, reload)
-    assert (code, err) == (0, "") and out == (f"reloaded: {m.config}: 4 profiles, 3 transitions; migd waits for the "
-                                              "NVIDIA driver and serves the GPUs with it once NVML opens\n"), out
+    assert nights != good and "sample_interval: 1s\n" in nights
+    m.config.write_text(nights.replace("sample_interval: 1s\n", "sample_interval: 2s\n"))
+    code, out, err = migctl_as(0, 0, reload)  # (migd started on `day` at 10:00 Monday: now it should serve `night`)
+    assert (code, err) == (0, "") and out == (f"reloaded: {m.config}: 4 profiles, 3 transitions; migd reads it again "
+                                              "and serves the GPUs with it once NVML opens (it waits for the NVIDIA "
+                                              "driver); restart needed for sample_interval\n"), out
 
 
 def test_healthz_while_waiting_for_the_driver_holds_no_thread_and_logs_no_traceback(migd: MigdProcess) -> None:
@@ -189,3 +193,37 @@ def test_sigterm_while_waiting_for_the_driver_stops_cleanly(migd: MigdProcess) -
     migd.assert_no_traceback()
 
 
+
+
+def test_sighup_from_the_wait_to_the_daemon_never_ends_migd(migd: MigdProcess) -> None:
+    """Between the driver wait and the daemon's own handlers SIGHUP had its default action: a `systemctl
+    reload` as NVML opened ended migd.  One relay now serves the whole run; what came before the daemon
+    served is handed to it."""
+    assert migd.migctl("status").code == 0
+    store = StateStore(migd.migctl.state)
+    world.driver_not_loaded(store, 10_000)
+    migd.start(now="2026-11-23T10:00:00", time_scale=4.0)
+    migd.wait_for(lambda s: "STATUS=waiting for the NVIDIA driver" in s, timeout=30)
+    assert migd.proc is not None
+    proc, done, sent = migd.proc, threading.Event(), [0]
+
+    def hup() -> None:
+        while not done.wait(0.01) and proc.poll() is None:  # (through the hand-over, every 10 ms)
+            proc.send_signal(signal.SIGHUP)
+            sent[0] += 1
+    def over() -> bool:
+        migd.poll_notify()
+        return proc.poll() is not None or any("READY=1" in s and "MAINPID" in s for s in migd.messages)
+    sender = threading.Thread(target=hup)
+    sender.start()
+    try:
+        world.driver_not_loaded(store, 0)
+        migd.wait_until(over, timeout=60)
+    finally:
+        done.set()
+        sender.join()
+    assert proc.poll() is None, f"migd ended after {sent[0]} SIGHUPs: {migd.log.read_text()[-2000:]}"
+    assert sent[0] > 10, sent  # (it was signalled through the start, not only before it)
+    migd.wait_until(lambda: "configuration reloaded" in migd.log.read_text(), timeout=30)
+    assert migd.stop() == 0
+    migd.assert_no_traceback()

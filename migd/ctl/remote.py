@@ -113,14 +113,9 @@ def refuse_local(args: argparse.Namespace) -> None:
 
 
 def _error(reply: Reply | ApplyReply) -> bool:
-    """Whether migd refused the request; if so its reason is said, once, as migd's.  A hardware condition
-    that refused it outright (nothing done: while migd waits for the NVIDIA driver) is said as any command
-    says one, ``hardware error: ...``, exit 4 (``migctl daemon`` and ``resume`` said the same wait in two
-    wordings)."""
+    """Whether migd refused the request; if so its reason is said, once, as migd's."""
     if reply.error is None:
         return False
-    if reply.exit == Exit.HARDWARE and getattr(reply, "result", None) is None:
-        raise HardwareError(reply.error)
     print(shown(f"error (from migd): {reply.error}"), file=sys.stderr)
     return True
 
@@ -170,8 +165,6 @@ def cmd_reload(args: argparse.Namespace) -> int:
     if reply is None:
         raise ConnectionError(f"no migd is listening on {sock}")
     head = reply_as(Reply, reply)
-    if not head.ok and head.exit == Exit.HARDWARE:
-        raise refusal(head, "migd did not reload")
     if not head.ok:
         print(shown(f"error: reload rejected, migd keeps its running configuration: {head.why}"), file=sys.stderr)
         return head.exit or Exit.INVALID

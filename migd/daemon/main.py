@@ -9,7 +9,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
@@ -23,8 +22,8 @@ from migd.apply.statefile import read_json
 from migd.cliargs import Parser
 from migd.config.migdyaml import Config, load_config, unmapped_owners
 from migd.daemon import loop
-from migd.daemon.answers import Reloaded, rejection
 from migd.daemon.driverwait import open_nvml
+from migd.daemon.early import Early
 from migd.daemon.sdnotify import Notifier
 from migd.daemon.server import AlreadyRunning, Handlers, claim
 from migd.daemon.service import Clock, Daemon
@@ -130,9 +129,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         if (why := socket_too_long(socket_path)) is not None:  # (--control-socket, or beside a --sim-state)
             raise ValidationError(str(socket_path), None, None, "", why)
         claim(socket_path)
-        sockets = Sockets(socket_path)
-        hup = threading.Event()  # SIGHUP while waiting for the driver: reloaded once the daemon runs
-        backend = _open(args, cfg, partial(_backend, args, state, errors), hup, sockets)
+    except (AlreadyRunning, ValidationError) as e:
+        log.critical("not starting: %s", e)
+        return Exit.INVALID
+    except OSError as e:
+        log.critical("not starting: %s: %s", e.filename or "", e.strerror or e)
+        return Exit.INVALID
+    early = Early(args.config, cfg)  # (one relay for the whole run: never the default SIGHUP, which ends migd)
+    relay = SignalRelay((signal.SIGHUP, signal.SIGTERM, signal.SIGINT), early.signal)
+    try:
+        return _started(args, cfg, (state, state_dir, socket_path), early, errors)
+    finally:
+        relay.close()
+
+
+def _started(args: argparse.Namespace, cfg: Config, where: tuple[Path | None, Path, Path], early: Early,
+             errors: NvmlErrorCounter) -> int:
+    state, state_dir, socket_path = where
+    sockets = Sockets(socket_path)
+    try:
+        backend = _open(args, cfg, partial(_backend, args, state, errors), early, sockets)
     except (AlreadyRunning, ValidationError) as e:
         log.critical("not starting: %s", e)
         return Exit.INVALID
@@ -141,20 +157,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return Exit.INVALID
     if backend is None:  # stopped (SIGTERM) while waiting for the NVIDIA driver
         return Exit.OK
-    return _run(args, cfg, backend, (state, state_dir), sockets, hup, errors)
+    return _run(args, cfg, backend, (state, state_dir), sockets, early, errors)
 
 
 def _run(args: argparse.Namespace, cfg: Config, backend: GpuBackend, where: tuple[Path | None, Path],
-         sockets: Sockets, hup: threading.Event, errors: NvmlErrorCounter) -> int:
+         sockets: Sockets, early: Early, errors: NvmlErrorCounter) -> int:
     """The daemon on an opened backend (``where``: the simulator's state, if any, and the state dir), until
     it stops; what start-up could not survive is one line, never a traceback in the journal."""
     state, state_dir = where
     try:
         daemon = Daemon(cfg, backend, state_dir, _clock(args, cfg), Notifier(),
                         reload_config=lambda: load_config(args.config))
-        if hup.is_set():
-            daemon.events.request_reload()
-        return _serve(args, cfg, backend, state, daemon, sockets, errors)
+        return _serve(args, cfg, backend, state, daemon, (sockets, early), errors)
     except EXPECTED as e:
         f = failure(e)
         log.critical("stopping: %s", f)
@@ -167,35 +181,11 @@ def _run(args: argparse.Namespace, cfg: Config, backend: GpuBackend, where: tupl
         backend.close()
 
 
-def _open(args: argparse.Namespace, cfg: Config, open_backend: Callable[[], GpuBackend],
-          hup: threading.Event, sockets: Sockets) -> GpuBackend | None:
+def _open(args: argparse.Namespace, cfg: Config, open_backend: Callable[[], GpuBackend], early: Early,
+          sockets: Sockets) -> GpuBackend | None:
     """NVML, waiting for the driver while it cannot be opened (driverwait.py); None: SIGTERM came first."""
-    stop = threading.Event()
-
-    def on_signal(signum: int) -> None:
-        (hup if signum == signal.SIGHUP else stop).set()
-    relay = SignalRelay((signal.SIGHUP, signal.SIGTERM, signal.SIGINT), on_signal)
-    try:
-        return open_nvml(open_backend, Notifier(), stop, args.metrics_listen or cfg.metrics_listen, args.time_scale,
-                         lambda said: sockets.waiting(said, partial(_kept, args.config, hup)))
-    finally:
-        relay.close()
-
-
-def _kept(config: str, hup: threading.Event) -> Reloaded:
-    """``migctl reload`` while migd waits for the driver: the configuration read and checked now (a bad one
-    rejected, as at any time), then kept, as a SIGHUP then is: the daemon reads it again as it starts
-    serving the GPUs (there is no running configuration to change before that)."""
-    try:
-        new = load_config(config)
-    except Exception as e:  # noqa: BLE001 - a rejected reload, never a traceback (answers.rejection)
-        said = rejection(e)
-        log.error("reload rejected while waiting for the NVIDIA driver: %s", said)
-        return Reloaded(said, "")
-    hup.set()
-    log.info("reload asked while waiting for the NVIDIA driver: %s is read again once NVML opens", new.path)
-    return Reloaded(None, f"{new.path}: {len(new.profiles)} profiles, {len(new.schedule.entries)} transitions; "
-                          "migd waits for the NVIDIA driver and serves the GPUs with it once NVML opens")
+    return open_nvml(open_backend, Notifier(), early.stop, args.metrics_listen or cfg.metrics_listen, args.time_scale,
+                     lambda said: sockets.waiting(said, early.reload))
 
 
 def _start_fresh(args: argparse.Namespace, state: Path | None, state_dir: Path, socket_path: Path) -> None:
@@ -242,8 +232,10 @@ def _clock(args: argparse.Namespace, cfg: Config) -> Clock:
 
 
 def _serve(args: argparse.Namespace, cfg: Config, backend: GpuBackend, sim_state: Path | None, daemon: Daemon,
-           sockets: Sockets, errors: NvmlErrorCounter) -> int:
-    """Metrics, fault watch and control socket around the daemon's loop, until it stops."""
+           asked: tuple[Sockets, Early], errors: NvmlErrorCounter) -> int:
+    """Metrics, fault watch and control socket around the daemon's loop, until it stops; ``asked``: the
+    sockets and signals, kept since start-up, that the daemon now takes over."""
+    sockets, early = asked
     events = EventCounters()
     listen = args.metrics_listen or cfg.metrics_listen
     sampler = _sampler(cfg, backend, daemon)
@@ -260,8 +252,8 @@ def _serve(args: argparse.Namespace, cfg: Config, backend: GpuBackend, sim_state
     watch = FaultWatch(backend, daemon.hw_lock, events, daemon.status.unhealthy, on_config_change=config_changed)
     handlers = _handlers(daemon, watch, sampler)
     sockets.answer(handlers)
+    early.hand_over(partial(_on_signal, daemon))  # (after the sockets: a reload they kept is handed on)
     watch.start()
-    signals = SignalRelay((signal.SIGHUP, signal.SIGTERM, signal.SIGINT), partial(_on_signal, daemon))
     watchdog = Watchdog(daemon.notifier, daemon.heartbeat)
     watchdog.start()
     _prepare(args, cfg, backend, daemon, sockets.path, sim_state)
@@ -269,7 +261,6 @@ def _serve(args: argparse.Namespace, cfg: Config, backend: GpuBackend, sim_state
         loop.run(daemon)
     finally:
         watchdog.stop()
-        signals.close()
         watch.stop()
         sockets.close()
         if metrics is not None:

@@ -1,0 +1,71 @@
+"""What is asked of migd before its daemon serves (while it waits for the NVIDIA driver, and while it
+starts): SIGHUP, SIGTERM and ``migctl reload``, kept and handed to the daemon once it answers.
+
+Why a module of its own: migd's signal handlers were the default ones between the wait and the daemon's
+own (a ``systemctl reload`` then killed migd), and a reload answered "kept" in the moment the sockets
+passed to the daemon was never read.  One relay serves the whole run, and the hand-over takes the same
+lock as a reload being answered, so everything asked before it is seen after it.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable
+
+from migd.config.migdyaml import Config, load_config, restart_only
+from migd.daemon.answers import Reloaded, rejection
+
+log = logging.getLogger("migd")
+
+
+class Early:
+    """SIGHUP and ``migctl reload`` (``hup``), SIGTERM and SIGINT (``stop``) until :meth:`hand_over`."""
+
+    def __init__(self, config_path: str, started: Config) -> None:
+        self.config_path = config_path
+        self.started = started  # the configuration migd started on: what a restart-only change is read against
+        self.hup = threading.Event()
+        self.stop = threading.Event()
+        self._lock = threading.Lock()
+        self._to: Callable[[int], None] | None = None  # the daemon's, once handed over
+
+    def signal(self, signum: int) -> None:
+        """The relay's action for the whole run: kept here until the daemon takes them."""
+        with self._lock:
+            to = self._to
+            if to is None:
+                (self.hup if signum == signal.SIGHUP else self.stop).set()
+        if to is not None:
+            to(signum)
+
+    def reload(self) -> Reloaded:
+        """``migctl reload`` before the daemon serves: the files read and checked now (a bad one rejected,
+        as at any time, and any reload kept before it dropped with it), then kept, as a SIGHUP then is: the
+        daemon reads them again as it starts serving (checked then against the GPUs too)."""
+        with self._lock:
+            if self._to is not None:  # (asked as the sockets passed to the daemon: it takes it as a SIGHUP)
+                self._to(signal.SIGHUP)
+            try:
+                new = load_config(self.config_path)
+            except Exception as e:  # noqa: BLE001 - a rejected reload, never a traceback (answers.rejection)
+                self.hup.clear()
+                said = rejection(e)
+                log.error("reload rejected before migd serves the GPUs: %s", said)
+                return Reloaded(said, "")
+            self.hup.set()
+        stale = [name for name, old, now in restart_only(self.started, new) if old != now]
+        log.info("reload asked before migd serves the GPUs: %s is read again once it does", new.path)
+        return Reloaded(None, f"{new.path}: {len(new.profiles)} profiles, {len(new.schedule.entries)} transitions; "
+                              "migd reads it again and serves the GPUs with it once NVML opens (it waits for the "
+                              "NVIDIA driver)" + (f"; restart needed for {', '.join(stale)}" if stale else ""))
+
+    def hand_over(self, to: Callable[[int], None]) -> None:
+        """From now on signals go to ``to``; what came before is given to it now, once (a reload being
+        answered finishes first)."""
+        with self._lock:
+            self._to = to
+            kept = [s for s, e in ((signal.SIGHUP, self.hup), (signal.SIGTERM, self.stop)) if e.is_set()]
+        for signum in kept:
+            to(signum)
