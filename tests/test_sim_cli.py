@@ -4,10 +4,14 @@ exit 2, and the state file (and its generation) stay as they were; a running mig
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shlex
 import shutil
+import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -19,9 +23,11 @@ from typing import Any
 
 import pytest
 
+from migd.sim.cli_control import BOOTED
 from migd.sim.state import StateStore
 from tests.daemon_harness import MigdProcess
 from tests.helpers import MIGCTL, PROFILES, REPO, Migctl, migctl_as, need_root
+from tests.test_fresh_clone import section
 
 NOBODY = 65534
 
@@ -203,43 +209,89 @@ def test_a_running_migd_sees_each(migd: MigdProcess) -> None:
     migd.wait_until(lambda: daemon()["unhealthy"].get(uuid, "").startswith("Xid 79 (GPU-wide)"))
 
 
-def test_driver_boots_the_files_access_by_owner_and_status_mine_read(tmp_path: Path) -> None:
-    """`migd-sim driver` loads the simulated driver with its /proc and /dev under a directory, so access
-    by owner and `migctl status --mine` can be tried from a shell (only a test could boot them).  A boot
-    clears its proc, dev and run there: a directory holding anything else is refused, untouched."""
-    need_root("mknod, as the driver's nodes are made")
-    root = Path(tempfile.mkdtemp(prefix="migd-caps-", dir="/tmp"))  # (a directory every user may enter)
-    root.chmod(0o755)
-    m = MigdProcess(tmp_path, "single-a100")
+
+def test_driver_refuses_a_directory_it_could_wipe_or_another_user_could_steer(tmp_path: Path) -> None:
+    """`migd-sim driver` boots as root and clears its proc, dev and run/nvidia-sim under the directory
+    given: one holding anything else, one another user owns (with a boot's marker and symlinks that led
+    root's writes and chmods elsewhere), a symlink, or one under a directory others may write is refused
+    in one line, exit 2, and nothing is touched."""
+    need_root("a boot makes device nodes; other users' directories")
+    m = Migctl(tmp_path, "single-a100")
+    assert m("status").code == 0
+    base = Path(tempfile.mkdtemp(prefix="migd-drv-", dir="/tmp"))
     try:
-        assert m.migctl("status").code == 0  # makes the node
-        (root / "run").mkdir()
-        r = on(m.migctl, "driver", "--caps-root", str(root))
-        assert (r.returncode, r.stdout) == (2, "") and r.stderr == (
-            f"migd-sim driver: {root} holds run: give a new or empty directory (a boot clears its proc, dev and "
-            "run)\n"), r.stderr
-        assert os.listdir(root) == ["run"]
-        (root / "run").rmdir()
-        for _ in range(2):  # (a boot's own directory boots again)
-            r = on(m.migctl, "driver", "--caps-root", str(root))
-            assert r.returncode == 0 and r.stdout.startswith(f"the simulated driver's files are under {root}: "), r
-        assert (root / "proc/driver/nvidia-caps/mig-minors").is_file() and (root / "dev/nvidia-caps").is_dir()
-        (root / "run/migd").mkdir(mode=0o700)
-        with m.config.open("a") as f:
-            f.write(f"control_socket: {root / 'run/migd/control.sock'}\n"
-                    f"access:\n  root: {root}\n  owners:\n    notebooks: {{group: nogroup}}\n")
-        m.start(now="2026-11-23T10:00:00")  # Monday morning: day, 7 x 1g.10gb for notebooks
-        m.wait_ready()
-        argv = ["--sim", m.fleet, "--sim-state", str(m.migctl.state), "--state-dir", str(m.migctl.state_dir),
-                "--control-socket", str(root / "run/migd/control.sock"), "status", "--mine"]
-        m.wait_until(lambda: len(migctl_as(NOBODY, NOBODY, argv)[1].splitlines()) == 7)
-        code, out, err = migctl_as(NOBODY, NOBODY, argv)
-        assert code == 0 and all("(owner notebooks): CUDA_VISIBLE_DEVICES=MIG-" in ln for ln in out.splitlines()), \
-            (out, err)
-        code, out, err = migctl_as(NOBODY, 100, argv)  # (another group: none of them)
-        assert code == 1 and out.startswith(f"no MIG device of this node is open to you (uid {NOBODY}, "), out
-        assert m.stop() == 0
-        m.assert_no_traceback()
+        base.chmod(0o755)
+        victim = base / "victim"
+        victim.mkdir(mode=0o700)
+        full = base / "full"
+        full.mkdir()
+        (full / "run").mkdir()
+        theirs = base / "theirs"
+        theirs.mkdir()
+        (theirs / BOOTED).write_text("")
+        (theirs / "dev").symlink_to(victim)
+        os.chown(theirs, NOBODY, NOBODY)
+        open_dir = base / "open"
+        open_dir.mkdir()
+        open_dir.chmod(0o777)  # (not sticky: anyone may swap what is in it)
+        (base / "link").symlink_to(full)
+        cases = [(full, f"{full} holds run: give a new or empty directory"),
+                 (theirs, f"{theirs} is uid {NOBODY}'s, mode 0755: a boot writes there as root"),
+                 (base / "link", f"{base / 'link'} is a symbolic link"),
+                 (open_dir / "caps", "writable by group or others"),
+                 (Path("/"), "the root directory is no place for a simulated driver")]
+        for where, says in cases:
+            r = on(m, "driver", "--caps-root", str(where))
+            assert (r.returncode, r.stdout) == (2, "") and says in r.stderr and len(r.stderr.splitlines()) == 1, \
+                (where, r.stderr)
+        assert stat.S_IMODE(victim.stat().st_mode) == 0o700 and os.listdir(victim) == []
+        assert os.listdir(full) == ["run"] and sorted(os.listdir(theirs)) == [BOOTED, "dev"]
     finally:
-        m.close()
-        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_users_md_tries_access_by_owner_on_the_simulator_as_written() -> None:
+    """users.md's lines, run as written by root from the checkout, then its user's line as `nobody` (in
+    `nogroup`: the seven instances of `day`, each with its CUDA_VISIBLE_DEVICES line) and as `nobody` in
+    another group (none, exit 1); a boot over its own directory boots again.  (The Python that runs migctl
+    as the user is this one, forked: the venv the README installs is tested by test_fresh_clone.py.)"""
+    need_root("a boot makes device nodes; other users")
+    lines = section(REPO / "docs" / "users.md", "### On the simulator")
+    root_lines, user_line = lines[:-1], lines[-1]
+    assert user_line.startswith("migctl ") and "status --mine" in user_line, lines
+    out = Path(tempfile.mkstemp(prefix="migd-users-md-")[1])
+    with out.open("w") as f:
+        demo = subprocess.Popen(["bash", "-c", "set -e\n" + "\n".join(root_lines)], cwd=REPO, stdout=f,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        assert demo.wait(timeout=120) == 0, out.read_text()
+    d = Path(out.read_text().splitlines()[0])
+    try:
+        assert d.parent == Path(tempfile.gettempdir()) and (d / "caps" / BOOTED).is_file(), out.read_text()
+        argv = shlex.split(user_line.replace("$D", str(d)))[1:]
+        mine: list[str] = []
+
+        def listed() -> bool:
+            code, text, _ = migctl_as(NOBODY, NOBODY, argv)
+            mine[:] = text.splitlines() if code == 0 else []
+            return len(mine) == 7
+        deadline = time.monotonic() + 60
+        while not listed() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(mine) == 7 and all("(owner notebooks): CUDA_VISIBLE_DEVICES=MIG-" in ln for ln in mine), \
+            (mine, out.read_text()[-2000:])
+        code, text, err = migctl_as(NOBODY, 100, argv)
+        assert code == 1 and text.startswith(f"no MIG device of this node is open to you (uid {NOBODY}, "), (text, err)
+        again = sim("driver", "--sim-state", str(d / "node.json"), "--caps-root", str(d / "caps"))
+        assert again.returncode == 0 and again.stdout.startswith("the simulated driver's files are under "), again
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(demo.pid, signal.SIGTERM)  # (migd, started in the background by the lines)
+        deadline = time.monotonic() + 30
+        with contextlib.suppress(ProcessLookupError):
+            while time.monotonic() < deadline:
+                os.killpg(demo.pid, 0)
+                time.sleep(0.1)
+        log = out.read_text()
+        out.unlink()
+        shutil.rmtree(d, ignore_errors=True)
+    assert "Traceback" not in log and "applied profile day" in log, log[-2000:]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +25,7 @@ from migd.paths import sim_root
 from migd.printable import clipped
 from migd.sim import caps, world
 from migd.sim.state import FLEETS, StateStore
-from migd.trust import ensure_private_dir
+from migd.trust import ensure_private_dir, refuse_untrusted
 
 MAX_SLOW_S = 60.0  # a typo (3000 for 3) would hold every apply for hours: beyond this is refused
 
@@ -150,20 +151,55 @@ BOOT_DIRS = frozenset({"proc", "dev", "sys", "run", BOOTED})
 def driver(args: argparse.Namespace, store: StateStore) -> str:
     """The node's driver loaded with its files (/proc, /dev, /sys) under ``--caps-root``, as a boot makes
     them, so ``access:`` in migd.yaml and ``migctl status --mine`` can be tried.  A boot clears what it
-    makes there, so the directory must be new, empty or a boot's own: never a tree it could wipe."""
+    makes there, as root: the directory must be new, empty or a boot's own, and root's throughout, never
+    a tree it could wipe or another user could point elsewhere."""
     if os.geteuid() != 0:
         raise BadInput("needs root: the driver's device nodes are made with mknod (run it with sudo)")
-    root = Path(os.path.abspath(args.caps_root))
-    if root.is_symlink() or (root.exists() and not root.is_dir()):
-        raise BadInput(f"{root} is not a directory")
-    held = {p.name for p in root.iterdir()} if root.exists() else set()
-    if held and (BOOTED not in held or not held <= BOOT_DIRS):
-        raise BadInput(f"{root} holds {', '.join(sorted(held - {BOOTED}))[:200]}: give a new or empty directory "
-                       "(a boot clears its proc, dev and run)")
+    root = _boot_root(args.caps_root)
+    fd = os.open(root / BOOTED, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "w") as f:  # (first: a boot that fails part-way may be run again over its own files)
+        f.write("a simulated NVIDIA driver's files, made by migd-sim driver\n")
     caps.enable(store, root, setuid_modprobe=False)
-    (root / BOOTED).write_text("a simulated NVIDIA driver's files, made by migd-sim driver\n")
     return (f"the simulated driver's files are under {root}: proc/driver/nvidia*, dev/nvidia-caps (no setuid "
             f"nvidia-modprobe, as on the recorded H100); give migd `access: {{root: {root}}}` to serve them")
+
+
+def _boot_root(given: str) -> Path:
+    """``given`` made (0755) or checked: root's, not writable by others, nor any directory above it (a
+    sticky one aside), not a symlink, and holding nothing but an earlier boot's own entries, each root's."""
+    path = Path(os.path.abspath(given))
+    if path.is_symlink():
+        raise BadInput(f"{path} is a symbolic link: give the directory itself")
+    root = Path(os.path.realpath(path.parent)) / path.name
+    if root == Path("/") or not path.name:
+        raise BadInput("the root directory is no place for a simulated driver: give a new or empty directory")
+    try:
+        root.mkdir(mode=0o755)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise BadInput(f"{root}: cannot make it ({e.strerror})") from None
+    st = os.lstat(root)
+    if not stat.S_ISDIR(st.st_mode):
+        raise BadInput(f"{root} is not a directory")
+    if st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise BadInput(f"{root} is uid {st.st_uid}'s, mode {stat.S_IMODE(st.st_mode):04o}: a boot writes there as "
+                       "root, so it must be root's and writable by nobody else (give a new directory)")
+    try:
+        refuse_untrusted(str(root), st, "directory given")  # (and every directory above it)
+    except ValidationError as e:
+        raise BadInput(str(e)) from None
+    held = {e.name: e for e in os.scandir(root)}
+    if held and (BOOTED not in held or not set(held) <= BOOT_DIRS):
+        raise BadInput(f"{root} holds {', '.join(sorted(set(held) - {BOOTED}))[:200]}: give a new or empty "
+                       "directory (a boot clears its proc, dev and run/nvidia-sim)")
+    for name, entry in held.items():
+        est = entry.stat(follow_symlinks=False)
+        kind = stat.S_ISREG if name == BOOTED else stat.S_ISDIR
+        if not kind(est.st_mode) or est.st_uid != 0:
+            raise BadInput(f"{root / name} is not what a boot made (a root-owned "
+                           f"{'file' if name == BOOTED else 'directory'}): give a new or empty directory")
+    return root
 
 
 Handler = Callable[[argparse.Namespace, StateStore], str]
