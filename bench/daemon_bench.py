@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import select
 import shutil
 import signal
 import statistics
@@ -99,14 +100,14 @@ def bench_daemon_cpu(tmp: Path, window_s: float) -> dict[str, float]:
     """The daemon's CPU at 1 s sampling, nobody scraping (its own process, /proc), beside the bare exporter
     (refs.BARE_EXPORTER) over the same node in the same window."""
     m = started_daemon(tmp / "cpu", "1s")
-    ref = subprocess.Popen([sys.executable, "-m", "migd.sim.cli", "exec", "--sim-state", str(m.migctl.state), "--",
-                            sys.executable, "-c", BARE_EXPORTER, str(Path(__file__).resolve().parent)],
-                           stdout=subprocess.PIPE, text=True, start_new_session=True)
+    ref: subprocess.Popen[str] | None = None
+    ref_pid = 0
     try:
-        line = ref.stdout.readline() if ref.stdout else ""
-        if not line.startswith("ready "):
-            raise RuntimeError(f"the bare exporter did not start: {line!r}")
-        pid, ref_pid = m.proc.pid, int(line.split()[1])  # type: ignore[union-attr]
+        ref = subprocess.Popen([sys.executable, "-m", "migd.sim.cli", "exec", "--sim-state", str(m.migctl.state),
+                                "--", sys.executable, "-c", BARE_EXPORTER, str(Path(__file__).resolve().parent)],
+                               stdout=subprocess.PIPE, text=True, start_new_session=True)
+        ref_pid = _ready(ref, 60)
+        pid = m.proc.pid  # type: ignore[union-attr]
         time.sleep(2)
         c0, r_c0, t0, r0 = _cpu_s(pid), _cpu_s(ref_pid), time.monotonic(), rss_mib(pid)
         time.sleep(window_s)
@@ -114,11 +115,35 @@ def bench_daemon_cpu(tmp: Path, window_s: float) -> dict[str, float]:
         return {"cpu_pct": 100 * (_cpu_s(pid) - c0) / dt, "ref_cpu_pct": 100 * (_cpu_s(ref_pid) - r_c0) / dt,
                 "rss_mib": r0, "rss_growth_mib": rss_mib(pid) - r0}
     finally:
-        with contextlib.suppress(OSError):  # (migd-sim exec and its child: the group it leads)
-            os.killpg(ref.pid, signal.SIGKILL)
-        ref.wait()
+        if ref is not None:
+            _end(ref, ref_pid)
         m.close()
 
+
+def _ready(ref: subprocess.Popen[str], timeout_s: float) -> int:
+    """The bare exporter's pid, from its ``ready PID`` line (within ``timeout_s``)."""
+    assert ref.stdout is not None
+    if not select.select([ref.stdout], [], [], timeout_s)[0]:
+        raise RuntimeError(f"the bare exporter said nothing in {timeout_s:g} s")
+    line = ref.stdout.readline()
+    if not line.startswith("ready "):
+        raise RuntimeError(f"the bare exporter did not start: {line!r}")
+    return int(line.split()[1])
+
+
+def _end(ref: subprocess.Popen[str], ref_pid: int) -> None:
+    """The exporter killed, so that ``migd-sim exec`` returns and removes its directory; the group if not."""
+    with contextlib.suppress(OSError):
+        if ref_pid:
+            os.kill(ref_pid, signal.SIGKILL)
+    try:
+        ref.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            os.killpg(ref.pid, signal.SIGKILL)
+        ref.wait()
+    if ref.stdout is not None:
+        ref.stdout.close()
 
 def _ab(url: str, n: int) -> float:
     """p99 latency in ms of ``ab -n N -c 50`` (a new connection per request, as a scraper without keep-alive does), from
