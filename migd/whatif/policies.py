@@ -204,8 +204,11 @@ def migd(setup: Setup) -> Planner:
         c.ended.clear()
         seen.observe(now, ((j.spec.gres, j.spec.count) for q in (*c.pending.values(), *(n.running for n in c.nodes))
                            for j in q))
-        if not any(c.pending.values()):
-            return {}  # the rule changes a node only to start a waiting job: with none, deciding is moot
+        if not any(c.pending.values()):  # the rule changes a node only to start a waiting job: none, no change
+            for n in c.nodes:  # (named as a decision names them: the numbers, and so the rule's order, as ever)
+                for j in n.running:
+                    named(j)
+            return {}
         snap = Snapshot(tuple(Pending(asked(j), j.spec.account, j.spec.gres, j.spec.count, j.spec.time_limit_s,
                                       age_s=now - j.spec.submit_s) for q in c.pending.values() for j in q),
                         tuple(_view(n, now, c, named) for n in c.nodes if _heading(n, c).name in setup.mixes),
