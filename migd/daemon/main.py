@@ -119,35 +119,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{args.config}: warning: {w}", file=sys.stderr)
         print(f"{args.config}: ok ({len(cfg.profiles)} profile(s), {len(cfg.schedule.entries)} transition(s))")
         return Exit.OK
-    errors = NvmlErrorCounter()
-    try:
-        state, state_dir, socket_path = _paths(args, cfg)
-        if args.fresh:
-            _start_fresh(args, state, state_dir, socket_path)
-        ensure_private_dir(state_dir, "state dir")
-        ensure_private_dir(socket_path.parent, "control socket's directory")
-        if (why := socket_too_long(socket_path)) is not None:  # (--control-socket, or beside a --sim-state)
-            raise ValidationError(str(socket_path), None, None, "", why)
-        claim(socket_path)
-    except (AlreadyRunning, ValidationError) as e:
-        log.critical("not starting: %s", e)
-        return Exit.INVALID
-    except OSError as e:
-        log.critical("not starting: %s: %s", e.filename or "", e.strerror or e)
-        return Exit.INVALID
     early = Early(args.config, cfg)  # (one relay for the whole run: never the default SIGHUP, which ends migd)
     relay = SignalRelay((signal.SIGHUP, signal.SIGTERM, signal.SIGINT), early.signal)
     try:
-        return _started(args, cfg, (state, state_dir, socket_path), early, errors)
+        return _start(args, cfg, early)
     finally:
         relay.close()
 
 
-def _started(args: argparse.Namespace, cfg: Config, where: tuple[Path | None, Path, Path], early: Early,
-             errors: NvmlErrorCounter) -> int:
-    state, state_dir, socket_path = where
-    sockets = Sockets(socket_path)
+def _claimed(args: argparse.Namespace, cfg: Config) -> tuple[Path | None, Path, Path]:
+    """The simulator's state (if any), the state dir and the control socket, checked and claimed."""
+    state, state_dir, socket_path = _paths(args, cfg)
+    if args.fresh:
+        _start_fresh(args, state, state_dir, socket_path)
+    ensure_private_dir(state_dir, "state dir")
+    ensure_private_dir(socket_path.parent, "control socket's directory")
+    if (why := socket_too_long(socket_path)) is not None:  # (--control-socket, or beside a --sim-state)
+        raise ValidationError(str(socket_path), None, None, "", why)
+    claim(socket_path)
+    return state, state_dir, socket_path
+
+
+def _start(args: argparse.Namespace, cfg: Config, early: Early) -> int:
+    errors = NvmlErrorCounter()
     try:
+        state, state_dir, socket_path = _claimed(args, cfg)
+        sockets = Sockets(socket_path)
         backend = _open(args, cfg, partial(_backend, args, state, errors), early, sockets)
     except (AlreadyRunning, ValidationError) as e:
         log.critical("not starting: %s", e)
