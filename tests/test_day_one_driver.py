@@ -227,3 +227,27 @@ def test_sighup_from_the_wait_to_the_daemon_never_ends_migd(migd: MigdProcess) -
     migd.wait_until(lambda: "configuration reloaded" in migd.log.read_text(), timeout=30)
     assert migd.stop() == 0
     migd.assert_no_traceback()
+
+
+SIGHUP_AS_IT_LOADS = """
+import os, signal, sys
+from migd.daemon import main as m
+real, sent = m.load_config, []
+def loading(*args, **kw):
+    if not sent:  # (the first read: the configuration migd starts on)
+        sent.append(os.kill(os.getpid(), signal.SIGHUP))
+    return real(*args, **kw)
+m.load_config = loading
+sys.exit(m.main(sys.argv[4:]))
+"""
+
+
+def test_sighup_while_migd_reads_its_configuration_is_a_reload(migd: MigdProcess) -> None:
+    """A SIGHUP before migd's relay took signals (it read its configuration first) had the default
+    action and ended migd.  The relay now comes first: the SIGHUP is kept and is a reload once it serves."""
+    migd.start(now="2026-11-23T10:00:00", wrap=(sys.executable, "-c", SIGHUP_AS_IT_LOADS))
+    migd.wait_ready(timeout=60)
+    migd.wait_until(lambda: "configuration reloaded" in migd.log.read_text(), timeout=30)
+    assert migd.proc is not None and migd.proc.poll() is None
+    assert migd.stop() == 0
+    migd.assert_no_traceback()

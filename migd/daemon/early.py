@@ -23,9 +23,10 @@ log = logging.getLogger("migd")
 class Early:
     """SIGHUP and ``migctl reload`` (``hup``), SIGTERM and SIGINT (``stop``) until :meth:`hand_over`."""
 
-    def __init__(self, config_path: str, started: Config) -> None:
+    def __init__(self, config_path: str) -> None:
         self.config_path = config_path
-        self.started = started  # the configuration migd started on: what a restart-only change is read against
+        self.started: Config | None = None  # what migd starts on (read before its sockets are bound, so before
+        # any reload is asked): what a restart-only change is read against
         self.hup = threading.Event()
         self.stop = threading.Event()
         self._lock = threading.Lock()
@@ -55,7 +56,7 @@ class Early:
                 log.error("reload rejected before migd serves the GPUs: %s", said)
                 return Reloaded(said, "")
             self.hup.set()
-        stale = [name for name, old, now in restart_only(self.started, new) if old != now]
+        stale = [name for name, old, now in restart_only(self.started, new) if old != now] if self.started else []
         log.info("reload asked before migd serves the GPUs: %s is read again once it does", new.path)
         return Reloaded(None, f"{new.path}: {len(new.profiles)} profiles, {len(new.schedule.entries)} transitions; "
                               "migd reads it again and serves the GPUs with it once NVML opens (it waits for the "

@@ -106,25 +106,32 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     setup_logging(args.log_level)
-    try:
-        cfg = load_config(args.config)
-    except (ValidationError, OSError) as e:
-        if args.check:  # a checker prints the error alone, as a compiler would
-            print(f"{args.config}: {e}" if isinstance(e, OSError) and not e.filename else str(e), file=sys.stderr)
-        else:
-            log.critical("invalid configuration, not starting: %s", e)
-        return Exit.INVALID
     if args.check:
-        for w in unmapped_owners(cfg):  # what start-up warns about, said before it starts
-            print(f"{args.config}: warning: {w}", file=sys.stderr)
-        print(f"{args.config}: ok ({len(cfg.profiles)} profile(s), {len(cfg.schedule.entries)} transition(s))")
-        return Exit.OK
-    early = Early(args.config, cfg)  # (one relay for the whole run: never the default SIGHUP, which ends migd)
+        return _check(args)
+    early = Early(args.config)  # (one relay from here to the end: never the default SIGHUP, which ends migd)
     relay = SignalRelay((signal.SIGHUP, signal.SIGTERM, signal.SIGINT), early.signal)
     try:
+        try:
+            early.started = cfg = load_config(args.config)
+        except (ValidationError, OSError) as e:
+            log.critical("invalid configuration, not starting: %s", e)
+            return Exit.INVALID
         return _start(args, cfg, early)
     finally:
         relay.close()
+
+
+def _check(args: argparse.Namespace) -> int:
+    """``--check``: the configuration read as migd would start on it, said on stdout or stderr alone."""
+    try:
+        cfg = load_config(args.config)
+    except (ValidationError, OSError) as e:  # a checker prints the error alone, as a compiler would
+        print(f"{args.config}: {e}" if isinstance(e, OSError) and not e.filename else str(e), file=sys.stderr)
+        return Exit.INVALID
+    for w in unmapped_owners(cfg):  # what start-up warns about, said before it starts
+        print(f"{args.config}: warning: {w}", file=sys.stderr)
+    print(f"{args.config}: ok ({len(cfg.profiles)} profile(s), {len(cfg.schedule.entries)} transition(s))")
+    return Exit.OK
 
 
 def _claimed(args: argparse.Namespace, cfg: Config) -> tuple[Path | None, Path, Path]:
