@@ -1,4 +1,4 @@
-"""``migd-sim process|xid|lose|return|slow``: an operator rehearsing day one acts on
+"""``migd-sim process|xid|lose|return|slow|driver``: an operator rehearsing day one acts on
 the simulated node from a shell.  Every test runs the real ``migd-sim`` process; bad input is one line,
 exit 2, and the state file (and its generation) stay as they were; a running migd sees each change."""
 

@@ -60,7 +60,8 @@ class _Parser(argparse.ArgumentParser):
 
 def parser() -> argparse.ArgumentParser:
     top = _Parser(prog="migd-sim", description="Run programs over a simulated GPU fleet, and act on a simulated "
-                  "node as the world does: CUDA processes, Xids, lost GPUs, a slow driver (docs/simulator.md).")
+                  "node as the world does: CUDA processes, Xids, lost GPUs, a slow driver, the driver's device files "
+                  "(docs/simulator.md).")
     sub = top.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("exec", help="run COMMAND with pynvml and nvidia-smi seeing the simulated fleet")
     ex.add_argument("--sim-state", required=True, help="the simulator's state file (created if missing)")
