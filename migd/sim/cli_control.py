@@ -3,8 +3,9 @@
 Each subcommand is one call of :mod:`migd.sim.world` (``driver``: of :mod:`migd.sim.caps`) on the node
 that ``migd`` and ``migctl`` run against (``--sim FLEET``, its state file under ``$TMPDIR/migd-sim-UID/``,
 or ``--sim-state PATH``), so an operator rehearsing day one can start a workload, raise an Xid, lose a
-GPU, slow the driver down or load it with its device files while migd runs, without writing Python.  Bad input is one line on stderr and exit 2, and then nothing
-in the simulated state has changed: every check runs inside the transaction that would write it.
+GPU, slow the driver down or load it with its device files while migd runs, without writing Python.
+Bad input is one line on stderr and exit 2, and then nothing in the simulated state has changed: every
+check runs inside the transaction that would write it (``driver``: before it writes anything).
 """
 
 from __future__ import annotations
