@@ -29,7 +29,14 @@ def refuse_untrusted(name: str, st: os.stat_result, what: str) -> None:
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise ValidationError(name, None, None, "", f"{what} is writable by group or others "
                               f"(mode {stat.S_IMODE(st.st_mode):04o}); fix with chmod go-w")
-    for d in Path(os.path.abspath(name)).parents:
+    check_above(Path(name), what)
+
+
+def check_above(path: Path, what: str) -> None:
+    """Every directory above ``path`` root's (or ours) and writable by nobody else, a sticky one aside:
+    else whoever may write one could swap ``path``."""
+    name = str(path)
+    for d in Path(os.path.abspath(path)).parents:
         ds = os.stat(d)
         if ds.st_uid not in _owners():
             raise ValidationError(name, None, None, "", f"directory {d} above the {what} is owned by uid "

@@ -235,10 +235,20 @@ def test_driver_refuses_a_directory_it_could_wipe_or_another_user_could_steer(tm
         open_dir.mkdir()
         open_dir.chmod(0o777)  # (not sticky: anyone may swap what is in it)
         (base / "link").symlink_to(full)
+        mine = base / "mine"  # root's, with a boot's marker, and a run/ anyone may write (to swap nvidia-sim)
+        (mine / "run").mkdir(parents=True)
+        (mine / BOOTED).write_text("")
+        (mine / "run").chmod(0o777)
+        nb = base / "nb"  # another user's directory on the way, holding a link to a root-owned one
+        nb.mkdir()
+        (nb / "link").symlink_to(victim)
+        os.chown(nb, NOBODY, NOBODY)
         cases = [(full, f"{full} holds run: give a new or empty directory"),
-                 (theirs, f"{theirs} is uid {NOBODY}'s, mode 0755: a boot writes there as root"),
-                 (base / "link", f"{base / 'link'} is a symbolic link"),
+                 (theirs, f"{theirs} is a directory, uid {NOBODY}'s, mode 0755: a boot writes there as root"),
+                 (base / "link", f"{base / 'link'} passes through a symbolic link"),
+                 (nb / "link" / "caps", "passes through a symbolic link"),
                  (open_dir / "caps", "writable by group or others"),
+                 (mine, f"{mine / 'run'} is a directory, uid 0's, mode 0777: not what a boot made"),
                  (Path("/"), "the root directory is no place for a simulated driver")]
         for where, says in cases:
             r = on(m, "driver", "--caps-root", str(where))
@@ -246,6 +256,15 @@ def test_driver_refuses_a_directory_it_could_wipe_or_another_user_could_steer(tm
                 (where, r.stderr)
         assert stat.S_IMODE(victim.stat().st_mode) == 0o700 and os.listdir(victim) == []
         assert os.listdir(full) == ["run"] and sorted(os.listdir(theirs)) == [BOOTED, "dev"]
+        assert os.listdir(open_dir) == [] and os.listdir(mine / "run") == []  # (refused: nothing made)
+        booted = base / "booted"  # root's umask 000 (what root's shell may have): the boot's run/ is 0755 all
+        r = subprocess.run(["bash", "-c", 'umask 000; exec "$@"', "sh", sys.executable, "-m", "migd.sim.cli", "driver",
+                            "--sim-state", str(m.state), "--caps-root", str(booted)], capture_output=True, text=True,
+                           cwd=REPO, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert {str(p.relative_to(booted / "run")): stat.S_IMODE(p.stat().st_mode) for p in (booted / "run").rglob("*")
+                if p.is_dir()} == {"nvidia-sim": 0o755, "nvidia-sim/claims": 0o1733}
+        assert stat.S_IMODE((booted / "run").stat().st_mode) == 0o755
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -259,13 +278,14 @@ def test_users_md_tries_access_by_owner_on_the_simulator_as_written() -> None:
     lines = section(REPO / "docs" / "users.md", "### On the simulator")
     root_lines, user_line = lines[:-1], lines[-1]
     assert user_line.startswith("migctl ") and "status --mine" in user_line, lines
-    out = Path(tempfile.mkstemp(prefix="migd-users-md-")[1])
-    with out.open("w") as f:
+    fd, name = tempfile.mkstemp(prefix="migd-users-md-")
+    out, d = Path(name), None
+    with os.fdopen(fd, "w") as f:
         demo = subprocess.Popen(["bash", "-c", "set -e\n" + "\n".join(root_lines)], cwd=REPO, stdout=f,
                                 stderr=subprocess.STDOUT, start_new_session=True)
-        assert demo.wait(timeout=120) == 0, out.read_text()
-    d = Path(out.read_text().splitlines()[0])
     try:
+        assert demo.wait(timeout=120) == 0, out.read_text()
+        d = Path(out.read_text().splitlines()[0])
         assert d.parent == Path(tempfile.gettempdir()) and (d / "caps" / BOOTED).is_file(), out.read_text()
         argv = shlex.split(user_line.replace("$D", str(d)))[1:]
         mine: list[str] = []
@@ -293,5 +313,6 @@ def test_users_md_tries_access_by_owner_on_the_simulator_as_written() -> None:
                 time.sleep(0.1)
         log = out.read_text()
         out.unlink()
-        shutil.rmtree(d, ignore_errors=True)
+        if d is not None:
+            shutil.rmtree(d, ignore_errors=True)
     assert "Traceback" not in log and "applied profile day" in log, log[-2000:]

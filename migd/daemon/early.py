@@ -46,8 +46,6 @@ class Early:
         as at any time, and any reload kept before it dropped with it), then kept, as a SIGHUP then is: the
         daemon reads them again as it starts serving (checked then against the GPUs too)."""
         with self._lock:
-            if self._to is not None:  # (asked as the sockets passed to the daemon: it takes it as a SIGHUP)
-                self._to(signal.SIGHUP)
             try:
                 new = load_config(self.config_path)
             except Exception as e:  # noqa: BLE001 - a rejected reload, never a traceback (answers.rejection)
@@ -55,12 +53,17 @@ class Early:
                 said = rejection(e)
                 log.error("reload rejected before migd serves the GPUs: %s", said)
                 return Reloaded(said, "")
-            self.hup.set()
+            served = self._to is not None  # (asked as the sockets passed to the daemon: a SIGHUP to it)
+            if self._to is not None:
+                self._to(signal.SIGHUP)
+            else:
+                self.hup.set()
         stale = [name for name, old, now in restart_only(self.started, new) if old != now] if self.started else []
-        log.info("reload asked before migd serves the GPUs: %s is read again once it does", new.path)
+        log.info("reload asked as migd started: %s is read again as it serves the GPUs", new.path)
         return Reloaded(None, f"{new.path}: {len(new.profiles)} profiles, {len(new.schedule.entries)} transitions; "
-                              "migd reads it again and serves the GPUs with it once NVML opens (it waits for the "
-                              "NVIDIA driver)" + (f"; restart needed for {', '.join(stale)}" if stale else ""))
+                        + ("migd reads it again now" if served else "migd reads it again and serves the GPUs with it "
+                           "once NVML opens (it waits for the NVIDIA driver)")
+                        + (f"; restart needed for {', '.join(stale)}" if stale else ""))
 
     def hand_over(self, to: Callable[[int], None]) -> None:
         """From now on signals go to ``to``; what came before is given to it now, once (a reload being

@@ -194,8 +194,8 @@ def _fresh_run(root: Path) -> None:
     """The simulated driver's run directory: an empty claims drop box and an empty MIG device table."""
     run = root / RUN
     shutil.rmtree(run, ignore_errors=True)
+    make_dirs(run)  # (each 0755 whatever root's umask: a run/ others could write let them swap nvidia-sim)
     claims = root / CLAIMS
-    claims.mkdir(parents=True, exist_ok=True)
-    os.chmod(run, 0o755)
+    claims.mkdir(exist_ok=True)
     os.chmod(claims, 0o1733)  # anyone may leave a claim, nobody may list or touch another's
     write_file(root / DEVICES, "")

@@ -26,7 +26,7 @@ from migd.paths import sim_root
 from migd.printable import clipped
 from migd.sim import caps, world
 from migd.sim.state import FLEETS, StateStore
-from migd.trust import ensure_private_dir, refuse_untrusted
+from migd.trust import check_above, ensure_private_dir
 
 MAX_SLOW_S = 60.0  # a typo (3000 for 3) would hold every apply for hours: beyond this is refused
 
@@ -166,42 +166,43 @@ def driver(args: argparse.Namespace, store: StateStore) -> str:
 
 
 def _boot_root(given: str) -> Path:
-    """``given`` made (0755) or checked: root's, not writable by others, nor any directory above it (a
-    sticky one aside), not a symlink, and holding nothing but an earlier boot's own entries, each root's."""
-    path = Path(os.path.abspath(given))
-    if path.is_symlink():
-        raise BadInput(f"{path} is a symbolic link: give the directory itself")
-    root = Path(os.path.realpath(path.parent)) / path.name
-    if root == Path("/") or not path.name:
+    """``given`` made (0755) or checked: root's and writable by nobody else, as is every directory above it
+    (a sticky one aside) and every entry in it (an earlier boot's own, nothing else); no symbolic link on
+    the way.  Checked before anything is made: a refused directory is left as it was, or never made."""
+    root = Path(os.path.abspath(given))
+    if root == Path("/"):
         raise BadInput("the root directory is no place for a simulated driver: give a new or empty directory")
+    if os.path.realpath(root) != str(root):
+        raise BadInput(f"{root} passes through a symbolic link: give the real path ({os.path.realpath(root)})")
     try:
+        check_above(root, "directory given")
         root.mkdir(mode=0o755)
     except FileExistsError:
         pass
-    except OSError as e:
-        raise BadInput(f"{root}: cannot make it ({e.strerror})") from None
-    st = os.lstat(root)
-    if not stat.S_ISDIR(st.st_mode):
-        raise BadInput(f"{root} is not a directory")
-    if st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise BadInput(f"{root} is uid {st.st_uid}'s, mode {stat.S_IMODE(st.st_mode):04o}: a boot writes there as "
-                       "root, so it must be root's and writable by nobody else (give a new directory)")
-    try:
-        refuse_untrusted(str(root), st, "directory given")  # (and every directory above it)
     except ValidationError as e:
         raise BadInput(str(e)) from None
+    except OSError as e:
+        raise BadInput(f"{root}: cannot make it ({e.strerror})") from None
+    _root_only(root, os.lstat(root), "a boot writes there as root, so it must be root's and writable by nobody else "
+               "(give a new directory)")
     held = {e.name: e for e in os.scandir(root)}
     if held and (BOOTED not in held or not set(held) <= BOOT_DIRS):
         raise BadInput(f"{root} holds {', '.join(sorted(set(held) - {BOOTED}))[:200]}: give a new or empty "
                        "directory (a boot clears its proc, dev and run/nvidia-sim)")
     for name, entry in held.items():
-        est = entry.stat(follow_symlinks=False)
-        kind = stat.S_ISREG if name == BOOTED else stat.S_ISDIR
-        if not kind(est.st_mode) or est.st_uid != 0:
-            raise BadInput(f"{root / name} is not what a boot made (a root-owned "
-                           f"{'file' if name == BOOTED else 'directory'}): give a new or empty directory")
+        _root_only(root / name, entry.stat(follow_symlinks=False), "not what a boot made: give a new or empty "
+                   "directory", regular=name == BOOTED)
     return root
 
+
+def _root_only(path: Path, st: os.stat_result, why: str, regular: bool = False) -> None:
+    """``path`` (``st``: its lstat) a directory (a regular file if ``regular``) of root's that nobody else may
+    write, or refused with ``why``."""
+    kind = stat.S_ISREG if regular else stat.S_ISDIR
+    if not kind(st.st_mode) or st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        what = "a regular file" if regular else "a directory"
+        raise BadInput(f"{path} is {what if kind(st.st_mode) else 'not ' + what}, uid {st.st_uid}'s, mode "
+                       f"{stat.S_IMODE(st.st_mode):04o}: {why}")
 
 Handler = Callable[[argparse.Namespace, StateStore], str]
 
