@@ -50,3 +50,12 @@ def test_a_reload_answered_as_the_sockets_pass_over_goes_to_the_daemon_only_if_i
     assert done.error is None and got == [signal.SIGHUP] and not early.hup.is_set()
     assert done.detail == f"{path}: 2 profiles, 1 transitions; migd reads it again now; restart needed for " \
                           "sample_interval", done.detail
+
+
+def test_a_stop_before_the_hand_over_is_handed_on_as_the_signal_it_was(tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT) while migd started was handed to the daemon as SIGTERM, and logged as one."""
+    early = Early(str(config(tmp_path)))
+    early.signal(signal.SIGINT)
+    got: list[int] = []
+    early.hand_over(got.append)
+    assert got == [signal.SIGINT]

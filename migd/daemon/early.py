@@ -29,6 +29,7 @@ class Early:
         # any reload is asked): what a restart-only change is read against
         self.hup = threading.Event()
         self.stop = threading.Event()
+        self._stopped_by = signal.SIGTERM  # (SIGINT is handed on as itself: the log names the signal)
         self._lock = threading.Lock()
         self._to: Callable[[int], None] | None = None  # the daemon's, once handed over
 
@@ -36,8 +37,11 @@ class Early:
         """The relay's action for the whole run: kept here until the daemon takes them."""
         with self._lock:
             to = self._to
-            if to is None:
-                (self.hup if signum == signal.SIGHUP else self.stop).set()
+            if to is None and signum == signal.SIGHUP:
+                self.hup.set()
+            elif to is None:
+                self._stopped_by = signal.Signals(signum)
+                self.stop.set()
         if to is not None:
             to(signum)
 
@@ -70,6 +74,6 @@ class Early:
         answered finishes first)."""
         with self._lock:
             self._to = to
-            kept = [s for s, e in ((signal.SIGHUP, self.hup), (signal.SIGTERM, self.stop)) if e.is_set()]
+            kept = [s for s, e in ((signal.SIGHUP, self.hup), (self._stopped_by, self.stop)) if e.is_set()]
         for signum in kept:
             to(signum)
