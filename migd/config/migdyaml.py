@@ -60,6 +60,11 @@ class Config:
     slurm: SlurmSettings | None = None  # Slurm mode: drain, switch, publish GRES, resume
     access: AccessSettings | None = None  # access by owner: each team's instances to its Unix group
 
+    @property
+    def summary(self) -> str:
+        """What a reload read, as said to the operator: the file, its profiles and transitions."""
+        return f"{self.path}: {len(self.profiles)} profiles, {len(self.schedule.entries)} transitions"
+
 
 def _schedule(node: Node, tz: ZoneInfo, profiles: dict[str, Profile],
               unusable: dict[str, ValidationError]) -> Schedule:
@@ -249,10 +254,16 @@ def unmapped_owners(config: Config) -> list[str]:
     return out
 
 
-def restart_only(old: Config, new: Config) -> list[tuple[str, object, object]]:
-    """Settings read once at start-up (sockets, paths, threads): a reload can only report them."""
-    return [("metrics.listen", old.metrics_listen, new.metrics_listen),
-            ("control_socket", old.control_socket, new.control_socket),
-            ("state_dir", old.state_dir, new.state_dir),
-            ("sample_interval", old.sample_interval_s, new.sample_interval_s),
-            ("slurm", old.slurm, new.slurm)]
+def restart_only(old: Config, new: Config) -> list[str]:
+    """The settings read once at start-up (sockets, paths, threads) that differ: a reload can only report
+    them."""
+    return [name for name, was, now in (("metrics.listen", old.metrics_listen, new.metrics_listen),
+                                        ("control_socket", old.control_socket, new.control_socket),
+                                        ("state_dir", old.state_dir, new.state_dir),
+                                        ("sample_interval", old.sample_interval_s, new.sample_interval_s),
+                                        ("slurm", old.slurm, new.slurm)) if was != now]
+
+
+def restart_note(stale: list[str]) -> str:
+    """What a reload's answer adds for ``restart_only``'s settings ("" for none)."""
+    return f"; restart needed for {', '.join(stale)}" if stale else ""

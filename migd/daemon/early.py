@@ -14,7 +14,7 @@ import signal
 import threading
 from collections.abc import Callable
 
-from migd.config.migdyaml import Config, load_config, restart_only
+from migd.config.migdyaml import Config, load_config, restart_note, restart_only
 from migd.daemon.answers import Reloaded, rejection
 
 log = logging.getLogger("migd")
@@ -57,17 +57,16 @@ class Early:
                 said = rejection(e)
                 log.error("reload rejected before migd serves the GPUs: %s", said)
                 return Reloaded(said, "")
-            served = self._to is not None  # (asked as the sockets passed to the daemon: a SIGHUP to it)
-            if self._to is not None:
-                self._to(signal.SIGHUP)
+            to = self._to  # (set: asked as the sockets passed to the daemon, which takes it as a SIGHUP)
+            if to is not None:
+                to(signal.SIGHUP)
             else:
                 self.hup.set()
-        stale = [name for name, old, now in restart_only(self.started, new) if old != now] if self.started else []
+        stale = restart_only(self.started, new) if self.started else []
         log.info("reload asked as migd started: %s is read again as it serves the GPUs", new.path)
-        return Reloaded(None, f"{new.path}: {len(new.profiles)} profiles, {len(new.schedule.entries)} transitions; "
-                        + ("migd reads it again now" if served else "migd reads it again and serves the GPUs with it "
-                           "once NVML opens (it waits for the NVIDIA driver)")
-                        + (f"; restart needed for {', '.join(stale)}" if stale else ""))
+        then = "migd reads it again now" if to is not None else \
+            "migd reads it again and serves the GPUs with it once NVML opens (it waits for the NVIDIA driver)"
+        return Reloaded(None, f"{new.summary}; {then}{restart_note(stale)}")
 
     def hand_over(self, to: Callable[[int], None]) -> None:
         """From now on signals go to ``to``; what came before is given to it now, once (a reload being

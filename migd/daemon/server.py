@@ -167,13 +167,13 @@ class Handlers:
     layout: Callable[[], StatusDoc]  # as `migctl status` prints it
 
 
-def refusing(said: Callable[[], str], reload: Callable[[], Reloaded] | None = None) -> Handlers:
+def refusing(said: Callable[[], str], reload: Callable[[], Reloaded]) -> Handlers:
     """Handlers that refuse every request with ``said()``, a hardware condition (exit 4): migd runs and
-    cannot serve the GPUs yet (it waits for the NVIDIA driver); but ``reload``, if given, answers reloads
-    (kept for when it serves, as a SIGHUP then is)."""
+    cannot serve the GPUs yet (it waits for the NVIDIA driver); but ``reload`` answers reloads (kept for
+    when it serves, as a SIGHUP then is)."""
     def refuse(*_: object) -> NoReturn:
         raise HardwareError(said())
-    return Handlers(refuse, reload or refuse, refuse, refuse, refuse, refuse, refuse)
+    return Handlers(refuse, reload, refuse, refuse, refuse, refuse, refuse)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from migd.api.commands import DAEMON_LOCK_TIMEOUT_S, ManualApply
 from migd.api.demand import Source
 from migd.apply.executor import Applier
 from migd.apply.result import ApplyOptions, ApplyResult, Flag, OnBusy
-from migd.config.migdyaml import Config, ReconcileMode, restart_only
+from migd.config.migdyaml import Config, ReconcileMode, restart_note, restart_only
 from migd.config.schedule import Entry
 from migd.daemon.accesspass import access_control
 from migd.daemon.accesspass import view as access_view
@@ -240,7 +240,7 @@ class Daemon:
             log.error("reload rejected, keeping the running configuration: %s", said)
             self.notifier.send("READY=1", f"STATUS=reload rejected: {said}")
             return Reloaded(said, "")
-        stale = [name for name, old, now in restart_only(self.config, new) if old != now]
+        stale = restart_only(self.config, new)
         if stale:
             log.warning("reloaded, but %s changed: that takes effect only after a restart (systemctl restart "
                         "migd)", ", ".join(stale))
@@ -251,12 +251,10 @@ class Daemon:
         self.status.profile_names, self.status.busy_timeout_s = tuple(sorted(new.profiles)), new.busy_timeout_s
         self.status.last_reload_error = None
         self.status.restart_needed = stale
-        detail = f"{new.path}: {len(new.profiles)} profiles, {len(new.schedule.entries)} transitions"
-        log.info("configuration reloaded (%s)", detail)
-        self.notifier.send("READY=1", "STATUS=configuration reloaded" + (
-            f"; restart needed for {', '.join(stale)}" if stale else ""))
+        log.info("configuration reloaded (%s)", new.summary)
+        self.notifier.send("READY=1", "STATUS=configuration reloaded" + restart_note(stale))
         self.events.wake()
-        return Reloaded(None, detail + (f"; restart needed for {', '.join(stale)}" if stale else ""))
+        return Reloaded(None, new.summary + restart_note(stale))
 
     def reload_now(self) -> Reloaded:
         """``migctl reload``: done before the reply, so the operator learns whether it was accepted; the

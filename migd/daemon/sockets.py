@@ -42,7 +42,7 @@ class Sockets:
         if self.viewer is not None:  # (one that could not be made was said once, at the wait)
             self.viewer.take(handlers)
 
-    def waiting(self, said: Callable[[], str], reload: Callable[[], Reloaded] | None = None) -> Callable[[], None]:
+    def waiting(self, said: Callable[[], str], reload: Callable[[], Reloaded]) -> Callable[[], None]:
         """``open_nvml``'s answer: refusing with ``said()`` (``reload``: what answers a reload meanwhile);
         what it returns closes them."""
         try:
