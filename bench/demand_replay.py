@@ -142,9 +142,7 @@ def model(jobs: Sequence[TraceJob], switch_s: float, end_s: float, release_s: fl
 def waits(cluster: Cluster, end_s: float) -> dict[str, list[float]]:
     """Each MIG type's waits (a job never started waited until ``end_s``: censored, never dropped)."""
     out: dict[str, list[float]] = {}
-    every = cluster.done + [j for n in cluster.nodes for j in n.running] + [j for q in cluster.pending.values()
-                                                                           for j in q]
-    for j in every:
+    for j in cluster.jobs():
         out.setdefault(j.spec.gres, []).append((end_s if j.start is None else j.start) - j.spec.submit_s)
     return out
 

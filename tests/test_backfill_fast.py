@@ -45,32 +45,36 @@ def plain(nodes: list[Node], pending: dict[str, list[Job]], now: float, epoch_s:
         for _ in range(64):
             ends = [e for n in usable for b, e in plan[n.name] if b <= s + limit and e > s]
             free = [n for n in usable if not overlaps(plan[n.name], s, s + limit)]
-            got = will_run(nodes, free, job.spec.gres, job.spec.count, now, epoch_s)
+            got = will_run(nodes, free, job.spec.gres, job.spec.count, now, epoch_s, wanted=job.spec.nodes)
             if got is None and not ends:
                 break
             if got is None or (ends and max(s, got[0]) > min(ends)):
                 s = min(ends)
             elif max(s, got[0]) <= now:
-                job.start, job.node = now, got[1].name
-                got[1].running.append(job)
+                job.start, job.node = now, got[1][0].name
+                for n in got[1]:
+                    n.running.append(job)
                 pending[job.spec.gres] = [j for j in pending[job.spec.gres] if j is not job]
                 break
-            elif overlaps(plan[got[1].name], max(s, got[0]), max(s, got[0]) + limit):
+            elif any(overlaps(plan[n.name], max(s, got[0]), max(s, got[0]) + limit) for n in got[1]):
                 s = max(s, got[0])
             else:
-                plan[got[1].name].append((max(s, got[0]), max(s, got[0]) + limit))
+                for n in got[1]:
+                    plan[n.name].append((max(s, got[0]), max(s, got[0]) + limit))
                 break
 
 
 def trace(rng: random.Random, jobs: int, span_s: float) -> list[TraceJob]:
-    """Jobs of every type, limits from exact to twice the run time, a few running past their limit."""
+    """Jobs of every type, limits from exact to twice the run time, a few running past their limit, some
+    over two or three nodes."""
     out = []
     for _ in range(jobs):
         run_s = rng.choice((30.0, 60.0, 90.0)) * rng.randint(1, 20)
         limit = rng.choice((run_s, run_s * 1.5, run_s * 2, max(30.0, run_s - 60)))
         gres = rng.choice(TYPES)
         out.append(TraceJob(round(rng.uniform(0, span_s)), rng.choice("ab"), "main", gres,
-                            rng.choice((1, 1, 2)) if gres == "1g.10gb" else 1, run_s, limit))
+                            rng.choice((1, 1, 2)) if gres == "1g.10gb" else 1, run_s, limit,
+                            nodes=rng.choice((1, 1, 1, 1, 2, 3))))
     return sorted(out, key=lambda j: j.submit_s)
 
 
@@ -93,8 +97,7 @@ def replayed(seed: int, step_s: float, reference: bool) -> list[tuple[float | No
     if reference:
         c.backfill = plain
     run(jobs, c, switching(random.Random(seed + 1000)), 12 * 3600, step_s=step_s, decide_every_s=600.0)
-    job = {id(j.spec): j for j in c.done + [j for n in c.nodes for j in n.running] + [j for q in c.pending.values()
-                                                                                    for j in q]}
+    job = {id(j.spec): j for j in c.jobs()}
     return [(job[id(t)].start, job[id(t)].node) for t in jobs]
 
 

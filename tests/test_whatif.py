@@ -79,12 +79,12 @@ def test_time_limits_as_slurm_prints_them(tmp_path: Path, limit: str, seconds: f
     assert rec.trace.jobs[0].time_limit_s == seconds
 
 
-def test_a_job_on_two_nodes_is_a_job_per_node_with_its_share_and_two_types_are_two_jobs(tmp_path: Path) -> None:
+def test_a_job_on_two_nodes_is_one_job_over_both_with_its_share_on_each_and_two_types_are_two_jobs(
+        tmp_path: Path) -> None:
     line = OK.replace("gres/gpu:1g.10gb=1|gres/gpu:1g.10gb=1|1|gpu1",
                       "gres/gpu:1g.10gb=3,gres/gpu:2g.20gb=2,gres/gpu=5|gres/gpu=5|2|gpu[1-2]")
     rec = read_sacct(sacct(tmp_path, line))
-    assert sorted((j.gres, j.count) for j in rec.trace.jobs) == [("1g.10gb", 2), ("1g.10gb", 2),
-                                                                  ("2g.20gb", 1), ("2g.20gb", 1)]
+    assert sorted((j.gres, j.count, j.nodes) for j in rec.trace.jobs) == [("1g.10gb", 2, 2), ("2g.20gb", 1, 2)]
     assert {j.job for j in rec.trace.jobs} == {"9"}  # (one of the jobs Slurm's backfill tests)
     assert rec.nodes == {"gpu1", "gpu2"}
 

@@ -83,7 +83,7 @@ def test_a_job_on_a_node_left_out_is_passed_over_and_the_batch_runs_past_it() ->
     running(gpu2, "1g.10gb", 0, 60)  # ends 60, within the first batch's window
     running(gpu2, "1g.10gb", 0, 60)
     got = will_run([gpu1, gpu2], [gpu1], "1g.10gb", 1, now=30, epoch_s=0.0)
-    assert got is not None and (got[0], got[1].name) == (160, "gpu1")
+    assert got is not None and (got[0], got[1][0].name) == (160, "gpu1")
     gpu2.running.clear()  # nothing to pass over: the batch stops at its window
     got = will_run([gpu1, gpu2], [gpu1], "1g.10gb", 1, now=30, epoch_s=0.0)
     assert got is not None and got[0] == 40
@@ -145,17 +145,18 @@ def test_only_an_arrays_first_twenty_tasks_reserve_a_node() -> None:
 
 
 def test_a_job_over_several_nodes_is_one_of_the_jobs_backfill_tests() -> None:
-    """bf_max_job_test counts Slurm's jobs: the model's shares of one job over two nodes are one test, so
-    the 500th job after it is tested too, and starts on the one node that has a free instance; two jobs
-    without an id are two tests, and it is not tested."""
+    """bf_max_job_test counts Slurm's jobs: the model's two jobs of one job asking two MIG types (one per
+    type, sacct.py) are one test, so the 500th job after it is tested too, and starts on the one node
+    that has a free instance; two jobs without an id are two tests, and it is not tested.  (A job over
+    two nodes is one of the model's jobs.)"""
     for job, tested in (("7", True), ("", False)):
         free, busy = Node("free", SMALL, 7), Node("busy", SMALL, 7)
         for _ in range(2):
             running(busy, "1g.10gb", 0, 600)
         running(free, "1g.10gb", 0, 600)
         c = cluster(free, busy)
-        for _ in range(2):
-            c.pending["2g.20gb"].append(Job(TraceJob(0, "a", "main", "2g.20gb", 1, 60, 60, job)))
+        for t in ("2g.20gb", "7g.80gb"):
+            c.pending[t].append(Job(TraceJob(0, "a", "main", t, 1, 60, 60, job)))
         for i in range(BF_MAX_JOB_TEST - 2):
             c.pending["2g.20gb"].append(Job(TraceJob(1 + i, "a", "main", "2g.20gb", 1, 60, 60, str(100 + i))))
         last = Job(TraceJob(BF_MAX_JOB_TEST, "a", "main", "1g.10gb", 1, 60, 60, "99999"))
@@ -178,3 +179,22 @@ def test_an_arrays_tasks_past_those_tested_do_not_take_the_tests_of_the_jobs_beh
     c.pending["1g.10gb"].append(young)
     backfill(c.nodes, c.pending, 10, 0.0)
     assert (young.start, young.node) == (10, "b")
+
+
+def test_a_job_over_two_nodes_reserves_both_whole() -> None:
+    """A 1g job over both nodes waits for gpu2's 1g (its job's limit ends at 60) and reserves both nodes
+    from then: a younger 2g job whose limit reaches into that window starts on neither node's free 2g
+    (``_add_reservation`` takes every node of the job's bitmap), one that ends before it starts."""
+    gpu1, gpu2 = Node("gpu1", BALANCED, 7), Node("gpu2", BALANCED, 7)
+    running(gpu2, "1g.10gb", 0, 60)
+    running(gpu2, "1g.10gb", 0, 60)
+    c = cluster(gpu1, gpu2)
+    c.pending["1g.10gb"].append(wide := Job(TraceJob(1, "a", "main", "1g.10gb", 1, 30, 60, job="5", nodes=2)))
+    young = pending(c, 2, "2g.20gb", 60)
+    backfill(c.nodes, c.pending, 10, 0.0)
+    assert (wide.start, young.start) == (None, None)
+    short = pending(c, 3, "2g.20gb", 30)  # ends at 40, before the reservation begins (60)
+    backfill(c.nodes, c.pending, 10, 0.0)
+    assert (short.start, short.node, young.start) == (10, "gpu2", None)  # (the busier node: place.py)
+    got = will_run(c.nodes, c.nodes, "1g.10gb", 1, 10, 0.0, wanted=2)
+    assert got is not None and (got[0], [n.name for n in got[1]]) == (60, ["gpu1", "gpu2"])

@@ -108,9 +108,13 @@ def test_a_row_names_no_more_nodes_than_a_what_if_replays(tmp_path: Path, config
 
 def test_the_most_nodes_a_what_if_replays_are_read(tmp_path: Path, config: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    """At the bound itself the record is read: a job over 4,096 nodes is 4,096 jobs of its share."""
+    """At the bound itself the record is read: a job over 4,096 nodes is one job of its share on each, and
+    on one node it can never start, which the what-if says beside its figures."""
     code, out, err = what_if(tmp_path, config, row(NNodes="4096", NodeList="n[1-4096]"), capsys, "--nodes", "1")
-    assert (code, err) == (0, "") and "4097 jobs replayed" in out
+    assert (code, err) == (0, "") and "2 jobs replayed" in out
+    assert "note: 1 jobs ask more nodes (up to 4096) than the 1 node replayed: they start in no replay\n" in out
+    code, out, err = what_if(tmp_path, config, row(NNodes="2", NodeList="n[1-2]"), capsys)  # (on n1 and n2)
+    assert (code, err) == (0, "") and "2 nodes of" in out and "ask more nodes" not in out
 
 
 PENDING = {"Start": "Unknown", "End": "Unknown", "AllocTRES": "", "State": "PENDING"}
@@ -232,15 +236,16 @@ def test_the_help_names_the_bounds_the_types_hold(capsys: pytest.CaptureFixture[
 
 
 def test_a_pending_array_over_many_nodes_is_replayed_up_to_4096_jobs_and_the_rest_counted(tmp_path: Path) -> None:
-    """Each task is a job on each of its nodes: 4,096 tasks over 4,096 nodes were 16.7 million jobs, a
-    what-if that ate memory until it died.  One row gives at most 4,096 (as the planner reads one pending
-    record, queue.MAX_REQUESTS): here the first task's 4,096 nodes, and 4,095 tasks counted."""
+    """4,096 tasks over 4,096 nodes were 16.7 million jobs (each node a job), a what-if that ate memory
+    until it died.  One row gives at most 4,096 requests, tasks times nodes (as the planner reads one
+    pending record, queue.MAX_REQUESTS): here the first task, one job over 4,096 nodes, and 4,095 tasks
+    counted."""
     path = tmp_path / "jobs.sacct"
     wide = row(JobID="1_[0-4095]", NNodes="4096", NodeList="None assigned", **PENDING)
     path.write_text(f"{HEADER}\n{GOOD}\n{wide}\n")
     record = read_sacct(path)
-    assert len(record.trace.jobs) == 1 + 4096 and {j.job for j in record.trace.jobs[1:]} == {"1_0"}
-    assert record.skipped == {"array tasks past 4096 jobs of one row (tasks times nodes)": 4095}
+    assert [(j.job, j.nodes) for j in record.trace.jobs[1:]] == [("1_0", 4096)]
+    assert record.skipped == {"array tasks past 4096 requests of one row (tasks times nodes)": 4095}
 
 
 def test_a_record_past_the_jobs_a_what_if_replays_is_refused_at_the_row(tmp_path: Path,
@@ -317,7 +322,7 @@ def test_standard_input_past_what_a_what_if_reads_is_refused(monkeypatch: pytest
 
 @pytest.mark.parametrize("tres, nodes, jobs, past", [
     ("gres/gpu:1g.10gb=1", "1", 4096, 10_000 - 4096),  # (past 4,096 tasks the row's tasks vanished uncounted)
-    ("gres/gpu:1g.10gb=1", "2", 4096, 10_000 - 2048),
+    ("gres/gpu:1g.10gb=1", "2", 2048, 10_000 - 2048),  # (each task one job over both nodes)
     ("gres/gpu:1g.10gb=1,gres/gpu:2g.20gb=1", "1", 4096, 10_000 - 2048)])  # (two types: a job each)
 def test_every_task_of_a_wide_array_is_replayed_or_counted(tmp_path: Path, tres: str, nodes: str, jobs: int,
                                                           past: int) -> None:
@@ -326,4 +331,4 @@ def test_every_task_of_a_wide_array_is_replayed_or_counted(tmp_path: Path, tres:
     path.write_text(f"{HEADER}\n{GOOD}\n{wide}\n")
     record = read_sacct(path)
     assert len(record.trace.jobs) == 1 + jobs
-    assert record.skipped == {"array tasks past 4096 jobs of one row (tasks times nodes)": past}
+    assert record.skipped == {"array tasks past 4096 requests of one row (tasks times nodes)": past}

@@ -102,6 +102,10 @@ def _head(args: argparse.Namespace, record: Record, setup: Setup, nodes: int, wa
     for mig_type in sorted({j.gres for j in t.jobs} - offered):
         n = sum(1 for j in t.jobs if j.gres == mig_type)
         out.append(f"note: {n} jobs ask {mig_type}, which no candidate offers on {args.gpu}: they start in no replay")
+    wide = [j.nodes for j in t.jobs if j.nodes > nodes]
+    if wide:
+        out.append(f"note: {len(wide)} jobs ask more nodes (up to {max(wide)}) than the {_nodes(nodes)} replayed: "
+                   "they start in no replay")
     return out
 
 

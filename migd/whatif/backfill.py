@@ -23,7 +23,10 @@ What Slurm does (src/plugins/sched/backfill/backfill.c ``_attempt_backfill``; se
   is followed by the next whatever the count), and the tasks left start when they can, as the main
   scheduler starts them, counting for none of ``bf_max_job_test`` (``reserve.backfill_tests``; the
   model takes an array's first 20 tasks as those tested, though one that starts lets Slurm try one more);
-- a job over N nodes is N of the model's jobs, each reserving a node, and one of ``bf_max_job_test``.
+- a job over N nodes is one job, and one of ``bf_max_job_test`` (its queue record is counted once):
+  its estimate is the first moment N nodes have its instances free (the jobs removed until cons_tres's
+  test passes on N nodes, in the batches above), it starts on all N at once or not at all, and it
+  reserves all N whole nodes (``_add_reservation`` over the job's node bitmap).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from typing import Any
 
 from migd.demand.reserve import backfill_tests
 from migd.whatif.fleet import Job, Node
-from migd.whatif.place import best_fit
+from migd.whatif.place import best_nodes
 
 WILL_RUN_WINDOW_S = 30  # cons_tres _will_run's first window (doubled for each batch after it)
 _TRIES = 64  # TRY_LATER rounds for one job (each moves its earliest start on)
@@ -45,9 +48,11 @@ YEAR_S = 365 * 24 * 3600.0  # a running job with no time limit is expected to en
 _EPS = 1e-6  # margin on a moment computed as a sum (now + limit), so a skip is never taken late
 
 Running = list[tuple[float, str, Job]]
-Placed = tuple[float, int] | None  # (when, node index): at ``now``, a start; later, a reservation; None: neither
-Key = tuple[int, str, int]  # an estimate's question: (nodes open, a bit each by index; MIG type; count)
+Placed = tuple[float, tuple[int, ...]] | None  # (when, node indices): at ``now``, a start; later, a reservation;
+# None: neither
+Key = tuple[int, str, int, int]  # an estimate's question: (nodes open, a bit each by index; MIG type; count; nodes)
 Asked = tuple[tuple[Key, Any], ...]  # the estimates a walk read, with what they said
+Estimate = tuple[float, tuple[Node, ...]] | None  # cons_tres's: when, on which nodes; None: never
 Pass = Callable[[list[Node], dict[str, list[Job]], float, float], None]  # (nodes, pending, now, epoch_s)
 
 
@@ -119,9 +124,9 @@ class _Pass:
         self.begins: list[list[float]] = [[] for _ in nodes]
         self.ends: list[list[float]] = [[] for _ in nodes]
         self.rows = [(i, self.begins[i], self.ends[i]) for i in self.usable]
-        self.estimates: dict[Key, tuple[float, Node] | None] = {}
+        self.estimates: dict[Key, Estimate] = {}
         self.running: Running | None = None
-        self.nowhere: dict[tuple[str, int, float], tuple[float, Asked, float]] = {}  # a shape that found no
+        self.nowhere: dict[tuple[str, int, int, float], tuple[float, Asked, float]] = {}  # a shape that found no
         # place -> how far its walk looked, what it read, when a comparison it made turns
         self.notes: dict[int, _Note] = {}
         self.made = 0
@@ -147,10 +152,11 @@ class _Pass:
                     placed is not None and placed[0] <= self.now)
             if placed is None:
                 continue
-            at, i = placed
+            at, where = placed
             if at <= self.now:
-                job.start, job.node = self.now, self.nodes[i].name
-                self.nodes[i].running.append(job)
+                job.start, job.node = self.now, self.nodes[where[0]].name
+                for i in where:
+                    self.nodes[i].running.append(job)
                 started.add(id(job))
                 self.estimates, self.running, self.nowhere = {}, None, {}
             elif id(job) in self.start_only:  # (an array's task past those tested: backfill_tests)
@@ -158,9 +164,10 @@ class _Pass:
             else:
                 self.nowhere = {shape: got for shape, got in self.nowhere.items() if got[0] < at}
                 self.made += 1
-                x = bisect_right(self.ends[i], at)
-                self.begins[i].insert(x, at)
-                insort(self.ends[i], at + job.spec.time_limit_s)
+                for i in where:
+                    x = bisect_right(self.ends[i], at)
+                    self.begins[i].insert(x, at)
+                    insort(self.ends[i], at + job.spec.time_limit_s)
         return started
 
     def still(self, note: _Note) -> bool:
@@ -171,9 +178,9 @@ class _Pass:
         """Where and when ``job`` starts (``now``: at once) by Slurm's plan; None: no reservation.  A job
         of the shape of one that found no place finds none either while no job has started and no
         reservation was added within the reach of that one's walk (its every test would be the same)."""
-        shape = (job.spec.gres, job.spec.count, job.spec.time_limit_s)
+        shape = (job.spec.gres, job.spec.count, job.spec.nodes, job.spec.time_limit_s)
         outer, self.until = self.until, math.inf
-        self.turning(shape[2])  # (over the plan as it is now, whether or not the job walks)
+        self.turning(shape[3])  # (over the plan as it is now, whether or not the job walks)
         if shape in self.nowhere:
             placed, (_, asked, turn) = None, self.nowhere[shape]
             self.until = min(self.until, turn)
@@ -185,44 +192,49 @@ class _Pass:
         self.until = min(outer, self.until)
         return placed
 
-    def walk(self, t: str, k: int, limit: float) -> tuple[Placed, float, Asked]:
-        """Slurm's tries for a job of MIG type ``t``, ``k`` instances, ``limit``: where and when it
-        starts (None: nowhere), the latest moment a reservation was looked for up to, the estimates read."""
-        placed, reach, asked = self._walk(t, k, limit)
+    def walk(self, t: str, k: int, n: int, limit: float) -> tuple[Placed, float, Asked]:
+        """Slurm's tries for a job of MIG type ``t``, ``k`` instances on each of ``n`` nodes, ``limit``:
+        where and when it starts (None: nowhere), the latest moment a reservation was looked for up to,
+        the estimates read."""
+        placed, reach, asked = self._walk(t, k, n, limit)
         return placed, reach, tuple((key, self.estimates[key]) for key in asked)
 
-    def _walk(self, t: str, k: int, limit: float) -> tuple[Placed, float, set[Key]]:
+    def _walk(self, t: str, k: int, n: int, limit: float) -> tuple[Placed, float, set[Key]]:
         s, reach, asked = self.now, -math.inf, set()
         sweep = _Sweep(self.rows, s, limit)
         for _ in range(_TRIES):
             reach = max(reach, s + limit)
             avail, later = sweep.move(s)
-            asked.add((avail, t, k))
-            got = self.estimates[avail, t, k] if (avail, t, k) in self.estimates else self.estimate(avail, t, k)
+            key = (avail, t, k, n)
+            asked.add(key)
+            got = self.estimates[key] if key in self.estimates else self.estimate(*key)
             if got is None:
                 if later is None:
                     return None, reach, asked
                 s = later
                 continue
-            at, i = max(s, got[0]), self.index[id(got[1])]
+            at, where = max(s, got[0]), tuple(self.index[id(x)] for x in got[1])
             if at <= self.now:
-                return (self.now, i), reach, asked
+                return (self.now, where), reach, asked
             if at < self.until:
                 self.until = at
             if later is not None and at > later:
                 s = later
                 continue
             reach = max(reach, at + limit)
-            if self.meets(i, at, at + limit):
+            if self.meets(where, at, at + limit):
                 s = at
             else:
-                return (at, i), reach, asked
+                return (at, where), reach, asked
         return None, reach, asked
 
-    def meets(self, i: int, start: float, end: float) -> bool:
-        """Whether node ``i`` has a reservation [b, e) with b <= end and e > start (``overlaps``)."""
-        x = bisect_right(self.ends[i], start)
-        return x < len(self.begins[i]) and self.begins[i][x] <= end
+    def meets(self, where: tuple[int, ...], start: float, end: float) -> bool:
+        """Whether a node of ``where`` has a reservation [b, e) with b <= end and e > start (``overlaps``)."""
+        for i in where:
+            x = bisect_right(self.ends[i], start)
+            if x < len(self.begins[i]) and self.begins[i][x] <= end:
+                return True
+        return False
 
     def turning(self, limit: float) -> None:
         """When the first test of a job of ``limit`` would turn: a reservation's end passed, or one's
@@ -233,13 +245,13 @@ class _Pass:
             self.until = min(self.until, ends[x] if x < len(ends) else math.inf,
                              begins[y] - limit - _EPS if y < len(begins) else math.inf)
 
-    def estimate(self, avail: int, mig_type: str, count: int) -> tuple[float, Node] | None:
-        key = (avail, mig_type, count)
+    def estimate(self, avail: int, mig_type: str, count: int, nodes: int) -> Estimate:
+        key = (avail, mig_type, count, nodes)
         if key not in self.estimates:
             if self.running is None:
                 self.running = by_limit_end(self.nodes)
             self.estimates[key] = will_run(self.nodes, [self.nodes[i] for i in self.usable if avail >> i & 1],
-                                           mig_type, count, self.now, self.epoch_s, self.running)
+                                           mig_type, count, self.now, self.epoch_s, self.running, nodes)
         return self.estimates[key]
 
 
@@ -283,23 +295,25 @@ class _Sweep:
 
 
 def will_run(every: list[Node], nodes: list[Node], mig_type: str, count: int, now: float,
-             epoch_s: float, running: Running | None = None) -> tuple[float, Node] | None:
-    """cons_tres's estimate on ``nodes``: ``now`` if some have the instances free, else the end (by time
-    limit) of the last job of the batch whose removal frees them; None: never on these nodes.  The node
-    is cons_tres's best fit then (place.py: in a batch's estimate, the jobs removed no longer count).
+             epoch_s: float, running: Running | None = None, wanted: int = 1) -> Estimate:
+    """cons_tres's estimate on ``nodes`` for ``count`` instances on each of ``wanted`` nodes: ``now`` if
+    that many have them free, else the end (by time limit) of the last job of the batch whose removal
+    frees them; None: never on these nodes.  The nodes are cons_tres's best fit then (place.py: in a
+    batch's estimate, the jobs removed no longer count).
     Every running job (``every`` node's) is walked in order of its limit's end; one on a node not in
     ``nodes`` is passed over without ending the batch, so a batch reaches past it (Slurm's loop
     ``continue``s before its window test).  ``running``: ``by_limit_end(every)``, if already sorted."""
     used = {n.name: sum(j.spec.count for j in n.running if j.spec.gres == mig_type) for n in nodes}
     left = {n.name: len(n.running) for n in nodes}  # jobs each still runs (its CPUs in use)
 
-    def fit() -> Node | None:
-        return best_fit(every, {n.name for n in nodes if n.layout.count(mig_type) - used[n.name] >= count},
-                        lambda n: left[n.name])
+    def fit() -> tuple[Node, ...] | None:
+        got = best_nodes(every, {n.name for n in nodes if n.layout.count(mig_type) - used[n.name] >= count},
+                         wanted, lambda n: left[n.name])
+        return None if got is None else tuple(got)
 
     if (node := fit()) is not None:
         return now, node
-    if not any(n.layout.count(mig_type) >= count for n in nodes):
+    if sum(1 for n in nodes if n.layout.count(mig_type) >= count) < wanted:
         return None
     if running is None:
         running = by_limit_end(every)

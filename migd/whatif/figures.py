@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from migd.demand.mix import moved_back
-from migd.whatif.replay import Cluster, Job
+from migd.whatif.replay import Cluster
 from migd.whatif.shift import SHIFT_MIN, holds
 
 REVERSAL_S = 6 * 3600.0
@@ -43,7 +43,7 @@ def type_waits(by_type: Mapping[str, list[float]]) -> dict[str, Any]:
 
 
 def measure(c: Cluster, end_s: float, days: float) -> dict[str, Any]:
-    jobs: list[Job] = c.done + [j for n in c.nodes for j in n.running] + [j for q in c.pending.values() for j in q]
+    jobs = c.jobs()
     by_type: dict[str, list[float]] = {}
     by_account: dict[str, list[float]] = {}
     for j in jobs:

@@ -10,6 +10,9 @@ from migd.whatif.jobs import TraceJob
 
 @dataclass
 class Job:
+    """A job of the replay: once started, in the ``running`` of each of its nodes (its ``count`` on each);
+    ``node``: the first of them (Slurm's BatchHost)."""
+
     spec: TraceJob
     start: float | None = None
     node: str | None = None

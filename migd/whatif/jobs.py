@@ -1,4 +1,4 @@
-"""The jobs a what-if replays: each asks ``count`` instances of one MIG type on one node, for a run
+"""The jobs a what-if replays: each asks ``count`` instances of one MIG type on each of its nodes, for a run
 time under a time limit, at a second of the trace (second 0 being ``Trace.start``).
 
 Read from Slurm's accounting (sacct.py), from the bench's CSV (bench/demand_trace.py) or generated
@@ -35,8 +35,9 @@ class TraceJob:
     count: int
     duration_s: float
     time_limit_s: float
-    job: str = ""  # Slurm's job id where known (sacct's JobID; ``12_3``: an array's task): a job over N nodes
-    # is N of these with one id, and an array's tasks past the first few reserve nothing (backfill.py)
+    job: str = ""  # Slurm's job id where known (sacct's JobID; ``12_3``: an array's task): an array's tasks
+    # past the first few reserve nothing (backfill.py)
+    nodes: int = 1  # a job over N nodes: ``count`` instances on each, started on all of them at once
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,17 @@
 """A discrete-time model of Slurm's queue over MIG nodes: what the what-if and bench/demand.py replay.
 
-GRES semantics as Slurm's: a job asks ``count`` instances of one MIG type on one node (``--gres=
-gpu:1g.10gb:2``) and starts only on a node whose layout offers them free; a drained node starts
-nothing and keeps its running jobs; a node switches layout only once it is empty (migd's Slurm mode
-never kills a job: ``jobs_killed`` counts any job a switch would have cut short, and must stay 0),
-then is out of service ``switch_s`` (apply, GRES, Slurm restart, registration).  Scheduling is
-first-come per MIG type with backfill: a job that fits starts even if an older one of its type does
-not, on the node select/cons_tres's best fit picks (place.py: the busiest node of the tightest set of
-consecutive nodes that can take it, not the first).  With ``reserve`` it is Slurm 22.05's
-sched/backfill over select/cons_tres, as read in Slurm's source and checked against a replay on a
-real cluster (migd/whatif/backfill.py): every pending job in submission order reserves a whole node
-from cons_tres's estimate of its start, and a younger job of any MIG type starts only where its time
-limit meets no reservation.  Steps of ``step_s`` seconds: waits are measured to a step.
+GRES semantics as Slurm's: a job asks ``count`` instances of one MIG type on each of its nodes
+(``--gres=gpu:1g.10gb:2``) and starts only on nodes whose layouts offer them free, on all of a job's
+nodes at once; a drained node starts nothing and keeps its running jobs; a node switches layout only
+once it is empty (migd's Slurm mode never kills a job: ``jobs_killed`` counts any job a switch would
+have cut short, and must stay 0), then is out of service ``switch_s`` (apply, GRES, Slurm restart,
+registration).  Scheduling is first-come per MIG type with backfill: a job that fits starts even if an
+older one of its type does not, on the nodes select/cons_tres's best fit picks (place.py: for one node,
+the busiest node of the tightest set of consecutive nodes that can take it, not the first).  With
+``reserve`` it is Slurm 22.05's sched/backfill over select/cons_tres, as read in Slurm's source and
+checked against a replay on a real cluster (migd/whatif/backfill.py): every pending job in submission
+order reserves whole nodes from cons_tres's estimate of its start, and a younger job of any MIG type
+starts only where its time limit meets no reservation.  Steps of ``step_s`` seconds: waits are measured to a step.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from migd.demand.inputs import Layout
 from migd.whatif.backfill import Backfill, Pass
 from migd.whatif.fleet import Job, Node
 from migd.whatif.jobs import TraceJob
-from migd.whatif.place import best_fit
+from migd.whatif.place import best_nodes
 
 __all__ = ["Cluster", "Job", "Node", "Policy", "run"]  # Job and Node live in fleet.py, shared with backfill.py
 
@@ -54,6 +54,12 @@ class Cluster:
     ordered: dict[str, tuple[Layout, float]] = field(default_factory=dict)
     backfill: Pass = field(default_factory=Backfill, repr=False, compare=False)  # its pass, skipped when idle
 
+    def jobs(self) -> list[Job]:
+        """Every job of the replay once: ended, running (a job over several nodes runs on each: taken from
+        its first), and pending."""
+        return self.done + [j for n in self.nodes for j in n.running if j.node == n.name] + [
+            j for q in self.pending.values() for j in q]
+
     def in_maintenance(self) -> int:
         return sum(1 for n in self.nodes if self.changing(n))
 
@@ -79,8 +85,9 @@ class Cluster:
                 n.target = self.ordered.pop(n.name)[0]
             for j in [j for j in n.running if j.end + self.release_s <= now]:
                 n.running.remove(j)
-                self.done.append(j)
-                self.ended.append(j)
+                if j.node == n.name:  # (a job over several nodes ends on all of them in this step: once)
+                    self.done.append(j)
+                    self.ended.append(j)
             if n.ready_at is not None and now >= n.ready_at:
                 n.ready_at = None
             if n.target is not None and not n.running:
@@ -107,12 +114,14 @@ class Cluster:
                 continue
             started = []
             for job in queue:
-                node = best_fit(self.nodes, {name for name, k in free.items() if k >= job.spec.count})
-                if node is None:
+                nodes = best_nodes(self.nodes, {name for name, k in free.items() if k >= job.spec.count},
+                                   job.spec.nodes)
+                if nodes is None:
                     continue
-                job.start, job.node = now, node.name
-                node.running.append(job)
-                free[node.name] -= job.spec.count
+                job.start, job.node = now, nodes[0].name
+                for node in nodes:
+                    node.running.append(job)
+                    free[node.name] -= job.spec.count
                 started.append(job)
                 if max(free.values()) <= 0:
                     break

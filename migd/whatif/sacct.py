@@ -28,7 +28,8 @@ Timelimit, and AllocTRES or ReqTRES; Account, Partition, JobID, NNodes and NodeL
   cluster does not track MIG types, ``AccountingStorageTRES=gres/gpu:1g.10gb,...``) cannot be
   placed on a layout: counted as untyped, not replayed.  A type that is not a MIG type (a whole
   GPU's ``gres/gpu:a100``) is counted, not replayed.  Counts are per job: over NNodes nodes, each
-  node is taken to hold its share (rounded up), one replayed job per node.  A job holding two MIG
+  node is taken to hold its share (rounded up), and the job is replayed over that many nodes, started
+  on all of them at once (as Slurm starts it).  A job holding two MIG
   types is replayed as one job per type.  Counts are ASCII digits, nine at most; NNodes, a row's
   NodeList and the record's together name at most ``MAX_NODES`` (jobs.py: why).
 - Timelimit ``UNLIMITED`` and ``Partition_Limit`` are unlimited; a job that ran past its limit
@@ -139,11 +140,11 @@ def _record(source: str, rows: Sequence[Row], partition: str | None) -> Record:
             continue
         ids, past = _replayed(job)
         if past:
-            skipped[f"array tasks past {MAX_REQUESTS} jobs of one row (tasks times nodes)"] += past
+            skipped[f"array tasks past {MAX_REQUESTS} requests of one row (tasks times nodes)"] += past
             job = replace(job, ids=ids)
         first, last = _span(row, job, first, last)
         read.append((job.submit, job))
-        count += len(job.asked) * len(job.ids) * job.nodes
+        count += len(job.asked) * len(job.ids)
         if count > MAX_JOBS:
             raise row.error("JobID", f"the record gives more than {MAX_JOBS:,} jobs to replay, the most a what-if "
                             "replays (sacct -S and -E: a shorter window)")
@@ -210,8 +211,8 @@ class _Job:
     def trace_jobs(self, zero: datetime) -> list[TraceJob]:
         at = self.submit.timestamp() - zero.timestamp()  # (in the machine's zone, as the runs: one time base)
         limit = max(self.limit_s, self.run_s)
-        return [TraceJob(at, self.account, self.partition, t, n, self.run_s, limit, job)
-                for t, n in self.asked for job in self.ids for _ in range(self.nodes)]
+        return [TraceJob(at, self.account, self.partition, t, n, self.run_s, limit, job, self.nodes)
+                for t, n in self.asked for job in self.ids]
 
 
 def _job(row: Row) -> _Job:
@@ -258,9 +259,10 @@ def _ids(row: Row, pending: bool) -> tuple[tuple[str, ...], int]:
 
 
 def _replayed(job: _Job) -> tuple[tuple[str, ...], int]:
-    """The tasks of a row replayed, and how many are not: each task is a job for each MIG type it asks on
-    each of its nodes, at most ``MAX_REQUESTS`` of them from one row, as the planner reads one pending
-    record (an array of 4,096 tasks over 4,096 nodes was 16.7 million jobs: memory without end)."""
+    """The tasks of a row replayed, and how many are not: each task is a job for each MIG type it asks,
+    over its nodes, at most ``MAX_REQUESTS`` requests (tasks times nodes times types) from one row, as
+    the planner reads one pending record (an array of 4,096 tasks over 4,096 nodes, each node a job,
+    was 16.7 million jobs: memory without end)."""
     keep = max(1, MAX_REQUESTS // (job.nodes * max(1, len(job.asked))))
     return job.ids[:keep], max(0, len(job.ids) - keep) + job.more
 
@@ -282,7 +284,7 @@ def _count(row: Row, name: str, default: int) -> int:
     if count < 1:
         raise row.error(name, f"{text!r} is not a count of nodes")
     if count > MAX_NODES:
-        raise row.error(name, f"{count} nodes: a what-if replays at most {MAX_NODES} (each node a job of its own)")
+        raise row.error(name, f"{count} nodes: a what-if replays at most {MAX_NODES}")
     return count
 
 
