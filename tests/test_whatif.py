@@ -209,6 +209,25 @@ def test_a_want_its_node_has_not_read_yet_counts_as_a_change_under_way(tmp_path:
         [(210.0 + 7200.0, "night-two", "balanced")], []]  # (the 3g job started at the 210 s step)
 
 
+@pytest.mark.parametrize("over", [2, 3])
+def test_a_job_over_several_nodes_of_a_type_no_node_offers_gets_its_nodes_and_starts_on_all_at_once(
+        tmp_path: Path, over: int) -> None:
+    """A 2g job over two (three) nodes on a Saturday's night-two (no 2g): the rule reads it as a request
+    per node (as from squeue, queue.py) and changes a node per wave, one after another; the job starts
+    only when the last of its nodes has switched, on all of them at once (Slurm's select_nodes), not
+    its first share on the first node ready."""
+    _, setup = _setup(tmp_path, datetime(2026, 11, 28))
+    jobs = [TraceJob(130.0, "bio", "gpu", "2g.20gb", 2, 1800.0, 4 * 3600.0, job="5", nodes=over)]
+    c = policies.cluster(setup, 3, 1, None, 86400.0)
+    c.drain_lag_s = setup.lag_s
+    run(jobs, c, policies.migd(setup), 3 * 3600.0, decide_every_s=setup.interval_s)
+    switched = [n.history[0][0] for n in c.nodes if n.history]
+    assert len(switched) == over and [n.history[0][2].name for n in c.nodes if n.history] == ["balanced"] * over
+    (job,) = c.jobs()
+    assert job.start == max(switched) + setup.params.switch_s
+    assert c.done == [job]  # (ended on all its nodes as one job)
+
+
 def test_two_replays_of_one_trace_decide_alike_to_the_last_digit(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The rule orders jobs by their ids, and sums in that order: the replay names each job by when it
