@@ -91,21 +91,24 @@ class Stream:
     gres: str
     counts: tuple[int, ...]
     run_s: tuple[float, float]  # run time range, replay seconds
+    nodes: tuple[int, ...] = (1,)  # how many nodes a job spans (``sbatch -N``), drawn from these
 
 
 STREAMS = {"teaching": Stream("1g.10gb", (1,), (5, 20)), "serving": Stream("2g.20gb", (1,), (8, 22)),
-           "vision": Stream("3g.40gb", (1, 2), (10, 25)), "nlp": Stream("7g.80gb", (1,), (10, 25))}
+           "vision": Stream("3g.40gb", (1, 2), (10, 25), (1, 1, 2)), "nlp": Stream("7g.80gb", (1,), (10, 25))}
 PHASES = (  # notebooks first, then training: demand that moves off the initial layouts
     Phase(0, {"teaching": 3.06, "serving": 0.136, "vision": 0.085}),
     Phase(50, {"teaching": 0.51, "serving": 0.136, "vision": 0.085, "nlp": 0.425}),
 )
 LENGTH_S = 110.0
-SEED = 7  # 216 jobs; every job started by about 200 s (python3 bench/demand_replay.py)
+SEED = 7  # 216 jobs; every job started by about 360 s (python3 bench/demand_replay.py)
 
 
 def trace(seed: int = SEED) -> tuple[TraceJob, ...]:
-    """Poisson arrivals second by second in each phase (seeded: the same seed, the same jobs)."""
-    rng = random.Random(seed)
+    """Poisson arrivals second by second in each phase (seeded: the same seed, the same jobs).  How many
+    nodes a job spans is drawn apart (``spans``), so the jobs' times and sizes are those of a trace
+    without jobs over several nodes."""
+    rng, spans = random.Random(seed), random.Random(seed + 1)
     jobs = []
     for second in range(int(LENGTH_S)):
         phase = [p for p in PHASES if p.start_s <= second][-1]
@@ -115,7 +118,7 @@ def trace(seed: int = SEED) -> tuple[TraceJob, ...]:
                 run_s = round(rng.uniform(*s.run_s))
                 limit = max(60, math.ceil(run_s * rng.uniform(1.2, 2.0) / 60) * 60)
                 jobs.append(TraceJob(round(second + rng.uniform(0, 1), 1), account, "main", s.gres,
-                                     rng.choice(s.counts), run_s, limit))
+                                     rng.choice(s.counts), run_s, limit, nodes=spans.choice(s.nodes)))
     return tuple(sorted(jobs, key=lambda j: (j.submit_s, j.account)))
 
 

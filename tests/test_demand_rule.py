@@ -4,6 +4,7 @@ what it leaves, and why; the same snapshot always gives the same decision."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -375,3 +376,17 @@ def test_a_change_need_not_gain_twice_its_cost_when_the_waiting_jobs_start_soone
     assert change.cost_slice_h < change.benefit_slice_h < 2 * change.cost_slice_h, change.reason
     assert "(replayed)" in change.reason
     assert decide(snap, LAYOUTS, Params(gain_ratio=2.0)).changes == ()
+
+
+def test_a_job_over_two_nodes_gets_a_second_place_where_its_type_has_one() -> None:
+    """A 3g job over two nodes while one node offers 3g: Slurm starts it on both at once, so with one
+    place it never starts, and a second node is given a place (for a one-node job the one place is
+    enough).  A job over more nodes than the fleet has gets none: no change lets it start."""
+    wide = Pending("w", "vision", "3g.40gb", 1, 2 * 3600.0, age_s=OLD, nodes=2)
+    fleet = (NodeView("gpu0", "night-two", 10 * 3600.0), *nodes(3)[1:])
+    d = decide(Snapshot((wide,), fleet), LAYOUTS)
+    assert [(c.node, c.new, c.places) for c in d.changes] == [("gpu1", "night-two", ("3g.40gb",))]
+    assert d.changes[0].reason.endswith("; gives 3g.40gb a place to run (3g.40gb: its jobs span 2 nodes, so it "
+                                        "needs 2 places)")
+    assert decide(Snapshot((replace(wide, nodes=1),), fleet), LAYOUTS).changes == ()
+    assert decide(Snapshot((replace(wide, nodes=4),), fleet), LAYOUTS).changes == ()

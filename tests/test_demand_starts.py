@@ -57,3 +57,26 @@ def test_an_unlimited_job_holds_its_instance_whatever_its_account_learned() -> N
     unlimited = Pending("u", "x", "1g.10gb", 1, float("inf"))
     waits = total_wait_s([{"1g.10gb": [0.0, 100.0]}], [unlimited, job("a"), job("b")], h)
     assert waits == 0.0 + 100 + 3700  # (u at once for good; a at 100; b when a ends)
+
+
+def test_a_job_over_two_nodes_starts_on_two_at_once_each_share_waiting_for_its_own_node() -> None:
+    """Node 0 has both its 1g free now, node 1 its one at 300 s: a job asking one on each of two nodes
+    starts on both at 300 s (its shares stacked on node 0 started it at once), its shares' waits 0 and
+    300; the next one-node job then has node 0's other instance at once.  With one node able it starts
+    within no horizon, each share without a node waiting the whole of it."""
+    fleet = [{"1g.10gb": [0.0, 0.0]}, {"1g.10gb": [300.0]}]
+    wide = Pending("w", "teaching", "1g.10gb", 1, 3600.0, nodes=2)
+    assert total_wait_s(fleet, [wide], H) == 0.0 + 300.0
+    assert total_wait_s(fleet, [wide, job("next", age_h=1)], H) == 300.0 + 3600.0 + 0.0
+    assert total_wait_s(fleet, [wide, job("n1"), job("n2")], H) == 300.0 + 0.0 + 3600.0  # (n1 took node 0's)
+    alone = [{"1g.10gb": [0.0, 0.0]}, {"7g.80gb": [0.0]}]
+    assert total_wait_s(alone, [wide], H) == 0.0 + H.horizon_s
+    assert total_wait_s(alone, [wide, job("n1"), job("n2")], H) == H.horizon_s + 0.0 + 0.0  # (it holds nothing)
+
+
+def test_a_job_over_n_nodes_weighs_as_n_shares_in_the_mean() -> None:
+    """The mean is over shares: a two-node job and a one-node job are three."""
+    idle = (NodeView("n0", "day", 3600.0), NodeView("n1", "day", 3600.0))
+    s = Starts(idle, [Pending("w", "teaching", "1g.10gb", 1, 3600.0, age_s=600.0, nodes=2), job("one", age_h=0.5)],
+               SHAPES, H)
+    assert s.waits_s() == (600.0 * 2 + 1800.0) / 3

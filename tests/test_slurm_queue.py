@@ -30,15 +30,16 @@ def _job(**fields: object) -> str:
 def test_the_recorded_queue_is_read_as_the_jobs_were_submitted() -> None:
     """tests/test_slurm_queue_real.py's jobs (SOURCES.md): the stopped job runs on gpu1 with its one 1g
     instance, whatever its name and output path say; the array is ten requests, three of them
-    startable at once; the rest as asked."""
+    startable at once; the job over two nodes one request over both (Slurm starts it on both at once or
+    not at all); the rest as asked."""
     q = read_queue(JOBS, "main", NOW)
     assert {n: [(r.job, r.mig_type, r.count, r.account, r.limit_s) for r in rs] for n, rs in q.running.items()} == {
         "gpu1": [("1", "1g.10gb", 1, "bio", 1800.0)]}
     assert 1700 < q.running["gpu1"][0].ends_in_s <= 1800
-    got = Counter((p.job.split("_")[0], p.mig_type, p.count, p.startable) for p in q.pending)
-    assert got == {("3", "7g.80gb", 1, True): 3, ("3", "7g.80gb", 1, False): 7,  # (%3: three at once)
-                   ("4", "1g.10gb", 2, False): 1, ("5", "3g.40gb", 1, False): 2,
-                   ("6", "1g.10gb", 1, False): 1, ("7", "1g.10gb", 2, False): 1, ("8", "3g.40gb", 2, False): 1}
+    got = Counter((p.job.split("_")[0], p.mig_type, p.count, p.startable, p.nodes) for p in q.pending)
+    assert got == {("3", "7g.80gb", 1, True, 1): 3, ("3", "7g.80gb", 1, False, 1): 7,  # (%3: three at once)
+                   ("4", "1g.10gb", 2, False, 1): 1, ("5", "3g.40gb", 1, False, 2): 1,  # (-N 2: one job, both nodes)
+                   ("6", "1g.10gb", 1, False, 1): 1, ("7", "1g.10gb", 2, False, 1): 1, ("8", "3g.40gb", 2, False, 1): 1}
     assert {p.account for p in q.pending} == {"physics"} and all(p.time_limit_s == 1800 for p in q.pending)
     assert q.untyped == 1  # --gres=gpu
     assert read_queue(JOBS, "other", NOW).pending == ()

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from migd.slurm.ctl import fields
+from migd.slurm.hostlist import hostnames
 from migd.slurm.want import Want
 from migd.whatif.replay import Cluster
 from tests.daemon_harness import MigdProcess
@@ -41,7 +42,7 @@ REL = 0.20
 # seconds, its scheduler here runs every 2 s (sched_interval, bf_interval) and at a job's end, the
 # planner and each node's pass every second, so one start may come 2-4 s after the model's.
 FLOOR_S = 5.0
-DRAIN_CAP_S = 300.0  # after the last submission, how long the replay waits for every job to start
+DRAIN_CAP_S = 450.0  # after the last submission, how long the replay waits for every job to start
 # Slurm's backfill keeps its plan to bf_resolution (60 s by default: an hour in compressed time), so it
 # is compressed too; ended jobs are kept an hour (MinJobAge) for scontrol to show their times.
 SCHED_S = 2.0  # sched_interval and bf_interval below
@@ -56,7 +57,11 @@ class Ran:
     submit: float
     start: float | None
     end: float | None
-    node: str
+    node: str  # Slurm's NodeList (``gpu[1-2]`` for a job over two nodes)
+
+    @property
+    def nodes(self) -> set[str]:
+        return hostnames(self.node) or set()
 
 
 COMMAND = "MIGD_REPLAY=1 pytest -q -p no:cacheprovider -n 0 tests/test_slurm_replay.py"
@@ -98,7 +103,8 @@ def submit_all(c: SlurmCluster, jobs: tuple, t0: float) -> dict[str, int]:  # ty
     for k, j in enumerate(jobs):
         time.sleep(max(0.0, t0 + j.submit_s - time.time()))
         argv = ("sbatch", "--parsable", "-J", f"r{k}", "-A", j.account, "-t", str(int(j.time_limit_s // 60)),
-                f"--gres=gpu:{j.gres}:{j.count}", "-o", "/dev/null", "--wrap", f"sleep {j.duration_s:g}")
+                f"--gres=gpu:{j.gres}:{j.count}", "-N", str(j.nodes), "-o", "/dev/null", "--wrap",
+                f"sleep {j.duration_s:g}")
         deadline = time.monotonic() + 60
         while True:
             out = c.cmd(*argv, check=False).strip()
@@ -140,7 +146,7 @@ def switches(seen: list[tuple[float, str, str, str]], ran: list[Ran]) -> list[tu
                 drained, before = t, g
             elif drained is not None and "DRAIN" not in st:
                 if g != before:  # (a drain that ended without a switch is not one)
-                    ends = [r.end for r in ran if r.node == node and r.start is not None and r.start < drained
+                    ends = [r.end for r in ran if node in r.nodes and r.start is not None and r.start < drained
                             and r.end is not None]
                     empty = max([drained, *ends])
                     out.append((node, empty, t - empty))
@@ -157,7 +163,7 @@ def release(jobs: tuple, ran: list[Ran]) -> float:  # type: ignore[type-arg]
     for r in ran:
         if r.start is None or r.start - r.submit <= SCHED_S:
             continue
-        ends = [o.end for o in ran if o.node == r.node and jobs[o.index].gres == jobs[r.index].gres
+        ends = [o.end for o in ran if o.nodes & r.nodes and jobs[o.index].gres == jobs[r.index].gres
                 and o.end is not None and o.end <= r.start]
         if ends and r.start - max(ends) <= SCHED_S:
             gaps.append(r.start - max(ends))
@@ -167,8 +173,7 @@ def release(jobs: tuple, ran: list[Ran]) -> float:  # type: ignore[type-arg]
 def by_job(jobs: tuple, cluster: Cluster) -> dict[int, tuple[float | None, str | None]]:  # type: ignore[type-arg]
     """Trace index -> (start, node) in the model."""
     index = {id(j): k for k, j in enumerate(jobs)}
-    every = cluster.done + [j for n in cluster.nodes for j in n.running]
-    return {index[id(j.spec)]: (j.start, j.node) for j in every}
+    return {index[id(j.spec)]: (j.start, j.node) for j in cluster.jobs() if j.start is not None}
 
 
 def agreement(ran: list[Ran], starts: dict[int, tuple[float | None, str | None]], t0: float) -> str:

@@ -32,7 +32,10 @@ def slices_of(mig_type: str) -> int:
 
 @dataclass(frozen=True)
 class Pending:
-    """A pending job's request: ``count`` instances of ``mig_type`` on one node."""
+    """A pending job's request: ``count`` instances of ``mig_type`` on each of ``nodes`` nodes.  Slurm
+    starts a job over N nodes on all of them at once or not at all (its whole allocation is selected in
+    one test: select/cons_tres ``_eval_nodes``), so its instances on one node serve it only beside the
+    others'."""
 
     job: str
     account: str
@@ -42,6 +45,7 @@ class Pending:
     priority: int = 0
     age_s: float = 0.0
     startable: bool = True  # False: waiting on a dependency or its begin time (Slurm's backfill skips it)
+    nodes: int = 1
 
 
 @dataclass(frozen=True)

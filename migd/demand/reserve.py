@@ -62,7 +62,7 @@ class Ahead:
             if p.mig_type not in before:  # its oldest: what is ahead of it is what came before
                 before[p.mig_type] = {t: w for t, w in seen.items() if t != p.mig_type}
             w, n = seen[p.mig_type]
-            seen[p.mig_type] = (w + work(p), n + p.count)
+            seen[p.mig_type] = (w + work(p), n + p.count * p.nodes)
         return cls(before, dict(seen))
 
     def share(self, layout: Layout, mig_type: str, supply: Mapping[str, float], free: Mapping[str, int]) -> float:
@@ -96,8 +96,8 @@ def _in_order(pending: Iterable[Pending]) -> list[Pending]:
 
 
 def first_jobs(queue: list[T], job_of: Callable[[T], Hashable]) -> list[T]:
-    """The requests of the first ``BF_MAX_JOB_TEST`` jobs (``job_of``: a request's job): a job over N nodes
-    is N requests and one test.  The queue model's backfill counts its jobs by the same rule."""
+    """The requests of the first ``BF_MAX_JOB_TEST`` jobs (``job_of``: a request's job): a job asking two
+    MIG types is two requests and one test.  The queue model's backfill counts its jobs by the same rule."""
     seen: set[Hashable] = set()
     for i, p in enumerate(queue):
         seen.add(job_of(p))

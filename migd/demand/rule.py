@@ -8,17 +8,19 @@ ready (after its running jobs end: nothing is killed) and less what Slurm's rese
 pending jobs of its other types hold of it (reserve.py; ``reserves``); the cost is the slices the node
 leaves idle while it drains and switches.  Changes are taken best first, one node at a time:
 
-1. a MIG type with pending work keeps at least one node whose layout can start its smallest job: a
-   change that gives one a place is made when the slices it idles while draining are no more than
-   that type's pending work (not the thresholds below: a minority's work is small, and the majority's
-   queue would fill the GPU it takes, so in slice-hours alone carving a place never pays, and the
-   minority waits for ever), where the place opens soonest (when the node is ready, plus the part of
-   the horizon the older jobs of the layout's other types hold it); none that takes the last place
-   away is made; and one that takes the last place from a type seen (pending or running) within
-   ``keep_place_s`` (a day by default) is held, unless it gives a waiting type its place: the seen
-   type's next job would wait for a drain and a switch, and a type that ran today comes back (on a
-   fleet loaded past its size and cut whole, a quiet hour otherwise gave a type's last node to the
-   others minutes before its next jobs came, which then waited hours for a drain: docs/demand.md);
+1. a MIG type with pending work keeps at least one node whose layout can start its smallest job (as many
+   as its least spread job's nodes, where each of its jobs spans several: Slurm starts such a job on all
+   of its nodes at once, so with fewer it never starts): a change that gives one a place is made when
+   the slices it idles while draining are no more than that type's pending work (not the thresholds
+   below: a minority's work is small, and the majority's queue would fill the GPU it takes, so in
+   slice-hours alone carving a place never pays, and the minority waits for ever), where the place opens
+   soonest (when the node is ready, plus the part of the horizon the older jobs of the layout's other
+   types hold it); none that takes the last place away is made; and one that takes the last place from a
+   type seen (pending or running) within ``keep_place_s`` (a day by default) is held, unless it gives a
+   waiting type its place: the seen type's next job would wait for a drain and a switch, and a type that
+   ran today comes back (on a fleet loaded past its size and cut whole, a quiet hour otherwise gave a
+   type's last node to the others minutes before its next jobs came, which then waited hours for a
+   drain: docs/demand.md);
 2. then the change that most shortens the longest expected wait of a MIG type (its oldest pending
    job's age plus the time the type's supply takes to run its work within the horizon), then best
    lifts the worst-served account, then the largest net gain, while one pays enough
@@ -87,10 +89,12 @@ class Change:
     places: tuple[str, ...] = ()  # MIG types with pending work that had no place to run and get one
     wait: Wait | None = None  # the longest expected wait of a MIG type before and after it
     replayed: tuple[float, float] | None = None  # the mean wait of the jobs waiting now, without and with it
+    spread: tuple[tuple[str, int], ...] = ()  # of ``places``, those whose jobs span several nodes: how many
 
     @property
     def reason(self) -> str:
-        place = f"; gives {', '.join(self.places)} a place to run" if self.places else ""
+        over = "".join(f" ({t}: its jobs span {n} nodes, so it needs {n} places)" for t, n in self.spread)
+        place = f"; gives {', '.join(self.places)} a place to run{over}" if self.places else ""
         wait = f"; {self.wait}" if self.wait is not None else ""
         replayed = (f"; the jobs waiting now wait {self.replayed[0] / 3600:.1f} h on average -> "
                     f"{self.replayed[1] / 3600:.1f} h (replayed)" if self.replayed is not None else "")
@@ -123,7 +127,7 @@ class Decision:
 
 
 def _work(p: Pending, params: Params, ratio: Mapping[str, float]) -> float:
-    return slices_of(p.mig_type) * p.count * min(expected_s(p.time_limit_s, ratio.get(p.account, 1.0)),
+    return slices_of(p.mig_type) * p.count * p.nodes * min(expected_s(p.time_limit_s, ratio.get(p.account, 1.0)),
                                                   params.horizon_s) / 3600
 
 
@@ -162,6 +166,16 @@ def _need(pending: tuple[Pending, ...], layouts: list[Layout]) -> dict[str, int]
     return _startable(need, layouts)
 
 
+def _spread(pending: tuple[Pending, ...], nodes: int) -> dict[str, int]:
+    """Per MIG type with pending work, the nodes its least spread job spans, where more than one; a job
+    over more nodes than the fleet has is left out (no change lets it start)."""
+    spread: dict[str, int] = {}
+    for p in pending:
+        if p.nodes <= nodes:
+            spread[p.mig_type] = min(spread.get(p.mig_type, p.nodes), p.nodes)
+    return {t: n for t, n in spread.items() if n > 1}
+
+
 def _startable(need: Mapping[str, int], layouts: list[Layout]) -> dict[str, int]:
     """Those of ``need`` (MIG type -> instances on one node) some layout can start: for the others no
     change gives or keeps a place."""
@@ -187,7 +201,8 @@ def decide(snap: Snapshot, layouts: Mapping[str, Layout] | Shapes, params: Param
         oldest[p.mig_type] = max(oldest.get(p.mig_type, 0.0), p.age_s)
     keep = _startable({s.mig_type: s.count for s in snap.seen if s.ago_s < params.keep_place_s}, every)
     ahead = Ahead.of(snap.pending, lambda p: _work(p, params, h.ratio)) if params.reserves else NONE
-    fleet = Fleet(Queue(demand, _need(snap.pending, every), oldest, keep, ahead), params.horizon_s)
+    spread = _spread(snap.pending, len(snap.nodes))
+    fleet = Fleet(Queue(demand, _need(snap.pending, every), oldest, keep, ahead, spread), params.horizon_s)
     fleet.put({n.name: _part(n, shapes.of(n)[n.layout], h) for n in snap.nodes})
     busy = sum(1 for n in snap.nodes if n.draining)
     changes: list[Change] = []
@@ -295,14 +310,15 @@ class _Search:
         leaves no account worse served."""
         if len(after.unplaced) > len(now.unplaced):
             return None
-        places = tuple(t for t in now.unplaced if t not in after.unplaced)
+        places = tuple(t for t in dict.fromkeys(now.unplaced) if after.unplaced.count(t) < now.unplaced.count(t))
         benefit = after.served - now.served
         if cost > sum(self.fleet.by_type.get(t, 0.0) for t in places) if places else (
                 benefit - cost < self.params.min_gain_slice_h or after.worst < now.worst - 1e-9
                 or after.wait_s > now.wait_s + 1e-3 or benefit < self.params.gain_ratio * cost):
             return None
         return Change(node.name, node.layout, name, benefit, cost, ready, places,
-                      Wait(now.wait_s, now.wait_type, after.wait_s, after.wait_type))
+                      Wait(now.wait_s, now.wait_type, after.wait_s, after.wait_type),
+                      spread=tuple((t, self.fleet.spread[t]) for t in places if t in self.fleet.spread))
 
     def confirm(self, node: NodeView, change: Change, part: Part) -> Change | None:
         """``change`` as taking it scores, every node weighed again (the search ranked it with the others

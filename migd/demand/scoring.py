@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from migd.demand.inputs import Layout
 from migd.demand.reserve import Ahead
@@ -22,7 +22,7 @@ WAIT_CAP = 10.0  # horizons: the expected wait of a type its supply would take l
 
 @dataclass(frozen=True)
 class Score:
-    unplaced: tuple[str, ...]  # MIG types with pending work that no node's layout can start
+    unplaced: tuple[str, ...]  # MIG types with pending work short of places: each once per place it lacks
     worst: float  # the worst-served account's fraction of its work that can run
     served: float  # slice-hours of work that can run
     wait_s: float = 0.0  # the longest expected wait of a MIG type (Fleet.score)
@@ -34,14 +34,17 @@ class Score:
 class Queue:
     """What the fleet's supply is weighed against: demand (type -> account -> slice-hours), the
     instances the smallest pending job of each type asks on one node (``need``), the types seen lately
-    with none pending (``keep``), each type's oldest pending job's age, and who is ahead of whom in
-    Slurm's reservations."""
+    with none pending (``keep``), each type's oldest pending job's age, who is ahead of whom in Slurm's
+    reservations, and the places (nodes that can start its share) each type needs: as many as the nodes
+    its least spread pending job spans (``spread``; one where absent).  Slurm starts a job over N nodes
+    on all at once, so with fewer places than that it never starts."""
 
     demand: Mapping[str, Mapping[str, float]]
     need: Mapping[str, int]
     oldest: Mapping[str, float]
     keep: Mapping[str, int]
     ahead: Ahead
+    spread: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,7 @@ class Fleet:
         self.ahead = queue.ahead
         self.horizon_s = horizon_s
         self.need = dict(sorted(queue.need.items()))
+        self.spread = queue.spread
         self.keep = {t: k for t, k in sorted(queue.keep.items()) if t not in self.need}  # none pending
         self.by_type = {t: sum(a.values()) for t, a in queue.demand.items()}
         # all of it: no trial serves more (summed in score's order, so the bound is exact)
@@ -172,10 +176,10 @@ class Fleet:
         if node is not None and trial is not None:
             gone, came = self._placed(self.raw[node].layout), self._placed(trial.layout)
 
-        def left(t: str) -> bool:
-            return self.places.get(t, 0) - (t in gone) + (t in came) <= 0
-        unplaced = tuple(t for t in self.need if left(t))
-        unkept = tuple(t for t in self.keep if left(t))
+        def lacks(t: str) -> int:
+            return max(0, self.spread.get(t, 1) - self.places.get(t, 0) + (t in gone) - (t in came))
+        unplaced = tuple(t for t in self.need for _ in range(lacks(t)))
+        unkept = tuple(t for t in self.keep if lacks(t))
         return Score(unplaced, worst, total, wait[0], wait[1], unkept)
 
 

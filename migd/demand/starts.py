@@ -15,7 +15,8 @@ end (supply.remaining_s); a node changing (this change, one already decided this
 draining) offers all of its new layout when it is ready (its drain, then the switch:
 supply.ready_in_s).  The pending jobs Slurm's backfill tests (at most ``BF_MAX_JOB_TEST``, in its
 order: reserve.py), each on the node where the instances it asks are free soonest (the first of
-equals), for its expected run time (its account's learned share of its time limit); a job that
+equals; a job over N nodes on the N such nodes, starting on all when the last has them), for its
+expected run time (its account's learned share of its time limit); a job that
 would not start within the horizon counts as starting at its end.  No job arrives in it: the
 forecast weighs a change, it starts none.  Slurm's whole-node reservations are not replayed here:
 replayed with them, the check did no better with Slurm's reservations in the bench (docs/demand-tried.md).
@@ -50,24 +51,44 @@ def slots(node: NodeView, layout: Layout, h: Horizon, changing: bool) -> Slots:
 
 
 def total_wait_s(fleet: Sequence[Slots], pending: Sequence[Pending], h: Horizon) -> float:
-    """The waits of ``pending`` (in the order given) summed: each job's age plus when it starts, the
-    fleet being ``fleet`` (copied: it is not changed)."""
+    """The waits of ``pending`` (in the order given) summed: each job's age plus when it starts (a job
+    over N nodes: each of its N shares', ``_soonest``), the fleet being ``fleet`` (copied: it is not
+    changed)."""
     free = [{t: list(s) for t, s in node.items()} for node in fleet]
     total = 0.0
     for p in pending:
-        at, best = h.horizon_s, None
+        at, shares, best = _soonest(free, p, h.horizon_s)
+        end = at + expected_s(p.time_limit_s, h.ratio.get(p.account, 1.0))
+        for s in best:
+            i = bisect.bisect_right(s, at)
+            del s[i - p.count:i]
+            for _ in range(p.count):
+                bisect.insort(s, end)
+        total += p.nodes * p.age_s + shares
+    return total
+
+
+def _soonest(free: list[Slots], p: Pending, horizon_s: float) -> tuple[float, float, list[list[float]]]:
+    """When ``p`` starts within the horizon (its end if not), its shares' waits summed, and the nodes it
+    starts on (none if not).  A one-node job: on the node whose ``count`` instances are free soonest
+    (the first of equals).  A job over N nodes: on the N such nodes (distinct), all at once when the
+    last has them; each of its N shares waits until its own node has them (at most the horizon: a
+    share with no node, the whole of it).  The shares' waits understate the job's, but each node that
+    comes sooner counts: weighed by its last node alone, no change but the one that completes its N
+    nodes would shorten a wait, and the rule changes one node at a time."""
+    if p.nodes == 1:
+        at, best = horizon_s, None
         for node in free:
             s = node.get(p.mig_type)
             if s is not None and len(s) >= p.count and s[p.count - 1] < at:
                 at, best = s[p.count - 1], s
-        if best is not None:
-            i = bisect.bisect_right(best, at)
-            del best[i - p.count:i]
-            end = at + expected_s(p.time_limit_s, h.ratio.get(p.account, 1.0))
-            for _ in range(p.count):
-                bisect.insort(best, end)
-        total += p.age_s + at
-    return total
+        return at, at, [] if best is None else [best]
+    ready = sorted((min(s[p.count - 1], horizon_s), i) for i, node in enumerate(free)
+                   if (s := node.get(p.mig_type)) is not None and len(s) >= p.count)[:p.nodes]
+    shares = sum(t for t, _ in ready) + horizon_s * (p.nodes - len(ready))
+    if len(ready) < p.nodes or ready[-1][0] >= horizon_s:
+        return horizon_s, shares, []
+    return ready[-1][0], shares, [free[i][p.mig_type] for _, i in ready]
 
 
 class Starts:
@@ -77,6 +98,7 @@ class Starts:
     def __init__(self, nodes: Sequence[NodeView], pending: Sequence[Pending], shapes: Shapes, h: Horizon) -> None:
         self.nodes, self.shapes, self.h = list(nodes), shapes, h
         self.pending = tested(pending)
+        self.shares = sum(p.nodes for p in self.pending)  # (a job over N nodes weighs as N: total_wait_s)
         self.taken: dict[str, str] = {}
         self._now: float | None = None
         self._as_is: list[Slots] | None = None  # each node's slots in its layout (the same for every trial)
@@ -86,8 +108,8 @@ class Starts:
         self._now = None
 
     def waits_s(self, node: str | None = None, layout: str | None = None) -> float:
-        """The mean wait of the jobs waiting now (0 with none): the fleet as it stands, or with ``node``
-        changing to ``layout``."""
+        """The mean wait of the jobs waiting now (0 with none; a job over N nodes N shares): the fleet as it
+        stands, or with ``node`` changing to ``layout``."""
         if not self.pending:
             return 0.0
         if node is None and self._now is not None:
@@ -97,7 +119,7 @@ class Starts:
             self._as_is = [slots(n, self.shapes.of(n)[n.layout], self.h, False) for n in self.nodes]
         fleet = [slots(n, self.shapes.of(n)[changing[n.name]], self.h, True) if n.name in changing else as_is
                  for n, as_is in zip(self.nodes, self._as_is, strict=True)]
-        mean = total_wait_s(fleet, self.pending, self.h) / len(self.pending)
+        mean = total_wait_s(fleet, self.pending, self.h) / self.shares
         if node is None:
             self._now = mean
         return mean

@@ -7,11 +7,11 @@ A job asks for MIG instances with ``--gres`` or ``--gpus-per-node`` (``tres_per_
 (``tres_per_job``, the job's total even beside ``--gpus-per-task``: sbatch(1)), ``--gpus-per-task``
 alone (``tres_per_task``, times its tasks) or ``--gpus-per-socket`` (``tres_per_socket``, times its
 sockets per node); Slurm 22.05 prints ``gres:gpu:TYPE:N``, later releases ``gres/gpu:TYPE=N``: both are
-read.  A job over N nodes asks its share on each: N requests.  A pending job array is one record for
-all its pending tasks (``array_task_string``: ``1-9%3``), each a request of its own, as many
-startable at once as its throttle (``%3``) leaves beside its running tasks.  A record gives at most
-``MAX_REQUESTS`` requests, its tasks times its nodes.  A running job's instances on a node are what
-Slurm allocated there (``gres_detail``).  Held jobs and jobs whose dependency can never be met are not
+read.  A job over N nodes asks its share on each, all at once: one request over N nodes.  A pending
+job array is one record for all its pending tasks (``array_task_string``: ``1-9%3``), each a request
+of its own, as many startable at once as its throttle (``%3``) leaves beside its running tasks.  A
+record gives at most ``MAX_REQUESTS`` requests.  A running job's instances on a node are what Slurm
+allocated there (``gres_detail``).  Held jobs and jobs whose dependency can never be met are not
 demand.  Times are Unix seconds.
 """
 
@@ -36,7 +36,7 @@ _ALLOC = re.compile(r"gpu:([^:(,\s]+):([0-9]{1,9})\b", re.ASCII)
 WAITING_ON = ("Dependency", "BeginTime")
 NEVER = ("JobHeld", "DependencyNeverSatisfied")  # not demand: it starts only when someone acts (or never)
 MAX_ARRAY_TASKS = 4096  # pending tasks of one array read as requests: past a day's work for any fleet planned
-MAX_REQUESTS = MAX_ARRAY_TASKS  # requests one pending record gives (tasks times nodes): as many, for the same reason
+MAX_REQUESTS = MAX_ARRAY_TASKS  # requests one pending record gives (tasks times MIG types): as many, as above
 
 
 @dataclass(frozen=True)
@@ -152,8 +152,9 @@ class _Reader:
         return max(0.0, self.now - (number(job.get("submit_time")) or self.now))
 
     def _pending(self, job: Mapping[str, Any], reason: str) -> None:
-        """Each task's request on each of the job's nodes, at most ``MAX_REQUESTS`` for the record: an
-        array of 4,096 tasks over 1,024 nodes was four million requests, a minute and a gigabyte a decision."""
+        """Each task's request (over all of the job's nodes at once), at most ``MAX_REQUESTS`` for the
+        record: an array of 4,096 tasks over 1,024 nodes was four million requests while each node was one
+        (a minute and a gigabyte a decision), and a record of a million tasks would be as many."""
         nodes = min(max(1, number(job.get("node_count")) or 1), MAX_REQUESTS)
         account, limit, left = _account(job), limit_s(job), MAX_REQUESTS
         asked, priority, age = _asked(job), number(job.get("priority")) or 0, self._age_s(job)  # (each task's own)
@@ -164,10 +165,9 @@ class _Reader:
                 elif not is_mig_type(mig_type):  # (a whole GPU's type, say: a candidate layout never offers it)
                     self.others.add((mig_type, task))
                 elif left > 0:
-                    copies = min(nodes, left)
-                    left -= copies
-                    self.pending += [Pending(task, account, mig_type, count, limit, priority, age,
-                                             free and not reason.startswith(WAITING_ON))] * copies
+                    left -= 1
+                    self.pending.append(Pending(task, account, mig_type, count, limit, priority, age,
+                                                free and not reason.startswith(WAITING_ON), nodes))
 
     def _running(self, job: Mapping[str, Any]) -> None:
         limit, end = limit_s(job), number(job.get("end_time"))

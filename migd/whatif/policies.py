@@ -210,8 +210,8 @@ def migd(setup: Setup) -> Planner:
                     named(j)
             return {}
         snap = Snapshot(tuple(Pending(asked(j), j.spec.account, j.spec.gres, j.spec.count, j.spec.time_limit_s,
-                                      age_s=now - j.spec.submit_s) for q in c.pending.values() for j in q
-                              for _ in range(j.spec.nodes)),  # (a job over N nodes: N requests, as queue.py reads it)
+                                      age_s=now - j.spec.submit_s, nodes=j.spec.nodes)
+                              for q in c.pending.values() for j in q),
                         tuple(_view(n, now, c, named) for n in c.nodes if _heading(n, c).name in setup.mixes),
                         learned.ratios(), seen.seen(now))
         # (a node in a layout of the schedule's only is skipped, as by the planner)
