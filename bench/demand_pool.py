@@ -36,7 +36,7 @@ def pool(jobs: Sequence[TraceJob], slices: int, end_s: float, step_s: float = 30
         if moved:
             waiting = []
             for j in queue:
-                need = slices_of(j.gres) * j.count
+                need = slices_of(j.gres) * j.count * j.nodes
                 if need <= free:
                     free -= need
                     heapq.heappush(running, (t + j.duration_s, need))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from demand_trace import DAY, TraceJob, read_csv, write_csv  # noqa: E402
 
 from migd.demand.inputs import Layout  # noqa: E402
 from migd.whatif.figures import pct, reversals, targets  # noqa: E402
-from migd.whatif.fixedmix import accounting, hindsight, spread  # noqa: E402
+from migd.whatif.fixedmix import accounting, hindsight, slice_hours, spread  # noqa: E402
 from migd.whatif.replay import Cluster, run  # noqa: E402
 from migd.whatif.shift import SHIFT_MIN  # noqa: E402
 
@@ -120,6 +121,9 @@ def test_the_accounting_mix_is_sized_from_slice_hours_per_type() -> None:
     assert accounting(SETUP, [job(0, "7g.80gb", 3600)], 2) == (0, 16, 0, 0)
     half = accounting(SETUP, [job(0, "7g.80gb", 3600), job(0, "1g.10gb", 7 * 3600)], 2)
     assert half == (8, 8, 0, 0)
+    wide = replace(job(0, "7g.80gb", 3600), nodes=2)  # (its share on each of two nodes: twice the work)
+    assert accounting(SETUP, [wide, job(0, "1g.10gb", 14 * 3600)], 2) == half
+    assert slice_hours([wide]) == {"7g.80gb": 14.0}
     assert spread(SETUP, (4, 11, 0, 1)) == ["day*4/night*4", "night*7/balanced"]
 
 
@@ -270,6 +274,8 @@ def test_the_pool_starts_a_job_on_any_free_slices_in_arrival_order_passing_one_t
     assert got["p95_by_type_s"] == {"1g.10gb": 570, "2g.20gb": 0, "7g.80gb": round(pct([0.0, 780.0], 95))}
     assert got["never_started"] == 0
     assert pool([job(0, "7g.80gb", 600)], 6, 300)["never_started"] == 1  # more than the pool: never, censored
+    wide = replace(job(0, "7g.80gb", 600), nodes=2)  # (its share on each of two nodes: 14 slices)
+    assert pool([wide], 13, 300)["never_started"] == 1 and pool([wide], 14, 300)["never_started"] == 0
 
 
 def test_the_candidates_come_from_the_configuration(tmp_path: Path) -> None:
@@ -296,6 +302,20 @@ def test_a_trace_replays_from_csv(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["jobs"] == 50 and doc["start"].startswith("2026-11-30")
+
+
+def test_a_job_over_several_nodes_keeps_its_nodes_through_the_csv(tmp_path: Path) -> None:
+    """The column is written only where a job spans several nodes, and read where it is there."""
+    path = tmp_path / "jobs.csv"
+    jobs = [job(0, "3g.40gb", 600), replace(job(10, "3g.40gb", 600), nodes=2)]
+    write_csv(path, jobs)
+    assert path.read_text().splitlines()[0].endswith(",time_limit_s,nodes") and read_csv(path) == jobs
+    write_csv(path, jobs[:1])
+    assert path.read_text().splitlines()[0].endswith(",time_limit_s") and read_csv(path) == jobs[:1]
+    path.write_text("submit_s,account,partition,gres,count,duration_s,time_limit_s,nodes\n10,a,gpu,1g.10gb,1,6,9,1.5\n")
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "demand.py"), "--trace", str(path)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "jobs.csv:2: nodes: 1.5 is not a whole number of nodes" in r.stderr, r.stderr
 
 
 def test_a_header_with_spaces_is_read_as_it_is_checked(tmp_path: Path) -> None:

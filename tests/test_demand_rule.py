@@ -390,3 +390,13 @@ def test_a_job_over_two_nodes_gets_a_second_place_where_its_type_has_one() -> No
                                         "needs 2 places)")
     assert decide(Snapshot((replace(wide, nodes=1),), fleet), LAYOUTS).changes == ()
     assert decide(Snapshot((replace(wide, nodes=4),), fleet), LAYOUTS).changes == ()
+
+
+def test_no_place_is_taken_from_a_type_that_needs_it_to_give_a_job_over_two_nodes_its_second() -> None:
+    """gpu0 offers 3g, gpu1 7g, and both types wait, one 3g job over two nodes: gpu1 to night-two would
+    give 3g its second place and take 7g's last, and the next pass would give 7g gpu0 (both nodes
+    drained, layouts swapped, 3g still one place short).  No change is made."""
+    wide = Pending("w", "vision", "3g.40gb", 1, 2 * 3600.0, age_s=OLD, nodes=2)
+    big = tuple(Pending(f"b{i}", "llm", "7g.80gb", 1, 2 * 3600.0, age_s=OLD) for i in range(8))
+    fleet = (NodeView("gpu0", "night-two", 10 * 3600.0), NodeView("gpu1", "night", 10 * 3600.0))
+    assert decide(Snapshot((wide, *big), fleet), LAYOUTS).changes == ()

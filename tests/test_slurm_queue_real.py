@@ -84,11 +84,12 @@ def test_squeue_json_is_read_as_the_jobs_submitted(cluster: SlurmCluster, tmp_pa
     q = read_queue(text, "main", time.time())
     assert {n: [(r.job, r.mig_type, r.count, r.account) for r in rs] for n, rs in q.running.items()} == {
         "gpu1": [(mine, "1g.10gb", 1, "bio")]}
-    asked = Counter((p.job.split("_")[0], p.mig_type, p.count, p.startable) for p in q.pending)
-    assert asked == {(array, "7g.80gb", 1, True): 3, (array, "7g.80gb", 1, False): 7,  # (%3: three at once)
-                     (both, "1g.10gb", 2, False): 1,
-                     (wide, "3g.40gb", 1, False): 2, (total, "1g.10gb", 1, False): 1,
-                     (tasks, "1g.10gb", 2, False): 1, (sockets, "3g.40gb", 2, False): 1}, asked
+    asked = Counter((p.job.split("_")[0], p.mig_type, p.count, p.startable, p.nodes) for p in q.pending)
+    assert asked == {(array, "7g.80gb", 1, True, 1): 3, (array, "7g.80gb", 1, False, 1): 7,  # (%3: three at once)
+                     (both, "1g.10gb", 2, False, 1): 1,
+                     (wide, "3g.40gb", 1, False, 2): 1,  # (-N 2: one request over both nodes)
+                     (total, "1g.10gb", 1, False, 1): 1,
+                     (tasks, "1g.10gb", 2, False, 1): 1, (sockets, "3g.40gb", 2, False, 1): 1}, asked
     # a node's own switch waits for the jobs holding its GPUs: the stopped one, not the CPU-only one named
     # like an allocation (it was waited for, or requeued with on_busy: force)
     c.wait(lambda: c.cmd("squeue", "-h", "-j", cpu_only, "-o", "%T").strip() == "RUNNING", "the CPU job to run", 30)

@@ -212,10 +212,10 @@ def test_a_want_its_node_has_not_read_yet_counts_as_a_change_under_way(tmp_path:
 @pytest.mark.parametrize("over", [2, 3])
 def test_a_job_over_several_nodes_of_a_type_no_node_offers_gets_its_nodes_and_starts_on_all_at_once(
         tmp_path: Path, over: int) -> None:
-    """A 2g job over two (three) nodes on a Saturday's night-two (no 2g): the rule reads it as a request
-    per node (as from squeue, queue.py) and changes a node per wave, one after another; the job starts
-    only when the last of its nodes has switched, on all of them at once (Slurm's select_nodes), not
-    its first share on the first node ready."""
+    """A 2g job over two (three) nodes on a Saturday's night-two (no 2g): its type needs as many places as
+    its nodes, and the rule changes a node per wave, one after another; the job starts only when the
+    last of its nodes has switched, on all of them at once (Slurm's select_nodes), not its first share
+    on the first node ready."""
     _, setup = _setup(tmp_path, datetime(2026, 11, 28))
     jobs = [TraceJob(130.0, "bio", "gpu", "2g.20gb", 2, 1800.0, 4 * 3600.0, job="5", nodes=over)]
     c = policies.cluster(setup, 3, 1, None, 86400.0)

@@ -113,3 +113,14 @@ def test_a_job_over_two_nodes_starts_on_both_at_once_or_not_at_all() -> None:
             assert wide.start is None or wide.start == 600, reserve
         assert (wide.start, wide.node, [wide in n.running for n in c.nodes]) == (600, "gpu1", [False, False])
         assert [j for j in c.jobs() if j is wide] == [wide] and c.done.count(wide) == 1
+
+
+def test_a_set_short_of_nodes_with_more_cpus_free_displaces_one_that_has_enough_as_slurm_tests_it() -> None:
+    """``_eval_nodes``'s test (Slurm 22.05) lets a set without enough nodes but with more CPUs free replace
+    the one kept so far, though that one had enough: three wanted, gpu1-gpu3 (busy) has three, gpu5-gpu6
+    (idle) two; Slurm takes gpu5 and gpu6, then the busiest of gpu1-gpu3, not gpu1-gpu3 whole."""
+    nodes = [node("gpu1", DAY, 55), node("gpu2", DAY, 55), node("gpu3", DAY, 40), node("gpu4", NIGHT),
+             node("gpu5", DAY), node("gpu6", DAY)]
+    for n in nodes[:3]:
+        n.layout = Layout.of("wide", {"1g.10gb": 70})  # (room for the jobs and one more)
+    assert best_nodes(nodes, fits_1g(nodes), 3) == [nodes[4], nodes[5], nodes[0]]

@@ -237,15 +237,16 @@ def test_the_help_names_the_bounds_the_types_hold(capsys: pytest.CaptureFixture[
 
 def test_a_pending_array_over_many_nodes_is_replayed_up_to_4096_jobs_and_the_rest_counted(tmp_path: Path) -> None:
     """4,096 tasks over 4,096 nodes were 16.7 million jobs (each node a job), a what-if that ate memory
-    until it died.  One row gives at most 4,096 requests, tasks times nodes (as the planner reads one
-    pending record, queue.MAX_REQUESTS): here the first task, one job over 4,096 nodes, and 4,095 tasks
-    counted."""
+    until it died.  A job over N nodes is one job; one row gives at most 4,096 of them (as the planner
+    reads one pending record, queue.MAX_REQUESTS): here 4,096 tasks, each one job over 4,096 nodes, and
+    the other 5,904 tasks counted."""
     path = tmp_path / "jobs.sacct"
-    wide = row(JobID="1_[0-4095]", NNodes="4096", NodeList="None assigned", **PENDING)
+    wide = row(JobID="1_[0-9999]", NNodes="4096", NodeList="None assigned", **PENDING)
     path.write_text(f"{HEADER}\n{GOOD}\n{wide}\n")
     record = read_sacct(path)
-    assert [(j.job, j.nodes) for j in record.trace.jobs[1:]] == [("1_0", 4096)]
-    assert record.skipped == {"array tasks past 4096 requests of one row (tasks times nodes)": 4095}
+    assert len(record.trace.jobs) == 1 + 4096 and {j.nodes for j in record.trace.jobs[1:]} == {4096}
+    assert record.trace.jobs[1].job == "1_0" and record.trace.jobs[-1].job == "1_4095"
+    assert record.skipped == {"array tasks past 4096 jobs of one row (tasks times MIG types)": 10_000 - 4096}
 
 
 def test_a_record_past_the_jobs_a_what_if_replays_is_refused_at_the_row(tmp_path: Path,
@@ -322,7 +323,7 @@ def test_standard_input_past_what_a_what_if_reads_is_refused(monkeypatch: pytest
 
 @pytest.mark.parametrize("tres, nodes, jobs, past", [
     ("gres/gpu:1g.10gb=1", "1", 4096, 10_000 - 4096),  # (past 4,096 tasks the row's tasks vanished uncounted)
-    ("gres/gpu:1g.10gb=1", "2", 2048, 10_000 - 2048),  # (each task one job over both nodes)
+    ("gres/gpu:1g.10gb=1", "2", 4096, 10_000 - 4096),  # (each task one job over both nodes)
     ("gres/gpu:1g.10gb=1,gres/gpu:2g.20gb=1", "1", 4096, 10_000 - 2048)])  # (two types: a job each)
 def test_every_task_of_a_wide_array_is_replayed_or_counted(tmp_path: Path, tres: str, nodes: str, jobs: int,
                                                           past: int) -> None:
@@ -331,4 +332,4 @@ def test_every_task_of_a_wide_array_is_replayed_or_counted(tmp_path: Path, tres:
     path.write_text(f"{HEADER}\n{GOOD}\n{wide}\n")
     record = read_sacct(path)
     assert len(record.trace.jobs) == 1 + jobs
-    assert record.skipped == {"array tasks past 4096 requests of one row (tasks times nodes)": past}
+    assert record.skipped == {"array tasks past 4096 jobs of one row (tasks times MIG types)": past}

@@ -15,12 +15,12 @@ leaves idle while it drains and switches.  Changes are taken best first, one nod
    below: a minority's work is small, and the majority's queue would fill the GPU it takes, so in
    slice-hours alone carving a place never pays, and the minority waits for ever), where the place opens
    soonest (when the node is ready, plus the part of the horizon the older jobs of the layout's other
-   types hold it); none that takes the last place away is made; and one that takes the last place from a
-   type seen (pending or running) within ``keep_place_s`` (a day by default) is held, unless it gives a
-   waiting type its place: the seen type's next job would wait for a drain and a switch, and a type that
-   ran today comes back (on a fleet loaded past its size and cut whole, a quiet hour otherwise gave a
-   type's last node to the others minutes before its next jobs came, which then waited hours for a
-   drain: docs/demand.md);
+   types hold it); none that takes a place a type needs is made, whatever place it gives another; and
+   one that takes the last place from a type seen (pending or running) within ``keep_place_s`` (a day by
+   default) is held, unless it gives a waiting type its place: the seen type's next job would wait for a
+   drain and a switch, and a type that ran today comes back (on a fleet loaded past its size and cut
+   whole, a quiet hour otherwise gave a type's last node to the others minutes before its next jobs
+   came, which then waited hours for a drain: docs/demand.md);
 2. then the change that most shortens the longest expected wait of a MIG type (its oldest pending
    job's age plus the time the type's supply takes to run its work within the horizon), then best
    lifts the worst-served account, then the largest net gain, while one pays enough
@@ -166,12 +166,17 @@ def _need(pending: tuple[Pending, ...], layouts: list[Layout]) -> dict[str, int]
     return _startable(need, layouts)
 
 
-def _spread(pending: tuple[Pending, ...], nodes: int) -> dict[str, int]:
+def _spread(pending: tuple[Pending, ...], nodes: tuple[NodeView, ...], shapes: Shapes) -> dict[str, int]:
     """Per MIG type with pending work, the nodes its least spread job spans, where more than one; a job
-    over more nodes than the fleet has is left out (no change lets it start)."""
+    over more nodes than can ever offer its share (in a layout of their GPUs) is left out: no change lets
+    it start."""
+    able: dict[tuple[str, int], int] = {}
     spread: dict[str, int] = {}
     for p in pending:
-        if p.nodes <= nodes:
+        key = (p.mig_type, p.count)
+        if key not in able:
+            able[key] = sum(1 for n in nodes if any(lay.count(p.mig_type) >= p.count for lay in shapes.of(n).values()))
+        if p.nodes <= able[key]:
             spread[p.mig_type] = min(spread.get(p.mig_type, p.nodes), p.nodes)
     return {t: n for t, n in spread.items() if n > 1}
 
@@ -201,7 +206,7 @@ def decide(snap: Snapshot, layouts: Mapping[str, Layout] | Shapes, params: Param
         oldest[p.mig_type] = max(oldest.get(p.mig_type, 0.0), p.age_s)
     keep = _startable({s.mig_type: s.count for s in snap.seen if s.ago_s < params.keep_place_s}, every)
     ahead = Ahead.of(snap.pending, lambda p: _work(p, params, h.ratio)) if params.reserves else NONE
-    spread = _spread(snap.pending, len(snap.nodes))
+    spread = _spread(snap.pending, snap.nodes, shapes)
     fleet = Fleet(Queue(demand, _need(snap.pending, every), oldest, keep, ahead, spread), params.horizon_s)
     fleet.put({n.name: _part(n, shapes.of(n)[n.layout], h) for n in snap.nodes})
     busy = sum(1 for n in snap.nodes if n.draining)
@@ -308,8 +313,8 @@ class _Search:
         """The change of ``node`` to ``name`` that scores ``after``, if it pays: it gives a type a place for
         no more idling than that type's work, or it gains enough, lengthens no type's expected wait and
         leaves no account worse served."""
-        if len(after.unplaced) > len(now.unplaced):
-            return None
+        if any(after.unplaced.count(t) > now.unplaced.count(t) for t in set(after.unplaced)):
+            return None  # (never a place taken from a type that needs it, whatever it gives another)
         places = tuple(t for t in dict.fromkeys(now.unplaced) if after.unplaced.count(t) < now.unplaced.count(t))
         benefit = after.served - now.served
         if cost > sum(self.fleet.by_type.get(t, 0.0) for t in places) if places else (

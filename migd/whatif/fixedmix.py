@@ -29,9 +29,10 @@ Counts = tuple[int, ...]  # GPUs per candidate, in the configured order
 
 
 def slice_hours(jobs: Sequence[TraceJob]) -> dict[str, float]:
+    """Per MIG type, the slice-hours the jobs ran (a job over N nodes: its share on each)."""
     out: dict[str, float] = {}
     for j in jobs:
-        out[j.gres] = out.get(j.gres, 0.0) + slices_of(j.gres) * j.count * j.duration_s / 3600
+        out[j.gres] = out.get(j.gres, 0.0) + slices_of(j.gres) * j.count * j.nodes * j.duration_s / 3600
     return out
 
 

@@ -9,7 +9,9 @@ busy node of a short set rather than to the first node: within a set, quiet node
 empty sooner (though a lone idle node between nodes that cannot run the job is a set of its own, and
 the tightest).  A job over N nodes (``-N 2``, ``--gres`` counted on each: sbatch(1)) takes the tightest
 set with N nodes and in it the first N, not the busiest (the busiest-node search runs only while one
-node is wanted); where no set has N, the set with the most CPUs free first, then again for the rest.
+node is wanted); where no set has N, the set with the most CPUs free first, then again for the rest
+(and, as Slurm 22.05's test has it, a set short of N nodes with more CPUs free than the set kept so
+far replaces it even if that one has N).
 Slurm's main scheduler and its backfill both start such a job on all its nodes at once or not at all
 (``select_nodes`` assigns the whole selection; node_scheduler.c).
 
@@ -39,11 +41,13 @@ def best_fit(nodes: Sequence[Node], can: Collection[str],
 
 def best_nodes(nodes: Sequence[Node], can: Collection[str], count: int,
                jobs: Callable[[Node], int] = lambda n: len(n.running)) -> list[Node] | None:
-    """The ``count`` nodes Slurm starts a job over that many nodes on (None: fewer can run it).  While
-    more than one is still wanted, ``_eval_nodes`` takes the tightest set that has as many nodes (the
-    fewest CPUs free, the first of equals), or, where no set has, the set with the most CPUs free, and
-    from it the first nodes in order (not the busiest); once one is wanted, the busiest node of the
-    tightest set, as for a one-node job; each set taken is gone from the next round."""
+    """The ``count`` nodes Slurm starts a job over that many nodes on (None: fewer can run it), as
+    ``_eval_nodes`` picks them: round after round, a set of consecutive nodes that can run the job (the
+    sets walked in order, each replacing the one kept so far if it has enough nodes for what is still
+    wanted and that one has not, or both have enough and it has fewer CPUs free, or it has not enough
+    and more CPUs free than that one, whether or not that one has enough: Slurm 22.05's test, unguarded
+    as it is), then from it the busiest node if one is wanted, else its first nodes in order; each set
+    taken is gone from the next round."""
     sets: list[list[Node]] = [[]]
     for n in nodes:
         if n.name in can:
@@ -53,12 +57,18 @@ def best_nodes(nodes: Sequence[Node], can: Collection[str], count: int,
     sets = [s for s in sets if s]
     if sum(map(len, sets)) < count:
         return None
-    free = {id(s): len(s) * CPUS - sum(jobs(n) for n in s) for s in sets}
+    free = [len(s) * CPUS - sum(jobs(n) for n in s) for s in sets]
     chosen: list[Node] = []
     while len(chosen) < count:
-        want = count - len(chosen)
-        enough = [s for s in sets if len(s) >= want]
-        taken = min(enough, key=lambda s: free[id(s)]) if enough else max(sets, key=lambda s: free[id(s)])
+        want, best = count - len(chosen), -1
+        for i, s in enumerate(sets):
+            if not s:
+                continue
+            enough = len(s) >= want
+            if best < 0 or (enough and not len(sets[best]) >= want) or (enough and free[i] < free[best]) or (
+                    not enough and free[i] > free[best]):
+                best = i
+        taken = sets[best]
         chosen += [max(taken, key=jobs)] if want == 1 else taken[:want]
-        sets.remove(taken)
+        sets[best] = []
     return chosen

@@ -140,7 +140,7 @@ def _record(source: str, rows: Sequence[Row], partition: str | None) -> Record:
             continue
         ids, past = _replayed(job)
         if past:
-            skipped[f"array tasks past {MAX_REQUESTS} requests of one row (tasks times nodes)"] += past
+            skipped[f"array tasks past {MAX_REQUESTS} jobs of one row (tasks times MIG types)"] += past
             job = replace(job, ids=ids)
         first, last = _span(row, job, first, last)
         read.append((job.submit, job))
@@ -259,11 +259,11 @@ def _ids(row: Row, pending: bool) -> tuple[tuple[str, ...], int]:
 
 
 def _replayed(job: _Job) -> tuple[tuple[str, ...], int]:
-    """The tasks of a row replayed, and how many are not: each task is a job for each MIG type it asks,
-    over its nodes, at most ``MAX_REQUESTS`` requests (tasks times nodes times types) from one row, as
-    the planner reads one pending record (an array of 4,096 tasks over 4,096 nodes, each node a job,
-    was 16.7 million jobs: memory without end)."""
-    keep = max(1, MAX_REQUESTS // (job.nodes * max(1, len(job.asked))))
+    """The tasks of a row replayed, and how many are not: each task is a job for each MIG type it asks
+    (over all its nodes), at most ``MAX_REQUESTS`` of them from one row, as the planner reads one pending
+    record (queue.py; an array of 4,096 tasks over 4,096 nodes, each node a job, was 16.7 million jobs:
+    memory without end)."""
+    keep = max(1, MAX_REQUESTS // max(1, len(job.asked)))
     return job.ids[:keep], max(0, len(job.ids) - keep) + job.more
 
 
