@@ -51,7 +51,7 @@ def plain(nodes: list[Node], pending: dict[str, list[Job]], now: float, epoch_s:
             if got is None or (ends and max(s, got[0]) > min(ends)):
                 s = min(ends)
             elif max(s, got[0]) <= now:
-                job.start, job.node = now, got[1][0].name
+                job.start, job.nodes = now, tuple(n.name for n in got[1])
                 for n in got[1]:
                     n.running.append(job)
                 pending[job.spec.gres] = [j for j in pending[job.spec.gres] if j is not job]
@@ -118,7 +118,8 @@ def deep(seed: int) -> tuple[list[Node], dict[str, list[Job]]]:
         for mig_type, room in n.layout.capacity:
             for _ in range(rng.randint(0, room)):
                 start, limit = rng.uniform(-3000, 0), rng.choice((600.0, 1800.0, 3600.0))
-                n.running.append(Job(TraceJob(start, "a", "main", mig_type, 1, limit, limit), start=start, node=n.name))
+                n.running.append(Job(TraceJob(start, "a", "main", mig_type, 1, limit, limit), start=start,
+                                     nodes=(n.name,)))
     pending: dict[str, list[Job]] = {}
     for at in sorted(rng.uniform(-6000, 0) for _ in range(rng.randint(60, 160))):
         mig_type = rng.choice(TYPES)
@@ -147,7 +148,7 @@ def test_a_pass_is_skipped_while_nothing_it_reads_changes_and_run_again_when_a_r
     a, b = Node("gpu1", SMALL, 7), Node("gpu2", SMALL, 7)
     for n in (a, b):
         for _ in range(3):
-            n.running.append(Job(TraceJob(0, "a", "main", "1g.10gb", 1, 600, 900), start=0, node=n.name))
+            n.running.append(Job(TraceJob(0, "a", "main", "1g.10gb", 1, 600, 900), start=0, nodes=(n.name,)))
     waiting = Job(TraceJob(10, "a", "main", "1g.10gb", 1, 60, 600))
     pending = {"1g.10gb": [waiting]}
     bf = Backfill()
@@ -214,7 +215,7 @@ def test_a_skipped_pass_runs_again_when_a_reservation_comes_within_a_jobs_limit(
         a, b = Node("gpuA", BALANCED, 7), Node("gpuB", SMALL, 7)
         for node, gres, end in ((a, "2g.20gb", 870.0), (a, "1g.10gb", 1010.0), (a, "1g.10gb", 1020.0),
                                 (b, "1g.10gb", 1000.0), (b, "1g.10gb", 5000.0)):
-            node.running.append(Job(TraceJob(-10, "a", "main", gres, 1, end, end), start=0.0, node=node.name))
+            node.running.append(Job(TraceJob(-10, "a", "main", gres, 1, end, end), start=0.0, nodes=(node.name,)))
         return [b, a], {"2g.20gb": [Job(TraceJob(-3, "a", "main", "2g.20gb", 1, 60, 600))],  # O
                         "1g.10gb": [Job(TraceJob(-2, "a", "main", "1g.10gb", 2, 60, 600)),  # Z
                                     Job(TraceJob(-1, "a", "main", "1g.10gb", 1, 60, 1100))]}  # Y
@@ -235,7 +236,7 @@ def test_a_running_job_with_no_time_limit_is_expected_to_end_a_year_after_its_st
     """sacct's UNLIMITED: Slurm reckons such a job's end a year on, so a job waiting for its instance
     reserves the node from then (the pass no longer fails on an infinite end)."""
     node = Node("gpu1", Layout.of("one", {"1g.10gb": 1}), 7)
-    node.running.append(Job(TraceJob(0, "a", "main", "1g.10gb", 1, 100, math.inf), start=0.0, node="gpu1"))
+    node.running.append(Job(TraceJob(0, "a", "main", "1g.10gb", 1, 100, math.inf), start=0.0, nodes=("gpu1",)))
     got = will_run([node], [node], "1g.10gb", 1, now=10.0, epoch_s=0.0)
     assert got is not None and got[0] == YEAR_S
     waiting = Job(TraceJob(1, "a", "main", "1g.10gb", 1, 10, 60))

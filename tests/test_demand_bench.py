@@ -26,7 +26,7 @@ from demand_pool import pool  # noqa: E402
 from demand_trace import DAY, TraceJob, read_csv, write_csv  # noqa: E402
 
 from migd.demand.inputs import Layout  # noqa: E402
-from migd.whatif.figures import pct, reversals, targets  # noqa: E402
+from migd.whatif.figures import killed, pct, reversals, targets  # noqa: E402
 from migd.whatif.fixedmix import accounting, hindsight, slice_hours, spread  # noqa: E402
 from migd.whatif.replay import Cluster, run  # noqa: E402
 from migd.whatif.shift import SHIFT_MIN  # noqa: E402
@@ -55,7 +55,9 @@ def test_a_running_job_is_not_cut_short_and_the_switch_waits_for_it() -> None:
     run(trace, c, policy, 3600, decide_every_s=300)
     node = c.nodes[0]
     assert node.layout.name == "night" and node.switches == [600.0]  # when the job ended, not at 300
-    assert c.killed == 0 and len(c.done) == 2
+    assert killed(c, c.jobs()) == 0 and len(c.done) == 2
+    node.history.append((30.0, night, c.layouts["day"]))  # (a switch while the first job ran: it is counted)
+    assert killed(c, c.jobs()) == 1
     assert c.drain_slice_s == pytest.approx((56 - 1) * 300 + 56 * 180)  # drain with one busy slice, then the switch
 
 

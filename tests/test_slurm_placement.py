@@ -61,7 +61,7 @@ def _model(c: SlurmCluster, nodes_wanted: int = 1) -> list[str] | None:
     for n, offer in OFFERS.items():
         t, k = offer.split(":")
         node = Node(n, Layout(n, ((t, int(k)),)), 14)
-        node.running = [Job(spec, 0.0, n) for _ in range(per[n])]
+        node.running = [Job(spec, 0.0, (n,)) for _ in range(per[n])]
         nodes.append(node)
     got = best_nodes(nodes, {n.name for n in nodes if n.free("1g.10gb") >= 1}, nodes_wanted)
     return None if got is None else sorted(n.name for n in got)

@@ -19,7 +19,7 @@ SMALL = Layout.of("small", {"1g.10gb": 2})
 
 
 def running(node: Node, gres: str, start: float, limit: float, count: int = 1) -> Job:
-    j = Job(TraceJob(start, "a", "main", gres, count, limit / 2, limit), start=start, node=node.name)
+    j = Job(TraceJob(start, "a", "main", gres, count, limit / 2, limit), start=start, nodes=(node.name,))
     node.running.append(j)
     return j
 

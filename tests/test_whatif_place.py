@@ -17,7 +17,7 @@ NIGHT = Layout.of("night", {"7g.80gb": 1})
 
 def node(name: str, layout: Layout, jobs: int = 0) -> Node:
     n = Node(name, layout, 7)
-    n.running = [Job(TraceJob(0, "a", "main", "1g.10gb", 1, 600, 1200), start=0, node=name) for _ in range(jobs)]
+    n.running = [Job(TraceJob(0, "a", "main", "1g.10gb", 1, 600, 1200), start=0, nodes=(name,)) for _ in range(jobs)]
     return n
 
 
@@ -60,9 +60,9 @@ def test_a_backfill_estimate_places_the_job_by_the_nodes_load_then() -> None:
     """Both nodes' 1g instances are taken until 600 s; by then gpu2 still runs a longer 2g job, so the job
     is expected to start on gpu2, the busier then, not on gpu1, the first."""
     gpu1, gpu2 = Node("gpu1", DAY, 7), Node("gpu2", Layout.of("two", {"1g.10gb": 1, "2g.20gb": 1}), 7)
-    gpu1.running = [Job(TraceJob(0, "a", "main", "1g.10gb", 7, 600, 600), start=0, node="gpu1")]
-    gpu2.running = [Job(TraceJob(0, "a", "main", "1g.10gb", 1, 600, 600), start=0, node="gpu2"),
-                    Job(TraceJob(0, "a", "main", "2g.20gb", 1, 5000, 5000), start=0, node="gpu2")]
+    gpu1.running = [Job(TraceJob(0, "a", "main", "1g.10gb", 7, 600, 600), start=0, nodes=("gpu1",))]
+    gpu2.running = [Job(TraceJob(0, "a", "main", "1g.10gb", 1, 600, 600), start=0, nodes=("gpu2",)),
+                    Job(TraceJob(0, "a", "main", "2g.20gb", 1, 5000, 5000), start=0, nodes=("gpu2",))]
     got = will_run([gpu1, gpu2], [gpu1, gpu2], "1g.10gb", 1, 10, 0.0)
     assert got is not None and (got[0], got[1][0].name) == (600, "gpu2")
 
@@ -72,10 +72,10 @@ def test_a_backfill_estimate_counts_only_the_jobs_still_running_then() -> None:
     the busier, but at 600 s, when a 1g instance frees on each, gpu2 is (one job against none)."""
     gpu1 = Node("gpu1", Layout.of("x", {"1g.10gb": 1, "2g.20gb": 2}), 7)
     gpu2 = Node("gpu2", Layout.of("y", {"1g.10gb": 1, "2g.20gb": 1}), 7)
-    gpu1.running = [Job(TraceJob(0, "a", "main", t, 1, 600, 600), start=0, node="gpu1")
+    gpu1.running = [Job(TraceJob(0, "a", "main", t, 1, 600, 600), start=0, nodes=("gpu1",))
                     for t in ("1g.10gb", "2g.20gb", "2g.20gb")]
-    gpu2.running = [Job(TraceJob(0, "a", "main", "1g.10gb", 1, 600, 600), start=0, node="gpu2"),
-                    Job(TraceJob(0, "a", "main", "2g.20gb", 1, 5000, 5000), start=0, node="gpu2")]
+    gpu2.running = [Job(TraceJob(0, "a", "main", "1g.10gb", 1, 600, 600), start=0, nodes=("gpu2",)),
+                    Job(TraceJob(0, "a", "main", "2g.20gb", 1, 5000, 5000), start=0, nodes=("gpu2",))]
     got = will_run([gpu1, gpu2], [gpu1, gpu2], "1g.10gb", 1, 10, 0.0)
     assert got is not None and (got[0], got[1][0].name) == (600, "gpu2")
 
@@ -105,7 +105,7 @@ def test_a_job_over_two_nodes_starts_on_both_at_once_or_not_at_all() -> None:
     for reserve in (False, True):
         c = Cluster([node("gpu1", Layout.of("two", {"1g.10gb": 2}), jobs=1), node("gpu2", Layout.of("one", {
             "1g.10gb": 1}))], {}, reserve=reserve)
-        c.nodes[1].running = [Job(TraceJob(0, "a", "main", "1g.10gb", 1, 600, 600), start=0, node="gpu2")]
+        c.nodes[1].running = [Job(TraceJob(0, "a", "main", "1g.10gb", 1, 600, 600), start=0, nodes=("gpu2",))]
         wide = Job(TraceJob(10, "a", "main", "1g.10gb", 1, 100, 200, job="7", nodes=2))
         c.pending["1g.10gb"].append(wide)
         for t in range(0, 900, 30):

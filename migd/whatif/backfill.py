@@ -154,7 +154,7 @@ class _Pass:
                 continue
             at, where = placed
             if at <= self.now:
-                job.start, job.node = self.now, self.nodes[where[0]].name
+                job.start, job.nodes = self.now, tuple(self.nodes[i].name for i in where)
                 for i in where:
                     self.nodes[i].running.append(job)
                 started.add(id(job))

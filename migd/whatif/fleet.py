@@ -10,12 +10,17 @@ from migd.whatif.jobs import TraceJob
 
 @dataclass
 class Job:
-    """A job of the replay: once started, in the ``running`` of each of its nodes (its ``count`` on each);
-    ``node``: the first of them (Slurm's BatchHost)."""
+    """A job of the replay: once started, in the ``running`` of each of its ``nodes`` (its ``count`` on
+    each)."""
 
     spec: TraceJob
     start: float | None = None
-    node: str | None = None
+    nodes: tuple[str, ...] = ()  # where it started, in the order Slurm picked them
+
+    @property
+    def node(self) -> str | None:
+        """The first of its nodes (None before it starts): where it is counted once."""
+        return self.nodes[0] if self.nodes else None
 
     @property
     def end(self) -> float:

@@ -3,8 +3,8 @@
 GRES semantics as Slurm's: a job asks ``count`` instances of one MIG type on each of its nodes
 (``--gres=gpu:1g.10gb:2``) and starts only on nodes whose layouts offer them free, on all of a job's
 nodes at once; a drained node starts nothing and keeps its running jobs; a node switches layout only
-once it is empty (migd's Slurm mode never kills a job: ``jobs_killed`` counts any job a switch would
-have cut short, and must stay 0), then is out of service ``switch_s`` (apply, GRES, Slurm restart,
+once it is empty (migd's Slurm mode never kills a job: ``jobs_killed``, figures.py, counts any job a
+switch cut short, and must stay 0), then is out of service ``switch_s`` (apply, GRES, Slurm restart,
 registration).  Scheduling is first-come per MIG type with backfill: a job that fits starts even if an
 older one of its type does not, on the nodes select/cons_tres's best fit picks (place.py: for one node,
 the busiest node of the tightest set of consecutive nodes that can take it, not the first).  With
@@ -44,7 +44,6 @@ class Cluster:
     busy_slice_s: float = 0.0
     drain_slice_s: float = 0.0
     idle_waiting_slice_s: float = 0.0  # slices idle on serving nodes while any job waits (figures.py)
-    killed: int = 0
     reserve: bool = False  # Slurm's backfill and its reservations (above); off: first-come per type
     release_s: float = 0.0  # an ended job's instances serve again this much later (Slurm: its end seen, a pass)
     epoch_s: float = 0.0  # the wall clock at time 0 (Slurm's backfill rounds its estimates on it)
@@ -118,7 +117,7 @@ class Cluster:
                                    job.spec.nodes)
                 if nodes is None:
                     continue
-                job.start, job.node = now, nodes[0].name
+                job.start, job.nodes = now, tuple(n.name for n in nodes)
                 for node in nodes:
                     node.running.append(job)
                     free[node.name] -= job.spec.count
