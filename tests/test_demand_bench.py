@@ -392,3 +392,15 @@ def test_the_seeds_bench_gives_each_draw_as_the_bench_does_and_counts_the_target
     r = subprocess.run([sys.executable, str(REPO / "bench" / "demand_seeds.py"), "--seeds", "5-2"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "'5-2': the range ends before it starts" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_greedy_gives_a_job_over_two_nodes_a_share_on_each() -> None:
+    """Two night nodes and a 2g job over both: greedy (nos places pods, each on one node) takes the job as
+    two shares, one for each node to claim, so both nodes change and the job starts; as one share, one
+    node changed and the job never started."""
+    c = policies.cluster(SETUP, 2, 2, [SETUP.layouts["night"]] * 2)
+    wide = replace(job(0, "2g.20gb", 600), nodes=2)
+    run([wide], c, policies.greedy(SETUP), 3600, decide_every_s=300)
+    (j,) = c.jobs()
+    assert [n.layout.count("2g.20gb") > 0 for n in c.nodes] == [True, True] and j.start is not None
+    assert len(j.nodes) == 2

@@ -140,8 +140,11 @@ def greedy(setup: Setup) -> Policy:
     whole = setup.candidates.names
 
     def policy(now: float, c: Cluster) -> dict[str, Layout]:
-        """Each node in turn takes the candidate that starts the most still-unclaimed pending jobs."""
-        left = {t: [j.spec.count for j in q[:GREEDY_LOOK]] for t, q in c.pending.items() if q}
+        """Each node in turn takes the candidate that starts the most still-unclaimed pending jobs (a job over
+        N nodes as N shares, a node claiming one at most: nos places pods, each on one node)."""
+        left = {t: ([j.spec.count for j in q[:GREEDY_LOOK] if j.spec.nodes == 1],
+                    [(j.spec.count, id(j)) for j in q[:GREEDY_LOOK] for _ in range(j.spec.nodes) if j.spec.nodes > 1])
+                for t, q in c.pending.items() if q}
         out: dict[str, Layout] = {}
         for n in c.nodes:
             if n.target is not None or n.ready_at is not None:
@@ -159,17 +162,30 @@ def greedy(setup: Setup) -> Policy:
     return policy
 
 
-def _fits(free: Mapping[str, int], left: Mapping[str, list[int]]) -> tuple[int, dict[str, list[int]]]:
+Shares = dict[str, tuple[list[int], list[tuple[int, int]]]]  # MIG type -> unclaimed: one-node jobs' instances,
+# and each share of a job over several nodes as (instances, the job's id)
+
+
+def _fits(free: Mapping[str, int], left: Shares) -> tuple[int, Shares]:
+    """How many of ``left``'s jobs and shares one node with ``free`` instances claims, and those it leaves
+    (of a job over several nodes, one share at most)."""
     started, rest = 0, {}
-    for t, counts in left.items():
-        room, keep = free.get(t, 0), []
+    for t, (counts, shares) in left.items():
+        room, keep, wide, mine = free.get(t, 0), [], [], set()
         for k in counts:
             if k <= room:
                 room -= k
                 started += 1
             else:
                 keep.append(k)
-        rest[t] = keep
+        for k, job in shares:
+            if k <= room and job not in mine:
+                room -= k
+                started += 1
+                mine.add(job)
+            else:
+                wide.append((k, job))
+        rest[t] = (keep, wide)
     return started, rest
 
 
