@@ -63,6 +63,8 @@ def _jobs(c: AccountedCluster) -> dict[str, tuple[str, str, int, int]]:
              c.submit("gpu:1", "sleep 1", "-A", "bio", "-t", "20"): ("bio", "", 1, 1200)}
     array = c.submit("gpu:1g.10gb:1", "sleep 1", "-A", "physics", "-t", "15", "--array=0-1")
     asked.update({f"{array}_{i}": ("physics", "1g.10gb", 1, 900) for i in (0, 1)})
+    # over two nodes, one a FUTURE node: pending, its ReqTRES the job's total (four 1g), its NNodes 2
+    asked[c.submit("gpu:1g.10gb:2", "sleep 1", "-A", "bio", "-t", "40", "-N", "2")] = ("bio", "1g.10gb", 2, 2400)
     withdrawn = c.submit("gpu:7g.80gb:1", "sleep 1", "-A", "bio", "-t", "5")  # pending for resources, cancelled
     c.cmd("scancel", withdrawn)  # (sacct: Start and End the cancel time, no AllocTRES)
     return asked
@@ -71,10 +73,11 @@ def _jobs(c: AccountedCluster) -> dict[str, tuple[str, str, int, int]]:
 def test_sacct_from_slurmdbd_is_read_as_the_jobs_submitted(cluster: AccountedCluster, tmp_path: Path) -> None:
     c = cluster
     submitted = _jobs(c)
-    pending = next(j for j, a in submitted.items() if a[1] == "7g.80gb")  # no node offers 7g now
-    c.wait(lambda: c.cmd("squeue", "-h", "-o", "%i").split() == [pending], "every job but the 7g one to end", 60)
+    pending = sorted(j for j, a in submitted.items() if a[1] == "7g.80gb" or a[3] == 2400)  # no node offers 7g
+    # now, and one node runs no job over two
+    c.wait(lambda: sorted(c.cmd("squeue", "-h", "-o", "%i").split()) == pending, "every job but those two to end", 60)
     fields = FIELDS.split(",")
-    c.wait(lambda: c.sacct(*fields).count("COMPLETED") == len(submitted) - 1, "slurmdbd to hold every end", 30)
+    c.wait(lambda: c.sacct(*fields).count("COMPLETED") == len(submitted) - 2, "slurmdbd to hold every end", 30)
     text = c.sacct(*fields)
     path = tmp_path / "jobs.sacct"
     path.write_text(text)
@@ -87,7 +90,11 @@ def test_sacct_from_slurmdbd_is_read_as_the_jobs_submitted(cluster: AccountedClu
     assert rec.skipped == {"ended before starting": 1}  # the withdrawn one
     seven = next(j for j in rec.trace.jobs if j.gres == "7g.80gb")
     assert seven.duration_s == 30 * 60  # still pending: replayed to its limit
-    ran = [j for j in rec.trace.jobs if j.gres != "7g.80gb"]
+    wide = next(j for j in rec.trace.jobs if j.time_limit_s == 2400)
+    assert (wide.nodes, wide.count, wide.duration_s) == (2, 2, 2400)  # one job, its share on each node
+    assert "gres/gpu:1g.10gb=4" in next(line for line in text.splitlines() if "|00:40:00|" in line)  # (the total)
+    assert {j.nodes for j in rec.trace.jobs if j is not wide} == {1}
+    ran = [j for j in rec.trace.jobs if j.gres != "7g.80gb" and j is not wide]
     assert all(1 <= j.duration_s <= 10 for j in ran)  # sleep 1-3 s, as Slurm timed them
     assert all(0 <= j.submit_s <= 10 for j in rec.trace.jobs)  # submitted within seconds of each other
     assert rec.nodes == {"gpu1"}
