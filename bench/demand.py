@@ -58,7 +58,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--nodes", type=int, help="nodes in the cluster (default 64; 4 with --short)")
     p.add_argument("--fleet", default="dgx-h100", choices=sorted(FLEETS), help="each node's GPUs (a simulated fleet)")
     p.add_argument("--trace", default="synthetic", help=f"{', '.join(GENERATED)} (generated, seeded), or a CSV "
-                   "(submit_s,account,partition,gres,count,duration_s,time_limit_s)")
+                   "(submit_s,account,partition,gres,count,duration_s,time_limit_s[,nodes])")
     p.add_argument("--sacct", metavar="FILE", help="a cluster's own accounting: sacct --parsable2 output "
                    "(migd/whatif/sacct.py); nodes default to those its NodeList names, days to its span")
     p.add_argument("--seed", type=int, help="a generated trace's seed (default each trace's own: synthetic 7, "

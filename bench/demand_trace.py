@@ -47,10 +47,10 @@ def read_csv(path: Path) -> list[TraceJob]:
         raise TraceError(f"{path}:1: the header must be {','.join(FIELDS)} (and nodes, if it has that column)")
     rows = ((n, dict(zip(header, (v.strip() for v in values), strict=False))) for n, values in enumerate(lines, 2)
             if any(v.strip() for v in values))  # (a blank line is no row, as csv.DictReader read it)
-    return sorted((_row(path, n, r) for n, r in rows), key=lambda j: j.submit_s)
+    return sorted((_row(path, n, r, wide=len(header) > len(FIELDS)) for n, r in rows), key=lambda j: j.submit_s)
 
 
-def _row(path: Path, line: int, r: dict[str, str]) -> TraceJob:
+def _row(path: Path, line: int, r: dict[str, str], wide: bool) -> TraceJob:
     def num(field: str, minimum: float) -> float:
         try:
             v = float(r[field])
@@ -69,7 +69,7 @@ def _row(path: Path, line: int, r: dict[str, str]) -> TraceJob:
     count = num("count", 1)
     if count != int(count):
         raise TraceError(f"{path}:{line}: count: {count:g} is not a whole number of instances")
-    nodes = num("nodes", 1) if "nodes" in r else 1.0
+    nodes = num("nodes", 1) if wide else 1.0  # (a row short of it: "None is not a number", as any field)
     if nodes != int(nodes):
         raise TraceError(f"{path}:{line}: nodes: {nodes:g} is not a whole number of nodes")
     run, limit = num("duration_s", 1), num("time_limit_s", 1)

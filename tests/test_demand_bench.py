@@ -318,6 +318,10 @@ def test_a_job_over_several_nodes_keeps_its_nodes_through_the_csv(tmp_path: Path
     r = subprocess.run([sys.executable, str(REPO / "bench" / "demand.py"), "--trace", str(path)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "jobs.csv:2: nodes: 1.5 is not a whole number of nodes" in r.stderr, r.stderr
+    path.write_text("submit_s,account,partition,gres,count,duration_s,time_limit_s,nodes\n10,a,gpu,1g.10gb,1,6,9\n")
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "demand.py"), "--trace", str(path)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "jobs.csv:2: nodes: None is not a number" in r.stderr, r.stderr
 
 
 def test_a_header_with_spaces_is_read_as_it_is_checked(tmp_path: Path) -> None:

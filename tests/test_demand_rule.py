@@ -381,7 +381,7 @@ def test_a_change_need_not_gain_twice_its_cost_when_the_waiting_jobs_start_soone
 def test_a_job_over_two_nodes_gets_a_second_place_where_its_type_has_one() -> None:
     """A 3g job over two nodes while one node offers 3g: Slurm starts it on both at once, so with one
     place it never starts, and a second node is given a place (for a one-node job the one place is
-    enough).  A job over more nodes than the fleet has gets none: no change lets it start."""
+    enough).  A job over more nodes than can ever offer its share gets none: no change lets it start."""
     wide = Pending("w", "vision", "3g.40gb", 1, 2 * 3600.0, age_s=OLD, nodes=2)
     fleet = (NodeView("gpu0", "night-two", 10 * 3600.0), *nodes(3)[1:])
     d = decide(Snapshot((wide,), fleet), LAYOUTS)
@@ -389,7 +389,9 @@ def test_a_job_over_two_nodes_gets_a_second_place_where_its_type_has_one() -> No
     assert d.changes[0].reason.endswith("; gives 3g.40gb a place to run (3g.40gb: its jobs span 2 nodes, so it "
                                         "needs 2 places)")
     assert decide(Snapshot((replace(wide, nodes=1),), fleet), LAYOUTS).changes == ()
-    assert decide(Snapshot((replace(wide, nodes=4),), fleet), LAYOUTS).changes == ()
+    nights = nodes(2)  # (no place for 3g at all: a job over three of two nodes still gets none)
+    assert decide(Snapshot((replace(wide, nodes=3),), nights), LAYOUTS).changes == ()
+    assert [c.new for c in decide(Snapshot((wide,), nights), LAYOUTS).changes] == ["night-two"] * 2  # (both)
 
 
 def test_no_place_is_taken_from_a_type_that_needs_it_to_give_a_job_over_two_nodes_its_second() -> None:
@@ -400,3 +402,14 @@ def test_no_place_is_taken_from_a_type_that_needs_it_to_give_a_job_over_two_node
     big = tuple(Pending(f"b{i}", "llm", "7g.80gb", 1, 2 * 3600.0, age_s=OLD) for i in range(8))
     fleet = (NodeView("gpu0", "night-two", 10 * 3600.0), NodeView("gpu1", "night", 10 * 3600.0))
     assert decide(Snapshot((wide, *big), fleet), LAYOUTS).changes == ()
+
+
+def test_a_type_with_no_place_still_takes_the_last_place_of_another_when_no_layout_offers_both() -> None:
+    """One night node, 7g jobs pending and notebooks waiting 12 hours: no candidate offers 1g and 7g at
+    once on H100s, so giving 1g its first place takes 7g's last; it is made (a type with none would
+    otherwise wait as long as the other has work).  Only a type that has a place already does not
+    take another's for its next."""
+    big = tuple(Pending(f"b{i}", "llm", "7g.80gb", 1, 2 * 3600.0, age_s=OLD) for i in range(8))
+    every = {**LAYOUTS, "balanced": node_layout(load_profile(PROFILES / "balanced.yaml"), H100x8)}
+    d = decide(Snapshot((*notebooks(60, age_s=12 * 3600.0), *big), nodes(1)), every)
+    assert [(c.node, c.new, c.places) for c in d.changes] == [("gpu0", "balanced", ("1g.10gb",))]

@@ -15,12 +15,13 @@ leaves idle while it drains and switches.  Changes are taken best first, one nod
    below: a minority's work is small, and the majority's queue would fill the GPU it takes, so in
    slice-hours alone carving a place never pays, and the minority waits for ever), where the place opens
    soonest (when the node is ready, plus the part of the horizon the older jobs of the layout's other
-   types hold it); none that takes a place a type needs is made, whatever place it gives another; and
-   one that takes the last place from a type seen (pending or running) within ``keep_place_s`` (a day by
-   default) is held, unless it gives a waiting type its place: the seen type's next job would wait for a
-   drain and a switch, and a type that ran today comes back (on a fleet loaded past its size and cut
-   whole, a quiet hour otherwise gave a type's last node to the others minutes before its next jobs
-   came, which then waited hours for a drain: docs/demand.md);
+   types hold it); none that takes away more places than it gives is made, and one that takes a place a
+   type needs only if it gives another type its first; and one that takes the last place from a type
+   seen (pending or running) within ``keep_place_s`` (a day by default) is held, unless it gives a
+   waiting type its place: the seen type's next job would wait for a drain and a switch, and a type that
+   ran today comes back (on a fleet loaded past its size and cut whole, a quiet hour otherwise gave a
+   type's last node to the others minutes before its next jobs came, which then waited hours for a
+   drain: docs/demand.md);
 2. then the change that most shortens the longest expected wait of a MIG type (its oldest pending
    job's age plus the time the type's supply takes to run its work within the horizon), then best
    lifts the worst-served account, then the largest net gain, while one pays enough
@@ -166,18 +167,28 @@ def _need(pending: tuple[Pending, ...], layouts: list[Layout]) -> dict[str, int]
     return _startable(need, layouts)
 
 
-def _spread(pending: tuple[Pending, ...], nodes: tuple[NodeView, ...], shapes: Shapes) -> dict[str, int]:
-    """Per MIG type with pending work, the nodes its least spread job spans, where more than one; a job
-    over more nodes than can ever offer its share (in a layout of their GPUs) is left out: no change lets
-    it start."""
+def _possible(pending: tuple[Pending, ...], nodes: tuple[NodeView, ...], shapes: Shapes) -> list[Pending]:
+    """The pending jobs some layouts of the nodes could start: one over more nodes than can ever offer its
+    share (in a layout of their GPUs) is left out, as no change lets it start."""
     able: dict[tuple[str, int], int] = {}
+    out = []
+    for p in pending:
+        if p.nodes > 1:
+            key = (p.mig_type, p.count)
+            if key not in able:
+                able[key] = sum(1 for n in nodes if any(lay.count(p.mig_type) >= p.count
+                                                        for lay in shapes.of(n).values()))
+            if p.nodes > able[key]:
+                continue
+        out.append(p)
+    return out
+
+
+def _spread(pending: tuple[Pending, ...]) -> dict[str, int]:
+    """Per MIG type with pending work, the nodes its least spread job spans, where more than one."""
     spread: dict[str, int] = {}
     for p in pending:
-        key = (p.mig_type, p.count)
-        if key not in able:
-            able[key] = sum(1 for n in nodes if any(lay.count(p.mig_type) >= p.count for lay in shapes.of(n).values()))
-        if p.nodes <= able[key]:
-            spread[p.mig_type] = min(spread.get(p.mig_type, p.nodes), p.nodes)
+        spread[p.mig_type] = min(spread.get(p.mig_type, p.nodes), p.nodes)
     return {t: n for t, n in spread.items() if n > 1}
 
 
@@ -191,7 +202,8 @@ def decide(snap: Snapshot, layouts: Mapping[str, Layout] | Shapes, params: Param
     """Which nodes change to which layout now (``Decision.changes``), and why the others do not.
     ``layouts``: every layout a node may take, or (nodes whose GPUs differ) Shapes."""
     shapes = layouts if isinstance(layouts, Shapes) else Shapes(layouts)
-    snap = Snapshot(tuple(sorted(snap.pending, key=lambda p: (p.account, p.mig_type, p.job))),  # one order:
+    snap = Snapshot(tuple(sorted(_possible(snap.pending, snap.nodes, shapes),  # one order:
+                                 key=lambda p: (p.account, p.mig_type, p.job))),
                     tuple(replace(n, running=tuple(sorted(n.running, key=lambda r: r.job)))  # the same sums
                           for n in sorted(snap.nodes, key=lambda n: n.name)), tuple(sorted(snap.run_ratio)),
                     tuple(sorted(snap.seen, key=lambda s: s.mig_type)))
@@ -206,7 +218,7 @@ def decide(snap: Snapshot, layouts: Mapping[str, Layout] | Shapes, params: Param
         oldest[p.mig_type] = max(oldest.get(p.mig_type, 0.0), p.age_s)
     keep = _startable({s.mig_type: s.count for s in snap.seen if s.ago_s < params.keep_place_s}, every)
     ahead = Ahead.of(snap.pending, lambda p: _work(p, params, h.ratio)) if params.reserves else NONE
-    spread = _spread(snap.pending, snap.nodes, shapes)
+    spread = _spread(snap.pending)
     fleet = Fleet(Queue(demand, _need(snap.pending, every), oldest, keep, ahead, spread), params.horizon_s)
     fleet.put({n.name: _part(n, shapes.of(n)[n.layout], h) for n in snap.nodes})
     busy = sum(1 for n in snap.nodes if n.draining)
@@ -313,9 +325,12 @@ class _Search:
         """The change of ``node`` to ``name`` that scores ``after``, if it pays: it gives a type a place for
         no more idling than that type's work, or it gains enough, lengthens no type's expected wait and
         leaves no account worse served."""
-        if any(after.unplaced.count(t) > now.unplaced.count(t) for t in set(after.unplaced)):
-            return None  # (never a place taken from a type that needs it, whatever it gives another)
+        if len(after.unplaced) > len(now.unplaced):
+            return None
         places = tuple(t for t in dict.fromkeys(now.unplaced) if after.unplaced.count(t) < now.unplaced.count(t))
+        if any(self.fleet.places.get(t, 0) for t in places) and any(
+                after.unplaced.count(t) > now.unplaced.count(t) for t in set(after.unplaced)):
+            return None  # (a place is taken from a type that needs it only to give another its first)
         benefit = after.served - now.served
         if cost > sum(self.fleet.by_type.get(t, 0.0) for t in places) if places else (
                 benefit - cost < self.params.min_gain_slice_h or after.worst < now.worst - 1e-9

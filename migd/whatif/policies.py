@@ -141,7 +141,8 @@ def greedy(setup: Setup) -> Policy:
 
     def policy(now: float, c: Cluster) -> dict[str, Layout]:
         """Each node in turn takes the candidate that starts the most still-unclaimed pending jobs (a job over
-        N nodes as N shares, a node claiming one at most: nos places pods, each on one node)."""
+        N nodes as N shares, a node claiming one at most, after the one-node jobs of its type: nos places
+        pods, each on one node)."""
         left = {t: ([j.spec.count for j in q[:GREEDY_LOOK] if j.spec.nodes == 1],
                     [(j.spec.count, id(j)) for j in q[:GREEDY_LOOK] for _ in range(j.spec.nodes) if j.spec.nodes > 1])
                 for t, q in c.pending.items() if q}
