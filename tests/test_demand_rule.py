@@ -413,3 +413,14 @@ def test_a_type_with_no_place_still_takes_the_last_place_of_another_when_no_layo
     every = {**LAYOUTS, "balanced": node_layout(load_profile(PROFILES / "balanced.yaml"), H100x8)}
     d = decide(Snapshot((*notebooks(60, age_s=12 * 3600.0), *big), nodes(1)), every)
     assert [(c.node, c.new, c.places) for c in d.changes] == [("gpu0", "balanced", ("1g.10gb",))]
+
+
+def test_the_places_a_type_needs_are_its_first_jobs_not_its_least_spread() -> None:
+    """A 3g job over two nodes, older than a one-node 3g job, while one node offers 3g: Slurm reserves for
+    the older first, so the type needs two places (by its least spread job it needed one, and the
+    two-node job waited as long as one-node jobs of its type kept coming); the one-node job older, one."""
+    wide = Pending("w", "vision", "3g.40gb", 1, 2 * 3600.0, age_s=OLD, nodes=2)
+    one = Pending("o", "vision", "3g.40gb", 1, 2 * 3600.0, age_s=OLD / 2)
+    fleet = (NodeView("gpu0", "night-two", 10 * 3600.0), *nodes(3)[1:])
+    assert [c.new for c in decide(Snapshot((wide, one), fleet), LAYOUTS).changes] == ["night-two"]
+    assert decide(Snapshot((wide, replace(one, age_s=2 * OLD)), fleet), LAYOUTS).changes == ()

@@ -9,7 +9,7 @@ pending jobs of its other types hold of it (reserve.py; ``reserves``); the cost 
 leaves idle while it drains and switches.  Changes are taken best first, one node at a time:
 
 1. a MIG type with pending work keeps at least one node whose layout can start its smallest job (as many
-   as its least spread job's nodes, where each of its jobs spans several: Slurm starts such a job on all
+   as its first job in Slurm's order spans, where that one spans several: Slurm starts such a job on all
    of its nodes at once, so with fewer it never starts): a change that gives one a place is made when
    the slices it idles while draining are no more than that type's pending work (not the thresholds
    below: a minority's work is small, and the majority's queue would fill the GPU it takes, so in
@@ -51,7 +51,7 @@ from dataclasses import dataclass, replace
 from migd.demand.fair import fair_weights
 from migd.demand.inputs import Layout, NodeView, Pending, Shapes, Snapshot, slices_of
 from migd.demand.mix import moved_back
-from migd.demand.reserve import NONE, Ahead
+from migd.demand.reserve import NONE, Ahead, priority_order
 from migd.demand.scoring import Fleet, Part, Queue, Score
 from migd.demand.starts import Starts
 from migd.demand.supply import Horizon, drain_cost, expected_s, from_ready, ready_in_s, supply
@@ -185,11 +185,14 @@ def _possible(pending: tuple[Pending, ...], nodes: tuple[NodeView, ...], shapes:
 
 
 def _spread(pending: tuple[Pending, ...]) -> dict[str, int]:
-    """Per MIG type with pending work, the nodes its least spread job spans, where more than one."""
-    spread: dict[str, int] = {}
-    for p in pending:
-        spread[p.mig_type] = min(spread.get(p.mig_type, p.nodes), p.nodes)
-    return {t: n for t, n in spread.items() if n > 1}
+    """Per MIG type with pending work, the nodes its first job in Slurm's order spans, where more than
+    one: the job Slurm's backfill reserves for first (reserve.py), which younger jobs of its type may
+    pass but not hold back for ever (by the least spread job instead, a job over two nodes behind a
+    stream of one-node jobs of its type never had its second place)."""
+    first: dict[str, Pending] = {}
+    for p in sorted(pending, key=priority_order):
+        first.setdefault(p.mig_type, p)
+    return {t: p.nodes for t, p in first.items() if p.nodes > 1}
 
 
 def _startable(need: Mapping[str, int], layouts: list[Layout]) -> dict[str, int]:

@@ -36,7 +36,7 @@ class Queue:
     instances the smallest pending job of each type asks on one node (``need``), the types seen lately
     with none pending (``keep``), each type's oldest pending job's age, who is ahead of whom in Slurm's
     reservations, and the places (nodes that can start its share) each type needs: as many as the nodes
-    its least spread pending job spans (``spread``; one where absent).  Slurm starts a job over N nodes
+    its first pending job in Slurm's order spans (``spread``; one where absent).  Slurm starts a job over N nodes
     on all at once, so with fewer places than that it never starts."""
 
     demand: Mapping[str, Mapping[str, float]]
