@@ -8,7 +8,7 @@ from __future__ import annotations
 from migd.demand.inputs import Layout
 from migd.whatif.backfill import backfill, will_run
 from migd.whatif.jobs import TraceJob
-from migd.whatif.place import best_fit, best_nodes
+from migd.whatif.place import best_nodes
 from migd.whatif.replay import Cluster, Job, Node
 
 DAY = Layout.of("day", {"1g.10gb": 7})
@@ -27,20 +27,20 @@ def fits_1g(nodes: list[Node]) -> set[str]:
 
 def test_the_busiest_node_of_a_set_is_taken_not_the_first() -> None:
     nodes = [node("gpu1", DAY), node("gpu2", DAY, jobs=2), node("gpu3", DAY, jobs=1)]
-    assert best_fit(nodes, fits_1g(nodes)) is nodes[1]
+    assert best_nodes(nodes, fits_1g(nodes), 1) == [nodes[1]]
 
 
 def test_the_tightest_set_is_taken_before_the_busiest_node() -> None:
     """gpu3 cannot run a 1g job, so the sets are gpu1-gpu2 and gpu4: gpu4 alone has fewer CPUs free
     than the pair, though gpu2 is the busiest node."""
     nodes = [node("gpu1", DAY), node("gpu2", DAY, jobs=1), node("gpu3", NIGHT), node("gpu4", DAY)]
-    assert best_fit(nodes, fits_1g(nodes)) is nodes[3]
+    assert best_nodes(nodes, fits_1g(nodes), 1) == [nodes[3]]
 
 
 def test_of_equal_nodes_the_first_and_none_where_nothing_fits() -> None:
     nodes = [node("gpu1", DAY, jobs=1), node("gpu2", DAY, jobs=1)]
-    assert best_fit(nodes, fits_1g(nodes)) is nodes[0]
-    assert best_fit([node("gpu1", NIGHT)], fits_1g([node("gpu1", NIGHT)])) is None
+    assert best_nodes(nodes, fits_1g(nodes), 1) == [nodes[0]]
+    assert best_nodes([node("gpu1", NIGHT)], fits_1g([node("gpu1", NIGHT)]), 1) is None
 
 
 def test_the_replay_starts_a_job_on_the_busier_node_with_and_without_reservations() -> None:

@@ -44,7 +44,7 @@ Ties break by node then layout name: the same snapshot always gives the same dec
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -330,10 +330,12 @@ class _Search:
         leaves no account worse served."""
         if len(after.unplaced) > len(now.unplaced):
             return None
-        places = tuple(t for t in dict.fromkeys(now.unplaced) if after.unplaced.count(t) < now.unplaced.count(t))
-        if any(self.fleet.places.get(t, 0) for t in places) and any(
-                after.unplaced.count(t) > now.unplaced.count(t) for t in set(after.unplaced)):
-            return None  # (a place is taken from a type that needs it only to give another its first)
+        places: tuple[str, ...] = ()
+        if now.unplaced:  # (places lacked, per type: each type once per place it lacks)
+            before, left = Counter(now.unplaced), Counter(after.unplaced)
+            places = tuple(t for t in before if left[t] < before[t])
+            if any(self.fleet.places.get(t, 0) for t in places) and left - before:
+                return None  # (a place is taken from a type that needs it only to give another its first)
         benefit = after.served - now.served
         if cost > sum(self.fleet.by_type.get(t, 0.0) for t in places) if places else (
                 benefit - cost < self.params.min_gain_slice_h or after.worst < now.worst - 1e-9

@@ -30,19 +30,12 @@ from migd.whatif.fleet import Node
 CPUS = 112  # cores a node has free when it runs nothing (the set with fewer free is the tighter)
 
 
-def best_fit(nodes: Sequence[Node], can: Collection[str],
-             jobs: Callable[[Node], int] = lambda n: len(n.running)) -> Node | None:
-    """The node of ``nodes`` (slurm.conf's order) Slurm starts a one-node job on, of those named in ``can``
-    (those that could run it); ``jobs``: how many jobs each runs (in a backfill estimate, those not yet
-    counted as ended)."""
-    got = best_nodes(nodes, can, 1, jobs)
-    return got[0] if got else None
-
-
 def best_nodes(nodes: Sequence[Node], can: Collection[str], count: int,
                jobs: Callable[[Node], int] = lambda n: len(n.running)) -> list[Node] | None:
-    """The ``count`` nodes Slurm starts a job over that many nodes on (None: fewer can run it), as
-    ``_eval_nodes`` picks them: round after round, a set of consecutive nodes that can run the job (the
+    """The ``count`` nodes of ``nodes`` (slurm.conf's order) Slurm starts a job over that many nodes on, of
+    those named in ``can`` (those that could run it; None: fewer can); ``jobs``: how many jobs each runs
+    (in a backfill estimate, those not yet counted as ended).  Picked as ``_eval_nodes`` picks them:
+    round after round, a set of consecutive nodes that can run the job (the
     sets walked in order, each replacing the one kept so far if it has enough nodes for what is still
     wanted and that one has not, or both have enough and it has fewer CPUs free, or it has not enough
     and more CPUs free than that one, whether or not that one has enough: Slurm 22.05's test, unguarded
