@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import demand_policies as policies  # noqa: E402
-from demand_gen import GENERATED, THURSDAY  # noqa: E402
+from demand_gen import GENERATED, THURSDAY, over_two_nodes  # noqa: E402
 from demand_pool import pool  # noqa: E402
 from demand_trace import DAY, Trace, TraceError, read_csv  # noqa: E402
 
@@ -63,6 +63,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    "(migd/whatif/sacct.py); nodes default to those its NodeList names, days to its span")
     p.add_argument("--seed", type=int, help="a generated trace's seed (default each trace's own: synthetic 7, "
                    "shifting 11, clock-right 13): the same demand drawn again, to see what a figure owes to one draw")
+    p.add_argument("--two-node", type=float, metavar="SHARE", help="that share (0-1) of the jobs asking an "
+                   "even count of instances spread half on each of two nodes (sbatch -N 2): the same work, "
+                   "started on both nodes at once")
     p.add_argument("--start", help="the date and time of the trace's second 0 (ISO; a CSV's default: "
                    f"{THURSDAY:%Y-%m-%d}, a Thursday)")
     p.add_argument("--days", type=float, help="days simulated (default: 4; 1 with --short)")
@@ -139,9 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     if nodes < 1 or days <= 0:
         print("demand.py: --nodes and --days must be positive", file=sys.stderr)
         return 2
+    if args.two_node is not None and not 0 <= args.two_node <= 1:
+        print(f"demand.py: --two-node {args.two_node:g}: a share is between 0 and 1", file=sys.stderr)
+        return 2
     fleet_waves = waves(nodes)
     try:
         trace = record.trace if record else load_trace(args, nodes, days)
+        if args.two_node:
+            trace = over_two_nodes(trace, args.two_node)
         setup = policies.Setup.load(args.config, args.fleet, trace.start, fleet_waves)
     except (TraceError, ValidationError, ValueError, OSError) as e:
         print(f"demand.py: {e}", file=sys.stderr)

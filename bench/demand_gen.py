@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from demand_trace import DAY, Trace, TraceJob
@@ -155,6 +155,18 @@ def _job(rng: random.Random, s: Stream, t: float) -> TraceJob:
     run = rng.uniform(*s.minutes) * 60
     limit = math.ceil(run * rng.uniform(1.2, 2.0) / 600) * 600
     return TraceJob(round(t, 1), s.account, "gpu", s.gres, rng.choice(s.counts), round(run), limit)
+
+
+def over_two_nodes(trace: Trace, share: float, seed: int = 1) -> Trace:
+    """The same trace with ``share`` of its jobs that ask an even number (2 or more) of whole GPUs (the
+    largest MIG type, 7 slices) spread over two nodes (``sbatch -N 2``, half the count on each), as
+    multi-node training is: the same work, but a job Slurm starts on both nodes at once or not at all.
+    Drawn from its own seeded stream, so every job's time and size is as in the trace without."""
+    rng = random.Random(seed)
+    jobs = tuple(replace(j, count=j.count // 2, nodes=2)
+                 if j.nodes == 1 and slices_of(j.gres) == 7 and j.count % 2 == 0 and rng.random() < share else j
+                 for j in trace.jobs)
+    return replace(trace, name=f"{trace.name}, {share:g} of even whole-GPU jobs over two nodes", jobs=jobs)
 
 
 GENERATED = {"synthetic": synthetic, "shifting": shifting, "clock-right": clock_right}

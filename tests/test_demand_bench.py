@@ -21,7 +21,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import demand_policies as policies  # noqa: E402
 from demand_alibaba import mig_type  # noqa: E402
-from demand_gen import THURSDAY, clock_right, shifting, synthetic  # noqa: E402
+from demand_gen import THURSDAY, clock_right, over_two_nodes, shifting, synthetic  # noqa: E402
 from demand_pool import pool  # noqa: E402
 from demand_trace import DAY, TraceJob, read_csv, write_csv  # noqa: E402
 
@@ -98,6 +98,27 @@ def test_generated_traces_follow_the_calendar_and_are_seeded() -> None:
     assert synthetic(1, 7) == week and shifting(2, 3) == shifting(2, 3) and clock_right(1, 2).clock_right
     night = [j for j in clock_right(2, 5).jobs if j.gres == "7g.80gb"]
     assert night and all((j.submit_s % DAY) / 3600 >= 19 or (j.submit_s % DAY) / 3600 < 6 for j in night)
+
+
+def test_two_node_spreads_a_share_of_the_even_whole_gpu_jobs_over_two_nodes_with_the_same_work(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """--two-node SHARE: that share of the jobs asking an even number of 7g instances asks half on each
+    of two nodes; every other job, and every job's times, are as in the trace without; the share is
+    drawn from its own seeded stream; a share outside 0-1 is one line and exit 2."""
+    import demand
+
+    plain = synthetic(8, 4)
+    even = [i for i, j in enumerate(plain.jobs) if j.gres == "7g.80gb" and j.count % 2 == 0]
+    half, every = over_two_nodes(plain, 0.5), over_two_nodes(plain, 1.0)
+    assert over_two_nodes(plain, 0.0).jobs == plain.jobs and over_two_nodes(plain, 0.5) == half
+    assert [i for i, j in enumerate(every.jobs) if j.nodes == 2] == even
+    spread = [i for i, j in enumerate(half.jobs) if j.nodes == 2]
+    assert 0.3 * len(even) < len(spread) < 0.7 * len(even) and set(spread) <= set(even)
+    for a, b in zip(plain.jobs, half.jobs, strict=True):
+        assert b == (replace(a, count=a.count // 2, nodes=2) if b.nodes == 2 else a)
+    assert demand.main(["--two-node", "1.5"]) == 2
+    err = capsys.readouterr().err
+    assert err == "demand.py: --two-node 1.5: a share is between 0 and 1\n"
 
 
 def test_seed_draws_the_generated_trace_again_and_a_record_refuses_it(tmp_path: Path) -> None:

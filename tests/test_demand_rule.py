@@ -424,3 +424,18 @@ def test_the_places_a_type_needs_are_its_first_jobs_not_its_least_spread() -> No
     fleet = (NodeView("gpu0", "night-two", 10 * 3600.0), *nodes(3)[1:])
     assert [c.new for c in decide(Snapshot((wide, one), fleet), LAYOUTS).changes] == ["night-two"]
     assert decide(Snapshot((wide, replace(one, age_s=2 * OLD)), fleet), LAYOUTS).changes == ()
+
+
+def test_a_job_over_two_nodes_younger_than_the_jobs_it_would_slow_gets_its_second_place_only_when_it_pays() -> None:
+    """A 7g job over two nodes with one night node, and notebooks queued on two day nodes: giving it a
+    day node takes a place's worth of 1g from older jobs.  Younger than them, it is not given that node
+    as a place (weighed as any change, the notebooks' longer wait refuses it); once older than every
+    notebook, it is, as Slurm would hold nodes for it; alone, it is at once."""
+    fleet = (NodeView("gpu0", "night", 10 * 3600.0), *nodes(3, "day")[1:])
+    queue = notebooks(200, age_s=OLD)
+    young = Pending("w", "llm", "7g.80gb", 1, 4 * 3600.0, age_s=OLD / 2, nodes=2)
+    assert decide(Snapshot((young, *queue), fleet), LAYOUTS).changes == ()
+    old = replace(young, age_s=2 * OLD)
+    d = decide(Snapshot((old, *queue), fleet), LAYOUTS)
+    assert [(c.node, c.new, c.places) for c in d.changes] == [("gpu1", "night", ("7g.80gb",))]
+    assert decide(Snapshot((young,), fleet), LAYOUTS).changes[0].places == ("7g.80gb",)  # (nothing it would slow)

@@ -10,7 +10,9 @@ leaves idle while it drains and switches.  Changes are taken best first, one nod
 
 1. a MIG type with pending work keeps at least one node whose layout can start its smallest job (as many
    as its first job in Slurm's order spans, where that one spans several: Slurm starts such a job on all
-   of its nodes at once, so with fewer it never starts): a change that gives one a place is made when
+   of its nodes at once, so with fewer it never starts; a further place for such a job, its type having
+   one, only while its oldest job is older than those of every type the change would slow, else the
+   change is weighed as in 2): a change that gives one a place is made when
    the slices it idles while draining are no more than that type's pending work (not the thresholds
    below: a minority's work is small, and the majority's queue would fill the GPU it takes, so in
    slice-hours alone carving a place never pays, and the minority waits for ever), where the place opens
@@ -51,7 +53,8 @@ from dataclasses import dataclass, replace
 from migd.demand.fair import fair_weights
 from migd.demand.inputs import Layout, NodeView, Pending, Shapes, Snapshot, slices_of
 from migd.demand.mix import moved_back
-from migd.demand.reserve import NONE, Ahead, priority_order
+from migd.demand.needs import need, possible, spread_of, startable
+from migd.demand.reserve import NONE, Ahead
 from migd.demand.scoring import Fleet, Part, Queue, Score
 from migd.demand.starts import Starts
 from migd.demand.supply import Horizon, drain_cost, expected_s, from_ready, ready_in_s, supply
@@ -159,53 +162,11 @@ def _demand(snap: Snapshot, offered: set[str], capacity: float, params: Params) 
     return {t: dict(a) for t, a in demand.items()}, unservable
 
 
-def _need(pending: tuple[Pending, ...], layouts: list[Layout]) -> dict[str, int]:
-    """Per MIG type with pending work, the instances its smallest job asks."""
-    need: dict[str, int] = {}
-    for p in pending:
-        need[p.mig_type] = min(need.get(p.mig_type, p.count), p.count)
-    return _startable(need, layouts)
-
-
-def _possible(pending: tuple[Pending, ...], nodes: tuple[NodeView, ...], shapes: Shapes) -> list[Pending]:
-    """The pending jobs some layouts of the nodes could start: one over more nodes than can ever offer its
-    share (in a layout of their GPUs) is left out, as no change lets it start."""
-    able: dict[tuple[str, int], int] = {}
-    out = []
-    for p in pending:
-        if p.nodes > 1:
-            key = (p.mig_type, p.count)
-            if key not in able:
-                able[key] = sum(1 for n in nodes if any(lay.count(p.mig_type) >= p.count
-                                                        for lay in shapes.of(n).values()))
-            if p.nodes > able[key]:
-                continue
-        out.append(p)
-    return out
-
-
-def _spread(pending: tuple[Pending, ...]) -> dict[str, int]:
-    """Per MIG type with pending work, the nodes its first job in Slurm's order spans, where more than
-    one: the job Slurm's backfill reserves for first (reserve.py), which younger jobs of its type may
-    pass but not hold back for ever (by the least spread job instead, a job over two nodes behind a
-    stream of one-node jobs of its type never had its second place)."""
-    first: dict[str, Pending] = {}
-    for p in sorted(pending, key=priority_order):
-        first.setdefault(p.mig_type, p)
-    return {t: p.nodes for t, p in first.items() if p.nodes > 1}
-
-
-def _startable(need: Mapping[str, int], layouts: list[Layout]) -> dict[str, int]:
-    """Those of ``need`` (MIG type -> instances on one node) some layout can start: for the others no
-    change gives or keeps a place."""
-    return {t: k for t, k in need.items() if any(lay.count(t) >= k for lay in layouts)}
-
-
 def decide(snap: Snapshot, layouts: Mapping[str, Layout] | Shapes, params: Params = Params()) -> Decision:
     """Which nodes change to which layout now (``Decision.changes``), and why the others do not.
     ``layouts``: every layout a node may take, or (nodes whose GPUs differ) Shapes."""
     shapes = layouts if isinstance(layouts, Shapes) else Shapes(layouts)
-    snap = Snapshot(tuple(sorted(_possible(snap.pending, snap.nodes, shapes),  # one order:
+    snap = Snapshot(tuple(sorted(possible(snap.pending, snap.nodes, shapes),  # one order:
                                  key=lambda p: (p.account, p.mig_type, p.job))),
                     tuple(replace(n, running=tuple(sorted(n.running, key=lambda r: r.job)))  # the same sums
                           for n in sorted(snap.nodes, key=lambda n: n.name)), tuple(sorted(snap.run_ratio)),
@@ -219,10 +180,10 @@ def decide(snap: Snapshot, layouts: Mapping[str, Layout] | Shapes, params: Param
     oldest: dict[str, float] = {}
     for p in snap.pending:
         oldest[p.mig_type] = max(oldest.get(p.mig_type, 0.0), p.age_s)
-    keep = _startable({s.mig_type: s.count for s in snap.seen if s.ago_s < params.keep_place_s}, every)
+    keep = startable({s.mig_type: s.count for s in snap.seen if s.ago_s < params.keep_place_s}, every)
     ahead = Ahead.of(snap.pending, lambda p: _work(p, params, h.ratio)) if params.reserves else NONE
-    spread = _spread(snap.pending)
-    fleet = Fleet(Queue(demand, _need(snap.pending, every), oldest, keep, ahead, spread), params.horizon_s)
+    spread = spread_of(snap.pending)
+    fleet = Fleet(Queue(demand, need(snap.pending, every), oldest, keep, ahead, spread), params.horizon_s)
     fleet.put({n.name: _part(n, shapes.of(n)[n.layout], h) for n in snap.nodes})
     busy = sum(1 for n in snap.nodes if n.draining)
     changes: list[Change] = []
@@ -336,6 +297,7 @@ class _Search:
             places = tuple(t for t in before if left[t] < before[t])
             if any(self.fleet.places.get(t, 0) for t in places) and left - before:
                 return None  # (a place is taken from a type that needs it only to give another its first)
+            places = tuple(t for t in places if before[t] >= self.fleet.spread.get(t, 1) or self._due(t, now, after))
         benefit = after.served - now.served
         if cost > sum(self.fleet.by_type.get(t, 0.0) for t in places) if places else (
                 benefit - cost < self.params.min_gain_slice_h or after.worst < now.worst - 1e-9
@@ -344,6 +306,17 @@ class _Search:
         return Change(node.name, node.layout, name, benefit, cost, ready, places,
                       Wait(now.wait_s, now.wait_type, after.wait_s, after.wait_type),
                       spread=tuple((t, self.fleet.spread[t]) for t in places if t in self.fleet.spread))
+
+    def _due(self, t: str, now: Score, after: Score) -> bool:
+        """Whether a further place for ``t``'s job over several nodes is given as a place (a type's first
+        place always is): only while its oldest pending job is older than those of every type the change
+        would slow.  Slurm starts jobs by age and holds nodes for the oldest (reserve.py); gathered at once,
+        a younger job over two nodes took a whole node from the older queues of other types, and the p95
+        wait of all jobs was higher on 10 of the bench's 13 draws with such jobs, lower on one (docs/demand.md).
+        Otherwise the change is weighed as any other."""
+        was, oldest = dict(now.waits), self.fleet.oldest
+        return all(oldest.get(t, 0.0) >= oldest.get(u, 0.0) for u, w in after.waits
+                   if u != t and w > was.get(u, 0.0) + 1e-3)
 
     def confirm(self, node: NodeView, change: Change, part: Part) -> Change | None:
         """``change`` as taking it scores, every node weighed again (the search ranked it with the others

@@ -28,6 +28,7 @@ class Score:
     wait_s: float = 0.0  # the longest expected wait of a MIG type (Fleet.score)
     wait_type: str = "-"  # the type it is of
     unkept: tuple[str, ...] = ()  # MIG types seen lately (none pending) that no node's layout can start
+    waits: tuple[tuple[str, float], ...] = ()  # each MIG type's expected wait (``wait_s`` is the longest)
 
 
 @dataclass(frozen=True)
@@ -160,11 +161,11 @@ class Fleet:
                 old, new = self.part[node], trial.supply
         got = dict.fromkeys(self.asked, 0.0)
         total = 0.0
-        wait: tuple[float, str] = (0.0, "-")
+        waits: list[tuple[str, float]] = []
         for t, d in self.by_type.items():
             offered = base.get(t, 0.0) - old.get(t, 0.0) + new.get(t, 0.0)
             clear = self.horizon_s * min(WAIT_CAP, d / offered if offered > 0 else WAIT_CAP)
-            wait = max(wait, (self.oldest.get(t, 0.0) + clear, t))
+            waits.append((t, self.oldest.get(t, 0.0) + clear))
             run = d if offered >= d else offered
             total += run
             share = run / d
@@ -180,7 +181,8 @@ class Fleet:
             return max(0, self.spread.get(t, 1) - self.places.get(t, 0) + (t in gone) - (t in came))
         unplaced = tuple(t for t in self.need for _ in range(lacks(t)))
         unkept = tuple(t for t in self.keep if lacks(t))
-        return Score(unplaced, worst, total, wait[0], wait[1], unkept)
+        wait = max([(0.0, "-"), *((w, t) for t, w in waits)])
+        return Score(unplaced, worst, total, wait[0], wait[1], unkept, tuple(waits))
 
 
 def _summed(parts: Iterable[Supply]) -> Supply:
