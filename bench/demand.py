@@ -5,6 +5,7 @@
     python3 bench/demand.py --short                  # 4 nodes, one weekday (CI)
     python3 bench/demand.py --trace shifting --nodes 8 --days 7
     python3 bench/demand.py --nodes 8 --seed 1          # the synthetic trace drawn again
+    python3 bench/demand.py --nodes 8 --two-node 0.5    # half its even whole-GPU jobs over two nodes
     python3 bench/demand.py --trace jobs.csv --start 2026-11-02T00:00 --nodes 16 --json
     python3 bench/demand.py --config /etc/migd/migd.yaml --trace jobs.csv   # a site's own what-if
     python3 bench/demand.py --sacct tests/fixtures/slurm/sacct-parsable2.txt --fleet single-h100   # sacct's record
