@@ -429,8 +429,9 @@ def test_the_places_a_type_needs_are_its_first_jobs_not_its_least_spread() -> No
 def test_a_job_over_two_nodes_younger_than_the_jobs_it_would_slow_gets_its_second_place_only_when_it_pays() -> None:
     """A 7g job over two nodes with one night node, and notebooks queued on two day nodes: giving it a
     day node takes a place's worth of 1g from older jobs.  Younger than them, it is not given that node
-    as a place (weighed as any change, the notebooks' longer wait refuses it); once older than every
-    notebook, it is, as Slurm would hold nodes for it; alone, it is at once."""
+    as a place (weighed as any change, it gains nothing: slice-hours count its work, which the night
+    node could run, and the notebooks would wait longer); once older than every notebook, it is, as
+    Slurm would hold nodes for it; alone, it is at once."""
     fleet = (NodeView("gpu0", "night", 10 * 3600.0), *nodes(3, "day")[1:])
     queue = notebooks(200, age_s=OLD)
     young = Pending("w", "llm", "7g.80gb", 1, 4 * 3600.0, age_s=OLD / 2, nodes=2)
@@ -439,3 +440,26 @@ def test_a_job_over_two_nodes_younger_than_the_jobs_it_would_slow_gets_its_secon
     d = decide(Snapshot((old, *queue), fleet), LAYOUTS)
     assert [(c.node, c.new, c.places) for c in d.changes] == [("gpu1", "night", ("7g.80gb",))]
     assert decide(Snapshot((young,), fleet), LAYOUTS).changes[0].places == ("7g.80gb",)  # (nothing it would slow)
+
+
+def test_a_second_place_not_yet_due_does_not_rank_before_another_types_first() -> None:
+    """A 7g job over two nodes not yet due its second place (notebooks older than it wait) and a 3g job
+    with no place at all, one node free to change: the 3g job's first place is given.  Ranked by the
+    places lacked after each change, the 7g node's change had counted its second place as given, and
+    taken the one node."""
+    fleet = (NodeView("gpu0", "night", 10 * 3600.0), *nodes(4, "day")[1:])
+    wide = Pending("w", "llm", "7g.80gb", 1, 4 * 3600.0, priority=10, age_s=OLD / 2, nodes=2)
+    big = tuple(Pending(f"b{i}", "llm", "7g.80gb", 1, 4 * 3600.0, age_s=OLD / 2) for i in range(20))
+    vision = Pending("v", "vision", "3g.40gb", 1, 4 * 3600.0, age_s=OLD / 2)
+    d = decide(Snapshot((wide, *big, vision, *notebooks(20)), fleet), LAYOUTS, Params(max_in_maintenance=1))
+    assert [(c.node, c.new, c.places) for c in d.changes] == [("gpu1", "night-two", ("3g.40gb",))]
+
+
+def test_a_second_place_is_due_when_the_change_slows_no_type_with_an_older_job() -> None:
+    """Notebooks older than the 7g job over two nodes wait, but on a day node the change leaves alone:
+    giving it gpu1 (night-two, nobody's place) slows none of them, so the place is given."""
+    fleet = (NodeView("gpu0", "night", 10 * 3600.0), NodeView("gpu1", "night-two", 10 * 3600.0),
+             NodeView("gpu2", "day", 10 * 3600.0))
+    wide = Pending("w", "llm", "7g.80gb", 1, 4 * 3600.0, age_s=OLD / 2, nodes=2)
+    d = decide(Snapshot((wide, *notebooks(20)), fleet), LAYOUTS)
+    assert [(c.node, c.new, c.places) for c in d.changes] == [("gpu1", "night", ("7g.80gb",))]

@@ -11,8 +11,9 @@ leaves idle while it drains and switches.  Changes are taken best first, one nod
 1. a MIG type with pending work keeps at least one node whose layout can start its smallest job (as many
    as its first job in Slurm's order spans, where that one spans several: Slurm starts such a job on all
    of its nodes at once, so with fewer it never starts; a further place for such a job, its type having
-   one, only while its oldest job is older than those of every type the change would slow, else the
-   change is weighed as in 2): a change that gives one a place is made when
+   one, counts only while no type the change would slow has a pending job older than the type's oldest,
+   and is otherwise weighed as in item 2, where it gains nothing: slice-hours count the job's work, not
+   its nodes): a change that gives one a place is made when
    the slices it idles while draining are no more than that type's pending work (not the thresholds
    below: a minority's work is small, and the majority's queue would fill the GPU it takes, so in
    slice-hours alone carving a place never pays, and the minority waits for ever), where the place opens
@@ -279,8 +280,10 @@ class _Search:
                     return out
                 continue
             opens = ready + self.h.horizon_s * max((self.fleet.held(node.name, new, t) for t in places), default=0.0)
-            key = (len(after.unplaced), opens if places else 0.0, round(after.wait_s, 3), -round(after.worst, 6),
-                   -round(benefit - cost, 6))
+            # (places lacked after it, a further place not yet due counted as still lacked: one that gives a
+            # type its first comes first)
+            key = (len(now.unplaced) - len(places), opens if places else 0.0, round(after.wait_s, 3),
+                   -round(after.worst, 6), -round(benefit - cost, 6))
             out.append(((*key, node.name, name), change, new))
         return out
 
@@ -309,8 +312,8 @@ class _Search:
 
     def _due(self, t: str, now: Score, after: Score) -> bool:
         """Whether a further place for ``t``'s job over several nodes is given as a place (a type's first
-        place always is): only while its oldest pending job is older than those of every type the change
-        would slow.  Slurm starts jobs by age and holds nodes for the oldest (reserve.py); gathered at once,
+        place always is): only while no type the change would slow has a pending job older than ``t``'s
+        oldest.  Slurm starts jobs by age and holds nodes for the oldest (reserve.py); gathered at once,
         a younger job over two nodes took a whole node from the older queues of other types, and the p95
         wait of all jobs was higher on 10 of the bench's 13 draws with such jobs, lower on one (docs/demand.md).
         Otherwise the change is weighed as any other."""
