@@ -84,6 +84,11 @@ def waves(nodes: int) -> int:
     return max(1, nodes // 8)
 
 
+def bad_share(share: float | None) -> str | None:
+    """What is wrong with ``--two-node``'s share, if anything."""
+    return None if share is None or 0 <= share <= 1 else f"--two-node {share:g}: a share is between 0 and 1"
+
+
 def load_trace(args: argparse.Namespace, nodes: int, days: float) -> Trace:
     start = datetime.fromisoformat(args.start) if args.start else None
     if args.trace in GENERATED:
@@ -143,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     if nodes < 1 or days <= 0:
         print("demand.py: --nodes and --days must be positive", file=sys.stderr)
         return 2
-    if args.two_node is not None and not 0 <= args.two_node <= 1:
-        print(f"demand.py: --two-node {args.two_node:g}: a share is between 0 and 1", file=sys.stderr)
+    if bad_share(args.two_node):
+        print(f"demand.py: {bad_share(args.two_node)}", file=sys.stderr)
         return 2
     fleet_waves = waves(nodes)
     try:

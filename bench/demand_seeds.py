@@ -3,6 +3,7 @@
 
     python3 bench/demand_seeds.py --nodes 8 --seeds 1-8 --search 16
     python3 bench/demand_seeds.py --nodes 4 --seeds 1-8 --search 16 --slurm-backfill
+    python3 bench/demand_seeds.py --nodes 4 --seeds 1-5,7 --search 1 --two-node 0.5
 
 A rule like migd's moves a whole trace's figures by tens of percent on a small change (docs/demand-tried.md),
 so one draw cannot rank two rules: each seed here is bench/demand.py's replay of the same generator
@@ -23,8 +24,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import demand_policies as policies  # noqa: E402
-from demand import CONFIG, compare, waves  # noqa: E402
-from demand_gen import GENERATED  # noqa: E402
+from demand import CONFIG, bad_share, compare, waves  # noqa: E402
+from demand_gen import GENERATED, over_two_nodes  # noqa: E402
 
 from migd.whatif.figures import targets  # noqa: E402
 
@@ -55,6 +56,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seeds", type=seeds, default=seeds("1-8"), help="N-M or a comma list (default 1-8)")
     p.add_argument("--search", type=int, default=16, help="replays the hindsight search may make per seed")
     p.add_argument("--slurm-backfill", action="store_true", help="with Slurm's backfill reservations in the model")
+    p.add_argument("--two-node", type=float, metavar="SHARE", help="that share of the even whole-GPU jobs over "
+                   "two nodes, as bench/demand.py's --two-node")
     return p.parse_args(argv)
 
 
@@ -85,6 +88,9 @@ def summary(what: str, met: int, applies: int, seeds: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if bad_share(args.two_node):
+        print(f"demand_seeds.py: {bad_share(args.two_node)}", file=sys.stderr)
+        return 2
     met: dict[str, list[int]] = {}  # target -> [seeds met, seeds it applies to]
     logs: dict[str, list[float]] = {"accounting": [], "hindsight": []}
     print(f"{'seed':>4}  {'migd':>15}  {'from accounting':>15}  {'best in hindsight':>17}  "
@@ -92,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     fleet_waves = waves(args.nodes)
     for seed in args.seeds:
         trace = GENERATED[args.trace](args.nodes, args.days, seed=seed)
+        if args.two_node:
+            trace = over_two_nodes(trace, args.two_node)
         setup = policies.Setup.load(args.config, "dgx-h100", trace.start, fleet_waves)
         results, about = compare(trace, setup, args.nodes, args.days, fleet_waves, args.search, 0.0,
                                  args.slurm_backfill)

@@ -390,6 +390,24 @@ def test_a_clusters_sacct_replays_in_the_bench(tmp_path: Path) -> None:
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+def test_the_seeds_bench_spreads_jobs_over_two_nodes_as_the_bench_does(capsys: pytest.CaptureFixture[str]) -> None:
+    """bench/demand_seeds.py --two-node: each draw's row is bench/demand.py's with the same --two-node."""
+    import demand_seeds
+
+    argv = ["--nodes", "2", "--days", "1", "--search", "1", "--two-node", "1"]
+    assert demand_seeds.main([*argv, "--seeds", "3"]) == 0
+    row = capsys.readouterr().out.splitlines()[1]
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "demand.py"), *argv, "--seed", "3", "--json"],
+                       capture_output=True, text=True, timeout=120)
+    doc = json.loads(r.stdout)
+    assert "over two nodes" in doc["trace"]
+    assert demand_seeds.main(["--two-node", "-0.5"]) == 2
+    assert capsys.readouterr().err == "demand_seeds.py: --two-node -0.5: a share is between 0 and 1\n"
+    assert [int(x) for x in row.split()[1:12] if x.isdigit()] == [
+        doc["policies"][p][k] for p in ("migd", "fixed-accounting", "fixed-hindsight")
+        for k in ("wait_p95_s", "worst_type_p95_s")]
+
+
 def test_the_seeds_bench_gives_each_draw_as_the_bench_does_and_counts_the_targets_met(
         capsys: pytest.CaptureFixture[str]) -> None:
     """bench/demand_seeds.py: one row per seed with migd's, the accounting mix's and the hindsight mix's
