@@ -5,6 +5,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,20 @@ from migd.sim.backend import sim_backend
 from migd.sim.filewatch import FileWatch
 from migd.sim.library import loaded
 from migd.sim.state import StateStore
+from tests.installed import elsewhere
 from tests.slurm_node import night_node, node, shared_partition_node  # noqa: F401  (the Slurm tests' fixtures)
 
 REPO = Path(__file__).resolve().parents[1]
 FACTS_DIR = REPO / "tests" / "fixtures" / "reference"  # copies, see SOURCES.md there
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Stop before any test where the tests' processes would import another migd (tests/installed.py)."""
+    if not hasattr(config, "workerinput"):  # (once, in the process that starts pytest-xdist's workers)
+        why = elsewhere(REPO, sys.executable, os.environ)
+        if why is not None:
+            pytest.exit(why, returncode=pytest.ExitCode.USAGE_ERROR)
+
 
 # -- unit tests and integration tests (README, Contributing) ----------------------------------------
 # A test that starts a process (a migd daemon, migctl or the fake nvidia-smi as a program, Slurm,
