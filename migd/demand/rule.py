@@ -11,9 +11,10 @@ leaves idle while it drains and switches.  Changes are taken best first, one nod
 1. a MIG type with pending work keeps at least one node whose layout can start its smallest job (as many
    as its first job in Slurm's order spans, where that one spans several: Slurm starts such a job on all
    of its nodes at once, so with fewer it never starts; a further place for such a job, its type having
-   one, counts only while no type the change would slow has a pending job older than the type's oldest,
-   and is otherwise weighed as in item 2, where it gains nothing: slice-hours count the job's work, not
-   its nodes): a change that gives one a place is made when
+   one, counts only while no type the change would slow has a pending job older than the type's oldest
+   or would then expect to wait longer than the type, and is otherwise weighed as in item 2, where it
+   gains nothing: slice-hours count the job's work, not its nodes): a change that gives one a place is
+   made when
    the slices it idles while draining are no more than that type's pending work (not the thresholds
    below: a minority's work is small, and the majority's queue would fill the GPU it takes, so in
    slice-hours alone carving a place never pays, and the minority waits for ever), where the place opens
@@ -313,13 +314,13 @@ class _Search:
     def _due(self, t: str, now: Score, after: Score) -> bool:
         """Whether a further place for ``t``'s job over several nodes is given as a place (a type's first
         place always is): only while no type the change would slow has a pending job older than ``t``'s
-        oldest.  Slurm starts jobs by age and holds nodes for the oldest (reserve.py); gathered at once,
-        a younger job over two nodes took a whole node from the older queues of other types, and the p95
-        wait of all jobs was higher on 10 of the bench's 13 draws with such jobs, lower on one (docs/demand.md).
-        Otherwise the change is weighed as any other."""
-        was, oldest = dict(now.waits), self.fleet.oldest
-        return all(oldest.get(t, 0.0) >= oldest.get(u, 0.0) for u, w in after.waits
-                   if u != t and w > was.get(u, 0.0) + 1e-3)
+        oldest, or would then expect to wait longer than ``t`` does.  Slurm starts jobs by age and holds
+        nodes for the oldest (reserve.py); gathered at once, a younger job over two nodes took a whole node
+        from the older queues of other types, and alone in the queue at 09:44 it took one of the day's two
+        2g nodes and 2g's p95 was 11 hours (docs/demand.md).  Otherwise the change is weighed as any other."""
+        was, oldest, mine = dict(now.waits), self.fleet.oldest, dict(after.waits).get(t, 0.0)
+        return all(oldest.get(t, 0.0) >= oldest.get(u, 0.0) and w <= max(was.get(u, 0.0), mine) + 1e-3
+                   for u, w in after.waits if u != t and w > was.get(u, 0.0) + 1e-3)
 
     def confirm(self, node: NodeView, change: Change, part: Part) -> Change | None:
         """``change`` as taking it scores, every node weighed again (the search ranked it with the others
