@@ -65,8 +65,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, help="a generated trace's seed (default each trace's own: synthetic 7, "
                    "shifting 11, clock-right 13): the same demand drawn again, to see what a figure owes to one draw")
     p.add_argument("--two-node", type=float, metavar="SHARE", help="that share (0-1) of the jobs asking an "
-                   "even count of instances spread half on each of two nodes (sbatch -N 2): the same work, "
-                   "started on both nodes at once")
+                   "even number of whole-GPU (7g) instances spread half on each of two nodes (sbatch -N 2): "
+                   "the same work, started on both nodes at once")
     p.add_argument("--start", help="the date and time of the trace's second 0 (ISO; a CSV's default: "
                    f"{THURSDAY:%Y-%m-%d}, a Thursday)")
     p.add_argument("--days", type=float, help="days simulated (default: 4; 1 with --short)")
@@ -148,8 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     if nodes < 1 or days <= 0:
         print("demand.py: --nodes and --days must be positive", file=sys.stderr)
         return 2
-    if bad_share(args.two_node):
-        print(f"demand.py: {bad_share(args.two_node)}", file=sys.stderr)
+    why = bad_share(args.two_node)
+    if why is not None:
+        print(f"demand.py: {why}", file=sys.stderr)
         return 2
     fleet_waves = waves(nodes)
     try:

@@ -88,8 +88,9 @@ def summary(what: str, met: int, applies: int, seeds: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    if bad_share(args.two_node):
-        print(f"demand_seeds.py: {bad_share(args.two_node)}", file=sys.stderr)
+    why = bad_share(args.two_node)
+    if why is not None:
+        print(f"demand_seeds.py: {why}", file=sys.stderr)
         return 2
     met: dict[str, list[int]] = {}  # target -> [seeds met, seeds it applies to]
     logs: dict[str, list[float]] = {"accounting": [], "hindsight": []}

@@ -25,10 +25,22 @@ class Score:
     unplaced: tuple[str, ...]  # MIG types with pending work short of places: each once per place it lacks
     worst: float  # the worst-served account's fraction of its work that can run
     served: float  # slice-hours of work that can run
-    wait_s: float = 0.0  # the longest expected wait of a MIG type (Fleet.score)
-    wait_type: str = "-"  # the type it is of
     unkept: tuple[str, ...] = ()  # MIG types seen lately (none pending) that no node's layout can start
-    waits: tuple[tuple[str, float], ...] = ()  # each MIG type's expected wait (``wait_s`` is the longest)
+    waits: tuple[tuple[str, float], ...] = ()  # each MIG type's expected wait (Fleet.score)
+
+    @property
+    def wait_s(self) -> float:
+        """The longest expected wait of a MIG type (0 where none waits)."""
+        return self._longest[0]
+
+    @property
+    def wait_type(self) -> str:
+        """The type it is of ("-" where none waits)."""
+        return self._longest[1]
+
+    @property
+    def _longest(self) -> tuple[float, str]:
+        return max([(0.0, "-"), *((w, t) for t, w in self.waits)])
 
 
 @dataclass(frozen=True)
@@ -181,8 +193,7 @@ class Fleet:
             return max(0, self.spread.get(t, 1) - self.places.get(t, 0) + (t in gone) - (t in came))
         unplaced = tuple(t for t in self.need for _ in range(lacks(t)))
         unkept = tuple(t for t in self.keep if lacks(t))
-        wait = max([(0.0, "-"), *((w, t) for t, w in waits)])
-        return Score(unplaced, worst, total, wait[0], wait[1], unkept, tuple(waits))
+        return Score(unplaced, worst, total, unkept, tuple(waits))
 
 
 def _summed(parts: Iterable[Supply]) -> Supply:
